@@ -1,0 +1,53 @@
+"""relaxtrio.forest: canonical conversations, the SessionForest, and export to TrainingSamples.
+
+Pure and synchronous; imports only the standard library, attrs and ``relaxtrio._errors``.
+
+* :class:`Conversation` canonicalizes a request's messages, tools and chat-template kwargs;
+  :func:`state_hash` identifies a conversation state.
+* :class:`SessionForest` records every committed state of a Session as observation and response
+  nodes and matches a request to its longest committed prefix in one pass.
+* :func:`parse_session_output` reads the agent's output file; :func:`export_samples` turns the
+  exported contexts into :class:`TrainingSample` s.
+"""
+
+from ._canonical import Conversation as Conversation
+from ._canonical import canonical_message as canonical_message
+from ._canonical import canonical_messages as canonical_messages
+from ._canonical import canonical_template_kwargs as canonical_template_kwargs
+from ._canonical import canonical_tools as canonical_tools
+from ._canonical import state_hash as state_hash
+from ._export import TrainingSample as TrainingSample
+from ._export import export_samples as export_samples
+from ._forest import SessionForest as SessionForest
+from ._forest import context_length_message as context_length_message
+from ._json import canonical_arguments as canonical_arguments
+from ._nodes import Match as Match
+from ._nodes import ObservationNode as ObservationNode
+from ._nodes import ResponseNode as ResponseNode
+from ._nodes import RootNode as RootNode
+from ._nodes import WeightSpan as WeightSpan
+from ._output import ExportRecord as ExportRecord
+from ._output import SessionOutput as SessionOutput
+from ._output import parse_session_output as parse_session_output
+
+__all__ = [
+    "Conversation",
+    "ExportRecord",
+    "Match",
+    "ObservationNode",
+    "ResponseNode",
+    "RootNode",
+    "SessionForest",
+    "SessionOutput",
+    "TrainingSample",
+    "WeightSpan",
+    "canonical_arguments",
+    "canonical_message",
+    "canonical_messages",
+    "canonical_template_kwargs",
+    "canonical_tools",
+    "context_length_message",
+    "export_samples",
+    "parse_session_output",
+    "state_hash",
+]

@@ -1,0 +1,393 @@
+"""Canonical messages, tools and chat-template kwargs, and the state hash.
+
+Every protocol (Chat Completions, Responses, Anthropic Messages) and every explicit export record
+is projected onto one canonical triple ``(messages, tools, template_kwargs)``; a conversation
+state is identified by the SHA-256 of its compact, key-sorted JSON. The rules follow the reference
+behaviour (relax-behaviour.md A-1..A-8, the main ``state.py`` contract, DESIGN decision 1):
+
+* roles ``user``, ``assistant``, ``tool``, ``system``; every other role is rejected;
+* string content must be non-empty, except for ``tool`` messages and for assistants that carry
+  tool calls or non-empty ``reasoning_content``; ``None`` content only for such assistants (stored
+  as ``""``); an empty list is rejected; list items are kept verbatim (copied), only an empty
+  ``text`` item is rejected;
+* kept keys: ``role``, ``content``, ``reasoning_content`` (only when a non-empty string),
+  ``tool_calls`` (assistant only, when non-empty), ``tool_call_id`` (tool only, when present,
+  non-empty string); all other keys are dropped;
+* every ``system`` message, wherever it stands, is removed and their texts joined with ``"\\n\\n"``
+  into one leading system message;
+* tool-call arguments become compact sorted JSON object strings (see :func:`canonical_arguments`);
+* tools keep only ``{"type": "function", "function": {...}}`` entries (others are dropped
+  silently), with ``name``, ``parameters`` and ``description`` (when not None);
+* template kwargs: keys sorted recursively; the reserved keys ``add_generation_prompt``,
+  ``tokenize`` and ``tools`` are rejected.
+
+Decisions where we deviate from the main reference (each one only rejects or unifies inputs the
+reference would hash inconsistently):
+
+* A tool call is rebuilt as ``{"id"?, "type": "function", "function": {"name"?, "arguments"}}``:
+  the reference copies the whole call, so an echo carrying an extra key (a streaming ``index``)
+  or missing ``type`` would never match the committed state. A ``type`` other than ``function``
+  is rejected.
+* Every kept value must be plain JSON: non-string keys, sets and ``NaN``/``Infinity`` anywhere
+  (content parts, tool schemas, template kwargs) are rejected instead of being hashed through
+  ``default=str`` or as the non-JSON ``NaN`` token; text that cannot be encoded as UTF-8 (lone
+  surrogates) is rejected instead of failing the hash with a 500. Template-kwargs keys must be
+  strings (main stringified them, which could merge ``1`` and ``"1"``).
+
+Kept from main rather than the stricter PR-branch goldens: ``reasoning_content`` is kept on any
+non-system role, tool results need not reference an earlier call id, ``image_url`` parts are not
+reshaped, and tool schemas keep their key order (the hash sorts keys anyway).
+
+Every rejection is an :class:`~relaxtrio.InvalidRequestError` whose ``param`` is the field path
+(``messages[3].content``, ``messages[2].tool_calls[0].function.arguments``); the message text
+starts with the same path.
+"""
+
+from __future__ import annotations
+
+import hashlib
+from typing import Any, Final
+
+import attrs
+
+from .._errors import InvalidRequestError
+from ._json import canonical_arguments, copy_json, dumps, type_name
+
+ROLES: Final = frozenset({"assistant", "system", "tool", "user"})
+RESERVED_TEMPLATE_KWARGS: Final = frozenset({"add_generation_prompt", "tokenize", "tools"})
+
+HASH_PREFIX: Final = b'{"messages":['
+"""Start of the serialized state: with sorted keys ``messages`` comes first."""
+
+
+def canonical_messages(messages: Any, *, param: str = "messages") -> tuple[dict[str, Any], ...]:
+    """Validates and canonicalizes a message list (see the module docstring for the rules).
+
+    Args:
+        messages: a list (or tuple) of message dicts; None means no messages.
+        param: field path prefix of the list (``messages``; the Responses layer passes ``input``).
+
+    Returns:
+        Fresh canonical messages; the merged system message, if any, comes first.
+
+    Raises:
+        InvalidRequestError: with ``param`` set to the offending field's path.
+    """
+    if messages is None:
+        return ()
+    if not isinstance(messages, (list, tuple)):
+        raise InvalidRequestError(f"{param} must be a list, got {type_name(messages)}", param=param)
+    system_chunks: list[str] = []
+    out: list[dict[str, Any]] = []
+    for index, message in enumerate(messages):
+        canonical = _canonical_message(message, f"{param}[{index}]", system_chunks)
+        if canonical is not None:
+            out.append(canonical)
+    if system_chunks:
+        out.insert(0, {"role": "system", "content": "\n\n".join(system_chunks)})
+    return tuple(out)
+
+
+def canonical_message(message: Any, *, param: str = "message") -> dict[str, Any]:
+    """Canonicalizes one non-system message (e.g. a parsed assistant reply).
+
+    Raises:
+        InvalidRequestError: the message is invalid or is a system message.
+    """
+    chunks: list[str] = []
+    canonical = _canonical_message(message, param, chunks)
+    if canonical is None:
+        raise InvalidRequestError(f"{param}.role must not be system here", param=f"{param}.role")
+    return canonical
+
+
+def _canonical_message(message: Any, where: str, system_chunks: list[str]) -> dict[str, Any] | None:
+    """One message; a system message adds its text to ``system_chunks`` and returns None."""
+    if not isinstance(message, dict):
+        raise InvalidRequestError(f"{where} must be a dict, got {type_name(message)}", param=where)
+    if "role" not in message:
+        raise InvalidRequestError(f"{where} must include role", param=f"{where}.role")
+    role = message["role"]
+    if not isinstance(role, str):
+        raise InvalidRequestError(
+            f"{where}.role must be a string, got {type_name(role)}", param=f"{where}.role"
+        )
+    if role not in ROLES:
+        raise InvalidRequestError(
+            f"{where}.role must be one of: {', '.join(sorted(ROLES))}", param=f"{where}.role"
+        )
+    tool_calls = _canonical_tool_calls(message.get("tool_calls"), where) if role == "assistant" else []
+    reasoning = message.get("reasoning_content")
+    if reasoning is not None and not isinstance(reasoning, str):
+        raise InvalidRequestError(
+            f"{where}.reasoning_content must be a string, got {type_name(reasoning)}",
+            param=f"{where}.reasoning_content",
+        )
+    empty_content_ok = role == "assistant" and bool(tool_calls or reasoning)
+    tool_call_id = None
+    if role == "tool" and "tool_call_id" in message:
+        tool_call_id = message["tool_call_id"]
+        if not isinstance(tool_call_id, str) or not tool_call_id:
+            raise InvalidRequestError(
+                f"{where}.tool_call_id must be a non-empty string", param=f"{where}.tool_call_id"
+            )
+    if "content" not in message and not empty_content_ok:
+        raise InvalidRequestError(f"{where} must include content", param=f"{where}.content")
+    content = message.get("content")
+    if content is None:
+        if not empty_content_ok:
+            raise InvalidRequestError(f"{where}.content must not be empty", param=f"{where}.content")
+        content = ""
+    elif isinstance(content, str):
+        if not content and role != "tool" and not empty_content_ok:
+            raise InvalidRequestError(f"{where}.content must not be empty", param=f"{where}.content")
+    elif isinstance(content, (list, tuple)):
+        content = _canonical_parts(content, f"{where}.content")
+    else:
+        raise InvalidRequestError(
+            f"{where}.content must be a list, string, or None, got {type_name(content)}",
+            param=f"{where}.content",
+        )
+    if role == "system":
+        if isinstance(content, str):
+            system_chunks.append(content)
+        else:
+            system_chunks.extend(part["text"] for part in content if isinstance(part.get("text"), str))
+        return None
+    out: dict[str, Any] = {"role": role, "content": content}
+    if reasoning:
+        out["reasoning_content"] = reasoning
+    if tool_calls:
+        out["tool_calls"] = tool_calls
+    if tool_call_id is not None:
+        out["tool_call_id"] = tool_call_id
+    return out
+
+
+def _canonical_parts(parts: list[Any] | tuple[Any, ...], where: str) -> list[dict[str, Any]]:
+    if not parts:
+        raise InvalidRequestError(f"{where} must not be empty", param=where)
+    out = []
+    for index, part in enumerate(parts):
+        path = f"{where}[{index}]"
+        if not isinstance(part, dict):
+            raise InvalidRequestError(f"{path} must be a dict, got {type_name(part)}", param=path)
+        if part.get("type") == "text" and part.get("text") == "":
+            raise InvalidRequestError(f"{path}.text must not be empty", param=f"{path}.text")
+        out.append(copy_json(part, path))
+    return out
+
+
+def _canonical_tool_calls(tool_calls: Any, where: str) -> list[dict[str, Any]]:
+    if tool_calls is None:
+        return []
+    if not isinstance(tool_calls, (list, tuple)):
+        raise InvalidRequestError(
+            f"{where}.tool_calls must be a list, got {type_name(tool_calls)}", param=f"{where}.tool_calls"
+        )
+    out = []
+    for index, call in enumerate(tool_calls):
+        path = f"{where}.tool_calls[{index}]"
+        if not isinstance(call, dict):
+            raise InvalidRequestError(f"{path} must be a dict, got {type_name(call)}", param=path)
+        canonical: dict[str, Any] = {}
+        call_id = call.get("id")
+        if call_id is not None:
+            if not isinstance(call_id, str) or not call_id:
+                raise InvalidRequestError(f"{path}.id must be a non-empty string", param=f"{path}.id")
+            canonical["id"] = call_id
+        call_type = call.get("type")
+        if call_type is not None and call_type != "function":
+            raise InvalidRequestError(f'{path}.type must be "function"', param=f"{path}.type")
+        canonical["type"] = "function"
+        function = call.get("function")
+        if not isinstance(function, dict):
+            raise InvalidRequestError(
+                f"{path}.function must be a dict, got {type_name(function)}", param=f"{path}.function"
+            )
+        canonical_function: dict[str, Any] = {}
+        name = function.get("name")
+        if name is not None:
+            if not isinstance(name, str):
+                raise InvalidRequestError(
+                    f"{path}.function.name must be a string, got {type_name(name)}",
+                    param=f"{path}.function.name",
+                )
+            canonical_function["name"] = name
+        args_path = f"{path}.function.arguments"
+        canonical_function["arguments"] = canonical_arguments(function.get("arguments"), param=args_path)
+        canonical["function"] = canonical_function
+        out.append(canonical)
+    return out
+
+
+def canonical_tools(tools: Any, *, param: str = "tools") -> tuple[dict[str, Any], ...]:
+    """Normalizes tools to the nested function shape.
+
+    Entries that are not ``{"type": "function", "function": {...}}`` are dropped (reference A-6).
+
+    Returns:
+        ``({"type": "function", "function": {"name", "parameters", "description"?}}, ...)``.
+
+    Raises:
+        InvalidRequestError: not a list, an entry that is not a dict, or non-JSON values.
+    """
+    if tools is None:
+        return ()
+    if not isinstance(tools, (list, tuple)):
+        raise InvalidRequestError(f"{param} must be a list, got {type_name(tools)}", param=param)
+    out = []
+    for index, tool in enumerate(tools):
+        path = f"{param}[{index}]"
+        if not isinstance(tool, dict):
+            raise InvalidRequestError(f"{path} must be a dict, got {type_name(tool)}", param=path)
+        function = tool.get("function")
+        if tool.get("type") != "function" or not isinstance(function, dict):
+            continue
+        canonical = {"name": function.get("name"), "parameters": function.get("parameters")}
+        if function.get("description") is not None:
+            canonical["description"] = function["description"]
+        out.append({"type": "function", "function": copy_json(canonical, f"{path}.function")})
+    return tuple(out)
+
+
+def canonical_template_kwargs(
+    template_kwargs: Any,
+    *,
+    base: Any = None,
+    param: str = "chat_template_kwargs",
+) -> dict[str, Any]:
+    """Normalizes chat-template kwargs: ``base`` overlaid by ``template_kwargs``, keys sorted.
+
+    Args:
+        template_kwargs: the request's (or export record's) kwargs; None means ``{}``.
+        base: server-wide kwargs (``--apply-chat-template-kwargs``) under the request's, or None.
+        param: the field path for errors.
+
+    Returns:
+        A fresh dict whose keys (recursively) are sorted.
+
+    Raises:
+        InvalidRequestError: not a dict, a reserved key, or a non-JSON value.
+    """
+    merged: dict[str, Any] = {}
+    for value in (base, template_kwargs):
+        if value is None:
+            continue
+        if not isinstance(value, dict):
+            raise InvalidRequestError(f"{param} must be a dict, got {type_name(value)}", param=param)
+        merged.update(value)
+    reserved = sorted(RESERVED_TEMPLATE_KWARGS.intersection(merged))
+    if reserved:
+        raise InvalidRequestError(f"{param} cannot set reserved keys: {', '.join(reserved)}", param=param)
+    return _sorted_keys(copy_json(merged, param))
+
+
+def _sorted_keys(value: Any) -> Any:
+    if isinstance(value, dict):
+        return {key: _sorted_keys(value[key]) for key in sorted(value)}
+    if isinstance(value, list):
+        return [_sorted_keys(item) for item in value]
+    return value
+
+
+def _encode(value: Any, param: str) -> bytes:
+    try:
+        return dumps(value).encode("utf-8")
+    except UnicodeEncodeError:
+        raise InvalidRequestError(f"{param} must be valid UTF-8 text", param=param) from None
+    except (TypeError, ValueError) as exc:
+        raise InvalidRequestError(f"{param} must contain only JSON values ({exc})", param=param) from None
+
+
+@attrs.frozen
+class Conversation:
+    """One canonical conversation state: messages plus the tools and template kwargs they use.
+
+    Build it with :meth:`from_wire`; the constructor trusts that its arguments are already
+    canonical (it only serializes them). Two conversations are equal exactly when their canonical
+    JSON is equal, i.e. when they have the same :func:`state_hash`. Treat the dicts as immutable.
+
+    Attributes:
+        messages: canonical messages, length ``n``.
+        tools: canonical tools.
+        template_kwargs: canonical chat-template kwargs (keys sorted).
+    """
+
+    messages: tuple[dict[str, Any], ...] = attrs.field(converter=tuple, eq=False)
+    tools: tuple[dict[str, Any], ...] = attrs.field(converter=tuple, eq=False, factory=tuple)
+    template_kwargs: dict[str, Any] = attrs.field(eq=False, factory=dict)
+    # Serialized forms, computed once: ``[n]`` UTF-8 JSON per message and the constant tail
+    # ``],"template_kwargs":K,"tools":T}`` that closes every prefix of this conversation.
+    _message_json: tuple[bytes, ...] = attrs.field(init=False, repr=False)
+    _suffix: bytes = attrs.field(init=False, repr=False)
+
+    def __attrs_post_init__(self) -> None:
+        encoded = tuple(_encode(m, f"messages[{i}]") for i, m in enumerate(self.messages))
+        suffix = b"".join(
+            (
+                b'],"template_kwargs":',
+                _encode(self.template_kwargs, "chat_template_kwargs"),
+                b',"tools":',
+                _encode(list(self.tools), "tools"),
+                b"}",
+            )
+        )
+        object.__setattr__(self, "_message_json", encoded)
+        object.__setattr__(self, "_suffix", suffix)
+
+    @classmethod
+    def from_wire(
+        cls,
+        messages: Any,
+        tools: Any = None,
+        template_kwargs: Any = None,
+        *,
+        base_template_kwargs: Any = None,
+        messages_param: str = "messages",
+        tools_param: str = "tools",
+        template_kwargs_param: str = "chat_template_kwargs",
+    ) -> Conversation:
+        """Canonicalizes a request's history, tools and template kwargs. Never mutates its input.
+
+        Args:
+            messages: the message list (Chat-shaped dicts).
+            tools: the tool list, or None.
+            template_kwargs: the chat-template kwargs, or None.
+            base_template_kwargs: server-wide kwargs the request's are merged over, or None.
+            messages_param: field path prefix for message errors (``input`` for Responses).
+            tools_param: field path prefix for tool errors.
+            template_kwargs_param: field path for template-kwargs errors.
+
+        Returns:
+            The canonical conversation.
+
+        Raises:
+            InvalidRequestError: an invalid field; ``param`` is its path.
+        """
+        return cls(
+            canonical_messages(messages, param=messages_param),
+            canonical_tools(tools, param=tools_param),
+            canonical_template_kwargs(
+                template_kwargs, base=base_template_kwargs, param=template_kwargs_param
+            ),
+        )
+
+
+def finish_hash(hasher: Any, suffix: bytes) -> str:
+    """Closes a running hash with a subtree's constant tail; does not modify ``hasher``."""
+    closed = hasher.copy()
+    closed.update(suffix)
+    return closed.hexdigest()
+
+
+def state_hash(conv: Conversation) -> str:
+    """SHA-256 hex of the compact, key-sorted JSON of ``{messages, tools, template_kwargs}``.
+
+    Equal to ``sha256(json.dumps({"messages": M, "tools": T, "template_kwargs": K},
+    ensure_ascii=False, separators=(",", ":"), sort_keys=True).encode()).hexdigest()``
+    (reference A-8); key order never matters, array order always does.
+    """
+    hasher = hashlib.sha256(HASH_PREFIX)
+    hasher.update(b",".join(conv._message_json))
+    return finish_hash(hasher, conv._suffix)

@@ -1,0 +1,333 @@
+"""SessionForest: every committed conversation state of one Session.
+
+Matching is linear in the request: the state hash of the prefix ``messages[:k]`` is
+``sha256(b'{"messages":[' + m1 + b"," + ... + mk + SUFFIX)`` with
+``SUFFIX = b'],"template_kwargs":' + K + b',"tools":' + T + b'}'`` (sorted keys put ``messages``
+before ``template_kwargs`` before ``tools``), so one running SHA-256 fed message by message,
+copied and closed with the constant suffix, yields every prefix hash exactly as the reference
+re-hashing loop (``_match_parent_state``) defines it, in one pass over the request's bytes. Only
+prefix lengths at which this subtree family has committed nodes are closed and looked up, longest
+first; the first hit is the answer the reference loop returns.
+"""
+
+from __future__ import annotations
+
+import hashlib
+from typing import Any
+
+from .._errors import ContextLengthExceededError, InternalError
+from ._canonical import HASH_PREFIX, Conversation, canonical_message, finish_hash
+from ._json import dumps
+from ._nodes import AnyNode, FinishReason, Match, Node, ObservationNode, ResponseNode, RootNode, _Subtree
+
+
+def context_length_message(max_context_tokens: int, prompt_tokens: int) -> str:
+    """The reference's (G-4) context-length message for a prompt of ``prompt_tokens`` tokens."""
+    return (
+        f"This model's maximum context length is {max_context_tokens} tokens. "
+        f"However, your messages resulted in {prompt_tokens} tokens. "
+        "Please reduce the length of the messages."
+    )
+
+
+class SessionForest:
+    """The tree of committed conversation states of one Session (pure, synchronous).
+
+    Subtrees under the technical root differ by initial history, tools or template kwargs;
+    branches inside a subtree differ by history. Registering a state that already exists returns
+    the existing node (its tokens and metadata win); the same hash with a different node kind is
+    an error.
+
+    Args:
+        session_id: the Session's id.
+        max_context_tokens: rollout (or eval) context limit in training tokens; None disables
+            the observation check.
+
+    Attributes:
+        session_id: the Session's id.
+        max_context_tokens: the context limit, or None.
+        root: the technical root.
+
+    Nodes keep running SHA-256 states (hashlib objects), so a forest is not picklable; its
+    TrainingSamples are.
+    """
+
+    def __init__(self, session_id: str, *, max_context_tokens: int | None = None) -> None:
+        self.session_id = session_id
+        self.max_context_tokens = max_context_tokens
+        self.root = RootNode(session_id)
+        self._nodes: dict[str, Node] = {}
+        self._leaves: dict[str, None] = {}  # insertion-ordered set of leaf hashes
+        # Message counts at which committed states exist, per tools+kwargs serialization.
+        self._lengths: dict[bytes, set[int]] = {}
+
+    def __len__(self) -> int:
+        """Number of committed (non-root) nodes."""
+        return len(self._nodes)
+
+    # -- matching ------------------------------------------------------------------------------
+
+    def match(self, conv: Conversation) -> Match:
+        """Finds the longest committed message prefix of ``conv`` with the same tools and kwargs.
+
+        Returns exactly what the reference loop (``for k in range(n, 0, -1): hash(messages[:k],
+        tools, kwargs) in nodes``) returns, at O(bytes of ``conv``) hashing cost.
+
+        Args:
+            conv: the request's canonical conversation (``n`` messages).
+
+        Returns:
+            The match: ``parent`` is the committed node (or the root) and ``delta`` the unmatched
+            suffix; ``delta == ()`` is a full match.
+        """
+        candidates = self._lengths.get(conv._suffix, ())
+        hasher = hashlib.sha256(HASH_PREFIX)
+        prefixes: list[tuple[int, Any]] = []
+        for k, encoded in enumerate(conv._message_json, start=1):
+            if k > 1:
+                hasher.update(b",")
+            hasher.update(encoded)
+            if k in candidates:
+                prefixes.append((k, hasher.copy()))
+        full_hash = finish_hash(hasher, conv._suffix)
+        for k, prefix in reversed(prefixes):
+            node = self._nodes.get(finish_hash(prefix, conv._suffix))
+            if node is not None:
+                return Match(node, conv.messages[k:], conv, full_hash, hasher)
+        return Match(self.root, conv.messages, conv, full_hash, hasher)
+
+    # -- commits -------------------------------------------------------------------------------
+
+    def add_observation(
+        self,
+        match: Match,
+        *,
+        token_ids: Any,
+        rollout_token_ids: Any = None,
+        multimodal: Any = None,
+    ) -> ObservationNode:
+        """Commits the unmatched suffix of a match as an observation node.
+
+        The context limit is checked on training ids before anything is committed. An identical
+        state that is already committed (e.g. by a concurrent request) is returned unchanged.
+
+        Args:
+            match: a non-full match from :meth:`match` on this forest.
+            token_ids: ``[t]`` training ids of the delta render.
+            rollout_token_ids: ``[r]`` generation-input ids, or None for ``token_ids``.
+            multimodal: the delta's media payload (opaque), or None.
+
+        Returns:
+            The committed (or already existing) observation node.
+
+        Raises:
+            ContextLengthExceededError: ``train_token_count(parent) + t >= max_context_tokens``;
+                nothing is committed. ``param`` is ``messages``.
+            InternalError: the state exists as a response node, or the parent's subtree has other
+                tools or template kwargs than the request.
+            ValueError: an empty delta or a match from another forest.
+        """
+        if not match.delta:
+            raise ValueError(
+                "add_observation needs a non-empty delta; a full match generates from match.parent"
+            )
+        parent = self._own(match.parent)
+        conv = match.conversation
+        existing = self._existing(match.state_hash, ObservationNode)
+        if existing is not None:
+            return existing
+        if isinstance(parent, RootNode):
+            subtree = _Subtree(match.state_hash, conv._suffix)
+            tools, template_kwargs = conv.tools, conv.template_kwargs
+        else:
+            subtree = parent._subtree
+            if subtree.suffix != conv._suffix:
+                raise InternalError(
+                    f"tools or chat template kwargs changed inside session subtree {subtree.root_hash}",
+                    session_id=self.session_id,
+                )
+            tools = template_kwargs = None
+        token_ids = tuple(token_ids)
+        total = parent.num_train_tokens + len(token_ids)
+        if self.max_context_tokens is not None and total >= self.max_context_tokens:
+            raise ContextLengthExceededError(
+                context_length_message(self.max_context_tokens, total),
+                param="messages",
+                session_id=self.session_id,
+            )
+        node = ObservationNode(
+            state_hash=match.state_hash,
+            parent_hash=parent.state_hash,
+            messages=match.delta,
+            token_ids=token_ids,
+            rollout_token_ids=token_ids if rollout_token_ids is None else rollout_token_ids,
+            multimodal=multimodal,
+            tools=tools,
+            template_kwargs=template_kwargs,
+            abort_count=parent.abort_count,
+            num_messages=len(conv.messages),
+            num_train_tokens=total,
+            num_responses=parent.num_responses,
+            depth=parent.depth + 1,
+            subtree=subtree,
+            hasher=match._hasher.copy(),
+        )
+        self._register(node)
+        return node
+
+    def add_response(
+        self,
+        parent: Node,
+        message: dict[str, Any],
+        *,
+        token_ids: Any,
+        rollout_logprobs: Any,
+        finish_reason: FinishReason,
+        weight_versions: Any = (),
+        abort_count: int = 0,
+        request_id: str | None = None,
+        rollout_id: int | None = None,
+        wall_s: float = 0.0,
+        generation_s: float = 0.0,
+    ) -> ResponseNode:
+        """Commits a sampled assistant message as a response node under ``parent``.
+
+        An identical state that is already committed (a duplicated identical response) is
+        returned unchanged, so duplicates collapse into one leaf.
+
+        Args:
+            parent: the observation or response node the generation continued.
+            message: the assistant message (canonicalized here; tool-call arguments included).
+            token_ids: ``[t]`` sampled ids, ``t >= 1``.
+            rollout_logprobs: ``[t]`` engine logprobs, ``len(rollout_logprobs) == len(token_ids)``.
+            finish_reason: ``stop``, ``length`` or ``tool_calls``.
+            weight_versions: :class:`WeightSpan` s relative to ``token_ids``.
+            abort_count: aborts survived by the request.
+            request_id: the turn's request id.
+            rollout_id: the rollout step that finished the turn.
+            wall_s: seconds from request arrival to commit.
+            generation_s: seconds inside engine calls.
+
+        Returns:
+            The committed (or already existing) response node.
+
+        Raises:
+            InvalidRequestError: ``message`` is not a valid assistant message (``param``
+                starts with ``message``).
+            InternalError: the state exists as an observation node.
+            ValueError: a broken invariant (lengths, finish reason, spans, foreign parent).
+        """
+        parent = self._own(parent)
+        if isinstance(parent, RootNode):
+            raise ValueError("a response needs an observation or response parent, not the technical root")
+        canonical = canonical_message(message, param="message")
+        if canonical["role"] != "assistant":
+            raise ValueError(f"a response message must have role assistant, got {canonical['role']!r}")
+        hasher = parent._hasher.copy()
+        hasher.update(b",")
+        hasher.update(dumps(canonical).encode("utf-8"))
+        state_hash = finish_hash(hasher, parent._subtree.suffix)
+        existing = self._existing(state_hash, ResponseNode)
+        if existing is not None:
+            return existing
+        token_ids = tuple(token_ids)
+        node = ResponseNode(
+            state_hash=state_hash,
+            parent_hash=parent.state_hash,
+            message=canonical,
+            token_ids=token_ids,
+            rollout_logprobs=rollout_logprobs,
+            finish_reason=finish_reason,
+            weight_versions=tuple(weight_versions),
+            abort_count=abort_count,
+            request_id=request_id,
+            rollout_id=rollout_id,
+            wall_s=float(wall_s),
+            generation_s=float(generation_s),
+            num_messages=parent.num_messages + 1,
+            num_train_tokens=parent.num_train_tokens + len(token_ids),
+            num_responses=parent.num_responses + 1,
+            depth=parent.depth + 1,
+            subtree=parent._subtree,
+            hasher=hasher,
+        )
+        self._register(node)
+        return node
+
+    def _own(self, node: AnyNode) -> AnyNode:
+        if node is self.root:
+            return node
+        if isinstance(node, (ObservationNode, ResponseNode)) and self._nodes.get(node.state_hash) is node:
+            return node
+        raise ValueError(
+            f"node {getattr(node, 'state_hash', node)!r} does not belong to session {self.session_id}"
+        )
+
+    def _existing(self, state_hash: str, kind: type) -> Any:
+        existing = self._nodes.get(state_hash)
+        if existing is not None and not isinstance(existing, kind):
+            raise InternalError(
+                f"State hash collision with mismatched kinds: {existing.kind} vs {kind.kind} ({state_hash})",
+                session_id=self.session_id,
+            )
+        return existing
+
+    def _register(self, node: Node) -> None:
+        self._nodes[node.state_hash] = node
+        self._leaves[node.state_hash] = None
+        if node.parent_hash is not None:
+            self._leaves.pop(node.parent_hash, None)
+        self._lengths.setdefault(node._subtree.suffix, set()).add(node.num_messages)
+
+    # -- queries -------------------------------------------------------------------------------
+
+    def get(self, state_hash: str) -> Node | None:
+        """The committed node with this state hash, or None (the root is never returned)."""
+        return self._nodes.get(state_hash)
+
+    def leaves(self) -> tuple[Node, ...]:
+        """Committed nodes without children, in commit order."""
+        return tuple(self._nodes[h] for h in self._leaves)
+
+    def lineage(self, node: AnyNode) -> tuple[Node, ...]:
+        """The nodes from the subtree root down to ``node`` (root excluded); O(depth)."""
+        out: list[Node] = []
+        current: Node | None = None if isinstance(node, RootNode) else node
+        while current is not None:
+            out.append(current)
+            current = None if current.parent_hash is None else self._nodes[current.parent_hash]
+        out.reverse()
+        return tuple(out)
+
+    def messages(self, node: AnyNode) -> tuple[dict[str, Any], ...]:
+        """The full canonical message list of ``node``'s state (shared dicts: do not mutate)."""
+        return tuple(m for n in self.lineage(node) for m in n.messages)
+
+    def conversation(self, node: Node) -> Conversation:
+        """``node``'s state as a Conversation (messages plus its subtree's tools and kwargs)."""
+        root = self.subtree_root(node)
+        return Conversation(self.messages(node), root.tools or (), root.template_kwargs or {})
+
+    def rollout_token_ids(self, node: AnyNode) -> tuple[int, ...]:
+        """``[r]`` generation-input ids of the lineage (the concatenated rollout deltas)."""
+        return tuple(t for n in self.lineage(node) for t in n.rollout_token_ids)
+
+    def train_token_ids(self, node: AnyNode) -> tuple[int, ...]:
+        """``[T]`` training ids of the lineage (the concatenated training deltas)."""
+        return tuple(t for n in self.lineage(node) for t in n.token_ids)
+
+    def train_token_count(self, node: AnyNode) -> int:
+        """Training ids in the lineage of ``node``; O(1)."""
+        return node.num_train_tokens
+
+    def subtree_root(self, node: Node) -> ObservationNode:
+        """The first observation of ``node``'s subtree; it holds the subtree's tools and kwargs.
+
+        Raises:
+            ValueError: ``node`` is the technical root.
+        """
+        if isinstance(node, RootNode):
+            raise ValueError("the technical root belongs to no subtree")
+        root = self._nodes[node._subtree.root_hash]
+        assert isinstance(root, ObservationNode)
+        return root
