@@ -1,0 +1,32 @@
+"""relaxtrio.train: the torch side of GRPO/PPO.
+
+Turns exported ``TrainingSample`` contexts plus one advantage per context into AdamW updates of a
+causal LM, and writes the new weights where an engine can reload them. Synchronous and blocking:
+the trio driver calls it through ``trio.to_thread.run_sync``.
+"""
+
+from .batching import MicroBatch as MicroBatch
+from .batching import SampleLike as SampleLike
+from .checkpoint import save_checkpoint_dir as save_checkpoint_dir
+from .checkpoint import save_weights_dir as save_weights_dir
+from .config import TrainConfig as TrainConfig
+from .config import TrainStats as TrainStats
+from .loss import entropy_from_logits as entropy_from_logits
+from .loss import logprobs_from_logits as logprobs_from_logits
+from .loss import policy_loss as policy_loss
+from .loss import token_logprobs as token_logprobs
+from .trainer import Trainer as Trainer
+
+__all__ = [
+    "MicroBatch",
+    "SampleLike",
+    "TrainConfig",
+    "TrainStats",
+    "Trainer",
+    "entropy_from_logits",
+    "logprobs_from_logits",
+    "policy_loss",
+    "save_checkpoint_dir",
+    "save_weights_dir",
+    "token_logprobs",
+]

@@ -1,0 +1,200 @@
+"""From training samples to padded tensors: validation, minibatch split, micro-batch packing.
+
+The trainer never sees a ``TrainingSample`` class; anything with the three fields of
+:class:`SampleLike` (``relaxtrio.forest.TrainingSample`` among them) trains.
+"""
+
+from __future__ import annotations
+
+import math
+import random
+from collections.abc import Sequence
+from typing import Protocol
+
+import attrs
+import torch
+from torch import Tensor
+
+__all__ = ["MicroBatch", "SampleLike", "collate", "plan_micro_batches", "split_minibatches"]
+
+
+class SampleLike(Protocol):
+    """The fields the trainer reads from a sample (duck-typed ``TrainingSample``).
+
+    ``len(token_ids) == len(loss_mask) == len(rollout_logprobs) >= 1``; ``loss_mask[0] == 0``
+    (the first token has no context to be predicted from).
+    """
+
+    @property
+    def token_ids(self) -> Sequence[int]: ...
+
+    @property
+    def loss_mask(self) -> Sequence[int]: ...
+
+    @property
+    def rollout_logprobs(self) -> Sequence[float]: ...
+
+
+@attrs.frozen(eq=False)
+class MicroBatch:
+    """One right-padded forward pass worth of samples.
+
+    Attributes:
+        indices: positions of these samples in the step's sample list, length ``B``.
+        token_ids: ``(B, T) long``; padding positions hold ``pad_token_id``.
+        attention_mask: ``(B, T) long``; 1 on real tokens.
+        loss_mask: ``(B, T) float32``; 1 on trained tokens.
+        rollout_logprobs: ``(B, T) float32``; engine logprobs (0.0 off the loss mask).
+        advantages: ``(B, T) float32``; each sample's scalar advantage broadcast over its whole
+            row (the loss only reads it where ``loss_mask == 1``).
+    """
+
+    indices: tuple[int, ...]
+    token_ids: Tensor
+    attention_mask: Tensor
+    loss_mask: Tensor
+    rollout_logprobs: Tensor
+    advantages: Tensor
+
+    @property
+    def num_tokens(self) -> int:
+        """Trained tokens in this micro-batch."""
+        return int(self.loss_mask.sum().item())
+
+
+def validate_samples(samples: Sequence[SampleLike], advantages: Sequence[float] | None) -> None:
+    """Check the length and value invariants the trainer relies on.
+
+    Raises:
+        ValueError: naming the offending ``samples[i]`` field or ``advantages[i]``.
+    """
+    if not samples:
+        raise ValueError("samples is empty: a train step needs at least one sample")
+    if advantages is not None and len(advantages) != len(samples):
+        raise ValueError(
+            f"len(advantages) == {len(advantages)} but len(samples) == {len(samples)}; "
+            "give one advantage per sample"
+        )
+    for i, sample in enumerate(samples):
+        n = len(sample.token_ids)
+        if n == 0:
+            raise ValueError(f"samples[{i}].token_ids is empty")
+        if len(sample.loss_mask) != n or len(sample.rollout_logprobs) != n:
+            raise ValueError(
+                f"samples[{i}]: len(token_ids) == {n}, len(loss_mask) == {len(sample.loss_mask)}, "
+                f"len(rollout_logprobs) == {len(sample.rollout_logprobs)}; they must be equal"
+            )
+        if any(m not in (0, 1) for m in sample.loss_mask):
+            raise ValueError(f"samples[{i}].loss_mask must hold only 0 and 1")
+        if sample.loss_mask[0]:
+            raise ValueError(f"samples[{i}].loss_mask[0] must be 0: token 0 has no context")
+        if advantages is not None:
+            adv = advantages[i]
+            if isinstance(adv, bool) or not isinstance(adv, (int, float)) or not math.isfinite(adv):
+                raise ValueError(f"advantages[{i}] must be a finite number, got {adv!r}")
+
+
+def split_minibatches(
+    num_samples: int, num_minibatches: int, rng: random.Random
+) -> list[list[int]]:
+    """Shuffle sample indices and split them into up to ``num_minibatches`` near-equal parts.
+
+    With ``num_minibatches == 1`` the order is kept and ``rng`` is not used. Never returns an
+    empty part (fewer samples than minibatches gives one sample per part).
+    """
+    order = list(range(num_samples))
+    if num_minibatches == 1:
+        return [order]
+    rng.shuffle(order)
+    parts = min(num_minibatches, num_samples)
+    base, extra = divmod(num_samples, parts)
+    out, start = [], 0
+    for k in range(parts):
+        size = base + (1 if k < extra else 0)
+        out.append(order[start : start + size])
+        start += size
+    return out
+
+
+def plan_micro_batches(
+    indices: Sequence[int],
+    lengths: Sequence[int],
+    *,
+    micro_batch_size: int,
+    max_tokens_per_micro_batch: int | None,
+) -> list[list[int]]:
+    """Group sample indices into micro-batches, keeping their order.
+
+    Args:
+        indices: the minibatch's sample indices, in order.
+        lengths: token count of every sample of the step (indexed by sample index).
+        micro_batch_size: at most this many samples per micro-batch.
+        max_tokens_per_micro_batch: if set, also ``len(mb) * max(length in mb) <= budget``
+            (padded tokens); a sample longer than the budget gets a micro-batch of its own.
+
+    Returns:
+        Non-empty lists of sample indices covering ``indices`` exactly once.
+    """
+    out: list[list[int]] = []
+    current: list[int] = []
+    longest = 0
+    for i in indices:
+        longer = max(longest, lengths[i])
+        over_count = len(current) >= micro_batch_size
+        over_budget = (
+            max_tokens_per_micro_batch is not None
+            and (len(current) + 1) * longer > max_tokens_per_micro_batch
+        )
+        if current and (over_count or over_budget):
+            out.append(current)
+            current, longer = [], lengths[i]
+        current.append(i)
+        longest = longer
+    if current:
+        out.append(current)
+    return out
+
+
+def collate(
+    samples: Sequence[SampleLike],
+    advantages: Sequence[float] | None,
+    indices: Sequence[int],
+    *,
+    pad_token_id: int,
+    device: torch.device | str,
+) -> MicroBatch:
+    """Right-pad the chosen samples into one :class:`MicroBatch` on ``device``.
+
+    Raises:
+        ValueError: a sample's rollout logprob is ``nan``/``inf`` on a trained token.
+    """
+    rows = [samples[i] for i in indices]
+    B, T = len(rows), max(len(s.token_ids) for s in rows)
+    token_ids = torch.full((B, T), pad_token_id, dtype=torch.long)  # (B, T)
+    attention_mask = torch.zeros((B, T), dtype=torch.long)  # (B, T)
+    loss_mask = torch.zeros((B, T), dtype=torch.float32)  # (B, T)
+    rollout_logprobs = torch.zeros((B, T), dtype=torch.float32)  # (B, T)
+    adv = torch.zeros((B, T), dtype=torch.float32)  # (B, T)
+    for b, (i, s) in enumerate(zip(indices, rows, strict=True)):
+        n = len(s.token_ids)
+        token_ids[b, :n] = torch.tensor(s.token_ids, dtype=torch.long)
+        attention_mask[b, :n] = 1
+        loss_mask[b, :n] = torch.tensor(s.loss_mask, dtype=torch.float32)
+        rollout_logprobs[b, :n] = torch.tensor(s.rollout_logprobs, dtype=torch.float32)
+        if advantages is not None:
+            adv[b, :n] = float(advantages[i])
+    on_mask = loss_mask.bool()
+    bad = (on_mask & ~torch.isfinite(rollout_logprobs)).any(dim=1)  # (B,)
+    if bad.any():
+        i = indices[int(bad.nonzero()[0].item())]
+        raise ValueError(f"samples[{i}].rollout_logprobs is not finite on a loss_mask == 1 token")
+    # Off-mask rollout logprobs are meaningless (0.0 by contract); zero them for safety.
+    rollout_logprobs = torch.where(on_mask, rollout_logprobs, torch.zeros_like(rollout_logprobs))
+    return MicroBatch(
+        indices=tuple(indices),
+        token_ids=token_ids.to(device),
+        attention_mask=attention_mask.to(device),
+        loss_mask=loss_mask.to(device),
+        rollout_logprobs=rollout_logprobs.to(device),
+        advantages=adv.to(device),
+    )
