@@ -1,0 +1,343 @@
+"""Chat-template compiler: canonical messages → prompt token ids.
+
+relaxtrio is token-in/token-out: sampled ids are stored and reused exactly, and only new
+observations are rendered (DESIGN decision 3). Two renders exist:
+
+* **full render** at a subtree root (reference D-1): ``apply_chat_template(messages, tools,
+  tokenize=False, add_generation_prompt=True, **template_kwargs)`` then
+  ``encode(text, add_special_tokens=False)``, so a template that writes BOS itself yields exactly one
+  BOS (pitfall B-10);
+* **observation delta** below a subtree root (reference D-3): render the fixed
+  ``DUMMY_PREFIX`` (system + user) without a generation prompt, drop one trailing ``"\\n"``,
+  tokenize → ``trim`` ids; render ``DUMMY_PREFIX + delta`` with the generation prompt, tokenize, and
+  drop the first ``len(trim)`` ids. The dropped ids are checked to equal ``trim``; a template that
+  changes the dummy prefix when more messages follow (e.g. one that moves the tool list before the
+  last user message) raises :class:`~relaxtrio.InternalError` instead of producing wrong ids. The
+  delta therefore starts with whatever the template writes after the previous turn's end-of-turn
+  token (``"\\n<|im_start|>user..."`` for ChatML: pitfall B-3), and consecutive tool results are
+  rendered the way the template groups them (pitfall B-4).
+
+Rendering inputs (pitfall B-8): canonical assistant tool calls hold arguments as compact JSON
+strings; the compiler decodes them to mappings for rendering, unless a probe at construction shows
+the template needs strings (it concatenates them, or prints a mapping as a Python repr). Empty
+``tool_calls`` lists are dropped (Llama 3.1 rejects an empty list), and an empty tools list is passed
+as ``None`` by default, because templates such as Llama 3.1 test ``tools is not none`` and would
+otherwise announce tools to a tool-less conversation (this is what an OpenAI-compatible server's
+chat path does; ``pass_empty_tools=True`` restores the reference's literal ``[]``).
+
+Stop ids and the end of an assistant turn: :attr:`ChatCompiler.stop_token_ids` is the tokenizer's
+EOS plus every known end-of-turn marker that is an added token and appears in the template text
+(plus ``extra_stop_token_ids``, e.g. a model's ``generation_config`` EOS list).
+:attr:`ChatCompiler.turn_closed_by_stop_token` says whether the template ends an assistant turn
+with one of those ids; when it does, lineage = generated ids including the sampled EOS + the next
+observation delta, with no re-rendering of the assistant turn. A generation stopped by a stop
+*string* or by length has no end-of-turn id, and none is inserted (reference D-3 quirk).
+
+Thread safety: a ChatCompiler holds no per-call state, so calls may run in worker threads
+(``trio.to_thread.run_sync``); the dummy-prefix cache is guarded by a lock.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import threading
+import time
+from collections.abc import Mapping, Sequence
+from typing import Any, Final
+
+import attrs
+import jinja2
+
+from .._errors import InternalError, InvalidRequestError
+from . import _template_inputs as _inputs
+from ._template_inputs import RESERVED_TEMPLATE_KWARGS, TURN_END_MARKERS, ArgumentsForm
+
+__all__ = [
+    "DUMMY_PREFIX",
+    "RESERVED_TEMPLATE_KWARGS",
+    "TURN_END_MARKERS",
+    "ChatCompiler",
+    "EncodedPrompt",
+]
+
+logger = logging.getLogger(__name__)
+
+DUMMY_PREFIX: Final[tuple[Mapping[str, str], ...]] = (
+    {"role": "system", "content": "You are a helpful assistant."},
+    {"role": "user", "content": "I am a user."},
+)
+"""The fixed conversation an observation delta is rendered after (reference D-3)."""
+
+THINK_OPEN: Final[str] = "<think>"
+_PROBE_TEXT: Final[str] = "relaxtrio-probe-text"
+_PROBE_KEY: Final[str] = "relaxtrio_probe_key"
+_TRIM_CACHE_SIZE: Final[int] = 64
+
+
+@attrs.frozen
+class EncodedPrompt:
+    """Token ids of one render plus how long it took.
+
+    Attributes:
+        token_ids: the prompt ids (``(T,)`` ints); for a delta, only the ids after the dummy prefix.
+        text: the rendered text the ids were encoded from (for a delta, the full dummy render).
+        apply_chat_template_s: seconds spent rendering the template (wall clock, ``perf_counter``).
+        tokenizer_encode_s: seconds spent tokenizing.
+        total_s: seconds for the whole call, including the dummy-prefix render when not cached.
+    """
+
+    token_ids: tuple[int, ...] = attrs.field(converter=tuple)
+    text: str
+    apply_chat_template_s: float
+    tokenizer_encode_s: float
+    total_s: float
+
+
+class ChatCompiler:
+    """Renders canonical conversations with a Hugging Face tokenizer's chat template.
+
+    Args:
+        tokenizer: a transformers tokenizer with a chat template (``apply_chat_template``,
+            ``encode``, ``decode``, ``eos_token_id``, ``get_added_vocab``).
+        extra_stop_token_ids: more ids that end generation (e.g. ``generation_config.eos_token_id``).
+        pass_empty_tools: pass ``tools=[]`` rather than ``None`` when a subtree has no tools.
+
+    Construction renders two small probe conversations to learn the template's tool-argument form
+    and how it ends an assistant turn; a template that cannot render them still works for plain
+    text, with mapping arguments and ``turn_closed_by_stop_token`` False.
+    """
+
+    def __init__(
+        self,
+        tokenizer: Any,
+        *,
+        extra_stop_token_ids: Sequence[int] = (),
+        pass_empty_tools: bool = False,
+    ) -> None:
+        self._tokenizer = tokenizer
+        self._pass_empty_tools = pass_empty_tools
+        self._reserved_kwargs = _inputs.reserved_kwargs(tokenizer)
+        self._trim_cache: dict[str, tuple[int, ...]] = {}
+        self._trim_lock = threading.Lock()
+        self.stop_token_ids: tuple[int, ...] = _inputs.stop_token_ids(tokenizer, extra_stop_token_ids)
+        """Ids that end a generation: EOS, template end-of-turn markers, extras (sorted, unique)."""
+        self.arguments_form: ArgumentsForm = self._probe_arguments_form()
+        """How tool-call arguments are handed to the template: ``"mapping"`` or ``"string"``."""
+        self.turn_end_token_id: int | None = self._probe_turn_end()
+        """The stop id the template writes right after an assistant message, or None."""
+
+    @property
+    def tokenizer(self) -> Any:
+        """The wrapped tokenizer."""
+        return self._tokenizer
+
+    @property
+    def turn_closed_by_stop_token(self) -> bool:
+        """True when the template closes an assistant turn with a stop id the model samples."""
+        return self.turn_end_token_id is not None
+
+    # ------------------------------------------------------------------ public renders
+
+    def render(
+        self,
+        messages: Sequence[Mapping[str, Any]],
+        tools: Sequence[Mapping[str, Any]] = (),
+        template_kwargs: Mapping[str, Any] | None = None,
+        *,
+        add_generation_prompt: bool = True,
+        message_offset: int = 0,
+    ) -> EncodedPrompt:
+        """Renders and tokenizes a whole conversation.
+
+        Args:
+            messages: canonical messages (not mutated).
+            tools: canonical function tools of the subtree.
+            template_kwargs: extra template variables (e.g. ``{"enable_thinking": False}``).
+            add_generation_prompt: append the assistant header the model continues from.
+            message_offset: index of ``messages[0]`` in the request, for error paths.
+
+        Returns:
+            The ids (``encode(text, add_special_tokens=False)``) and timings.
+
+        Raises:
+            InvalidRequestError: bad template kwargs (param ``chat_template_kwargs.<key>``), tool-call
+                arguments that are not a JSON object (param ``messages[i].tool_calls[j].function.arguments``),
+                or messages the template refuses to render (param ``messages``).
+        """
+        start = time.perf_counter()
+        kwargs = self._checked_kwargs(template_kwargs)
+        prepared = _inputs.template_messages(messages, self.arguments_form, message_offset)
+        text, render_s = self._render_text(prepared, tools, kwargs, add_generation_prompt)
+        ids, encode_s = self._encode(text)
+        return EncodedPrompt(ids, text, render_s, encode_s, time.perf_counter() - start)
+
+    def render_delta(
+        self,
+        delta_messages: Sequence[Mapping[str, Any]],
+        tools: Sequence[Mapping[str, Any]] = (),
+        template_kwargs: Mapping[str, Any] | None = None,
+        *,
+        message_offset: int = 0,
+    ) -> EncodedPrompt:
+        """Renders an observation delta with the dummy-prefix method (reference D-3).
+
+        Args:
+            delta_messages: the new (unmatched) canonical messages; must not be empty.
+            tools: the subtree root's tools.
+            template_kwargs: the subtree root's template kwargs.
+            message_offset: index of ``delta_messages[0]`` in the request, for error paths.
+
+        Returns:
+            The ids after the dummy prefix, ending with the generation prompt.
+
+        Raises:
+            InvalidRequestError: as :meth:`render`.
+            InternalError: the delta is empty, or the template renders the dummy prefix differently
+                when messages follow it (the template is not prefix-stable there).
+        """
+        if not delta_messages:
+            raise InternalError("an observation delta needs at least one message")
+        start = time.perf_counter()
+        kwargs = self._checked_kwargs(template_kwargs)
+        trim = self._dummy_trim_ids(tools, kwargs)
+        prepared = _inputs.template_messages(delta_messages, self.arguments_form, message_offset)
+        text, render_s = self._render_text([*DUMMY_PREFIX, *prepared], tools, kwargs, True)
+        ids, encode_s = self._encode(text)
+        if ids[: len(trim)] != trim:
+            raise InternalError(
+                "the chat template is not prefix-stable after the dummy prefix: rendering more messages "
+                "changed the first tokens, so observation deltas cannot be rendered incrementally with "
+                "this template and these tools/template kwargs"
+            )
+        delta = ids[len(trim) :]
+        return EncodedPrompt(delta, text, render_s, encode_s, time.perf_counter() - start)
+
+    def encode_full(
+        self,
+        messages: Sequence[Mapping[str, Any]],
+        tools: Sequence[Mapping[str, Any]] = (),
+        template_kwargs: Mapping[str, Any] | None = None,
+    ) -> tuple[int, ...]:
+        """Prompt ids of a subtree root: a full render with the generation prompt.
+
+        Raises:
+            InvalidRequestError: as :meth:`render`.
+        """
+        return self.render(messages, tools, template_kwargs).token_ids
+
+    def encode_delta(
+        self,
+        delta_messages: Sequence[Mapping[str, Any]],
+        tools: Sequence[Mapping[str, Any]] = (),
+        template_kwargs: Mapping[str, Any] | None = None,
+    ) -> tuple[int, ...]:
+        """Ids of an observation below a subtree root, ending with the generation prompt.
+
+        Raises:
+            InvalidRequestError: as :meth:`render`.
+            InternalError: as :meth:`render_delta`.
+        """
+        return self.render_delta(delta_messages, tools, template_kwargs).token_ids
+
+    def decode(self, token_ids: Sequence[int]) -> str:
+        """Text of ``token_ids`` with special tokens kept and no whitespace clean-up."""
+        return self._tokenizer.decode(
+            list(token_ids), skip_special_tokens=False, clean_up_tokenization_spaces=False
+        )
+
+    def prompt_opens_think(self, prompt_ids: Sequence[int]) -> bool:
+        """True when the prompt ends inside an opened ``<think>`` block (R1 / Qwen3-thinking style).
+
+        Args:
+            prompt_ids: the generation input ids (at least the tail of them).
+        """
+        tail = self.decode(prompt_ids[-16:]).rstrip()
+        return tail.endswith(THINK_OPEN)
+
+    # ------------------------------------------------------------------ internals
+
+    def _checked_kwargs(self, template_kwargs: Mapping[str, Any] | None) -> dict[str, Any]:
+        return _inputs.checked_kwargs(template_kwargs, self._reserved_kwargs)
+
+    def _tools_arg(self, tools: Sequence[Mapping[str, Any]]) -> list[dict[str, Any]] | None:
+        tool_list = [dict(tool) for tool in tools]
+        if not tool_list and not self._pass_empty_tools:
+            return None
+        return tool_list
+
+    def _render_text(
+        self,
+        messages: Sequence[Mapping[str, Any]],
+        tools: Sequence[Mapping[str, Any]],
+        kwargs: Mapping[str, Any],
+        add_generation_prompt: bool,
+    ) -> tuple[str, float]:
+        start = time.perf_counter()
+        try:
+            text = self._tokenizer.apply_chat_template(
+                [dict(message) for message in messages],
+                tools=self._tools_arg(tools),
+                tokenize=False,
+                add_generation_prompt=add_generation_prompt,
+                **kwargs,
+            )
+        except (jinja2.TemplateError, TypeError, ValueError, KeyError, IndexError) as exc:
+            raise InvalidRequestError(
+                f"the chat template cannot render these messages: {type(exc).__name__}: {exc}", param="messages"
+            ) from exc
+        if not isinstance(text, str):
+            raise InternalError(f"apply_chat_template(tokenize=False) returned {type(text).__name__}, not str")
+        return text, time.perf_counter() - start
+
+    def _encode(self, text: str) -> tuple[tuple[int, ...], float]:
+        start = time.perf_counter()
+        ids = tuple(int(i) for i in self._tokenizer.encode(text, add_special_tokens=False))
+        return ids, time.perf_counter() - start
+
+    def _dummy_trim_ids(self, tools: Sequence[Mapping[str, Any]], kwargs: Mapping[str, Any]) -> tuple[int, ...]:
+        key = json.dumps([list(tools), kwargs], sort_keys=True, separators=(",", ":"), default=str)
+        with self._trim_lock:
+            cached = self._trim_cache.get(key)
+        if cached is not None:
+            return cached
+        text, _ = self._render_text(list(DUMMY_PREFIX), tools, kwargs, False)
+        if text.endswith("\n"):
+            text = text[:-1]
+        trim, _ = self._encode(text)
+        with self._trim_lock:
+            if len(self._trim_cache) >= _TRIM_CACHE_SIZE:
+                self._trim_cache.pop(next(iter(self._trim_cache)))
+            self._trim_cache[key] = trim
+        return trim
+
+    def _probe_arguments_form(self) -> ArgumentsForm:
+        tool = {"type": "function", "function": {"name": "probe", "parameters": {"type": "object", "properties": {}}}}
+        call = {"id": "call_probe", "type": "function", "function": {"name": "probe", "arguments": "{}"}}
+        for form in ("mapping", "string"):
+            arguments: Any = {_PROBE_KEY: 1} if form == "mapping" else json.dumps({_PROBE_KEY: 1})
+            probe_call = {**call, "function": {"name": "probe", "arguments": arguments}}
+            assistant = {"role": "assistant", "content": "", "tool_calls": [probe_call]}
+            messages = [*DUMMY_PREFIX, assistant, {"role": "tool", "tool_call_id": "call_probe", "content": "ok"}]
+            try:
+                text, _ = self._render_text(messages, [tool], {}, True)
+            except InvalidRequestError:
+                continue
+            if f"'{_PROBE_KEY}'" not in text:
+                return form  # a mapping printed as a Python repr means the template wants a string
+        return "mapping"
+
+    def _probe_turn_end(self) -> int | None:
+        messages = [*DUMMY_PREFIX, {"role": "assistant", "content": _PROBE_TEXT}]
+        try:
+            text, _ = self._render_text(messages, [], {}, False)
+        except InvalidRequestError:
+            logger.warning("chat template cannot render a plain assistant turn; turn end unknown")
+            return None
+        position = text.rfind(_PROBE_TEXT)
+        if position < 0:
+            return None
+        after, _ = self._encode(text[position + len(_PROBE_TEXT) :])
+        if after and after[0] in self.stop_token_ids:
+            return after[0]
+        return None

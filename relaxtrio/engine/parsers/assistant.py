@@ -1,0 +1,203 @@
+"""Decode rules: generated ids → the canonical assistant message that is committed and returned.
+
+Order (reference F-1..F-4, with DESIGN decision 4):
+
+1. empty output → :class:`~relaxtrio.BackendError`, nothing is committed;
+2. finish type: an EOS sampled in the same step as an abort counts as ``stop`` (reference E-6,
+   :func:`effective_finish_type`); a remaining ``abort`` cannot be committed;
+3. text: one trailing stop id is left out of the decoded text, and a matched stop string is cut
+   from its end, so neither appears in ``content``; the ids themselves are never changed, so special
+   tokens inside the output cannot shift ids or logprobs (pitfall B-6);
+4. reasoning parser on the text, then the tool-call parser on the rest when the subtree has tools;
+   a ``length`` finish skips tool-call parsing (a cut-off turn is not executed), which keeps the
+   invariant "finish reason ``tool_calls`` if and only if calls are returned" (pitfalls B-13, B-14);
+5. no content, no reasoning and no calls → :class:`~relaxtrio.BackendError` (not a commit);
+6. the message is canonical: ``content`` is ``""`` when only reasoning or calls remain, call ids
+   come from :func:`~.tool_calls.tool_call_id`, arguments are canonical JSON text.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from typing import Any, Literal, Protocol
+
+import attrs
+
+from ..._errors import BackendError, InternalError
+from .reasoning import UnclosedThinkPolicy, parse_reasoning
+from .tool_calls import RejectedToolCall, parse_tool_calls_detailed, tool_call_id
+
+__all__ = [
+    "DecodedAssistant",
+    "FinishReason",
+    "FinishType",
+    "TokenDecoder",
+    "build_assistant_message",
+    "decode_assistant",
+    "effective_finish_type",
+]
+
+FinishType = Literal["stop", "length", "abort"]
+FinishReason = Literal["stop", "length", "tool_calls"]
+
+
+class TokenDecoder(Protocol):
+    """Anything that turns ids into text with special tokens kept (a :class:`ChatCompiler`)."""
+
+    def decode(self, token_ids: Sequence[int]) -> str: ...
+
+
+@attrs.frozen
+class DecodedAssistant:
+    """The committed message plus what the parsers saw.
+
+    Attributes:
+        message: canonical assistant message (``role``, ``content``, optional ``reasoning_content``
+            and ``tool_calls``).
+        finish_reason: ``"stop"``, ``"length"`` or ``"tool_calls"``.
+        finish_type: the engine finish type after :func:`effective_finish_type`.
+        text: the decoded text the parsers received (stop id and stop string removed).
+        rejected_tool_calls: call-shaped text left in the content (parse status for the node).
+    """
+
+    message: Mapping[str, Any]
+    finish_reason: FinishReason
+    finish_type: FinishType
+    text: str
+    rejected_tool_calls: tuple[RejectedToolCall, ...] = ()
+
+
+def effective_finish_type(
+    output_ids: Sequence[int], finish_type: str, stop_token_ids: Sequence[int]
+) -> FinishType:
+    """``stop`` for an abort whose last sampled id is a stop id (reference E-6), else unchanged.
+
+    Args:
+        output_ids: generated ids of the attempt(s) (``(T,)``).
+        finish_type: the engine's ``finish_reason.type``: ``stop``, ``length`` or ``abort``.
+        stop_token_ids: EOS / end-of-turn ids plus the request's ``stop_token_ids``.
+
+    Raises:
+        ValueError: unknown finish type.
+    """
+    if finish_type not in ("stop", "length", "abort"):
+        raise ValueError(f"unknown finish type {finish_type!r}")
+    if finish_type == "abort" and output_ids and int(output_ids[-1]) in set(stop_token_ids):
+        return "stop"
+    return finish_type  # type: ignore[return-value]
+
+
+def decode_assistant(
+    output_ids: Sequence[int],
+    finish_type: str,
+    *,
+    compiler: TokenDecoder,
+    parent_state_hash: str,
+    stop_token_ids: Sequence[int],
+    reasoning_parser: str | None = None,
+    tool_call_parser: str | None = None,
+    tools: Sequence[Mapping[str, Any]] = (),
+    matched_stop: int | str | None = None,
+    prompt_opened_think: bool = False,
+    unclosed_think: UnclosedThinkPolicy = "content",
+) -> DecodedAssistant:
+    """Builds the assistant message of one finished generation (see the module doc).
+
+    Args:
+        output_ids: every generated id of the turn, all attempts (``(T,)``); never modified.
+        finish_type: engine finish type of the last attempt.
+        compiler: decodes ids with special tokens kept.
+        parent_state_hash: state hash of the node the turn was generated from (for call ids).
+        stop_token_ids: EOS / end-of-turn ids plus the request's ``stop_token_ids``.
+        reasoning_parser: ``--agentic-reasoning-parser`` name or None.
+        tool_call_parser: ``--agentic-tool-call-parser`` name or None.
+        tools: the subtree's canonical tools; calls are parsed only when non-empty.
+        matched_stop: the engine's ``finish_reason.matched`` (a stop id or a stop string).
+        prompt_opened_think: the generation prompt ended inside an opened think block.
+        unclosed_think: policy for a stopped generation inside an unclosed think block.
+
+    Raises:
+        BackendError: no output ids, or the parsers leave nothing to return.
+        InternalError: the finish type is still ``abort`` (an aborted attempt is resumed, not
+            committed).
+        ValueError: unknown parser name or finish type.
+    """
+    ids = tuple(int(i) for i in output_ids)
+    if not ids:
+        raise BackendError("Generation backend returned a terminal response without output tokens")
+    finish = effective_finish_type(ids, finish_type, stop_token_ids)
+    if finish == "abort":
+        raise InternalError("an aborted generation cannot be turned into an assistant message; resume it first")
+
+    stops = set(stop_token_ids)
+    if isinstance(matched_stop, int) and not isinstance(matched_stop, bool):
+        stops.add(matched_stop)
+    text = compiler.decode(ids[:-1] if ids[-1] in stops else ids)
+    if isinstance(matched_stop, str) and matched_stop and text.endswith(matched_stop):
+        text = text[: -len(matched_stop)]
+
+    reasoning, rest = parse_reasoning(
+        text,
+        reasoning_parser,
+        prompt_opened_think=prompt_opened_think,
+        finish_type=finish,
+        unclosed_think=unclosed_think,
+    )
+    parse = parse_tool_calls_detailed(rest, tool_call_parser if finish != "length" else None, tools)
+    if not parse.content and reasoning is None and not parse.calls:
+        raise BackendError(
+            "Response parsers produced an empty assistant message "
+            f"({len(ids)} output tokens, finish {finish}); nothing is committed"
+        )
+
+    message: dict[str, Any] = {"role": "assistant", "content": parse.content}
+    if reasoning is not None:
+        message["reasoning_content"] = reasoning
+    if parse.calls:
+        message["tool_calls"] = [
+            {
+                "id": tool_call_id(parent_state_hash, ids, index),
+                "type": "function",
+                "function": {"name": call.name, "arguments": call.arguments},
+            }
+            for index, call in enumerate(parse.calls)
+        ]
+    reason: FinishReason = "length" if finish == "length" else "tool_calls" if parse.calls else "stop"
+    return DecodedAssistant(message, reason, finish, text, parse.rejected)
+
+
+def build_assistant_message(
+    output_ids: Sequence[int],
+    finish_type: str,
+    *,
+    compiler: TokenDecoder,
+    parent_state_hash: str,
+    stop_token_ids: Sequence[int],
+    reasoning_parser: str | None = None,
+    tool_call_parser: str | None = None,
+    tools: Sequence[Mapping[str, Any]] = (),
+    matched_stop: int | str | None = None,
+    prompt_opened_think: bool = False,
+    unclosed_think: UnclosedThinkPolicy = "content",
+) -> tuple[dict[str, Any], FinishReason]:
+    """``(message, finish_reason)`` of one finished generation; see :func:`decode_assistant`.
+
+    Raises:
+        BackendError: no output ids, or the parsers leave nothing to return.
+        InternalError: the finish type is still ``abort``.
+        ValueError: unknown parser name or finish type.
+    """
+    decoded = decode_assistant(
+        output_ids,
+        finish_type,
+        compiler=compiler,
+        parent_state_hash=parent_state_hash,
+        stop_token_ids=stop_token_ids,
+        reasoning_parser=reasoning_parser,
+        tool_call_parser=tool_call_parser,
+        tools=tools,
+        matched_stop=matched_stop,
+        prompt_opened_think=prompt_opened_think,
+        unclosed_think=unclosed_think,
+    )
+    return dict(decoded.message), decoded.finish_reason

@@ -1,0 +1,219 @@
+"""Tool-call parsers (``--agentic-tool-call-parser``) and deterministic call ids.
+
+Supported names:
+
+===============================  ==============================================================
+``hermes``, ``qwen25``, ``qwen``  ``<tool_call>\\n{"name": ..., "arguments": {...}}\\n</tool_call>``
+                                  blocks (``"parameters"`` accepted for ``"arguments"``; a JSON
+                                  list in one block gives several calls)
+``qwen3_coder``                   ``<tool_call>\\n<function=name>\\n<parameter=p>\\nvalue\\n</parameter>
+                                  \\n</function>\\n</tool_call>``; values converted by the tool's
+                                  JSON-schema types
+``llama3``                        ``{"name": ..., "parameters": {...}}`` at the start of the text or
+                                  after ``<|python_tag|>``, several separated by ``;``
+===============================  ==============================================================
+
+Rules, identical for every format:
+
+* parsing happens only when the subtree has tools; otherwise the text is returned unchanged;
+* a malformed block (bad JSON, missing name, stray text inside the block, an unclosed tag) stays in
+  the content verbatim, while the valid blocks around it are returned as calls (pitfall B-11);
+* **undeclared tool names**: the block is left in the content as text (it is not a call the agent
+  can run), exactly like a malformed block, and is reported as rejected;
+* when at least one call is returned, the call blocks (and their separators) are removed from the
+  content, which is then stripped of surrounding whitespace; when none is returned the content is
+  the input text unchanged;
+* arguments are returned as canonical JSON object text (compact, sorted keys, integral floats as
+  ints; see :func:`~._json.canonical_arguments`).
+
+SGLang's non-streaming parsers differ in two ways on purpose: they drop the text after the first
+call marker, and they drop undeclared calls together with their text; relaxtrio loses neither.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import logging
+from collections.abc import Callable, Mapping, Sequence
+from typing import Any, Final
+
+import attrs
+
+from ._formats import Candidate, Marker, Segment, split_hermes, split_llama3, split_qwen3_coder
+from ._json import canonical_arguments
+
+__all__ = [
+    "TOOL_CALL_PARSERS",
+    "ParsedToolCall",
+    "RejectedToolCall",
+    "ToolCallParse",
+    "check_tool_call_parser",
+    "parse_tool_calls",
+    "parse_tool_calls_detailed",
+    "tool_call_id",
+]
+
+logger = logging.getLogger(__name__)
+
+_Splitter = Callable[[str, Mapping[str, Mapping[str, Any]]], list[Segment]]
+
+_SPLITTERS: Final[dict[str, _Splitter]] = {
+    "hermes": split_hermes,
+    "qwen25": split_hermes,
+    "qwen": split_hermes,
+    "qwen3_coder": split_qwen3_coder,
+    "llama3": split_llama3,
+}
+
+TOOL_CALL_PARSERS: Final[tuple[str, ...]] = tuple(sorted(_SPLITTERS))
+"""Names accepted by ``--agentic-tool-call-parser``."""
+
+
+@attrs.frozen
+class ParsedToolCall:
+    """One call the model made.
+
+    Attributes:
+        name: a tool name declared in the request.
+        arguments: canonical JSON object text (``{"city":"Paris"}``).
+    """
+
+    name: str
+    arguments: str
+
+
+@attrs.frozen
+class RejectedToolCall:
+    """A call-shaped piece of text left in the content, and why.
+
+    Attributes:
+        text: the verbatim text, as it appears in the content.
+        reason: ``"malformed: ..."`` or ``"undeclared tool: <name>"``.
+    """
+
+    text: str
+    reason: str
+
+
+@attrs.frozen
+class ToolCallParse:
+    """Result of one parse.
+
+    Attributes:
+        content: the text left for ``message.content``.
+        calls: the returned calls, in text order.
+        rejected: call-shaped text kept in the content (the parse status to record on the node).
+    """
+
+    content: str
+    calls: tuple[ParsedToolCall, ...]
+    rejected: tuple[RejectedToolCall, ...]
+
+
+def check_tool_call_parser(parser: str) -> None:
+    """Raises ValueError when ``parser`` is not a name in :data:`TOOL_CALL_PARSERS`."""
+    if parser not in _SPLITTERS:
+        raise ValueError(f"unknown tool-call parser {parser!r}; expected one of: {', '.join(TOOL_CALL_PARSERS)}")
+
+
+def _declared_tools(tools: Sequence[Mapping[str, Any]]) -> dict[str, Mapping[str, Any]]:
+    """Tool name → JSON-schema ``parameters`` of the canonical function tools."""
+    declared: dict[str, Mapping[str, Any]] = {}
+    for tool in tools:
+        function = tool.get("function") if tool.get("type", "function") == "function" else None
+        if isinstance(function, Mapping) and isinstance(function.get("name"), str):
+            parameters = function.get("parameters")
+            declared[function["name"]] = parameters if isinstance(parameters, Mapping) else {}
+    return declared
+
+
+def parse_tool_calls_detailed(text: str, parser: str | None, tools: Sequence[Mapping[str, Any]]) -> ToolCallParse:
+    """Extracts tool calls and reports the call-shaped text it had to leave alone.
+
+    Args:
+        text: the content left by the reasoning parser.
+        parser: a name from :data:`TOOL_CALL_PARSERS`, or None for no parsing.
+        tools: the subtree's canonical function tools; empty means no parsing.
+
+    Returns:
+        The content, the calls and the rejected blocks.
+
+    Raises:
+        ValueError: unknown parser name.
+    """
+    if parser is None or not tools:
+        return ToolCallParse(text, (), ())
+    check_tool_call_parser(parser)
+    declared = _declared_tools(tools)
+    segments = _SPLITTERS[parser](text, declared)
+
+    accepted: list[ParsedToolCall] = []
+    rejected: list[RejectedToolCall] = []
+    kept: list[bool] = []
+    for segment in segments:
+        if not isinstance(segment, Candidate):
+            kept.append(True)
+            continue
+        calls, reason = _accept(segment, declared)
+        if reason is None:
+            accepted.extend(calls)
+            kept.append(False)
+        else:
+            rejected.append(RejectedToolCall(segment.raw, reason))
+            kept.append(True)
+    if not accepted:
+        return ToolCallParse(text, (), tuple(rejected))
+    pieces = [s.raw for s, keep in zip(segments, kept, strict=True) if keep and not isinstance(s, Marker)]
+    content = "".join(pieces).strip()
+    for item in rejected:
+        logger.info("tool call left in content (%s)", item.reason)
+    return ToolCallParse(content, tuple(accepted), tuple(rejected))
+
+
+def _accept(
+    candidate: Candidate, declared: Mapping[str, Mapping[str, Any]]
+) -> tuple[list[ParsedToolCall], str | None]:
+    if candidate.error is not None:
+        return [], f"malformed: {candidate.error}"
+    calls = []
+    for name, arguments in candidate.calls:
+        if name not in declared:
+            return [], f"undeclared tool: {name}"
+        try:
+            calls.append(ParsedToolCall(name, canonical_arguments(arguments)))
+        except ValueError as exc:
+            return [], f"malformed: {exc}"
+    return calls, None
+
+
+def parse_tool_calls(
+    text: str, parser: str | None, tools: Sequence[Mapping[str, Any]]
+) -> tuple[str, list[ParsedToolCall]]:
+    """Extracts tool calls: ``(content, calls)``. See :func:`parse_tool_calls_detailed`.
+
+    Raises:
+        ValueError: unknown parser name.
+    """
+    result = parse_tool_calls_detailed(text, parser, tools)
+    return result.content, list(result.calls)
+
+
+def tool_call_id(parent_state_hash: str, token_ids: Sequence[int], index: int) -> str:
+    """Deterministic call id (reference F-3).
+
+    ``"call_" + sha256(json({"call_index": index, "parent_state_hash": h, "token_ids": ids}))[:24]``
+    with sorted keys and compact separators, so a replayed generation gets the same ids.
+
+    Args:
+        parent_state_hash: state hash of the node the response was generated from.
+        token_ids: the response's generated ids (``(T,)``).
+        index: position of the call in the message's ``tool_calls``.
+    """
+    payload = json.dumps(
+        {"call_index": int(index), "parent_state_hash": parent_state_hash, "token_ids": [int(t) for t in token_ids]},
+        sort_keys=True,
+        separators=(",", ":"),
+    )
+    return "call_" + hashlib.sha256(payload.encode("utf-8")).hexdigest()[:24]
+
