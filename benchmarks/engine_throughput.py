@@ -1,0 +1,128 @@
+"""Throughput of the embedded engine on SmolLM2-135M: 1 stream vs 4 concurrent streams.
+
+Starts ``python -m relaxtrio.engine`` on the real model (``ensure_smollm2()``), warms up, then
+measures greedy decoding of a fixed number of new tokens (``ignore_eos``) after a ~100-token chat
+prompt, first one request alone, then four at once, through the relaxtrio engine client. Prints
+one JSON line:
+
+    {"bench": "engine_throughput", "tok_s_1": ..., "tok_s_4": ..., "ratio": ..., "target_ratio": 1.5, ...}
+
+``tok_s_N`` = generated tokens of the phase / wall seconds of the phase (prefill included).
+Usage: ``python benchmarks/engine_throughput.py [--new-tokens 48] [--repeats 2]``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+from typing import Final
+
+import trio
+
+from relaxtrio.engine.client import SamplingParams, open_engine_client
+from relaxtrio.engine.model import ensure_smollm2, load_tokenizer
+
+TARGET_RATIO: Final = 1.5
+_URL_PREFIX: Final = "RELAXTRIO_ENGINE_URL="
+_TOPICS: Final = ("rivers", "mountains", "deserts", "forests", "oceans")
+
+
+def _prompt(tokenizer, topic: str) -> list[int]:
+    """A chat prompt of about 100 tokens (SmolLM2 tokenizer)."""
+    text = f"Write a short, friendly paragraph about {topic}. "
+    text += "Mention where they are found, why they matter to people, and one surprising fact. " * 4
+    ids = tokenizer.apply_chat_template(
+        [{"role": "user", "content": text}], add_generation_prompt=True, tokenize=True,
+        return_dict=False,
+    )
+    return list(ids)
+
+
+async def _read_url(process: trio.Process) -> str:
+    assert process.stdout is not None
+    buffer = b""
+    while b"\n" not in buffer:
+        chunk = await process.stdout.receive_some()
+        if not chunk:
+            raise RuntimeError("engine exited before printing its URL")
+        buffer += chunk
+    line = buffer.decode().splitlines()[0]
+    if not line.startswith(_URL_PREFIX):
+        raise RuntimeError(f"unexpected first line from the engine: {line!r}")
+    return line[len(_URL_PREFIX):]
+
+
+async def _phase(client, prompts: list[list[int]], new_tokens: int, tag: str) -> float:
+    """Run len(prompts) requests at once; return generated tokens per second."""
+    sampling = SamplingParams(max_new_tokens=new_tokens, temperature=0.0, ignore_eos=True)
+    counts: list[int] = []
+
+    async def one(i: int) -> None:
+        result = await client.generate(prompts[i], sampling, rid=f"{tag}-{i}", return_logprob=True)
+        counts.append(len(result.output_ids))
+
+    start = time.perf_counter()
+    async with trio.open_nursery() as nursery:
+        for i in range(len(prompts)):
+            nursery.start_soon(one, i)
+    elapsed = time.perf_counter() - start
+    assert counts == [new_tokens] * len(prompts), counts
+    return sum(counts) / elapsed
+
+
+async def run(model_dir: Path, new_tokens: int, repeats: int) -> dict:
+    tokenizer = load_tokenizer(model_dir)
+    prompts = [_prompt(tokenizer, topic) for topic in _TOPICS]
+    cmd = [sys.executable, "-m", "relaxtrio.engine", "--model", str(model_dir), "--port", "0",
+           "--max-running-requests", "8"]
+    process = await trio.lowlevel.open_process(cmd, stdout=subprocess.PIPE)
+    try:
+        with trio.fail_after(300):
+            url = await _read_url(process)
+        async with open_engine_client([url]) as client:
+            await _phase(client, prompts[:2], 8, "warmup")  # first-call costs, batched path
+            best_1 = max([await _phase(client, prompts[:1], new_tokens, f"one{r}")
+                          for r in range(repeats)])
+            best_4 = max([await _phase(client, prompts[1:5], new_tokens, f"four{r}")
+                          for r in range(repeats)])
+            info = await client.server_info()
+    finally:
+        process.send_signal(signal.SIGTERM)
+        with trio.move_on_after(30):
+            await process.wait()
+        if process.returncode is None:
+            process.kill()
+            await process.wait()
+    return {
+        "bench": "engine_throughput",
+        "tok_s_1": round(best_1, 2),
+        "tok_s_4": round(best_4, 2),
+        "ratio": round(best_4 / best_1, 3),
+        "target_ratio": TARGET_RATIO,
+        "new_tokens": new_tokens,
+        "prompt_tokens": len(prompts[0]),
+        "repeats": repeats,
+        "max_batch_size_seen": info["internal_states"][0]["max_batch_size_seen"],
+        "cpu_count": os.cpu_count(),
+    }
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--new-tokens", type=int, default=48)
+    parser.add_argument("--repeats", type=int, default=2, help="best of N runs per phase")
+    args = parser.parse_args(argv)
+    model_dir = ensure_smollm2()
+    result = trio.run(run, model_dir, args.new_tokens, args.repeats)
+    print(json.dumps(result), flush=True)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

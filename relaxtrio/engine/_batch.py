@@ -1,0 +1,162 @@
+"""The batched decode core of the embedded engine: one KV cache shared by all running rows.
+
+Synchronous torch code; the scheduler calls it from a worker thread, one call at a time.
+
+Continuous batching without a paged KV pool (transformers 5.24 ``DynamicCache``):
+
+- a new request is **prefilled alone** with its own cache, so its keys/values are computed at
+  positions ``0 .. P-1`` without any padding;
+- it then **joins the batch**: every layer's keys/values are left-padded along the sequence axis
+  to a common length and concatenated along the batch axis into a fresh cache, and a ``(B, L)``
+  attention mask marks the pads with 0;
+- a **decode step** feeds each row's last sampled token, ``attention_mask = [mask, 1]`` and
+  ``position_ids = mask.sum(1) - 1``, so every row sees exactly its own tokens at their own
+  positions (max |logprob diff| against an unpadded forward about 1e-5 in fp32);
+- finished rows are removed by index selection, and leading columns that are padding in every
+  remaining row are trimmed.
+
+Invariant: the cache of a row holds all its tokens except the last sampled one, which the next
+decode step feeds.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import TYPE_CHECKING, Generic, TypeVar
+
+import torch
+from transformers import DynamicCache
+
+if TYPE_CHECKING:
+    from transformers import PreTrainedModel
+
+__all__ = ["DecodeBatch"]
+
+RowT = TypeVar("RowT")
+
+
+def _pad_left(t: torch.Tensor, pad: int) -> torch.Tensor:
+    """Left-pad the sequence axis (-2) of a ``(B, H, L, D)`` tensor with zeros."""
+    if pad == 0:
+        return t
+    zeros = t.new_zeros((*t.shape[:-2], pad, t.shape[-1]))
+    return torch.cat([zeros, t], dim=-2)
+
+
+class DecodeBatch(Generic[RowT]):
+    """Running rows of one model plus their shared KV cache and attention mask.
+
+    Rows are opaque objects (the scheduler's requests); their order is the batch order.
+
+    Args:
+        model: a causal LM in eval mode (e.g. ``LlamaForCausalLM``).
+    """
+
+    def __init__(self, model: PreTrainedModel):
+        self.model = model
+        self.rows: list[RowT] = []
+        self._cache: DynamicCache | None = None
+        self._mask: torch.Tensor | None = None  # (B, L) int64, 1 = real token
+
+    def __len__(self) -> int:
+        return len(self.rows)
+
+    @property
+    def kv_length(self) -> int:
+        """Padded sequence length of the shared cache, in tokens (0 when empty)."""
+        return 0 if self._mask is None else int(self._mask.shape[1])
+
+    @property
+    def num_cached_tokens(self) -> int:
+        """Real (non-pad) tokens held in the cache over all rows."""
+        return 0 if self._mask is None else int(self._mask.sum())
+
+    @torch.inference_mode()
+    def prefill(self, token_ids: Sequence[int]) -> tuple[DynamicCache, torch.Tensor]:
+        """Run one sequence alone and return its cache and its next-token logits.
+
+        Args:
+            token_ids: the full sequence, length P >= 1.
+
+        Returns:
+            ``(cache, logits)``: a cache holding P positions and ``(V,)`` logits for position P.
+        """
+        cache = DynamicCache(config=self.model.config)
+        ids = torch.tensor([list(token_ids)], dtype=torch.long)  # (1, P)
+        out = self.model(input_ids=ids, cache=cache, use_cache=True, logits_to_keep=1)
+        return cache, out.logits[0, -1]  # (V,)
+
+    @torch.inference_mode()
+    def add(self, joins: Sequence[tuple[RowT, DynamicCache]]) -> None:
+        """Append prefilled rows to the batch (one merged cache is built for all of them)."""
+        if not joins:
+            return
+        parts: list[tuple[list[torch.Tensor], list[torch.Tensor], torch.Tensor]] = []
+        if self._cache is not None and self._mask is not None:
+            layers = self._cache.layers
+            parts.append(([l.keys for l in layers], [l.values for l in layers], self._mask))
+        for _, cache in joins:
+            length = cache.get_seq_length()
+            layers = cache.layers
+            mask = torch.ones((1, length), dtype=torch.long)
+            parts.append(([l.keys for l in layers], [l.values for l in layers], mask))
+        total = max(mask.shape[1] for _, _, mask in parts)
+        merged = DynamicCache(config=self.model.config)
+        num_layers = len(parts[0][0])
+        for layer in range(num_layers):
+            keys = torch.cat([_pad_left(k[layer], total - m.shape[1]) for k, _, m in parts])
+            values = torch.cat([_pad_left(v[layer], total - m.shape[1]) for _, v, m in parts])
+            merged.update(keys, values, layer)  # (B, H_kv, total, D)
+        masks = [torch.nn.functional.pad(m, (total - m.shape[1], 0)) for _, _, m in parts]
+        self._cache = merged
+        self._mask = torch.cat(masks)  # (B, total)
+        self.rows.extend(row for row, _ in joins)
+
+    @torch.inference_mode()
+    def remove(self, rows: Sequence[RowT]) -> None:
+        """Drop rows (missing ones are ignored) and trim columns that are padding everywhere."""
+        drop = {id(r) for r in rows}
+        keep = [i for i, r in enumerate(self.rows) if id(r) not in drop]
+        if len(keep) == len(self.rows):
+            return
+        self.rows = [self.rows[i] for i in keep]
+        if not keep or self._cache is None or self._mask is None:
+            self.clear()
+            return
+        index = torch.tensor(keep, dtype=torch.long)
+        mask = self._mask.index_select(0, index)  # (B', L)
+        lead = int((mask.sum(0) == 0).long().cumprod(0).sum())  # all-pad leading columns
+        self._mask = mask[:, lead:]
+        for layer in self._cache.layers:
+            layer.keys = layer.keys.index_select(0, index)[:, :, lead:, :]
+            layer.values = layer.values.index_select(0, index)[:, :, lead:, :]
+
+    def clear(self) -> None:
+        """Forget every row and the cache."""
+        self.rows = []
+        self._cache = None
+        self._mask = None
+
+    @torch.inference_mode()
+    def step(self, last_token_ids: Sequence[int]) -> torch.Tensor:
+        """Feed one token per row and return the next-token logits.
+
+        Args:
+            last_token_ids: length B, each row's last sampled token (not yet in the cache).
+
+        Returns:
+            ``(B, V)`` logits.
+        """
+        assert self._cache is not None and self._mask is not None
+        ids = torch.tensor(list(last_token_ids), dtype=torch.long).unsqueeze(1)  # (B, 1)
+        mask = torch.cat([self._mask, self._mask.new_ones((len(self.rows), 1))], dim=1)  # (B, L+1)
+        positions = mask.sum(1, keepdim=True) - 1  # (B, 1)
+        out = self.model(
+            input_ids=ids,
+            attention_mask=mask,
+            position_ids=positions,
+            cache=self._cache,
+            use_cache=True,
+        )
+        self._mask = mask
+        return out.logits[:, -1, :]  # (B, V)

@@ -1,0 +1,110 @@
+"""HTTP plumbing of the engine client: configuration, bounded retries, JSON bodies.
+
+Retry policy (relax-behaviour E-14): transport errors (including timeouts) and HTTP 5xx / 408 /
+409 / 425 / 429 are retried up to ``max_attempts`` times with ``retry_sleep_s`` between tries;
+any other status is returned to the caller at once.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Final
+
+import attrs
+import httpx
+import trio
+
+from .._errors import BackendError, BackendTimeoutError
+
+__all__ = ["EngineClientConfig", "json_object", "send_with_retries"]
+
+_RETRY_STATUSES: Final = frozenset({408, 409, 425, 429})
+
+
+@attrs.frozen(kw_only=True)
+class EngineClientConfig:
+    """Limits and timeouts of an :class:`EngineClient`.
+
+    Attributes:
+        max_generation_connections: connections of the ``/generate`` pool (all engines).
+        max_control_connections: connections of the control pool (all engines).
+        connect_timeout_s: seconds to open a TCP connection.
+        control_timeout_s: seconds a quick control call (abort, health, info, continue, version
+            relabel, flush, close_session) may take per attempt.
+        weight_update_timeout_s: seconds pause / ``update_weights_from_disk`` may take per
+            attempt (they wait for in-flight requests); None = no limit.
+        max_attempts: tries per call for retryable failures (E-14: 6).
+        retry_sleep_s: pause between tries, in seconds.
+    """
+
+    max_generation_connections: int = 1024
+    max_control_connections: int = 32
+    connect_timeout_s: float = 10.0
+    control_timeout_s: float = 30.0
+    weight_update_timeout_s: float | None = 600.0
+    max_attempts: int = 6
+    retry_sleep_s: float = 1.0
+
+
+async def send_with_retries(
+    client: httpx.AsyncClient,
+    method: str,
+    url: str,
+    path: str,
+    body: dict[str, Any] | None,
+    *,
+    timeout: httpx.Timeout,
+    config: EngineClientConfig,
+) -> httpx.Response:
+    """One call with bounded retries; returns the final response (any status).
+
+    Args:
+        client: the pool to use (generation or control).
+        method: HTTP method.
+        url: engine base URL.
+        path: route, e.g. ``/generate``.
+        body: JSON body, or None for none.
+        timeout: per-attempt httpx timeouts.
+        config: retry policy.
+
+    Raises:
+        BackendTimeoutError: every attempt timed out (the last one is the ``__cause__``).
+        BackendError: every attempt failed at the transport level.
+
+    Cancellation:
+        A checkpoint; cancelling drops the request in flight (the engine sees a disconnect).
+    """
+    attempts = max(1, config.max_attempts)
+    for attempt in range(1, attempts + 1):
+        try:
+            response = await client.request(method, url + path, json=body, timeout=timeout)
+        except httpx.TimeoutException as exc:
+            if attempt == attempts:
+                raise BackendTimeoutError(
+                    f"engine {url}{path} did not answer in time after {attempts} attempts"
+                ) from exc
+        except httpx.TransportError as exc:
+            if attempt == attempts:
+                raise BackendError(
+                    f"engine {url}{path} unreachable after {attempts} attempts: {exc!r}"
+                ) from exc
+        else:
+            status = response.status_code
+            if attempt == attempts or not (status >= 500 or status in _RETRY_STATUSES):
+                return response
+        await trio.sleep(config.retry_sleep_s)
+    raise AssertionError("unreachable")
+
+
+def json_object(response: httpx.Response, url: str) -> dict[str, Any]:
+    """The response body as a JSON object.
+
+    Raises:
+        BackendError: the body is not JSON or not an object.
+    """
+    try:
+        payload = response.json()
+    except ValueError as exc:
+        raise BackendError(f"engine {url} sent invalid JSON") from exc
+    if not isinstance(payload, dict):
+        raise BackendError(f"engine {url} sent {type(payload).__name__}, expected an object")
+    return payload

@@ -1,0 +1,427 @@
+"""The one client relaxtrio uses for SGLang servers and for the embedded CPU engine.
+
+It speaks SGLang's native HTTP API (shared/reference/sglang-native-api.md): ``/generate`` with
+input ids and logprobs, ``/abort_request``, pause / continue, weight updates, health and info.
+
+Design points:
+
+- **Two connection pools** (pitfall B-23): generation traffic and control traffic (abort, pause,
+  continue, weight updates, health, info) use separate ``httpx.AsyncClient`` instances with their
+  own connection limits, so a control call never waits behind generations that fill every slot.
+- **Timeouts**: ``/generate`` has no read timeout (a generation may run for minutes) but a bounded
+  connect timeout; control calls are bounded by :attr:`EngineClientConfig.control_timeout_s`,
+  except pause and weight updates, which may legitimately wait for in-flight requests to drain and
+  use :attr:`EngineClientConfig.weight_update_timeout_s`.
+- **Retries** (relax-behaviour E-14): transport errors and HTTP 5xx / 408 / 409 / 425 / 429 are
+  retried up to :attr:`EngineClientConfig.max_attempts` times with a short sleep; other 4xx fail
+  at once.
+- **Fan-out** (§6.4): abort, pause, continue, weight updates and ``close_session`` go to every
+  engine URL, because an abort must reach the engine that holds the rid, and the router has no
+  abort route. Aborting a rid an engine does not hold is a harmless no-op there.
+- **Errors**: a 400 whose text matches one of the six context-length messages of §2.10 becomes
+  :class:`~relaxtrio.ContextLengthExceededError`; other HTTP errors :class:`EngineStatusError`
+  (a :class:`~relaxtrio.BackendError` with ``status_code``); timeouts
+  :class:`~relaxtrio.BackendTimeoutError`; transport failures :class:`~relaxtrio.BackendError`.
+"""
+
+from __future__ import annotations
+
+import hashlib
+from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
+from contextlib import asynccontextmanager
+from typing import Any, Literal
+
+import attrs
+import httpx
+import trio
+
+from .._errors import BackendError, RelaxError
+from ._client_http import EngineClientConfig, json_object, send_with_retries
+from ._client_wire import (
+    CONTEXT_LENGTH_MARKERS,
+    EngineStatusError,
+    GenerateResult,
+    error_from_response,
+    parse_generate_response,
+)
+from ._wire import SamplingParams
+
+__all__ = [
+    "CONTEXT_LENGTH_MARKERS",
+    "EngineClient",
+    "EngineClientConfig",
+    "EngineStatusError",
+    "GenerateResult",
+    "SamplingParams",
+    "open_engine_client",
+]
+
+PauseMode = Literal["abort", "retract", "in_place"]
+
+
+def _stable_hash(key: str) -> int:
+    return int.from_bytes(hashlib.sha256(key.encode()).digest()[:8], "big")
+
+
+class EngineClient:
+    """Client of one or more SGLang-compatible engines; build it with :func:`open_engine_client`.
+
+    Args:
+        urls: engine base URLs (``http://host:port``), without a trailing slash.
+        generation: the ``httpx.AsyncClient`` of generation traffic.
+        control: the ``httpx.AsyncClient`` of control traffic.
+        config: limits and timeouts.
+    """
+
+    def __init__(
+        self,
+        urls: Sequence[str],
+        *,
+        generation: httpx.AsyncClient,
+        control: httpx.AsyncClient,
+        config: EngineClientConfig,
+    ):
+        if not urls:
+            raise ValueError("at least one engine URL is required")
+        self.urls: tuple[str, ...] = tuple(u.rstrip("/") for u in urls)
+        self.config = config
+        self._generation = generation
+        self._control = control
+        self._in_flight = dict.fromkeys(self.urls, 0)
+
+    # ------------------------------------------------------------------ transport
+    async def _call(
+        self,
+        url: str,
+        path: str,
+        body: dict[str, Any] | None = None,
+        *,
+        method: str = "POST",
+        slow: bool = False,
+    ) -> httpx.Response:
+        """A control call; raises on an HTTP error status (see :func:`error_from_response`)."""
+        timeout = httpx.Timeout(
+            self.config.weight_update_timeout_s if slow else self.config.control_timeout_s,
+            connect=self.config.connect_timeout_s,
+        )
+        response = await send_with_retries(
+            self._control, method, url, path, body, timeout=timeout, config=self.config
+        )
+        if response.status_code >= 400:
+            raise error_from_response(
+                response.status_code, response.content, engine_url=url, path=path
+            )
+        return response
+
+    async def _fan_out(self, call: Callable[[str], Awaitable[object]]) -> None:
+        """Run ``call(url)`` on every engine concurrently; re-raise the first failure."""
+        errors: list[RelaxError] = []
+
+        async def one(url: str) -> None:
+            try:
+                await call(url)
+            except RelaxError as exc:
+                errors.append(exc)
+
+        async with trio.open_nursery() as nursery:
+            for url in self.urls:
+                nursery.start_soon(one, url)
+        if errors:
+            raise errors[0]
+
+    def _pick(self, routing_key: str | None) -> str:
+        if routing_key is not None:
+            return self.urls[_stable_hash(routing_key) % len(self.urls)]
+        return min(self.urls, key=lambda u: self._in_flight[u])
+
+    # ------------------------------------------------------------------ generation
+    async def generate(
+        self,
+        input_ids: Sequence[int],
+        sampling: SamplingParams,
+        *,
+        rid: str,
+        return_logprob: bool = True,
+        session_id: str | None = None,
+        routing_key: str | None = None,
+    ) -> GenerateResult:
+        """Generate from token ids on one engine (``POST /generate``, single form).
+
+        Args:
+            input_ids: prompt ids, length >= 1.
+            sampling: SGLang native sampling parameters.
+            rid: request id, the abort key; no rid may be a prefix of another (§7 P-4).
+            return_logprob: request per-token logprobs (required for training).
+            session_id: passed through as SGLang's top-level ``session_id``.
+            routing_key: engines are chosen by a stable hash of this key (sticky); when None,
+                the engine with the fewest in-flight generations from this client is used.
+
+        Returns:
+            The normalized result; ``len(output_logprobs) == len(output_ids)`` when
+            ``return_logprob``. An aborted request returns normally with ``finish_type ==
+            "abort"`` and its partial output.
+
+        Raises:
+            ContextLengthExceededError: the engine refused the prompt / budget as too long.
+            EngineStatusError: any other HTTP error status.
+            BackendTimeoutError: connecting timed out on every attempt.
+            BackendError: transport failures, or a response that breaks the protocol.
+
+        Cancellation:
+            A checkpoint. Cancelling drops the HTTP request; SGLang notices the disconnect and
+            aborts the request, but its partial output is lost. To keep partial output, call
+            :meth:`abort` and let this call return.
+        """
+        url = self._pick(routing_key)
+        body: dict[str, Any] = {
+            "rid": rid,
+            "input_ids": list(input_ids),
+            "sampling_params": sampling.to_json(),
+            "return_logprob": return_logprob,
+        }
+        if session_id is not None:
+            body["session_id"] = session_id
+        timeout = httpx.Timeout(None, connect=self.config.connect_timeout_s)
+        self._in_flight[url] += 1
+        try:
+            response = await send_with_retries(
+                self._generation, "POST", url, "/generate", body,
+                timeout=timeout, config=self.config,
+            )
+        finally:
+            self._in_flight[url] -= 1
+        if response.status_code >= 400:
+            raise error_from_response(
+                response.status_code, response.content, engine_url=url, path="/generate"
+            )
+        try:
+            payload = response.json()
+        except ValueError as exc:
+            raise BackendError(f"engine {url}/generate sent invalid JSON") from exc
+        return parse_generate_response(payload, return_logprob=return_logprob)
+
+    # ------------------------------------------------------------------ control (fan-out)
+    async def abort(self, rid: str) -> None:
+        """Ask every engine to abort ``rid`` (fire-and-forget: 200 means "received").
+
+        The abort is complete only when the matching :meth:`generate` call returns (§7 P-2).
+
+        Raises:
+            BackendError: an engine could not be reached (after retries).
+
+        Cancellation:
+            A checkpoint; engines already reached keep the abort.
+        """
+        await self._fan_out(lambda url: self._call(url, "/abort_request", {"rid": rid}))
+
+    async def abort_all(self) -> None:
+        """Abort every request on every engine.
+
+        Raises:
+            BackendError: an engine could not be reached (after retries).
+
+        Cancellation:
+            A checkpoint; engines already reached keep the abort.
+        """
+        await self._fan_out(lambda url: self._call(url, "/abort_request", {"abort_all": True}))
+
+    async def pause_generation(self, mode: PauseMode = "abort") -> None:
+        """Pause every engine (§4.4); new generations block there until continue.
+
+        Raises:
+            BackendError: an engine failed or could not be reached.
+
+        Cancellation:
+            A checkpoint; engines already reached stay paused — call
+            :meth:`continue_generation` (shielded) to undo.
+        """
+        await self._fan_out(
+            lambda url: self._call(url, "/pause_generation", {"mode": mode}, slow=True)
+        )
+
+    async def continue_generation(self) -> None:
+        """Resume every engine after :meth:`pause_generation`.
+
+        Raises:
+            BackendError: an engine failed or could not be reached.
+
+        Cancellation:
+            A checkpoint; engines already reached have resumed.
+        """
+        await self._fan_out(lambda url: self._call(url, "/continue_generation", {}))
+
+    async def update_weights_from_disk(
+        self,
+        model_path: str,
+        *,
+        weight_version: str | None,
+        abort_all_requests: bool = False,
+        flush_cache: bool = True,
+    ) -> None:
+        """Load a checkpoint directory on every engine (§4.2).
+
+        Without a pause an engine waits for all its in-flight requests first (§4.1); pause
+        with ``retract`` before calling this for a fast, loss-free update.
+
+        Args:
+            model_path: checkpoint directory visible to every engine.
+            weight_version: new version label (None keeps the old label).
+            abort_all_requests: abort in-flight requests first.
+            flush_cache: flush the prefix cache after loading.
+
+        Raises:
+            EngineStatusError: an engine answered ``success: false`` (HTTP 400). On SGLang the
+                weights may already be loaded when only the cache flush failed (§4.1).
+            BackendError: an engine could not be reached.
+
+        Cancellation:
+            A checkpoint; engines that already started loading finish doing so.
+        """
+        body: dict[str, Any] = {
+            "model_path": model_path,
+            "abort_all_requests": abort_all_requests,
+            "flush_cache": flush_cache,
+        }
+        if weight_version is not None:
+            body["weight_version"] = weight_version
+
+        async def one(url: str) -> None:
+            response = await self._call(url, "/update_weights_from_disk", body, slow=True)
+            payload = json_object(response, url)
+            if payload.get("success") is not True:
+                raise EngineStatusError(
+                    f"engine {url} failed to update weights: {payload.get('message')}",
+                    status_code=response.status_code,
+                    engine_url=url,
+                )
+
+        await self._fan_out(one)
+
+    async def update_weight_version(self, new_version: str, *, abort_all_requests: bool = False) -> None:
+        """Relabel the weights on every engine; always sends ``abort_all_requests`` (§7 P-8).
+
+        Raises:
+            BackendError: an engine failed or could not be reached.
+
+        Cancellation:
+            A checkpoint; engines already reached keep the new label.
+        """
+        body = {"new_version": new_version, "abort_all_requests": abort_all_requests}
+        await self._fan_out(lambda url: self._call(url, "/update_weight_version", body))
+
+    async def close_session(self, session_id: str) -> None:
+        """Release a session's engine-side state on every engine (no-op where unknown).
+
+        Raises:
+            BackendError: an engine could not be reached.
+
+        Cancellation:
+            A checkpoint.
+        """
+        await self._fan_out(
+            lambda url: self._call(url, "/close_session", {"session_id": session_id})
+        )
+
+    async def flush_cache(self) -> None:
+        """Flush the prefix cache on every engine.
+
+        Raises:
+            EngineStatusError: an engine refused (requests still running).
+            BackendError: an engine could not be reached.
+
+        Cancellation:
+            A checkpoint.
+        """
+        await self._fan_out(lambda url: self._call(url, "/flush_cache", {}))
+
+    # ------------------------------------------------------------------ health / info
+    async def health(self) -> bool:
+        """True when every engine answers ``GET /health`` with 200; never raises.
+
+        Don't use it while engines are paused (SGLang's probe generation blocks, §7 P-10).
+
+        Cancellation:
+            A checkpoint.
+        """
+        results: list[bool] = []
+
+        async def one(url: str) -> None:
+            try:
+                response = await self._call(url, "/health", method="GET")
+            except RelaxError:
+                results.append(False)
+            else:
+                results.append(response.status_code == 200)
+
+        async with trio.open_nursery() as nursery:
+            for url in self.urls:
+                nursery.start_soon(one, url)
+        return all(results)
+
+    async def model_info(self, url: str | None = None) -> dict[str, Any]:
+        """``GET /model_info`` of one engine (default: the first).
+
+        Raises:
+            BackendError: HTTP error, invalid JSON or unreachable engine.
+
+        Cancellation:
+            A checkpoint.
+        """
+        target = url or self.urls[0]
+        return json_object(await self._call(target, "/model_info", method="GET"), target)
+
+    async def server_info(self, url: str | None = None) -> dict[str, Any]:
+        """``GET /server_info`` of one engine (default: the first).
+
+        Raises:
+            BackendError: HTTP error, invalid JSON or unreachable engine.
+
+        Cancellation:
+            A checkpoint.
+        """
+        target = url or self.urls[0]
+        return json_object(await self._call(target, "/server_info", method="GET"), target)
+
+
+@asynccontextmanager
+async def open_engine_client(
+    urls: Sequence[str],
+    *,
+    max_generation_connections: int | None = None,
+    max_control_connections: int | None = None,
+    config: EngineClientConfig | None = None,
+    transport: httpx.AsyncBaseTransport | None = None,
+) -> AsyncIterator[EngineClient]:
+    """Open an :class:`EngineClient` with separate generation and control connection pools.
+
+    Args:
+        urls: engine base URLs (SGLang servers or embedded engines).
+        max_generation_connections: size of the generation pool (default: ``config``'s, 1024).
+        max_control_connections: size of the control pool (default: ``config``'s, 32).
+        config: timeouts and retry policy; defaults as in :class:`EngineClientConfig`.
+        transport: custom transport for both pools (tests use ``httpx.MockTransport``).
+
+    Yields:
+        The client; both pools are closed on exit.
+
+    Cancellation:
+        Exiting closes the pools; in-flight calls must have finished or been cancelled.
+    """
+    cfg = config or EngineClientConfig()
+    if max_generation_connections is not None:
+        cfg = attrs.evolve(cfg, max_generation_connections=max_generation_connections)
+    if max_control_connections is not None:
+        cfg = attrs.evolve(cfg, max_control_connections=max_control_connections)
+    generation_limits = httpx.Limits(
+        max_connections=cfg.max_generation_connections,
+        max_keepalive_connections=cfg.max_generation_connections,
+    )
+    control_limits = httpx.Limits(
+        max_connections=cfg.max_control_connections,
+        max_keepalive_connections=cfg.max_control_connections,
+    )
+    async with (
+        httpx.AsyncClient(limits=generation_limits, transport=transport) as generation,
+        httpx.AsyncClient(limits=control_limits, transport=transport) as control,
+    ):
+        yield EngineClient(urls, generation=generation, control=control, config=cfg)

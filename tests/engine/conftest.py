@@ -1,0 +1,61 @@
+"""Fixtures of the engine tests: one tiny model per session, an in-process engine per test."""
+
+from __future__ import annotations
+
+from collections.abc import AsyncIterator, Callable, Sequence
+from pathlib import Path
+
+import httpx
+import pytest
+import torch
+import trio
+
+from relaxtrio.engine.model import build_tiny_model, load_model, load_tokenizer
+from relaxtrio.engine.server import EngineConfig, serve_engine
+
+
+@pytest.fixture(scope="session")
+def tiny_model_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    return build_tiny_model(tmp_path_factory.mktemp("tiny-model"), seed=0)
+
+
+@pytest.fixture(scope="session")
+def tiny_model(tiny_model_dir: Path) -> torch.nn.Module:
+    return load_model(tiny_model_dir)
+
+
+@pytest.fixture(scope="session")
+def tiny_tokenizer(tiny_model_dir: Path):
+    return load_tokenizer(tiny_model_dir)
+
+
+@pytest.fixture(scope="session")
+def reference_logprobs(tiny_model: torch.nn.Module) -> Callable[..., list[float]]:
+    """Logprobs of ``output_ids`` after ``prompt`` from one unpadded full forward pass."""
+
+    def compute(prompt: Sequence[int], output_ids: Sequence[int], temperature: float = 1.0) -> list[float]:
+        ids = torch.tensor([list(prompt) + list(output_ids)])
+        with torch.inference_mode():
+            logits = tiny_model(input_ids=ids).logits[0]  # (T, V)
+        start = len(prompt) - 1
+        rows = logits[start : start + len(output_ids)] / temperature  # (N, V)
+        logprobs = torch.log_softmax(rows, dim=-1)
+        return logprobs.gather(1, torch.tensor(list(output_ids)).unsqueeze(1)).squeeze(1).tolist()
+
+    return compute
+
+
+@pytest.fixture
+def engine_config(tiny_model_dir: Path) -> EngineConfig:
+    return EngineConfig(model_path=tiny_model_dir, max_running_requests=4)
+
+
+@pytest.fixture
+async def engine_url(nursery: trio.Nursery, engine_config: EngineConfig) -> str:
+    return await nursery.start(serve_engine, engine_config)
+
+
+@pytest.fixture
+async def http(engine_url: str) -> AsyncIterator[httpx.AsyncClient]:
+    async with httpx.AsyncClient(base_url=engine_url, timeout=30.0) as client:
+        yield client
