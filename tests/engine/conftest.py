@@ -10,13 +10,8 @@ import pytest
 import torch
 import trio
 
-from relaxtrio.engine.model import build_tiny_model, load_model, load_tokenizer
+from relaxtrio.engine.model import load_model, load_tokenizer
 from relaxtrio.engine.server import EngineConfig, serve_engine
-
-
-@pytest.fixture(scope="session")
-def tiny_model_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    return build_tiny_model(tmp_path_factory.mktemp("tiny-model"), seed=0)
 
 
 @pytest.fixture(scope="session")

@@ -1,0 +1,68 @@
+"""A small quiz agent: an ordinary openai-SDK program that relaxtrio trains through.
+
+It reads one task from RELAX_INPUT_JSON, asks the model, checks the answer, and when the answer
+is wrong gives feedback and lets the model try once more. It writes its reward to
+RELAX_OUTPUT_JSON: 1.0 for a right first answer, 0.5 for a right second answer, else 0.0.
+
+Nothing in it knows about training: point OPENAI_BASE_URL / OPENAI_API_KEY at any
+OpenAI-compatible server and it runs the same way (see the fallbacks below).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import os
+import re
+import sys
+from pathlib import Path
+
+from openai import AsyncOpenAI
+
+FEEDBACK = "That is not correct. Try again and reply with only the answer."
+
+
+def is_correct(reply: str, answer: str, kind: str) -> bool:
+    """Numbers: the last integer in the reply equals the answer. Words: the answer appears."""
+    if kind == "number":
+        numbers = re.findall(r"-?\d+", reply.replace(",", ""))
+        return bool(numbers) and numbers[-1] == answer
+    return re.search(rf"\b{re.escape(answer.lower())}\b", reply.lower()) is not None
+
+
+async def main() -> None:
+    task = json.loads(Path(os.environ["RELAX_INPUT_JSON"]).read_text(encoding="utf-8"))
+    messages = task["messages"]
+    meta = task.get("metadata", {})
+    answer, kind = str(meta["answer"]), meta.get("kind", "number")
+    client = AsyncOpenAI(
+        base_url=os.environ.get("RELAX_BASE_URL", os.environ.get("OPENAI_BASE_URL")),
+        api_key=os.environ.get("RELAX_SESSION_ID", os.environ.get("OPENAI_API_KEY", "none")),
+        timeout=3600,  # a request may be held while the Group starts or weights update
+        max_retries=0,
+    )
+    reward, attempts = 0.0, 0
+    for attempt, credit in enumerate((1.0, 0.5), start=1):
+        response = await client.chat.completions.create(
+            model="policy", messages=messages, max_tokens=48
+        )
+        message = response.choices[0].message
+        messages.append(message.model_dump(exclude_none=True))
+        attempts = attempt
+        if is_correct(message.content or "", answer, kind):
+            reward = credit
+            break
+        if attempt == 1:
+            messages.append({"role": "user", "content": FEEDBACK})
+    output = {"reward": reward, "metadata": {"attempts": attempts, "solved": reward > 0}}
+    out_path = os.environ.get("RELAX_OUTPUT_JSON")
+    if out_path:
+        Path(out_path).write_text(json.dumps(output), encoding="utf-8")
+    else:
+        print(json.dumps(output))
+    await client.close()
+
+
+if __name__ == "__main__":
+    asyncio.run(main())
+    sys.exit(0)

@@ -1,0 +1,250 @@
+"""The agent-facing HTTP server: quart-trio on hypercorn, bound to 127.0.0.1.
+
+Routes live under :data:`ROUTE_PREFIX` (``/agentic_api``); the base URL handed to agents is
+``http://127.0.0.1:<port>/agentic_api/``. Standard clients append their own resource paths to
+it (the openai SDK ``chat/completions`` and ``responses``, the anthropic SDK ``/v1/messages``),
+so both the ``/v1`` routes and the unversioned aliases are served:
+
+==========================  ===================================================
+``POST /v1/chat/completions``  OpenAI Chat Completions (alias ``/chat/completions``, ``/``)
+``POST /v1/responses``         OpenAI Responses (alias ``/responses``)
+``POST /v1/messages``          Anthropic Messages (alias ``/messages``)
+``GET  /v1/models``            the served model id (alias ``/models``)
+``GET  /health``               liveness and the number of live Sessions
+==========================  ===================================================
+
+Every model request authenticates with its Session id (:mod:`.auth`): missing or malformed
+credential → 401, unknown or finished Session → 404 ``session_discarded``. Then the body is read
+and normalized by the protocol's adapter (400 with ``param``), the turn runs in the Session's
+nursery (so a client disconnect never cancels a generation), and the result is rendered as JSON
+or Buffered SSE (:mod:`.sse`). Errors always use the protocol's JSON envelope (:mod:`.errors`);
+nothing answers with HTML — unknown routes, wrong methods and too-large bodies included.
+"""
+
+from __future__ import annotations
+
+import functools
+import json
+import logging
+from typing import Any, Final
+
+import hypercorn.config
+import hypercorn.trio
+import trio
+from quart import Response, request
+from quart_trio import QuartTrio
+from werkzeug.exceptions import HTTPException
+
+from .._errors import InternalError, InvalidRequestError, RelaxError
+from ..nursery.session import SessionRegistry
+from ..nursery.turns import TurnHandler
+from .auth import session_token
+from .chat import CHAT
+from .config import ApiConfig
+from .errors import (
+    GENERIC_INTERNAL_MESSAGE,
+    RENDER_FAILED_MESSAGE,
+    MethodNotAllowedError,
+    RequestTooLargeError,
+    RouteNotFoundError,
+    client_disconnect,
+    error_response,
+)
+from .messages import MESSAGES
+from .responses import RESPONSES
+from .sse import sse_response
+from .wire import ProtocolAdapter, encode_json
+
+log = logging.getLogger(__name__)
+
+ROUTE_PREFIX: Final = "/agentic_api"
+ROUTES: Final = {
+    CHAT: ("/v1/chat/completions", "/chat/completions", "/"),
+    RESPONSES: ("/v1/responses", "/responses"),
+    MESSAGES: ("/v1/messages", "/messages"),
+}
+
+
+def json_response(payload: Any, status: int = 200) -> Response:
+    """A compact JSON response (non-ASCII kept)."""
+    return Response(encode_json(payload), status=status, content_type="application/json")
+
+
+def _reject_constant(name: str) -> Any:
+    raise ValueError(f"{name} is not valid JSON")
+
+
+async def _read_json_object() -> dict[str, Any]:
+    """The request body as a JSON object.
+
+    Raises:
+        InvalidRequestError: not JSON (invalid UTF-8, syntax, ``NaN``), nested too deeply, or
+            not an object; ``param`` is ``body``.
+        HTTPException: the body is larger than the configured limit (rendered as 413).
+
+    Cancellation:
+        Waits for the body; a client that disconnects cancels the read.
+    """
+    raw = await request.get_data(cache=False)
+    try:
+        body = json.loads(raw, parse_constant=_reject_constant)
+    except RecursionError:
+        raise InvalidRequestError("Invalid request body: nested too deeply", param="body") from None
+    except ValueError as exc:  # JSONDecodeError and UnicodeDecodeError are ValueErrors
+        raise InvalidRequestError(f"Invalid request body: {exc}", param="body") from None
+    if not isinstance(body, dict):
+        raise InvalidRequestError("Request body must be a JSON object", param="body")
+    return body
+
+
+def _protocol_of_path(path: str) -> ProtocolAdapter:
+    return MESSAGES if path.rstrip("/").endswith("/messages") else CHAT
+
+
+def create_app(
+    registry: SessionRegistry,
+    handler: TurnHandler,
+    *,
+    model_name: str | None = None,
+    config: ApiConfig | None = None,
+) -> QuartTrio:
+    """Builds the agent-facing app.
+
+    Args:
+        registry: live Sessions by bearer token.
+        handler: generates and commits turns (:class:`~relaxtrio.rollout.turns.EngineTurnHandler`).
+        model_name: the id listed by ``/v1/models``; overrides ``config.model_name``.
+        config: heartbeat interval, body limit and model id; defaults to :class:`ApiConfig`.
+
+    Returns:
+        A QuartTrio app; serve it with :func:`serve_api` (or drive it with ``app.test_client()``).
+    """
+    config = config or ApiConfig()
+    listed_model = model_name if model_name is not None else config.model_name
+    app = QuartTrio("relaxtrio.api")
+    # Generations can be held for minutes (barrier, partial rollout): no response/body timeouts.
+    app.config["RESPONSE_TIMEOUT"] = None
+    app.config["BODY_TIMEOUT"] = None
+    app.config["MAX_CONTENT_LENGTH"] = config.max_body_bytes
+
+    async def dispatch(adapter: ProtocolAdapter) -> Response:
+        answered = False
+        session_id = None
+        body_read = False
+        try:
+            session = registry.get(session_token(request.headers))
+            session_id = session.session_id
+            body = await _read_json_object()
+            body_read = True
+            try:
+                parsed = adapter.parse(body)
+            except RecursionError:
+                raise InvalidRequestError("Invalid request body: nested too deeply", param="body") from None
+            if parsed.stream:
+                answered = True
+                run = functools.partial(session.run_turn, handler, parsed.turn)
+                return sse_response(adapter, parsed, run, config.heartbeat_s)
+            result = await session.run_turn(handler, parsed.turn)
+            try:
+                payload = adapter.render_json(result, parsed)
+            except Exception:
+                log.exception("rendering a %s response failed", adapter.name)
+                raise InternalError(RENDER_FAILED_MESSAGE) from None
+            answered = True
+            return json_response(payload)
+        except HTTPException:
+            answered = True
+            raise  # 413 and friends: rendered by the HTTPException handler below
+        except RelaxError as exc:
+            answered = True
+            if exc.http_status >= 500:
+                log.warning("%s request failed (session %s): %s", adapter.name, session_id, exc.message)
+            return error_response(exc, adapter.name)
+        except Exception:
+            answered = True
+            log.exception("unhandled error in a %s request", adapter.name)
+            return error_response(InternalError(GENERIC_INTERNAL_MESSAGE), adapter.name)
+        finally:
+            if not answered:  # only a cancellation (the client went away) gets here
+                log.info("%s (HTTP 499, session %s)", client_disconnect(body_read=body_read).message, session_id)
+
+    for adapter, paths in ROUTES.items():
+        endpoint = functools.partial(dispatch, adapter)
+        for path in paths:
+            app.add_url_rule(ROUTE_PREFIX + path, f"{adapter.name}:{path}", endpoint, methods=["POST"])
+
+    async def models() -> Response:
+        return json_response(
+            {"object": "list",
+             "data": [{"id": listed_model, "object": "model", "created": 0, "owned_by": "relaxtrio"}]}
+        )
+
+    for path in ("/v1/models", "/models"):
+        app.add_url_rule(ROUTE_PREFIX + path, "models" + path, models, methods=["GET"])
+
+    async def health() -> Response:
+        return json_response({"ok": True, "active_sessions": len(registry)})
+
+    for path in ("/health", "/healthz"):
+        app.add_url_rule(ROUTE_PREFIX + path, "health" + path, health, methods=["GET"])
+        app.add_url_rule(path, "root_health" + path, health, methods=["GET"])
+
+    @app.errorhandler(HTTPException)
+    async def http_error(exc: HTTPException) -> Response:
+        status = exc.code or 500
+        err: RelaxError
+        if status == 404:
+            err = RouteNotFoundError(f"No route for {request.method} {request.path}")
+        elif status == 405:
+            err = MethodNotAllowedError(f"Method {request.method} is not allowed for {request.path}")
+        elif status == 413:
+            err = RequestTooLargeError(
+                f"Request body is larger than {config.max_body_bytes} bytes", param="body"
+            )
+        elif status >= 500:
+            err = InternalError(GENERIC_INTERNAL_MESSAGE)
+        else:
+            err = InvalidRequestError(exc.description or exc.name or "Bad request")
+        response = error_response(err, _protocol_of_path(request.path).name)
+        response.status_code = status
+        return response
+
+    @app.errorhandler(Exception)
+    async def unexpected_error(exc: Exception) -> Response:
+        log.error("unhandled error outside a model endpoint", exc_info=exc)
+        return error_response(InternalError(GENERIC_INTERNAL_MESSAGE), _protocol_of_path(request.path).name)
+
+    return app
+
+
+async def serve_api(
+    app: QuartTrio,
+    *,
+    host: str = "127.0.0.1",
+    port: int = 0,
+    task_status: trio.TaskStatus[str] = trio.TASK_STATUS_IGNORED,
+) -> None:
+    """Serves ``app`` with hypercorn until cancelled; reports the agents' base URL when bound.
+
+    Args:
+        app: the app from :func:`create_app`.
+        host: interface to bind (loopback by default).
+        port: TCP port; 0 picks a free one.
+        task_status: receives ``http://<host>:<port>/agentic_api/``.
+
+    Cancellation:
+        Cancelling stops the server; in-flight requests are cancelled with it (their turns
+        keep running in their Sessions' nurseries).
+    """
+    config = hypercorn.config.Config()
+    config.bind = [f"{host}:{port}"]
+    config.accesslog = None
+    config.errorlog = log
+    config.keep_alive_timeout = 120
+    config.graceful_timeout = 1
+
+    class _Started:
+        def started(self, binds: list[str]) -> None:
+            task_status.started(binds[0].rstrip("/") + ROUTE_PREFIX + "/")
+
+    await hypercorn.trio.serve(app, config, task_status=_Started())  # type: ignore[arg-type]

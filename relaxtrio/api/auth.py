@@ -1,0 +1,38 @@
+"""The agent's credential: its Session id, sent as a bearer token (or an Anthropic API key).
+
+Every model endpoint authenticates with ``Authorization: Bearer <RELAX_SESSION_ID>`` (spec).
+The anthropic SDK sends its API key as ``x-api-key`` instead, so that header is accepted as the
+same credential when no ``Authorization`` header is present.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+
+from .._errors import AuthenticationError
+
+
+def session_token(headers: Mapping[str, str]) -> str:
+    """The bearer token of a request.
+
+    Args:
+        headers: the request headers (case-insensitive mapping).
+
+    Returns:
+        The token (a Session id if the agent is well-behaved).
+
+    Raises:
+        AuthenticationError: no credential (``Missing Authorization header``), or an
+            ``Authorization`` header that is not ``Bearer <token>``.
+    """
+    header = headers.get("Authorization")
+    if header is None:
+        api_key = (headers.get("x-api-key") or "").strip()
+        if api_key:
+            return api_key
+        raise AuthenticationError("Missing Authorization header")
+    scheme, _, token = header.strip().partition(" ")
+    token = token.strip()
+    if scheme.lower() != "bearer" or not token:
+        raise AuthenticationError("Authorization header must be 'Bearer <token>'")
+    return token

@@ -1,0 +1,118 @@
+"""Error envelopes for the three protocols (one per protocol, never HTML).
+
+* OpenAI (Chat Completions, Responses): ``{"error": {"message", "type", "param", "code"}}``
+  (https://platform.openai.com/docs/guides/error-codes).
+* Anthropic Messages: ``{"type": "error", "error": {"type", "message"}}``
+  (https://docs.anthropic.com/en/api/errors).
+
+Statuses and types come from the error class (:mod:`relaxtrio._errors`): 400
+``invalid_request_error`` with ``param``, 401 ``authentication_error``, 404 ``not_found_error`` /
+code ``session_discarded``, 499 ``client_disconnect``, 500 ``internal_error`` (Anthropic
+``api_error``), overload 503 (OpenAI) / 529 ``overloaded_error`` (Anthropic).
+
+``x-should-retry: false`` (reference G-1/G-2) is set where a retry cannot succeed: OpenAI for
+``internal_error`` and discarded Sessions; Anthropic for 404 and every 5xx except overload (a
+deliberate deviation: the reference also forbids retrying an overload, which exists to be
+retried).
+
+A 5xx never reveals internals: its message is one of our fixed sentences; whatever an engine or
+a bug said is only logged (by the caller).
+"""
+
+from __future__ import annotations
+
+from typing import Any, Final
+
+from quart import Response
+
+from .._errors import ClientDisconnectError, InvalidRequestError, NotFoundError, OverloadedError, RelaxError
+from .wire import Protocol, encode_json
+
+GENERIC_INTERNAL_MESSAGE: Final = "Internal error while handling agentic request."
+RENDER_FAILED_MESSAGE: Final = "Internal error while rendering agentic response."
+_PUBLIC_5XX_MESSAGES: Final = frozenset({GENERIC_INTERNAL_MESSAGE, RENDER_FAILED_MESSAGE})
+
+CLIENT_DISCONNECT_BODY: Final = "client disconnected before agentic request body was read"
+CLIENT_DISCONNECT_COMPLETION: Final = "client disconnected before agentic completion was produced"
+
+
+def public_message(exc: RelaxError) -> str:
+    """The text a client may see: the error's own message, except for unexpected 5xx."""
+    if exc.http_status >= 500 and not isinstance(exc, OverloadedError):
+        return exc.message if exc.message in _PUBLIC_5XX_MESSAGES else GENERIC_INTERNAL_MESSAGE
+    return exc.message
+
+
+def openai_error_body(exc: RelaxError) -> dict[str, Any]:
+    """The OpenAI error envelope for ``exc``."""
+    return {
+        "error": {
+            "message": public_message(exc),
+            "type": exc.openai_type,
+            "param": exc.param,
+            "code": exc.code,
+        }
+    }
+
+
+def anthropic_error_body(exc: RelaxError) -> dict[str, Any]:
+    """The Anthropic error envelope for ``exc``."""
+    return {"type": "error", "error": {"type": exc.anthropic_type, "message": public_message(exc)}}
+
+
+def error_body(exc: RelaxError, protocol: Protocol) -> dict[str, Any]:
+    """The envelope of ``protocol`` for ``exc``."""
+    return anthropic_error_body(exc) if protocol == "messages" else openai_error_body(exc)
+
+
+def http_status(exc: RelaxError, protocol: Protocol) -> int:
+    """HTTP status for ``exc``; Anthropic's overload status is 529."""
+    if protocol == "messages" and isinstance(exc, OverloadedError):
+        return 529
+    return exc.http_status
+
+
+def should_retry(exc: RelaxError, protocol: Protocol) -> bool:
+    """Whether a client may usefully retry (False → header ``x-should-retry: false``)."""
+    if protocol == "messages":
+        if isinstance(exc, OverloadedError):
+            return True
+        return not (exc.http_status >= 500 or exc.http_status == 404)
+    return not (exc.openai_type == "internal_error" or exc.code in ("internal_error", "session_discarded"))
+
+
+def error_response(exc: RelaxError, protocol: Protocol) -> Response:
+    """A JSON error response in the protocol's own envelope."""
+    headers = {} if should_retry(exc, protocol) else {"x-should-retry": "false"}
+    return Response(
+        encode_json(error_body(exc, protocol)),
+        status=http_status(exc, protocol),
+        content_type="application/json",
+        headers=headers,
+    )
+
+
+def client_disconnect(*, body_read: bool, session_id: str | None = None) -> ClientDisconnectError:
+    """The 499 error recorded when a client goes away (nobody is left to receive it)."""
+    return ClientDisconnectError(
+        CLIENT_DISCONNECT_COMPLETION if body_read else CLIENT_DISCONNECT_BODY, session_id=session_id
+    )
+
+
+class RouteNotFoundError(NotFoundError):
+    """No route for the request's path (404 ``not_found_error``, no Session code)."""
+
+    code = None
+
+
+class MethodNotAllowedError(InvalidRequestError):
+    """The route exists but not for this HTTP method (405)."""
+
+    http_status = 405
+
+
+class RequestTooLargeError(InvalidRequestError):
+    """The body exceeds ``ApiConfig.max_body_bytes`` (413; Anthropic ``request_too_large``)."""
+
+    http_status = 413
+    anthropic_type = "request_too_large"

@@ -1,0 +1,319 @@
+"""Anthropic Messages: ``system`` + ``messages`` blocks → :class:`ParsedRequest`, result → message.
+
+Request (https://docs.anthropic.com/en/api/messages), projected as the spec's Messages table and
+reference B-3 describe:
+
+* ``system`` string or text blocks (joined with ``"\\n\\n"``) → a system message;
+* ``messages`` (required list); roles other than user / assistant are dropped (reference quirk);
+  string content is kept; assistant blocks: ``text`` (joined with ``""``), ``thinking``
+  (non-empty ones joined with ``"\\n\\n"`` into ``reasoning_content``; the signature is dropped),
+  ``tool_use`` (``id``, ``name``, object ``input``) → one assistant message; user blocks: ``text``,
+  ``image`` (``base64`` with an ``image/*`` media type → a ``data:`` URL, or ``url``) → parts of
+  one user message (a string when all parts are text, joined with ``""``), ``tool_result`` →
+  a tool message with the same ``tool_use_id`` (string or text-block content, default ``""``);
+  other block types are ignored; a user message that projects to nothing is a 400;
+* ``max_tokens`` is required; ``stop_sequences`` are the turn's stop strings; ``thinking.type`` ∈
+  {disabled, enabled, adaptive} → ``chat_template_kwargs = {"enable_thinking": type !=
+  "disabled"}``; tools with no ``type`` or ``type: "custom"`` (``name``, ``input_schema``,
+  ``description``?) become function tools, other tool types are dropped. ``temperature``,
+  ``top_p``, ``top_k``, ``tool_choice``, ``metadata`` do not alter generation.
+
+Deviations from the reference, all stricter or more precise: a non-object message or block is a
+400 (the reference skips it); a ``tool_result`` whose block list holds no text is a 400 naming
+the block (the reference fails later with a generic message); errors name exact paths.
+
+Response (reference F-11, H-6; https://docs.anthropic.com/en/api/messages-streaming): content
+blocks thinking (with a ``sig_<hex>`` signature) → text → ``tool_use`` (``id`` = committed call id,
+``input`` = the parsed arguments); ``stop_reason`` end_turn / max_tokens / tool_use.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Mapping
+from typing import Any, Final
+
+from .._errors import InvalidRequestError, RelaxError
+from ..nursery.turns import TurnRequest, TurnResult
+from .errors import anthropic_error_body
+from .fields import (
+    non_empty_str,
+    optional_bool,
+    optional_object,
+    optional_str,
+    required_positive_int,
+    stop_strings,
+    thinking_switch,
+)
+from .projection import Projection, Source, call_source
+from .wire import ParsedRequest, ProtocolAdapter, dumps, new_id, sse_event
+
+THINKING_TYPES: Final = frozenset({"disabled", "enabled", "adaptive"})
+STOP_REASONS: Final = {"stop": "end_turn", "length": "max_tokens", "tool_calls": "tool_use"}
+PING_FRAME: Final = sse_event("ping", {"type": "ping"})
+
+
+def _blocks_text(value: Any, path: str, *, separator: str, allow_empty_string: bool) -> str | None:
+    """A string, or the texts of a list's ``text`` blocks joined; None when the list has none."""
+    if isinstance(value, str):
+        if not value and not allow_empty_string:
+            raise InvalidRequestError(f"{path} must not be empty", param=path)
+        return value
+    if not isinstance(value, list):
+        raise InvalidRequestError(f"{path} must be a string or a list of text blocks", param=path)
+    texts = []
+    for index, block in enumerate(value):
+        block_path = f"{path}[{index}]"
+        if not isinstance(block, dict):
+            raise InvalidRequestError(f"{block_path} must be an object", param=block_path)
+        if block.get("type") == "text":
+            texts.append(non_empty_str(block.get("text"), f"{block_path}.text"))
+    return separator.join(texts) if texts else None
+
+
+def _image_url(block: Mapping[str, Any], path: str) -> str:
+    source = block.get("source")
+    if not isinstance(source, dict):
+        raise InvalidRequestError(f"{path}.source must be an object", param=f"{path}.source")
+    kind = source.get("type")
+    if kind == "base64":
+        media_type = source.get("media_type")
+        if not isinstance(media_type, str) or not media_type.startswith("image/"):
+            raise InvalidRequestError(f"{path}.source.media_type must be an image type",
+                                      param=f"{path}.source.media_type")
+        data = non_empty_str(source.get("data"), f"{path}.source.data")
+        return f"data:{media_type};base64,{data}"
+    if kind == "url":
+        return non_empty_str(source.get("url"), f"{path}.source.url")
+    raise InvalidRequestError(f"{path}.source.type is not supported", param=f"{path}.source.type")
+
+
+def _assistant_blocks(blocks: list[Any], path: str, proj: Projection) -> None:
+    texts: list[str] = []
+    reasoning: list[str] = []
+    calls: list[dict[str, Any]] = []
+    call_sources: list[dict[str, str]] = []
+    content_path: str | None = None
+    for index, block in enumerate(blocks):
+        block_path = f"{path}.content[{index}]"
+        if not isinstance(block, dict):
+            raise InvalidRequestError(f"{block_path} must be an object", param=block_path)
+        kind = block.get("type")
+        if kind == "text":
+            texts.append(non_empty_str(block.get("text"), f"{block_path}.text"))
+            content_path = content_path or f"{block_path}.text"
+        elif kind == "thinking":
+            thinking = block.get("thinking")
+            if not isinstance(thinking, str):
+                raise InvalidRequestError(f"{block_path}.thinking must be a string", param=f"{block_path}.thinking")
+            if thinking:
+                reasoning.append(thinking)
+        elif kind == "tool_use":
+            call_id = non_empty_str(block.get("id"), f"{block_path}.id")
+            name = non_empty_str(block.get("name"), f"{block_path}.name")
+            arguments = block.get("input")
+            if not isinstance(arguments, dict):
+                raise InvalidRequestError(f"{block_path}.input must be an object", param=f"{block_path}.input")
+            calls.append({"id": call_id, "type": "function", "function": {"name": name, "arguments": arguments}})
+            call_sources.append(call_source(block_path, id_key="id", name_key="name", arguments_key="input"))
+    message: dict[str, Any] = {"role": "assistant", "content": "".join(texts)}
+    if reasoning:
+        message["reasoning_content"] = "\n\n".join(reasoning)
+    if calls:
+        message["tool_calls"] = calls
+    fields = {".content": content_path or f"{path}.content"}
+    proj.add_message(message, Source(path, fields=fields, calls=tuple(call_sources)))
+
+
+def _user_blocks(blocks: list[Any], path: str, proj: Projection) -> None:
+    parts: list[dict[str, Any]] = []
+    part_paths: list[str] = []
+    start = len(proj.messages)
+
+    def flush() -> None:
+        if not parts:
+            return
+        if all(p["type"] == "text" for p in parts):
+            content: Any = "".join(p["text"] for p in parts)
+            source = Source(part_paths[0], fields={".content": part_paths[0]})
+        else:
+            content = list(parts)
+            source = Source(part_paths[0], parts=tuple(part_paths))
+        proj.add_message({"role": "user", "content": content}, source)
+        parts.clear()
+        part_paths.clear()
+
+    for index, block in enumerate(blocks):
+        block_path = f"{path}.content[{index}]"
+        if not isinstance(block, dict):
+            raise InvalidRequestError(f"{block_path} must be an object", param=block_path)
+        kind = block.get("type")
+        if kind == "text":
+            parts.append({"type": "text", "text": non_empty_str(block.get("text"), f"{block_path}.text")})
+            part_paths.append(block_path)
+        elif kind == "image":
+            parts.append({"type": "image_url", "image_url": {"url": _image_url(block, block_path)}})
+            part_paths.append(block_path)
+        elif kind == "tool_result":
+            flush()
+            call_id = non_empty_str(block.get("tool_use_id"), f"{block_path}.tool_use_id")
+            content_path = f"{block_path}.content"
+            output = _blocks_text(block.get("content", ""), content_path, separator="", allow_empty_string=True)
+            if output is None:
+                raise InvalidRequestError(f"{content_path} projected to no supported content", param=content_path)
+            fields = {".content": content_path, ".tool_call_id": f"{block_path}.tool_use_id"}
+            proj.add_message({"role": "tool", "tool_call_id": call_id, "content": output},
+                             Source(block_path, fields=fields))
+    flush()
+    if len(proj.messages) == start:
+        raise InvalidRequestError(f"{path}.content projected to no supported content", param=f"{path}.content")
+
+
+def _project_messages(messages: Any, proj: Projection) -> None:
+    if not isinstance(messages, list):
+        raise InvalidRequestError("messages is required and must be a list", param="messages")
+    for index, message in enumerate(messages):
+        path = f"messages[{index}]"
+        if not isinstance(message, dict):
+            raise InvalidRequestError(f"{path} must be an object", param=path)
+        role = message.get("role")
+        if role not in ("user", "assistant"):
+            continue  # other roles are dropped (reference quirk)
+        content = message.get("content")
+        if isinstance(content, str):
+            proj.add_message({"role": role, "content": content}, Source(path, fields={".content": f"{path}.content"}))
+        elif not isinstance(content, list):
+            raise InvalidRequestError(f"{path}.content must be a string or list", param=f"{path}.content")
+        elif role == "assistant":
+            _assistant_blocks(content, path, proj)
+        else:
+            _user_blocks(content, path, proj)
+
+
+def _project_tools(tools: Any, proj: Projection) -> None:
+    if tools is None:
+        return
+    if not isinstance(tools, list):
+        raise InvalidRequestError("tools must be a list", param="tools")
+    for index, tool in enumerate(tools):
+        path = f"tools[{index}]"
+        if not isinstance(tool, dict):
+            raise InvalidRequestError(f"{path} must be an object", param=path)
+        if tool.get("type") not in (None, "custom"):
+            continue  # server tools (bash, web_search, ...) are not function tools
+        name = non_empty_str(tool.get("name"), f"{path}.name")
+        schema = tool.get("input_schema")
+        if not isinstance(schema, dict):
+            raise InvalidRequestError(f"{path}.input_schema must be a JSON object", param=f"{path}.input_schema")
+        description = tool.get("description")
+        if description is not None and not isinstance(description, str):
+            raise InvalidRequestError(f"{path}.description must be a string", param=f"{path}.description")
+        proj.add_tool(name, schema, description, path)
+
+
+def parse_messages_request(body: Mapping[str, Any]) -> ParsedRequest:
+    """Normalizes an Anthropic Messages body; never mutates or aliases it.
+
+    Raises:
+        InvalidRequestError: any invalid field, with ``param`` set to its request path.
+    """
+    proj = Projection(messages_field="messages")
+    system = body.get("system")
+    if system is not None:
+        text = _blocks_text(system, "system", separator="\n\n", allow_empty_string=False)
+        if text is not None:
+            proj.add_message({"role": "system", "content": text}, Source("system", fields={".content": "system"}))
+    _project_messages(body.get("messages"), proj)
+    _project_tools(body.get("tools"), proj)
+    max_tokens = required_positive_int(body, "max_tokens")
+    thinking = optional_object(body, "thinking")
+    kind = thinking.get("type") if thinking is not None else None
+    kwargs = thinking_switch(kind, "thinking.type", THINKING_TYPES, off="disabled")
+    turn = TurnRequest(
+        conversation=proj.conversation(kwargs),
+        max_new_tokens=max_tokens,
+        stop=stop_strings(body, "stop_sequences", allow_string=False),
+        protocol="messages",
+    )
+    return ParsedRequest(turn=turn, model=optional_str(body, "model"), stream=optional_bool(body, "stream"))
+
+
+def content_blocks(result: TurnResult) -> list[dict[str, Any]]:
+    """Blocks in order: thinking (signed), text (only when non-empty), one tool_use per call."""
+    message = result.message
+    blocks: list[dict[str, Any]] = []
+    if message.get("reasoning_content"):
+        blocks.append({"type": "thinking", "thinking": message["reasoning_content"], "signature": new_id("sig")})
+    if message.get("content"):
+        blocks.append({"type": "text", "text": message["content"]})
+    for call in message.get("tool_calls") or ():
+        blocks.append({"type": "tool_use", "id": call["id"], "name": call["function"]["name"],
+                       "input": json.loads(call["function"]["arguments"])})
+    return blocks
+
+
+def render_message(result: TurnResult, request: ParsedRequest) -> dict[str, Any]:
+    """The ``message`` object of a committed turn."""
+    return {
+        "id": new_id("msg"),
+        "type": "message",
+        "role": "assistant",
+        "model": request.model,
+        "content": content_blocks(result),
+        "stop_reason": STOP_REASONS[result.finish_reason],
+        "stop_sequence": None,
+        "usage": {"input_tokens": result.prompt_tokens, "output_tokens": result.completion_tokens},
+    }
+
+
+def _block_events(index: int, block: Mapping[str, Any]) -> list[bytes]:
+    kind = block["type"]
+    if kind == "thinking":
+        start: dict[str, Any] = {"type": "thinking", "thinking": "", "signature": ""}
+        deltas = [{"type": "thinking_delta", "thinking": block["thinking"]},
+                  {"type": "signature_delta", "signature": block["signature"]}]
+    elif kind == "text":
+        start = {"type": "text", "text": ""}
+        deltas = [{"type": "text_delta", "text": block["text"]}]
+    else:
+        start = {"type": "tool_use", "id": block["id"], "name": block["name"], "input": {}}
+        deltas = [{"type": "input_json_delta", "partial_json": dumps(block["input"])}]
+    events = [sse_event("content_block_start", {"type": "content_block_start", "index": index, "content_block": start})]
+    events += [sse_event("content_block_delta", {"type": "content_block_delta", "index": index, "delta": d})
+               for d in deltas]
+    events.append(sse_event("content_block_stop", {"type": "content_block_stop", "index": index}))
+    return events
+
+
+def render_messages_sse(result: TurnResult, request: ParsedRequest) -> bytes:
+    """message_start, every block's start/delta/stop events, message_delta, message_stop."""
+    message = render_message(result, request)
+    start = {**message, "content": [], "stop_reason": None, "stop_sequence": None,
+             "usage": {"input_tokens": message["usage"]["input_tokens"], "output_tokens": 0}}
+    frames = [sse_event("message_start", {"type": "message_start", "message": start})]
+    for index, block in enumerate(message["content"]):
+        frames += _block_events(index, block)
+    frames.append(sse_event("message_delta", {
+        "type": "message_delta",
+        "delta": {"stop_reason": message["stop_reason"], "stop_sequence": None},
+        "usage": {"output_tokens": message["usage"]["output_tokens"]},
+    }))
+    frames.append(sse_event("message_stop", {"type": "message_stop"}))
+    return b"".join(frames)
+
+
+def render_messages_sse_error(exc: RelaxError, request: ParsedRequest | None) -> bytes:
+    """An in-stream failure: ``event: error`` with the Anthropic envelope."""
+    return sse_event("error", anthropic_error_body(exc))
+
+
+MESSAGES: Final = ProtocolAdapter(
+    name="messages",
+    parse=parse_messages_request,
+    render_json=render_message,
+    render_sse=render_messages_sse,
+    render_sse_error=render_messages_sse_error,
+    connected_frame=PING_FRAME,
+    heartbeat_frame=PING_FRAME,
+)
+"""The Anthropic Messages adapter."""

@@ -1,0 +1,136 @@
+"""Projection of typed protocol input (Responses items, Messages blocks) onto Chat-shaped messages.
+
+The Responses and Messages normalizers build Chat-shaped messages and tools here, then
+:meth:`Projection.conversation` hands them to :meth:`Conversation.from_wire`, which owns every
+canonical rule (system merge, argument canonicalization, content checks). When the forest
+rejects something it names the Chat-shaped path (``messages[2].tool_calls[0].function.arguments``);
+each projected message remembers which request field it came from, so the error is rewritten to
+the path the client actually sent (``input[5].arguments``).
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Mapping
+from typing import Any, Final
+
+import attrs
+
+from .._errors import InvalidRequestError
+from ..forest import Conversation
+
+_MESSAGE_PARAM: Final = re.compile(r"messages\[(\d+)\](.*)", re.DOTALL)
+_TOOL_PARAM: Final = re.compile(r"tools\[(\d+)\](.*)", re.DOTALL)
+_INDEXED: Final = re.compile(r"\.(tool_calls|content)\[(\d+)\](.*)", re.DOTALL)
+
+
+@attrs.frozen
+class Source:
+    """Where one projected message came from in the request.
+
+    Attributes:
+        path: the item or message path (``input[3]``, ``messages[1].content[2]``).
+        fields: Chat field suffix → wire path (``{".content": "input[3].output"}``); a suffix
+            not listed maps to ``path``.
+        parts: wire path of each content part, in canonical part order.
+        calls: per tool call, Chat suffix → wire path (``""`` is the call's own path).
+    """
+
+    path: str
+    fields: Mapping[str, str] = attrs.field(factory=dict)
+    parts: tuple[str, ...] = ()
+    calls: tuple[Mapping[str, str], ...] = ()
+
+    def wire_param(self, rest: str) -> str:
+        """The wire path for the Chat-side suffix ``rest`` of this message."""
+        indexed = _INDEXED.fullmatch(rest)
+        if indexed is not None:
+            kind, index, tail = indexed.group(1), int(indexed.group(2)), indexed.group(3)
+            if kind == "tool_calls" and index < len(self.calls):
+                call = self.calls[index]
+                return call.get(tail, call[""])
+            if kind == "content" and index < len(self.parts):
+                return self.parts[index] + tail
+        for suffix in sorted(self.fields, key=len, reverse=True):
+            if rest.startswith(suffix):
+                return self.fields[suffix] + rest[len(suffix):]
+        return self.path
+
+
+def call_source(path: str, *, id_key: str, name_key: str, arguments_key: str) -> dict[str, str]:
+    """The suffix map of one tool call that came from the item/block at ``path``."""
+    return {
+        "": path,
+        ".id": f"{path}.{id_key}",
+        ".function.name": f"{path}.{name_key}",
+        ".function.arguments": f"{path}.{arguments_key}",
+    }
+
+
+@attrs.define
+class Projection:
+    """Chat-shaped messages and tools under construction, with their request sources.
+
+    Attributes:
+        messages_field: the request field holding the history (``input`` or ``messages``); used
+            for the "projected to zero supported messages" error.
+        messages: Chat-shaped messages (fresh objects; never the request's).
+        sources: ``sources[i]`` is where ``messages[i]`` came from.
+        tools: Chat-shaped function tools.
+        tool_sources: wire path of each tool.
+    """
+
+    messages_field: str
+    messages: list[dict[str, Any]] = attrs.field(factory=list)
+    sources: list[Source] = attrs.field(factory=list)
+    tools: list[dict[str, Any]] = attrs.field(factory=list)
+    tool_sources: list[str] = attrs.field(factory=list)
+
+    def add_message(self, message: dict[str, Any], source: Source) -> None:
+        """Appends a projected message."""
+        self.messages.append(message)
+        self.sources.append(source)
+
+    def add_tool(self, name: str, parameters: Any, description: Any, path: str) -> None:
+        """Appends a function tool in the canonical nested shape."""
+        function: dict[str, Any] = {"name": name, "parameters": parameters}
+        if description is not None:
+            function["description"] = description
+        self.tools.append({"type": "function", "function": function})
+        self.tool_sources.append(path)
+
+    def conversation(self, template_kwargs: Mapping[str, Any]) -> Conversation:
+        """Canonicalizes the projection.
+
+        Raises:
+            InvalidRequestError: a canonical rule failed (``param`` is the request's own path),
+                or nothing was projected (``<field> projected to zero supported messages``).
+        """
+        try:
+            conv = Conversation.from_wire(self.messages, self.tools, dict(template_kwargs))
+        except InvalidRequestError as exc:
+            raise self._remapped(exc) from exc
+        if not conv.messages:
+            raise InvalidRequestError(
+                f"{self.messages_field} projected to zero supported messages", param=self.messages_field
+            )
+        return conv
+
+    def _remapped(self, exc: InvalidRequestError) -> InvalidRequestError:
+        param = exc.param or ""
+        new_param = None
+        message_match = _MESSAGE_PARAM.fullmatch(param)
+        tool_match = _TOOL_PARAM.fullmatch(param)
+        if message_match is not None and int(message_match.group(1)) < len(self.sources):
+            new_param = self.sources[int(message_match.group(1))].wire_param(message_match.group(2))
+        elif tool_match is not None and int(tool_match.group(1)) < len(self.tool_sources):
+            new_param = self.tool_sources[int(tool_match.group(1))]
+        elif param == "messages":
+            new_param = self.messages_field
+        if new_param is None:
+            return exc
+        message = exc.message
+        if param and message.startswith(param):
+            message = new_param + message[len(param):]
+        return type(exc)(message, param=new_param, session_id=exc.session_id)
+

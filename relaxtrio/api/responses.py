@@ -1,0 +1,345 @@
+"""OpenAI Responses: typed input items → :class:`ParsedRequest`, :class:`TurnResult` → response.
+
+Request (https://platform.openai.com/docs/api-reference/responses/create), projected as the
+spec's Responses table and reference B-2 describe:
+
+* ``instructions`` (non-empty string) → a system message before the input;
+* ``input`` string → one user message; ``input`` list → items:
+
+  - ``message`` (or no ``type``) with role user / assistant / system / developer (developer →
+    system); content a string or parts: ``input_text`` / ``output_text`` → text (joined with
+    ``""``; non-empty except for assistants), user ``input_image`` with an ``image_url`` string →
+    an ``image_url`` part; other part types are ignored;
+  - ``reasoning`` → assistant ``reasoning_content`` (texts of ``summary``, else ``content``,
+    joined with ``"\\n\\n"``);
+  - ``function_call`` → an assistant tool call with the same ``call_id``;
+  - assistant text, reasoning and calls in a row form **one** assistant message, closed by any
+    other message or a ``function_call_output``;
+  - ``function_call_output`` → a tool message with the same ``call_id``; its output is a string
+    (``""`` allowed) or ``input_text`` parts joined with ``""``;
+  - other item types and roles are dropped (reference quirk, kept for parity);
+
+* ``tools``: flat ``{"type": "function", "name", "parameters", "description"?}``; other tool
+  types are dropped; ``max_output_tokens`` is the turn limit; ``reasoning.effort`` ∈ {none,
+  minimal, low, medium, high, xhigh, max} → ``chat_template_kwargs = {"enable_thinking": effort
+  != "none"}`` (any other value → ``{}``). ``previous_response_id``, ``temperature``, ``top_p``,
+  ``store``, ``include`` and other fields do not alter generation.
+
+Deviations from the reference, all stricter or more precise: a non-object item or content part
+is a 400 (the reference skips it); errors name the exact item path (``input[3].call_id``) rather
+than ``input``; ``parameters: null`` is accepted like Chat's (OpenAI's schema allows it).
+
+Response (reference F-10, H-5; https://platform.openai.com/docs/api-reference/responses/object):
+output items reasoning → message → one ``function_call`` per call (``call_id`` = committed id);
+``status`` ``incomplete`` with ``incomplete_details.reason = "max_output_tokens"`` for a
+length-limited turn, else ``completed``.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Mapping
+from typing import Any, Final
+
+from .._errors import InvalidRequestError, RelaxError
+from ..nursery.turns import TurnRequest, TurnResult
+from .errors import openai_error_body
+from .fields import non_empty_str, optional_bool, optional_object, optional_positive_int, optional_str, thinking_switch
+from .projection import Projection, Source, call_source
+from .wire import ParsedRequest, ProtocolAdapter, new_id, sse_comment, sse_event
+
+EFFORTS: Final = frozenset({"none", "minimal", "low", "medium", "high", "xhigh", "max"})
+_MESSAGE_ROLES: Final = {"user": "user", "assistant": "assistant", "system": "system", "developer": "system"}
+
+
+class _Assistant:
+    """Assistant text, reasoning and calls accumulating into one canonical message."""
+
+    def __init__(self) -> None:
+        self._reset()
+
+    def _reset(self) -> None:
+        self.texts: list[str] = []
+        self.reasoning: list[str] = []
+        self.calls: list[dict[str, Any]] = []
+        self.call_sources: list[dict[str, str]] = []
+        self.first_path: str | None = None
+        self.content_path: str | None = None
+        self.empty_message_path: str | None = None
+
+    def flush(self, proj: Projection) -> None:
+        if not (self.texts or self.reasoning or self.calls):
+            if self.empty_message_path is not None:
+                path = self.empty_message_path
+                raise InvalidRequestError(f"{path}.content projected to no supported content", param=f"{path}.content")
+            return
+        message: dict[str, Any] = {"role": "assistant", "content": "".join(self.texts)}
+        if self.reasoning:
+            message["reasoning_content"] = "\n\n".join(self.reasoning)
+        if self.calls:
+            message["tool_calls"] = self.calls
+        path = self.first_path or ""
+        fields = {".content": self.content_path or path}
+        proj.add_message(message, Source(path, fields=fields, calls=tuple(self.call_sources)))
+        self._reset()
+
+    def touch(self, path: str) -> None:
+        if self.first_path is None:
+            self.first_path = path
+
+
+def _text_part(part: Mapping[str, Any], path: str, *, allow_empty: bool) -> str:
+    text = part.get("text")
+    if not isinstance(text, str) or (not text and not allow_empty):
+        raise InvalidRequestError(f"{path}.text must be a non-empty string", param=f"{path}.text")
+    return text
+
+
+def _message_content(content: Any, role: str, path: str) -> tuple[Any, tuple[str, ...]]:
+    """Message content → (Chat content, per-part paths); ``""`` when nothing is supported."""
+    if isinstance(content, str):
+        return content, ()
+    if not isinstance(content, list):
+        raise InvalidRequestError(f"{path} must be a string or list", param=path)
+    parts: list[dict[str, Any]] = []
+    paths: list[str] = []
+    for index, part in enumerate(content):
+        part_path = f"{path}[{index}]"
+        if not isinstance(part, dict):
+            raise InvalidRequestError(f"{part_path} must be an object", param=part_path)
+        kind = part.get("type")
+        if kind in ("input_text", "output_text"):
+            text = _text_part(part, part_path, allow_empty=role == "assistant")
+            parts.append({"type": "text", "text": text})
+        elif kind == "input_image" and role == "user":
+            url = non_empty_str(part.get("image_url"), f"{part_path}.image_url")
+            parts.append({"type": "image_url", "image_url": {"url": url}})
+        else:
+            continue
+        paths.append(part_path)
+    if not parts:
+        return "", ()
+    if all(p["type"] == "text" for p in parts):
+        return "".join(p["text"] for p in parts), ()
+    return parts, tuple(paths)
+
+
+def _reasoning_text(item: Mapping[str, Any]) -> str:
+    for key in ("summary", "content"):
+        parts = item.get(key)
+        if isinstance(parts, list):
+            texts = [p["text"] for p in parts if isinstance(p, dict) and isinstance(p.get("text"), str) and p["text"]]
+            if texts:
+                return "\n\n".join(texts)
+    return ""
+
+
+def _call_output(output: Any, path: str) -> str:
+    if isinstance(output, str):
+        return output
+    if isinstance(output, list):
+        texts = []
+        for index, part in enumerate(output):
+            part_path = f"{path}[{index}]"
+            if not isinstance(part, dict):
+                raise InvalidRequestError(f"{part_path} must be an object", param=part_path)
+            if part.get("type") == "input_text":
+                texts.append(_text_part(part, part_path, allow_empty=False))
+        if texts:
+            return "".join(texts)
+        raise InvalidRequestError(f"{path} projected to no supported content", param=path)
+    raise InvalidRequestError(f"{path} must be a string or a list of input_text parts", param=path)
+
+
+def _project_items(items: list[Any], proj: Projection) -> None:
+    pending = _Assistant()
+    for index, item in enumerate(items):
+        path = f"input[{index}]"
+        if not isinstance(item, dict):
+            raise InvalidRequestError(f"{path} must be an object", param=path)
+        kind = item.get("type")
+        if kind is None or kind == "message":
+            role = _MESSAGE_ROLES.get(item["role"]) if isinstance(item.get("role"), str) else None
+            if role is None:
+                continue  # unknown roles are dropped (reference quirk)
+            content, part_paths = _message_content(item.get("content"), role, f"{path}.content")
+            if role == "assistant":
+                pending.touch(path)
+                if content:
+                    pending.texts.append(content)
+                    pending.content_path = pending.content_path or f"{path}.content"
+                else:
+                    pending.empty_message_path = pending.empty_message_path or path
+                continue
+            pending.flush(proj)
+            fields = {".content": f"{path}.content", ".role": f"{path}.role"}
+            proj.add_message({"role": role, "content": content}, Source(path, fields=fields, parts=part_paths))
+        elif kind == "reasoning":
+            text = _reasoning_text(item)
+            if text:
+                pending.touch(path)
+                pending.reasoning.append(text)
+        elif kind == "function_call":
+            call_id = non_empty_str(item.get("call_id"), f"{path}.call_id")
+            name = non_empty_str(item.get("name"), f"{path}.name")
+            arguments = item.get("arguments")
+            if not isinstance(arguments, str):
+                raise InvalidRequestError(f"{path}.arguments must be a JSON string", param=f"{path}.arguments")
+            pending.touch(path)
+            pending.calls.append({"id": call_id, "type": "function",
+                                  "function": {"name": name, "arguments": arguments}})
+            pending.call_sources.append(call_source(path, id_key="call_id", name_key="name", arguments_key="arguments"))
+        elif kind == "function_call_output":
+            pending.flush(proj)
+            call_id = non_empty_str(item.get("call_id"), f"{path}.call_id")
+            output = _call_output(item.get("output"), f"{path}.output")
+            fields = {".content": f"{path}.output", ".tool_call_id": f"{path}.call_id"}
+            proj.add_message({"role": "tool", "tool_call_id": call_id, "content": output}, Source(path, fields=fields))
+        # every other item type is dropped (reference quirk)
+    pending.flush(proj)
+
+
+def _project_tools(tools: Any, proj: Projection) -> None:
+    if tools is None:
+        return
+    if not isinstance(tools, list):
+        raise InvalidRequestError("tools must be a list", param="tools")
+    for index, tool in enumerate(tools):
+        path = f"tools[{index}]"
+        if not isinstance(tool, dict):
+            raise InvalidRequestError(f"{path} must be an object", param=path)
+        if tool.get("type") != "function":
+            continue
+        name = non_empty_str(tool.get("name"), f"{path}.name")
+        parameters = tool.get("parameters")
+        if parameters is not None and not isinstance(parameters, dict):
+            raise InvalidRequestError(f"{path}.parameters must be a JSON object", param=f"{path}.parameters")
+        description = tool.get("description")
+        if description is not None and not isinstance(description, str):
+            raise InvalidRequestError(f"{path}.description must be a string", param=f"{path}.description")
+        proj.add_tool(name, parameters, description, path)
+
+
+def parse_responses_request(body: Mapping[str, Any]) -> ParsedRequest:
+    """Normalizes a Responses body; never mutates or aliases it.
+
+    Raises:
+        InvalidRequestError: any invalid field, with ``param`` set to its request path.
+    """
+    proj = Projection(messages_field="input")
+    instructions = body.get("instructions")
+    if instructions is not None:
+        non_empty_str(instructions, "instructions")
+        proj.add_message({"role": "system", "content": instructions},
+                         Source("instructions", fields={".content": "instructions"}))
+    raw_input = body.get("input")
+    if isinstance(raw_input, str):
+        if not raw_input:
+            raise InvalidRequestError("input must not be empty", param="input")
+        proj.add_message({"role": "user", "content": raw_input}, Source("input", fields={".content": "input"}))
+    elif isinstance(raw_input, list):
+        _project_items(raw_input, proj)
+    else:
+        raise InvalidRequestError("input is required and must be a string or list", param="input")
+    _project_tools(body.get("tools"), proj)
+    reasoning = optional_object(body, "reasoning")
+    effort = reasoning.get("effort") if reasoning is not None else None
+    kwargs = thinking_switch(effort, "reasoning.effort", EFFORTS, off="none")
+    turn = TurnRequest(
+        conversation=proj.conversation(kwargs),
+        max_new_tokens=optional_positive_int(body, "max_output_tokens"),
+        protocol="responses",
+    )
+    return ParsedRequest(turn=turn, model=optional_str(body, "model"), stream=optional_bool(body, "stream"))
+
+
+def output_items(result: TurnResult) -> list[dict[str, Any]]:
+    """Output items in order: reasoning, message (only with text), one function_call per call."""
+    message = result.message
+    items: list[dict[str, Any]] = []
+    if message.get("reasoning_content"):
+        items.append({
+            "id": new_id("rs"), "type": "reasoning", "status": "completed", "summary": [],
+            "content": [{"type": "reasoning_text", "text": message["reasoning_content"]}],
+        })
+    if message.get("content"):
+        items.append({
+            "id": new_id("msg"), "type": "message", "status": "completed", "role": "assistant",
+            "content": [{"type": "output_text", "text": message["content"], "annotations": []}],
+        })
+    for call in message.get("tool_calls") or ():
+        items.append({
+            "id": new_id("fc"), "type": "function_call", "status": "completed", "call_id": call["id"],
+            "name": call["function"]["name"], "arguments": call["function"]["arguments"],
+        })
+    return items
+
+
+def _response_shell(request: ParsedRequest | None, status: str) -> dict[str, Any]:
+    return {
+        "id": new_id("resp"), "object": "response", "created_at": int(time.time()), "status": status,
+        "model": request.model if request is not None else None, "output": [],
+        "error": None, "incomplete_details": None, "instructions": None, "metadata": {},
+        "parallel_tool_calls": True, "temperature": None, "top_p": None, "tool_choice": "auto",
+        "tools": [],
+    }
+
+
+def render_response(result: TurnResult, request: ParsedRequest) -> dict[str, Any]:
+    """The ``response`` object of a committed turn (``completed`` or ``incomplete``)."""
+    incomplete = result.finish_reason == "length"
+    response = _response_shell(request, "incomplete" if incomplete else "completed")
+    response["output"] = output_items(result)
+    if incomplete:
+        response["incomplete_details"] = {"reason": "max_output_tokens"}
+    response["usage"] = {
+        "input_tokens": result.prompt_tokens,
+        "input_tokens_details": {"cached_tokens": 0},
+        "output_tokens": result.completion_tokens,
+        "output_tokens_details": {"reasoning_tokens": 0},
+        "total_tokens": result.prompt_tokens + result.completion_tokens,
+    }
+    return response
+
+
+def _created(response: Mapping[str, Any]) -> bytes:
+    created = {**response, "status": "in_progress", "output": [], "incomplete_details": None}
+    created.pop("usage", None)
+    return sse_event("response.created", {"type": "response.created", "sequence_number": 0, "response": created})
+
+
+def render_responses_sse(result: TurnResult, request: ParsedRequest) -> bytes:
+    """response.created, one response.output_item.done per item, response.completed/incomplete."""
+    response = render_response(result, request)
+    frames = [_created(response)]
+    for index, item in enumerate(response["output"]):
+        frames.append(sse_event("response.output_item.done", {
+            "type": "response.output_item.done", "sequence_number": index + 1,
+            "output_index": index, "item": item,
+        }))
+    terminal = "response.incomplete" if response["status"] == "incomplete" else "response.completed"
+    frames.append(sse_event(terminal, {
+        "type": terminal, "sequence_number": len(response["output"]) + 1, "response": response,
+    }))
+    return b"".join(frames)
+
+
+def render_responses_sse_error(exc: RelaxError, request: ParsedRequest | None) -> bytes:
+    """response.created, then response.failed (status failed, the OpenAI error, no output)."""
+    failed = _response_shell(request, "failed")
+    failed["error"] = openai_error_body(exc)["error"]
+    return _created(failed) + sse_event(
+        "response.failed", {"type": "response.failed", "sequence_number": 1, "response": failed}
+    )
+
+
+RESPONSES: Final = ProtocolAdapter(
+    name="responses",
+    parse=parse_responses_request,
+    render_json=render_response,
+    render_sse=render_responses_sse,
+    render_sse_error=render_responses_sse_error,
+    connected_frame=sse_comment("connected"),
+    heartbeat_frame=sse_comment("heartbeat"),
+)
+"""The Responses adapter."""

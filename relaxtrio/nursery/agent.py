@@ -1,0 +1,353 @@
+"""The agent process contract: one user harness process per Session, in its own process group.
+
+For each Session relaxtrio:
+
+1. makes a private IO directory holding ``session_input.json`` (written before the start),
+   the path ``session_output.json`` (read after the exit) and ``agent.log`` (stdout + stderr);
+2. runs ``bash -lc <agent command>`` in ``--agent-cwd`` with stdin from ``/dev/null``, the
+   ``--agent-env`` entries and the seven ``RELAX_*`` variables of the spec, as the leader of a new
+   process group (``start_new_session=True``);
+3. waits for the exit under the Session's active-time budget (``--agent-timeout``), a cancel scope
+   whose deadline moves when generation is paused (see :class:`ActiveBudget`);
+4. whatever happens (normal exit, timeout, error, cancellation of the whole run), terminates the
+   whole process group: SIGTERM, a bounded wait, SIGKILL, a bounded wait. Grandchildren that
+   outlive the leader are in the same group and are terminated too;
+5. removes the IO directory.
+
+The exit rules follow the reference (relax-behaviour I-4): a timeout, a non-zero exit code, or an
+output file that is not valid JSON/JSONL raise :class:`~relaxtrio.AgentExecutionError`, whose
+message ends with the last 8 KiB of the agent's combined output.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import math
+import os
+import shutil
+import signal
+import subprocess
+import tempfile
+from collections.abc import Mapping
+from pathlib import Path
+from typing import Final, Literal
+
+import attrs
+import trio
+
+from .._errors import AgentExecutionError, InvalidRequestError
+
+log = logging.getLogger(__name__)
+
+LOG_TAIL_BYTES: Final = 8192
+TERM_GRACE_S: Final = 5.0
+KILL_GRACE_S: Final = 5.0
+_POLL_S: Final = 0.05
+RESERVED_ENV_PREFIX: Final = "RELAX_"
+
+RolloutMode = Literal["train", "eval"]
+
+
+def parse_agent_env(entries: list[str] | tuple[str, ...] | None) -> dict[str, str]:
+    """Parses ``--agent-env KEY=VALUE ...`` entries (the last duplicate wins).
+
+    Raises:
+        InvalidRequestError: an entry without ``=``, an empty key, or a reserved ``RELAX_`` key.
+    """
+    env: dict[str, str] = {}
+    for entry in entries or ():
+        key, sep, value = entry.partition("=")
+        if not sep or not key.strip():
+            raise InvalidRequestError(
+                f"--agent-env entries must look like KEY=VALUE, got {entry!r}.", param="agent_env"
+            )
+        if key.startswith(RESERVED_ENV_PREFIX):
+            raise InvalidRequestError(
+                f"--agent-env does not allow reserved key {key!r}.", param="agent_env"
+            )
+        env[key] = value
+    return env
+
+
+@attrs.frozen(kw_only=True)
+class AgentConfig:
+    """How to start the user's agent harness.
+
+    Attributes:
+        command: shell command, run as ``bash -lc <command>``.
+        cwd: working directory; must exist.
+        env: extra environment entries (no ``RELAX_`` keys).
+        timeout_s: active-time budget per Session, in seconds (> 0).
+        term_grace_s: seconds between SIGTERM and SIGKILL of the process group.
+    """
+
+    command: str
+    cwd: Path = attrs.field(converter=Path)
+    env: Mapping[str, str] = attrs.field(factory=dict)
+    timeout_s: float = 1800.0
+    term_grace_s: float = TERM_GRACE_S
+
+    def __attrs_post_init__(self) -> None:
+        if not self.command.strip():
+            raise InvalidRequestError("--agent-command must not be blank.", param="agent_command")
+        if not self.cwd.is_dir():
+            raise InvalidRequestError(
+                f"--agent-cwd {str(self.cwd)!r} is not an existing directory.", param="agent_cwd"
+            )
+        if not (self.timeout_s > 0 and math.isfinite(self.timeout_s)):
+            raise InvalidRequestError("--agent-timeout must be a positive number of seconds.",
+                                      param="agent_timeout")
+        for key in self.env:
+            if key.startswith(RESERVED_ENV_PREFIX):
+                raise InvalidRequestError(
+                    f"--agent-env does not allow reserved key {key!r}.", param="agent_env"
+                )
+
+
+@attrs.define(eq=False, kw_only=True)
+class ActiveBudget:
+    """A pausable countdown of active seconds, enforced by a cancel scope with a moving deadline.
+
+    While running, ``scope.deadline = trio.current_time() + remaining_s`` (trio clock time);
+    paused, ``scope.deadline = math.inf`` and the remaining seconds are remembered. The budget is
+    created paused; :meth:`resume` starts it (the Group's Runtime lease).
+
+    Attributes:
+        total_s: the whole budget in seconds.
+        scope: the cancel scope the agent wait runs in.
+    """
+
+    total_s: float
+    scope: trio.CancelScope = attrs.field(factory=lambda: trio.CancelScope(deadline=math.inf))
+    _remaining_s: float = attrs.field(init=False)
+    _running_since: float | None = attrs.field(init=False, default=None)
+
+    def __attrs_post_init__(self) -> None:
+        self._remaining_s = self.total_s
+
+    @property
+    def running(self) -> bool:
+        """Whether the countdown is currently running."""
+        return self._running_since is not None
+
+    def remaining_s(self) -> float:
+        """Seconds of active time left (never negative)."""
+        if self._running_since is None:
+            return max(self._remaining_s, 0.0)
+        return max(self._remaining_s - (trio.current_time() - self._running_since), 0.0)
+
+    def resume(self) -> None:
+        """Starts (or restarts) the countdown. Idempotent."""
+        if self._running_since is not None:
+            return
+        self._running_since = trio.current_time()
+        self.scope.deadline = self._running_since + self._remaining_s
+
+    def pause(self) -> None:
+        """Stops the countdown and remembers the remaining seconds. Idempotent."""
+        if self._running_since is None:
+            return
+        self._remaining_s = self.remaining_s()
+        self._running_since = None
+        self.scope.deadline = math.inf
+
+    @property
+    def expired(self) -> bool:
+        """Whether the scope was cancelled by the deadline."""
+        return self.scope.cancelled_caught
+
+
+@attrs.frozen(kw_only=True)
+class AgentRun:
+    """What one finished agent process left behind.
+
+    Attributes:
+        return_code: the leader's exit code (negative: killed by that signal).
+        output_text: contents of RELAX_OUTPUT_JSON, or None when the file was not written.
+        log_tail: the last 8 KiB of stdout+stderr, decoded as UTF-8 with replacement.
+        active_s: active seconds the budget consumed.
+    """
+
+    return_code: int
+    output_text: str | None
+    log_tail: str
+    active_s: float
+
+
+@attrs.frozen(kw_only=True)
+class SessionEnv:
+    """The values behind the seven ``RELAX_*`` variables (minus the IO paths, made per run)."""
+
+    session_id: str
+    group_id: str
+    base_url: str
+    mode: RolloutMode = "train"
+
+
+def _read_tail(path: Path) -> str:
+    try:
+        with path.open("rb") as f:
+            f.seek(0, os.SEEK_END)
+            size = f.tell()
+            f.seek(max(size - LOG_TAIL_BYTES, 0))
+            data = f.read()
+    except OSError:
+        return ""
+    return data.decode("utf-8", errors="replace").rstrip()
+
+
+def _group_members(pgid: int) -> list[int]:
+    """Pids of live (non-zombie) processes in process group ``pgid`` (Linux /proc scan)."""
+    members = []
+    proc = Path("/proc")
+    if not proc.is_dir():  # pragma: no cover - non-Linux fallback
+        try:
+            os.killpg(pgid, 0)
+        except (ProcessLookupError, PermissionError):
+            return []
+        return [pgid]
+    for entry in proc.iterdir():
+        if not entry.name.isdigit():
+            continue
+        try:
+            stat = (entry / "stat").read_text()
+        except OSError:
+            continue
+        # pid (comm) state ppid pgrp ... ; comm may contain spaces/parens: split after the last ')'.
+        fields = stat[stat.rfind(")") + 2:].split()
+        if len(fields) >= 3 and int(fields[2]) == pgid and fields[0] != "Z":
+            members.append(int(entry.name))
+    return members
+
+
+def process_group_alive(pgid: int) -> bool:
+    """Whether any live (non-zombie) process remains in process group ``pgid``."""
+    return bool(_group_members(pgid))
+
+
+async def terminate_process_group(
+    pgid: int, process: trio.Process | None = None, *, term_grace_s: float = TERM_GRACE_S
+) -> None:
+    """SIGTERM the whole group, wait up to ``term_grace_s``, SIGKILL, wait up to 5 s (shielded).
+
+    Args:
+        pgid: the process group id (the leader's pid).
+        process: the leader, reaped here when given.
+        term_grace_s: seconds to wait after SIGTERM before SIGKILL.
+
+    Cancellation:
+        Not a cancellation point for the caller's scopes: the whole sequence runs shielded, so a
+        cancelled run still leaves no agent process behind. At most about 10 s.
+    """
+    with trio.CancelScope(shield=True):
+        for sig, grace_s in ((signal.SIGTERM, term_grace_s), (signal.SIGKILL, KILL_GRACE_S)):
+            if not process_group_alive(pgid) and (process is None or process.returncode is not None):
+                break
+            try:
+                os.killpg(pgid, sig)
+            except ProcessLookupError:
+                pass
+            with trio.move_on_after(grace_s):
+                if process is not None:
+                    await process.wait()
+                while process_group_alive(pgid):
+                    await trio.sleep(_POLL_S)
+        if process is not None and process.returncode is None:  # pragma: no cover - defensive
+            with trio.move_on_after(1.0):
+                await process.wait()
+    if process_group_alive(pgid):
+        log.error("agent process group %d survived SIGKILL", pgid)
+
+
+async def run_agent(
+    config: AgentConfig,
+    session: SessionEnv,
+    input_payload: Mapping[str, object],
+    budget: ActiveBudget,
+    *,
+    task_status: trio.TaskStatus[int] = trio.TASK_STATUS_IGNORED,
+) -> AgentRun:
+    """Runs one agent process to its end under the Session's active-time budget.
+
+    Args:
+        config: command, cwd, env and timeout.
+        session: the identity and base URL handed to the agent.
+        input_payload: JSON object written to ``RELAX_INPUT_JSON`` before the start.
+        budget: the pausable active-time budget; the caller resumes it when the Runtime lease
+            starts (before that, waiting costs nothing).
+        task_status: receives the process-group id once the process started.
+
+    Returns:
+        The finished run; the process group is gone and the IO directory removed.
+
+    Raises:
+        AgentExecutionError: timed out, exited non-zero, or wrote unparsable output.
+        OSError: the process could not be started (e.g. bash missing).
+
+    Cancellation:
+        Cancelling terminates the whole process group (shielded, bounded) and removes the IO
+        directory before the Cancelled propagates.
+    """
+    io_dir = Path(tempfile.mkdtemp(prefix="relaxtrio-session-"))
+    try:
+        input_path = io_dir / "session_input.json"
+        output_path = io_dir / "session_output.json"
+        log_path = io_dir / "agent.log"
+        input_path.write_text(json.dumps(input_payload, ensure_ascii=False, separators=(",", ":")),
+                              encoding="utf-8")
+        env = dict(os.environ)
+        env.update(config.env)
+        env.update(
+            RELAX_INPUT_JSON=str(input_path),
+            RELAX_OUTPUT_JSON=str(output_path),
+            RELAX_SESSION_IO_DIR=str(io_dir),
+            RELAX_BASE_URL=session.base_url,
+            RELAX_SESSION_ID=session.session_id,
+            RELAX_ROLLOUT_MODE=session.mode,
+            RELAX_GROUP_ID=session.group_id,
+        )
+        with log_path.open("ab") as log_file:
+            process = await trio.lowlevel.open_process(
+                ["bash", "-lc", config.command],
+                cwd=str(config.cwd),
+                env=env,
+                stdin=subprocess.DEVNULL,
+                stdout=log_file,
+                stderr=subprocess.STDOUT,
+                start_new_session=True,
+            )
+        pgid = process.pid
+        task_status.started(pgid)
+        used_before = budget.total_s - budget.remaining_s()
+        try:
+            with budget.scope:
+                await process.wait()
+        finally:
+            # Normal exit, timeout or cancellation: nothing of this group may survive.
+            await terminate_process_group(pgid, process, term_grace_s=config.term_grace_s)
+        active_s = budget.total_s - budget.remaining_s() - used_before
+        tail = _read_tail(log_path)
+        if budget.expired:
+            raise AgentExecutionError(
+                f"Agent timed out after {config.timeout_s:g} s of active time.\n{tail}".rstrip(),
+                session_id=session.session_id,
+            )
+        rc = process.returncode
+        assert rc is not None
+        if rc != 0:
+            raise AgentExecutionError(
+                f"Agent exited with code {rc}.\n{tail}".rstrip(), session_id=session.session_id
+            )
+        output_text = None
+        if output_path.exists():
+            try:
+                output_text = output_path.read_text(encoding="utf-8")
+            except (OSError, UnicodeDecodeError) as exc:
+                raise AgentExecutionError(
+                    f"Agent produced invalid output ({exc}).\n{tail}".rstrip(),
+                    session_id=session.session_id,
+                ) from exc
+        return AgentRun(return_code=rc, output_text=output_text, log_tail=tail, active_s=active_s)
+    finally:
+        shutil.rmtree(io_dir, ignore_errors=True)

@@ -1,0 +1,255 @@
+"""Session: one dataset sample's run — one agent process, one SessionForest, one active-time budget.
+
+A Session owns a nursery for its in-flight model turns. The HTTP handler that received a request
+only *waits* for the turn's result: if the client disconnects, the turn still completes and is
+committed (reference F-12). When the Session ends, every turn still running is cancelled (the
+engine request is aborted) and waiting handlers get a 404 ``session_discarded``.
+"""
+
+from __future__ import annotations
+
+import logging
+import secrets
+from collections.abc import AsyncIterator, Mapping
+from contextlib import asynccontextmanager
+from typing import TYPE_CHECKING, Any, Literal
+
+import attrs
+import trio
+
+from .._errors import (
+    AgentExecutionError,
+    ExportError,
+    InternalError,
+    NotFoundError,
+    RelaxError,
+    SessionAbortedError,
+)
+from ..forest import SessionForest, TrainingSample, export_samples, parse_session_output
+from .agent import ActiveBudget, AgentConfig, RolloutMode, SessionEnv, run_agent
+from .turns import TurnHandler, TurnRequest, TurnResult
+
+if TYPE_CHECKING:
+    from .group import Group
+
+log = logging.getLogger(__name__)
+
+SessionStatus = Literal["pending", "running", "completed", "failed", "cancelled"]
+
+
+def new_session_id() -> str:
+    """A fresh, unguessable Session id (also the agent's bearer credential)."""
+    return "session-" + secrets.token_hex(16)
+
+
+@attrs.define(eq=False)
+class _TurnCell:
+    done: trio.Event = attrs.field(factory=trio.Event)
+    result: TurnResult | None = None
+    error: RelaxError | None = None
+
+
+@attrs.define(eq=False, kw_only=True)
+class Session:
+    """Runtime state of one Session.
+
+    Attributes:
+        session_id: unique id; the agent's ``Authorization: Bearer`` token.
+        group: the Group this Session belongs to.
+        index: position of the Session within its Group (sample order).
+        input_payload: the JSON object written to RELAX_INPUT_JSON.
+        dataset_metadata: the dataset row's metadata, copied into every exported sample.
+        forest: every committed conversation state of this Session.
+        budget: the agent's active-time budget.
+        status: lifecycle state; failures are state, not exceptions.
+        samples: exported training samples once completed (export order).
+        error: why the Session failed, when it did.
+        num_requests: model requests received so far.
+    """
+
+    session_id: str
+    group: Group
+    index: int
+    input_payload: dict[str, Any]
+    dataset_metadata: dict[str, Any] = attrs.field(factory=dict)
+    forest: SessionForest
+    budget: ActiveBudget
+    status: SessionStatus = "pending"
+    samples: list[TrainingSample] = attrs.field(factory=list)
+    error: str | None = None
+    num_requests: int = 0
+    _turns: trio.Nursery | None = None
+    _closed: bool = False
+
+    @property
+    def mode(self) -> RolloutMode:
+        """``train`` or ``eval`` (the Group's mode)."""
+        return self.group.mode
+
+    @property
+    def closed(self) -> bool:
+        """Whether the Session stopped accepting model requests."""
+        return self._closed
+
+    async def run_turn(self, handler: TurnHandler, request: TurnRequest) -> TurnResult:
+        """Runs one model turn in the Session's own nursery and waits for its result.
+
+        Raises:
+            SessionAbortedError: the Session ended before the turn finished (404).
+            RelaxError: whatever the turn handler raised (client mistakes, backend errors).
+
+        Cancellation:
+            Cancelling the *caller* (e.g. a client disconnect) does not cancel the turn: it
+            completes and is committed to the forest. Only the Session's end cancels turns.
+        """
+        if self._closed or self._turns is None:
+            raise SessionAbortedError(
+                f"Unknown or discarded agentic session '{self.session_id}'.",
+                session_id=self.session_id,
+            )
+        self.num_requests += 1
+        self.group.note_request(self)
+        cell = _TurnCell()
+        self._turns.start_soon(self._turn_task, handler, request, cell)
+        await cell.done.wait()
+        if cell.result is not None:
+            return cell.result
+        if cell.error is not None:
+            raise cell.error
+        raise SessionAbortedError(
+            f"Unknown or discarded agentic session '{self.session_id}'.", session_id=self.session_id
+        )
+
+    async def _turn_task(self, handler: TurnHandler, request: TurnRequest, cell: _TurnCell) -> None:
+        try:
+            await self.group.wait_generation_open()
+            cell.result = await handler.complete(self, request)
+        except RelaxError as exc:
+            exc.session_id = exc.session_id or self.session_id
+            cell.error = exc
+        except Exception:
+            log.exception("turn failed for session %s", self.session_id)
+            cell.error = InternalError(
+                "Internal error while handling agentic request.", session_id=self.session_id
+            )
+        finally:
+            cell.done.set()
+
+    @asynccontextmanager
+    async def serving(self) -> AsyncIterator[None]:
+        """Accepts model turns while inside; on exit closes the Session.
+
+        Cancellation:
+            On exit (normal or cancelled) every turn still running is cancelled — its engine
+            request aborted — and its waiting HTTP handler answers 404 ``session_discarded``.
+        """
+        async with trio.open_nursery() as turns:
+            self._turns = turns
+            try:
+                yield
+            finally:
+                self._closed = True
+                turns.cancel_scope.cancel()
+
+    def fail(self, reason: str) -> None:
+        """Marks the Session failed with ``reason`` (the first reason wins)."""
+        if self.status not in ("failed", "cancelled"):
+            self.status = "failed"
+            self.error = reason
+
+
+@attrs.define(eq=False)
+class SessionRegistry:
+    """Maps bearer tokens to live Sessions for the API server."""
+
+    _sessions: dict[str, Session] = attrs.field(factory=dict)
+
+    def get(self, session_id: str) -> Session:
+        """The live Session with this id.
+
+        Raises:
+            NotFoundError: unknown, finished or discarded Session (404 ``session_discarded``).
+        """
+        session = self._sessions.get(session_id)
+        if session is None or session.closed:
+            raise NotFoundError(
+                f"Unknown or discarded agentic session '{session_id}'.", session_id=session_id
+            )
+        return session
+
+    def add(self, session: Session) -> None:
+        """Registers a Session (its id must be new)."""
+        if session.session_id in self._sessions:
+            raise InternalError(f"duplicate session id {session.session_id}")
+        self._sessions[session.session_id] = session
+
+    def discard(self, session: Session) -> None:
+        """Forgets a Session; later requests with its id get 404."""
+        self._sessions.pop(session.session_id, None)
+
+    def __len__(self) -> int:
+        return len(self._sessions)
+
+
+async def run_session(
+    session: Session,
+    *,
+    agent: AgentConfig,
+    base_url: str,
+    registry: SessionRegistry,
+    server_template_kwargs: Mapping[str, Any] | None = None,
+    task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED,
+) -> None:
+    """Runs a Session from agent start to exported samples; failures become Session state.
+
+    On success ``session.status == "completed"`` and ``session.samples`` holds the exported
+    samples. On an agent or export failure ``session.status == "failed"`` with
+    ``session.error`` set, and the Group is told (it drops itself).
+
+    Cancellation:
+        Cancelling terminates the agent's process group (shielded), aborts in-flight turns and
+        unregisters the Session; ``status`` becomes ``cancelled``.
+    """
+    registry.add(session)
+    env = SessionEnv(
+        session_id=session.session_id,
+        group_id=session.group.group_id,
+        base_url=base_url,
+        mode=session.mode,
+    )
+    session.status = "running"
+    run = None
+    try:
+        async with session.serving():
+            task_status.started()
+            try:
+                run = await run_agent(agent, env, session.input_payload, session.budget)
+            except AgentExecutionError as exc:
+                session.fail(str(exc))
+            except OSError as exc:
+                session.fail(f"Agent could not be started: {exc}")
+    finally:
+        registry.discard(session)
+        if session.status == "running" and run is None:
+            session.status = "cancelled"
+    if run is None:
+        session.group.session_failed(session)
+        return
+    try:
+        output = parse_session_output(run.output_text)
+    except ExportError as exc:
+        session.fail(f"Agent produced invalid output: {exc}\n{run.log_tail}".rstrip())
+        session.group.session_failed(session)
+        return
+    try:
+        session.samples = export_samples(
+            session.forest,
+            output,
+            dataset_metadata=session.dataset_metadata,
+            server_template_kwargs=server_template_kwargs,
+        )
+    except ExportError as exc:
+        session.fail(f"Session export failed: {exc}")
+        session.group.session_failed(session)
+        return
+    session.status = "completed"

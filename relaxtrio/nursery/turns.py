@@ -1,0 +1,89 @@
+"""The values that cross from the API to the generation side for one model turn.
+
+The API layer normalizes any protocol into a :class:`TurnRequest`; the Session hands it to a
+:class:`TurnHandler` (implemented in :mod:`relaxtrio.rollout.turns`, which owns the engine
+client, the chat-template compiler and the parsers) and renders the :class:`TurnResult` back in
+the request's protocol.
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Literal, Protocol
+
+import attrs
+
+from ..forest import Conversation
+
+if TYPE_CHECKING:
+    from .session import Session
+
+FinishReason = Literal["stop", "length", "tool_calls"]
+
+
+@attrs.frozen(kw_only=True)
+class TurnRequest:
+    """One normalized model request.
+
+    Attributes:
+        conversation: canonical messages, tools and template kwargs (complete history).
+        max_new_tokens: the request's turn limit in tokens, or None for the configured default.
+        stop: stop strings for this turn.
+        seed: sampling seed for this turn, or None.
+        logprobs: whether the client asked for generated-token logprobs.
+        protocol: the API the request came in on (for logs and metadata only).
+    """
+
+    conversation: Conversation
+    max_new_tokens: int | None = None
+    stop: tuple[str, ...] = ()
+    seed: int | None = None
+    logprobs: bool = False
+    protocol: Literal["chat", "responses", "messages"] = "chat"
+
+
+@attrs.frozen(kw_only=True)
+class TokenLogprob:
+    """A client-facing logprob entry: the decoded token text and its rollout logprob."""
+
+    token: str
+    logprob: float
+
+
+@attrs.frozen(kw_only=True)
+class TurnResult:
+    """The committed answer of one turn.
+
+    Attributes:
+        message: the canonical assistant message exactly as committed to the SessionForest
+            (content without the EOS/stop text, optional reasoning_content and tool_calls).
+        finish_reason: ``stop``, ``length`` or ``tool_calls`` (tool_calls iff calls were returned).
+        prompt_tokens: tokens of the lineage prefix the turn was generated from.
+        completion_tokens: generated tokens of the turn (across resumed attempts).
+        request_id: relaxtrio's id of the turn (also the engine rid prefix).
+        state_hash: state hash of the committed response node.
+        logprobs: per generated token, when the request asked for them; else None.
+    """
+
+    message: dict
+    finish_reason: FinishReason
+    prompt_tokens: int
+    completion_tokens: int
+    request_id: str
+    state_hash: str
+    logprobs: tuple[TokenLogprob, ...] | None = None
+
+
+class TurnHandler(Protocol):
+    """Generates and commits one turn for a Session (see :mod:`relaxtrio.rollout.turns`)."""
+
+    async def complete(self, session: Session, request: TurnRequest) -> TurnResult:
+        """Matches, renders, generates, parses and commits one turn.
+
+        Raises:
+            InvalidRequestError: a client mistake (including context length).
+            BackendError: the engine failed.
+
+        Cancellation:
+            Cancelling aborts the engine request (shielded, bounded); nothing is committed.
+        """
+        ...

@@ -1,0 +1,240 @@
+"""One model turn, token-in/token-out: match → render the new observation → generate → parse → commit.
+
+:class:`EngineTurnHandler` is the :class:`~relaxtrio.nursery.turns.TurnHandler` used in
+production and tests alike. It never re-tokenizes history: the generation input is the
+concatenation of the token ids recorded along the matched lineage, plus the ids of the new
+observation rendered by the chat-template compiler (a full render at a subtree root, a
+dummy-prefix delta below it).
+
+Partial rollout: when the engine answers ``finish_reason.type == "abort"`` (a pause aborted the
+request), the partial ids and logprobs are kept, the request waits for the Group's generation
+gate to reopen, and the next attempt sends lineage ids + partial ids with the remaining token
+budget. The agent's HTTP request stays open the whole time.
+"""
+
+from __future__ import annotations
+
+import logging
+from typing import Final
+
+import attrs
+import trio
+
+from .._errors import BackendError, ContextLengthExceededError, InvalidRequestError
+from ..engine.client import EngineClient, SamplingParams
+from ..engine.compiler import ChatCompiler
+from ..engine.parsers import build_assistant_message, effective_finish_type
+from ..forest import Conversation, RootNode, WeightSpan, context_length_message
+from ..nursery.session import Session
+from ..nursery.turns import TokenLogprob, TurnRequest, TurnResult
+
+log = logging.getLogger(__name__)
+
+ABORT_GRACE_S: Final = 5.0
+MAX_EMPTY_ABORTS: Final = 8
+
+
+@attrs.frozen(kw_only=True)
+class GenerationConfig:
+    """Rollout sampling settings (request temperature/top_p never override these).
+
+    Attributes:
+        temperature: sampling temperature (logprobs use the same temperature, SGLang convention).
+        top_p: nucleus sampling mass in (0, 1].
+        top_k: top-k cut-off, -1 for none.
+        max_response_tokens: per-turn cap in tokens (``--rollout-max-response-len``); a request's
+            own limit can only lower it.
+        max_context_tokens: training-token limit of a lineage (``--rollout-max-context-len``),
+            or None for the model's limit as reported by the engine.
+        stop: extra stop strings for every turn.
+        stop_token_ids: extra stop token ids for every turn (EOS ids are always included).
+        seed: base sampling seed, or None.
+        tool_call_parser: tool-call parser name (used only when the request has tools).
+        reasoning_parser: reasoning parser name, or None.
+        template_kwargs: server-side chat-template kwargs merged under each request's kwargs.
+    """
+
+    temperature: float = 1.0
+    top_p: float = 1.0
+    top_k: int = -1
+    max_response_tokens: int = 256
+    max_context_tokens: int | None = None
+    stop: tuple[str, ...] = ()
+    stop_token_ids: tuple[int, ...] = ()
+    seed: int | None = None
+    tool_call_parser: str | None = "hermes"
+    reasoning_parser: str | None = None
+    template_kwargs: dict = attrs.field(factory=dict)
+
+
+@attrs.define(eq=False, kw_only=True)
+class EngineTurnHandler:
+    """Generates turns with an SGLang-API engine and commits them to the Session's forest.
+
+    Attributes:
+        client: the engine client (SGLang servers or the embedded engine).
+        compiler: chat-template compiler of the policy's tokenizer.
+        config: rollout sampling settings.
+        rollout_id: the current rollout step, recorded on response nodes.
+    """
+
+    client: EngineClient
+    compiler: ChatCompiler
+    config: GenerationConfig
+    rollout_id: int = 0
+    _seq: int = 0
+
+    def _merge_kwargs(self, conv: Conversation) -> Conversation:
+        if not self.config.template_kwargs:
+            return conv
+        return Conversation.from_wire(list(conv.messages), list(conv.tools), conv.template_kwargs,
+                                      base_template_kwargs=self.config.template_kwargs)
+
+    async def complete(self, session: Session, request: TurnRequest) -> TurnResult:
+        """Matches, renders, generates, parses and commits one turn.
+
+        Raises:
+            InvalidRequestError: no messages, or a message the template cannot render.
+            ContextLengthExceededError: the lineage leaves no room for generation (nothing new
+                is committed when the observation itself does not fit).
+            BackendError: the engine failed or returned an unusable answer.
+
+        Cancellation:
+            Cancelling aborts the engine request (shielded, bounded by 5 s); no response node is
+            committed. An observation committed before the cancel stays (it was a valid state).
+        """
+        wall_start = trio.current_time()
+        forest = session.forest
+        conv = self._merge_kwargs(request.conversation)
+        if not conv.messages:
+            raise InvalidRequestError("messages projected to zero supported messages", param="messages")
+        match = forest.match(conv)
+        parent = match.parent
+        if match.delta:
+            if isinstance(parent, RootNode):
+                ids = self.compiler.encode_full(conv.messages, conv.tools, conv.template_kwargs)
+            else:
+                ids = self.compiler.encode_delta(match.delta, conv.tools, conv.template_kwargs)
+            parent = forest.add_observation(match, token_ids=ids)
+        prompt_ids = forest.rollout_token_ids(parent)
+        budget = self.config.max_response_tokens
+        if request.max_new_tokens is not None:
+            budget = min(budget, request.max_new_tokens)
+        if forest.max_context_tokens is not None:
+            used = forest.train_token_count(parent)
+            room = forest.max_context_tokens - used
+            if room <= 0:
+                raise ContextLengthExceededError(
+                    context_length_message(forest.max_context_tokens, used), param="messages"
+                )
+            budget = min(budget, room)
+
+        self._seq += 1
+        request_id = f"{session.session_id}:t{self._seq:05d}"
+        tokens: list[int] = []
+        logprobs: list[float] = []
+        spans: list[WeightSpan] = []
+        abort_count = 0
+        empty_aborts = 0
+        generation_s = 0.0
+        stop_ids = tuple(dict.fromkeys(self.compiler.stop_token_ids + self.config.stop_token_ids))
+        finish = "length"
+        matched_stop: str | None = None
+        while True:
+            await session.group.wait_generation_open()
+            remaining = budget - len(tokens)
+            if remaining <= 0:
+                finish = "length"
+                break
+            sampling = SamplingParams(
+                max_new_tokens=remaining,
+                temperature=self.config.temperature,
+                top_p=self.config.top_p,
+                top_k=self.config.top_k,
+                stop=list(self.config.stop + request.stop) or None,
+                stop_token_ids=list(stop_ids) or None,
+                skip_special_tokens=False,
+                spaces_between_special_tokens=False,
+                no_stop_trim=True,
+                sampling_seed=request.seed if request.seed is not None else self.config.seed,
+            )
+            rid = f"{request_id}:a{abort_count}#"
+            attempt_start = trio.current_time()
+            result = await self._generate(prompt_ids + tuple(tokens), sampling, rid)
+            generation_s += trio.current_time() - attempt_start
+            offset = len(tokens)
+            tokens.extend(result.output_ids)
+            logprobs.extend(result.output_logprobs)
+            spans.extend(
+                WeightSpan(version=s.version, start=s.start + offset, end=s.end + offset)
+                for s in result.weight_versions
+            )
+            finish = effective_finish_type(tokens, result.finish_type, stop_ids)
+            if finish != "abort":
+                if isinstance(result.finish_matched, str):
+                    matched_stop = result.finish_matched
+                break
+            abort_count += 1
+            empty_aborts = empty_aborts + 1 if not result.output_ids else 0
+            if empty_aborts >= MAX_EMPTY_ABORTS:
+                raise BackendError(
+                    f"engine aborted request {request_id} {empty_aborts} times without progress",
+                    session_id=session.session_id,
+                )
+            log.debug("request %s aborted after %d tokens; parked", request_id, len(tokens))
+
+        message, finish_reason = build_assistant_message(
+            tuple(tokens),
+            finish,
+            compiler=self.compiler,
+            reasoning_parser=self.config.reasoning_parser,
+            tool_call_parser=self.config.tool_call_parser if conv.tools else None,
+            tools=conv.tools,
+            parent_state_hash=parent.state_hash,
+            stop_token_ids=stop_ids,
+            matched_stop=matched_stop,
+            prompt_opened_think=self.compiler.prompt_opens_think(prompt_ids),
+        )
+        node = forest.add_response(
+            parent,
+            message,
+            token_ids=tokens,
+            rollout_logprobs=logprobs,
+            finish_reason=finish_reason,
+            weight_versions=spans,
+            abort_count=abort_count,
+            request_id=request_id,
+            rollout_id=self.rollout_id,
+            wall_s=trio.current_time() - wall_start,
+            generation_s=generation_s,
+        )
+        token_logprobs = None
+        if request.logprobs:
+            token_logprobs = tuple(
+                TokenLogprob(token=self.compiler.decode([tid]), logprob=lp)
+                for tid, lp in zip(tokens, logprobs, strict=True)
+            )
+        return TurnResult(
+            message=node.message,
+            finish_reason=finish_reason,
+            prompt_tokens=len(prompt_ids),
+            completion_tokens=len(tokens),
+            request_id=request_id,
+            state_hash=node.state_hash,
+            logprobs=token_logprobs,
+        )
+
+    async def _generate(self, input_ids: tuple[int, ...], sampling: SamplingParams, rid: str):
+        finished = False
+        try:
+            result = await self.client.generate(input_ids, sampling, rid=rid, return_logprob=True)
+            finished = True
+            return result
+        finally:
+            if not finished:
+                # Cancelled or failed mid-flight: make sure the engine stops working on it.
+                with trio.CancelScope(shield=True), trio.move_on_after(ABORT_GRACE_S):
+                    try:
+                        await self.client.abort(rid)
+                    except BackendError as exc:
+                        log.warning("abort of %s failed: %s", rid, exc)

@@ -1,0 +1,348 @@
+"""Golden canonicalization: one conversation in three protocols → one canonical triple and hash.
+
+Also: normalizers never mutate or alias the request body, and each protocol's own projection
+rules (reference B-1..B-5) with their 400s naming the request path.
+"""
+
+from __future__ import annotations
+
+import copy
+import hashlib
+import json
+from typing import Any
+
+import pytest
+
+from relaxtrio import InvalidRequestError
+from relaxtrio.api.chat import parse_chat_request
+from relaxtrio.api.messages import parse_messages_request
+from relaxtrio.api.responses import parse_responses_request
+from relaxtrio.forest import state_hash
+
+PARSERS = {"chat": parse_chat_request, "responses": parse_responses_request, "messages": parse_messages_request}
+
+WEATHER_SCHEMA = {"type": "object", "properties": {"city": {"type": "string"}}, "required": ["city"]}
+CALL = {"id": "call_1", "type": "function", "function": {"name": "get_weather", "arguments": '{"city":"Paris"}'}}
+CANONICAL_TOOL = {"type": "function", "function": {"name": "get_weather", "description": "Weather by city",
+                                                   "parameters": WEATHER_SCHEMA}}
+PNG = "iVBORw0KGgo="
+
+
+def _anthropic(messages: list, **extra: Any) -> dict:
+    return {"model": "claude", "max_tokens": 64, "messages": messages, **extra}
+
+
+# case → (expected canonical triple, {protocol: request body})
+GOLDEN: dict[str, tuple[dict, dict[str, dict]]] = {
+    "text_only": (
+        {"messages": [{"role": "system", "content": "Be terse."}, {"role": "user", "content": "Hi"}],
+         "tools": [], "template_kwargs": {}},
+        {
+            "chat": {"model": "m", "messages": [{"role": "system", "content": "Be terse."},
+                                                {"role": "user", "content": "Hi"}]},
+            "responses": {"model": "m", "instructions": "Be terse.", "input": "Hi"},
+            "messages": _anthropic([{"role": "user", "content": "Hi"}], system="Be terse."),
+        },
+    ),
+    "text_blocks": (
+        {"messages": [{"role": "system", "content": "Be terse.\n\nAnswer in French."},
+                      {"role": "user", "content": "Hello there"},
+                      {"role": "assistant", "content": "Bonjour"},
+                      {"role": "user", "content": "Bye"}],
+         "tools": [], "template_kwargs": {}},
+        {
+            "chat": {"messages": [{"role": "system", "content": "Be terse."},
+                                  {"role": "user", "content": "Hello there"},
+                                  {"role": "system", "content": "Answer in French."},
+                                  {"role": "assistant", "content": "Bonjour"},
+                                  {"role": "user", "content": "Bye"}]},
+            "responses": {"input": [
+                {"type": "message", "role": "system", "content": "Be terse."},
+                {"type": "message", "role": "user",
+                 "content": [{"type": "input_text", "text": "Hello"}, {"type": "input_text", "text": " there"}]},
+                {"role": "developer", "content": [{"type": "input_text", "text": "Answer in French."}]},
+                {"type": "message", "role": "assistant", "id": "msg_1", "status": "completed",
+                 "content": [{"type": "output_text", "text": "Bonjour", "annotations": []}]},
+                {"role": "user", "content": "Bye"}]},
+            "messages": _anthropic(
+                [{"role": "user", "content": [{"type": "text", "text": "Hello"}, {"type": "text", "text": " there"}]},
+                 {"role": "assistant", "content": [{"type": "text", "text": "Bonjour"}]},
+                 {"role": "user", "content": "Bye"}],
+                system=[{"type": "text", "text": "Be terse."},
+                        {"type": "text", "text": "Answer in French.", "cache_control": {"type": "ephemeral"}}]),
+        },
+    ),
+    "tool_round_trip": (
+        {"messages": [{"role": "user", "content": "Weather in Paris?"},
+                      {"role": "assistant", "content": "", "tool_calls": [CALL]},
+                      {"role": "tool", "tool_call_id": "call_1", "content": "sunny"}],
+         "tools": [CANONICAL_TOOL], "template_kwargs": {}},
+        {
+            "chat": {"messages": [
+                {"role": "user", "content": "Weather in Paris?"},
+                {"role": "assistant", "content": None, "tool_calls": [
+                    {"id": "call_1", "type": "function",
+                     "function": {"name": "get_weather", "arguments": '{ "city" : "Paris" }'}}]},
+                {"role": "tool", "tool_call_id": "call_1", "content": "sunny"}],
+                "tools": [{"type": "function", "function": {"name": "get_weather", "description": "Weather by city",
+                                                            "parameters": WEATHER_SCHEMA}}]},
+            "responses": {"input": [
+                {"role": "user", "content": "Weather in Paris?"},
+                {"type": "function_call", "id": "fc_1", "call_id": "call_1", "name": "get_weather",
+                 "arguments": '{"city": "Paris"}', "status": "completed"},
+                {"type": "function_call_output", "call_id": "call_1",
+                 "output": [{"type": "input_text", "text": "sun"}, {"type": "input_text", "text": "ny"}]}],
+                "tools": [{"type": "function", "name": "get_weather", "description": "Weather by city",
+                           "parameters": WEATHER_SCHEMA, "strict": True},
+                          {"type": "web_search"}]},
+            "messages": _anthropic(
+                [{"role": "user", "content": "Weather in Paris?"},
+                 {"role": "assistant", "content": [{"type": "tool_use", "id": "call_1", "name": "get_weather",
+                                                    "input": {"city": "Paris"}}]},
+                 {"role": "user", "content": [{"type": "tool_result", "tool_use_id": "call_1",
+                                               "content": [{"type": "text", "text": "sunny"}]}]}],
+                tools=[{"name": "get_weather", "description": "Weather by city", "input_schema": WEATHER_SCHEMA},
+                       {"type": "bash_20250124", "name": "bash"}]),
+        },
+    ),
+    "reasoning_text_and_call": (
+        {"messages": [{"role": "user", "content": "Weather?"},
+                      {"role": "assistant", "content": "Checking.", "reasoning_content": "Need a tool.\n\nParis.",
+                       "tool_calls": [CALL]},
+                      {"role": "tool", "tool_call_id": "call_1", "content": ""},
+                      {"role": "assistant", "content": "", "reasoning_content": "Done."}],
+         "tools": [], "template_kwargs": {"enable_thinking": True}},
+        {
+            "chat": {"messages": [
+                {"role": "user", "content": "Weather?"},
+                {"role": "assistant", "content": "Checking.", "reasoning_content": "Need a tool.\n\nParis.",
+                 "tool_calls": [CALL]},
+                {"role": "tool", "tool_call_id": "call_1", "content": ""},
+                {"role": "assistant", "content": None, "reasoning_content": "Done."}],
+                "chat_template_kwargs": {"enable_thinking": True}},
+            "responses": {"input": [
+                {"role": "user", "content": "Weather?"},
+                {"type": "reasoning", "id": "rs_1", "summary": [{"type": "summary_text", "text": "Need a tool."},
+                                                                {"type": "summary_text", "text": "Paris."}]},
+                {"type": "message", "role": "assistant", "content": [{"type": "output_text", "text": "Checking."}]},
+                {"type": "function_call", "call_id": "call_1", "name": "get_weather", "arguments": '{"city":"Paris"}'},
+                {"type": "function_call_output", "call_id": "call_1", "output": ""},
+                {"type": "reasoning", "summary": [], "content": [{"type": "reasoning_text", "text": "Done."}]}],
+                "reasoning": {"effort": "high", "summary": "auto"}},
+            "messages": _anthropic(
+                [{"role": "user", "content": "Weather?"},
+                 {"role": "assistant", "content": [
+                     {"type": "thinking", "thinking": "Need a tool.", "signature": "sig_a"},
+                     {"type": "thinking", "thinking": "Paris.", "signature": "sig_b"},
+                     {"type": "text", "text": "Checking."},
+                     {"type": "tool_use", "id": "call_1", "name": "get_weather", "input": {"city": "Paris"}}]},
+                 {"role": "user", "content": [{"type": "tool_result", "tool_use_id": "call_1"}]},
+                 {"role": "assistant", "content": [{"type": "thinking", "thinking": "Done.", "signature": "s"}]}],
+                thinking={"type": "enabled", "budget_tokens": 1024}),
+        },
+    ),
+    "images": (
+        {"messages": [{"role": "user", "content": [
+            {"type": "text", "text": "What is this?"},
+            {"type": "image_url", "image_url": {"url": f"data:image/png;base64,{PNG}"}},
+            {"type": "image_url", "image_url": {"url": "https://example.com/cat.png"}}]}],
+         "tools": [], "template_kwargs": {"enable_thinking": False}},
+        {
+            "chat": {"messages": [{"role": "user", "content": [
+                {"type": "text", "text": "What is this?"},
+                {"type": "image_url", "image_url": {"url": f"data:image/png;base64,{PNG}"}},
+                {"type": "image_url", "image_url": {"url": "https://example.com/cat.png"}}]}],
+                "chat_template_kwargs": {"enable_thinking": False}},
+            "responses": {"input": [{"role": "user", "content": [
+                {"type": "input_text", "text": "What is this?"},
+                {"type": "input_image", "image_url": f"data:image/png;base64,{PNG}", "detail": "auto"},
+                {"type": "input_image", "image_url": "https://example.com/cat.png"}]}],
+                "reasoning": {"effort": "none"}},
+            "messages": _anthropic([{"role": "user", "content": [
+                {"type": "text", "text": "What is this?"},
+                {"type": "image", "source": {"type": "base64", "media_type": "image/png", "data": PNG}},
+                {"type": "image", "source": {"type": "url", "url": "https://example.com/cat.png"}}]}],
+                thinking={"type": "disabled"}),
+        },
+    ),
+}
+
+EXPECTED_HASHES = {
+    "text_only": "",
+    "text_blocks": "",
+    "tool_round_trip": "",
+    "reasoning_text_and_call": "",
+    "images": "",
+}
+
+
+def _reference_hash(triple: dict) -> str:
+    """Reference A-8, written out independently of relaxtrio.forest."""
+    text = json.dumps(triple, ensure_ascii=False, separators=(",", ":"), sort_keys=True)
+    return hashlib.sha256(text.encode()).hexdigest()
+
+
+def _triple(protocol: str, body: dict) -> dict:
+    conv = PARSERS[protocol](body).turn.conversation
+    return {"messages": list(conv.messages), "tools": list(conv.tools), "template_kwargs": conv.template_kwargs}
+
+
+@pytest.mark.parametrize("case", sorted(GOLDEN))
+@pytest.mark.parametrize("protocol", sorted(PARSERS))
+def test_protocol_projects_to_the_golden_triple(case: str, protocol: str) -> None:
+    expected, bodies = GOLDEN[case]
+    assert _triple(protocol, bodies[protocol]) == expected
+    conv = PARSERS[protocol](bodies[protocol]).turn.conversation
+    assert state_hash(conv) == _reference_hash(expected) == EXPECTED_HASHES[case]
+
+
+@pytest.mark.parametrize("case", sorted(GOLDEN))
+def test_normalizers_neither_mutate_nor_alias_the_body(case: str) -> None:
+    for protocol, body in GOLDEN[case][1].items():
+        before = copy.deepcopy(body)
+        conv = PARSERS[protocol](body).turn.conversation
+        assert body == before, f"{protocol} mutated its request body"
+        body_ids = _container_ids(body)
+        out_ids = _container_ids([list(conv.messages), list(conv.tools), conv.template_kwargs])
+        assert not body_ids & out_ids, f"{protocol} canonical output shares objects with the body"
+        # mutating the canonical output must not reach the body either
+        for message in conv.messages:
+            for value in message.values():
+                if isinstance(value, list):
+                    value.append({"type": "text", "text": "x"})
+        assert body == before
+
+
+def _container_ids(value: Any) -> set[int]:
+    ids: set[int] = set()
+    stack = [value]
+    while stack:
+        item = stack.pop()
+        if isinstance(item, dict):
+            ids.add(id(item))
+            stack.extend(item.values())
+        elif isinstance(item, (list, tuple)):
+            ids.add(id(item))
+            stack.extend(item)
+    return ids
+
+
+def test_turn_limits_stops_and_sampling_fields() -> None:
+    base = GOLDEN["text_only"][1]
+    chat = parse_chat_request({**base["chat"], "max_tokens": 50, "max_completion_tokens": 9, "stop": ["A", ""],
+                               "seed": 3, "logprobs": True, "temperature": 0.1, "top_p": 0.2, "n": 2})
+    assert (chat.turn.max_new_tokens, chat.turn.stop, chat.turn.seed, chat.turn.logprobs) == (9, ("A",), 3, True)
+    assert parse_chat_request({**base["chat"], "max_tokens": 50}).turn.max_new_tokens == 50
+    responses = parse_responses_request({**base["responses"], "max_output_tokens": 12, "temperature": 2.0,
+                                         "previous_response_id": "resp_x", "stop": "ignored", "seed": 1})
+    assert (responses.turn.max_new_tokens, responses.turn.stop, responses.turn.seed) == (12, (), None)
+    assert not responses.turn.logprobs
+    messages = parse_messages_request({**base["messages"], "stop_sequences": ["END", "STOP"], "top_k": 5})
+    assert (messages.turn.max_new_tokens, messages.turn.stop) == (64, ("END", "STOP"))
+    assert {chat.turn.protocol, responses.turn.protocol, messages.turn.protocol} == {"chat", "responses", "messages"}
+
+
+@pytest.mark.parametrize(("protocol", "patch", "kwargs"), [
+    ("responses", {"reasoning": {"effort": "minimal"}}, {"enable_thinking": True}),
+    ("responses", {"reasoning": {"effort": "max"}}, {"enable_thinking": True}),
+    ("responses", {"reasoning": {"effort": "turbo"}}, {}),
+    ("responses", {"reasoning": {"summary": "auto"}}, {}),
+    ("responses", {"reasoning": None}, {}),
+    ("messages", {"thinking": {"type": "adaptive"}}, {"enable_thinking": True}),
+    ("messages", {"thinking": {"type": "sometimes"}}, {}),
+])
+def test_thinking_switches(protocol: str, patch: dict, kwargs: dict) -> None:
+    body = {**GOLDEN["text_only"][1][protocol], **patch}
+    assert PARSERS[protocol](body).turn.conversation.template_kwargs == kwargs
+
+
+def test_dropped_items_and_roles_are_tolerated() -> None:
+    responses = parse_responses_request({"input": [
+        {"role": "user", "content": "Hi"}, {"role": "tool", "content": "x"},
+        {"type": "item_reference", "id": "x"}, {"type": "message", "role": "user",
+                                                 "content": [{"type": "input_file", "file_id": "f"},
+                                                             {"type": "input_text", "text": "!"}]}]})
+    assert list(responses.turn.conversation.messages) == [{"role": "user", "content": "Hi"},
+                                                          {"role": "user", "content": "!"}]
+    messages = parse_messages_request(_anthropic([{"role": "system", "content": "no"},
+                                                  {"role": "user", "content": [{"type": "document"},
+                                                                               {"type": "text", "text": "Hi"}]}]))
+    assert list(messages.turn.conversation.messages) == [{"role": "user", "content": "Hi"}]
+
+
+REJECTED = [
+    ("chat", {"messages": [{"role": "developer", "content": "x"}]}, "messages[0].role", "must be one of"),
+    ("chat", {"messages": []}, None, None),
+    ("chat", {"messages": [{"role": "user", "content": "x"}], "stop": [1]}, "stop", "stop must be a string or list"),
+    ("chat", {"messages": [{"role": "user", "content": "x"}], "seed": 2**70}, "seed", "seed must be between"),
+    ("chat", {"messages": [{"role": "user", "content": "x"}], "max_completion_tokens": 0}, "max_completion_tokens",
+     "max_completion_tokens must be a positive integer"),
+    ("responses", {}, "input", "input is required and must be a string or list"),
+    ("responses", {"input": ""}, "input", "input must not be empty"),
+    ("responses", {"input": "x", "instructions": ""}, "instructions", "instructions must be a non-empty string"),
+    ("responses", {"input": [3]}, "input[0]", "input[0] must be an object"),
+    ("responses", {"input": [{"role": "user", "content": [{"type": "input_text", "text": ""}]}]},
+     "input[0].content[0].text", "must be a non-empty string"),
+    ("responses", {"input": [{"role": "user", "content": [{"type": "input_image"}]}]},
+     "input[0].content[0].image_url", "must be a non-empty string"),
+    ("responses", {"input": [{"role": "user", "content": "x"}, {"role": "assistant", "content": ""}]},
+     "input[1].content", "input[1].content projected to no supported content"),
+    ("responses", {"input": [{"type": "function_call", "call_id": "c", "name": "f", "arguments": {"a": 1}}]},
+     "input[0].arguments", "must be a JSON string"),
+    ("responses", {"input": [{"role": "user", "content": "x"},
+                             {"type": "function_call", "call_id": "c", "name": "f", "arguments": "[1]"}]},
+     "input[1].arguments", None),
+    ("responses", {"input": [{"role": "user", "content": "x"},
+                             {"type": "function_call", "call_id": "c", "name": "f", "arguments": '{"a":1,"a":2}'}]},
+     "input[1].arguments", "duplicate key"),
+    ("responses", {"input": [{"type": "function_call_output", "call_id": "", "output": "x"}]},
+     "input[0].call_id", "must be a non-empty string"),
+    ("responses", {"input": [{"type": "function_call_output", "call_id": "c", "output": 3}]},
+     "input[0].output", None),
+    ("responses", {"input": "x", "tools": [{"type": "function", "name": "f", "parameters": []}]},
+     "tools[0].parameters", "must be a JSON object"),
+    ("responses", {"input": "x", "tools": [{"type": "function", "name": ""}]}, "tools[0].name", None),
+    ("responses", {"input": "x", "reasoning": "high"}, "reasoning", "reasoning must be an object"),
+    ("responses", {"input": "x", "reasoning": {"effort": 1}}, "reasoning.effort", None),
+    ("responses", {"input": "x", "max_output_tokens": "9"}, "max_output_tokens", None),
+    ("responses", {"input": [{"role": "user", "content": "x\ud800"}]}, "input[0]", "valid UTF-8"),
+    ("messages", {"max_tokens": 5}, "messages", "messages is required and must be a list"),
+    ("messages", {"messages": [{"role": "user", "content": "x"}]}, "max_tokens", "max_tokens is required"),
+    ("messages", {"max_tokens": True, "messages": [{"role": "user", "content": "x"}]}, "max_tokens", None),
+    ("messages", _anthropic([{"role": "user", "content": ""}]), "messages[0].content", "must not be empty"),
+    ("messages", _anthropic([{"role": "user", "content": []}]), "messages[0].content",
+     "messages[0].content projected to no supported content"),
+    ("messages", _anthropic([{"role": "user", "content": [{"type": "image", "source": {"type": "file"}}]}]),
+     "messages[0].content[0].source.type", "is not supported"),
+    ("messages", _anthropic([{"role": "user", "content": [
+        {"type": "image", "source": {"type": "base64", "media_type": "text/plain", "data": "x"}}]}]),
+     "messages[0].content[0].source.media_type", None),
+    ("messages", _anthropic([{"role": "user", "content": "x"}, {"role": "assistant", "content": [
+        {"type": "tool_use", "id": "t", "name": "f", "input": "{}"}]}]), "messages[1].content[0].input", None),
+    ("messages", _anthropic([{"role": "user", "content": "x"}, {"role": "assistant", "content": [
+        {"type": "thinking", "thinking": 5}]}]), "messages[1].content[0].thinking", None),
+    ("messages", _anthropic([{"role": "user", "content": "x"}, {"role": "assistant", "content": [
+        {"type": "tool_use", "id": "t", "name": "f", "input": {"x": [1, {"y": float("nan")}]}}]}]),
+     "messages[1].content[0].input", None),
+    ("messages", _anthropic([{"role": "user", "content": [
+        {"type": "tool_result", "tool_use_id": "t", "content": [{"type": "image"}]}]}]),
+     "messages[0].content[0].content", "projected to no supported content"),
+    ("messages", _anthropic([{"role": "user", "content": "x"}], system=""), "system", None),
+    ("messages", _anthropic([{"role": "user", "content": "x"}], stop_sequences="END"), "stop_sequences", None),
+    ("messages", _anthropic([{"role": "user", "content": "x"}], thinking={"type": 3}), "thinking.type", None),
+    ("messages", _anthropic([{"role": "user", "content": "x"}], tools=[{"name": "f"}]),
+     "tools[0].input_schema", None),
+]
+
+
+@pytest.mark.parametrize(("protocol", "body", "param", "text"), REJECTED)
+def test_rejections_name_the_request_path(protocol: str, body: dict, param: str | None, text: str | None) -> None:
+    if param is None:  # an empty Chat history is rejected by the app, not the parser
+        assert PARSERS[protocol](body).turn.conversation.messages == ()
+        return
+    with pytest.raises(InvalidRequestError) as info:
+        PARSERS[protocol](body)
+    assert info.value.param == param
+    assert info.value.message.startswith(param) or info.value.param in ("input", "messages", "max_tokens")
+    if text is not None:
+        assert text in info.value.message

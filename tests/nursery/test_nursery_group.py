@@ -1,0 +1,180 @@
+"""Groups: the first-request barrier, drops on any Session failure, and no surviving agents."""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+import pytest
+import trio
+
+from relaxtrio.api.app import create_app, serve_api
+from relaxtrio.engine.compiler import ChatCompiler
+from relaxtrio.engine.model import load_tokenizer
+from relaxtrio.forest import SessionForest
+from relaxtrio.nursery.agent import ActiveBudget, AgentConfig
+from relaxtrio.nursery.group import Group, run_group
+from relaxtrio.nursery.session import Session, SessionRegistry, new_session_id
+from relaxtrio.rollout.turns import EngineTurnHandler, GenerationConfig
+from support.agents import write_httpx_agent
+from support.scripted_engine import Reply, ScriptedEngine
+
+
+def _alive(pid: int) -> bool:
+    try:
+        stat = Path(f"/proc/{pid}/stat").read_text()
+    except OSError:
+        return False
+    return stat[stat.rfind(")") + 2:].split()[0] != "Z"
+
+
+@pytest.fixture
+def tokenizer(tiny_model_dir: Path):
+    return load_tokenizer(tiny_model_dir)
+
+
+def _group(n: int, timeout_s: float = 60.0) -> Group:
+    group = Group(group_id="train:group_t")
+    for i in range(n):
+        sid = new_session_id()
+        group.sessions.append(Session(
+            session_id=sid, group=group, index=i,
+            input_payload={"messages": [{"role": "user", "content": f"task {i}"}]},
+            forest=SessionForest(sid), budget=ActiveBudget(total_s=timeout_s)))
+    return group
+
+
+async def _run(group: Group, commands: list[str], engine: ScriptedEngine, tokenizer, tmp_path: Path,
+               env: dict[str, str] | None = None, timeout_s: float = 60.0) -> SessionRegistry:
+    """Runs ``group`` with per-session commands (a wrapper script dispatches on RELAX_SESSION_ID)."""
+    registry = SessionRegistry()
+    dispatch = {s.session_id: cmd for s, cmd in zip(group.sessions, commands, strict=True)}
+    script = "case \"$RELAX_SESSION_ID\" in\n" + "".join(
+        f"  {sid}) exec {cmd} ;;\n" for sid, cmd in dispatch.items()) + "esac\n"
+    (tmp_path / "run.sh").write_text(script)
+    handler = EngineTurnHandler(client=engine, compiler=ChatCompiler(tokenizer),
+                                config=GenerationConfig(max_response_tokens=16))
+    async with trio.open_nursery() as nursery:
+        base_url = await nursery.start(serve_api, create_app(registry, handler))
+        await run_group(group, agent=AgentConfig(command="bash run.sh", cwd=tmp_path, env=env or {},
+                                                 timeout_s=timeout_s, term_grace_s=0.5),
+                        base_url=base_url, registry=registry)
+        nursery.cancel_scope.cancel()
+    return registry
+
+
+async def test_group_completes_and_exports_in_session_order(tokenizer, tmp_path: Path) -> None:
+    cmd = write_httpx_agent(tmp_path)
+    engine = ScriptedEngine(tokenizer=tokenizer, eos_id=tokenizer.eos_token_id,
+                            replies=lambda ids: Reply(text="fine"))
+    group = _group(3)
+    with trio.fail_after(60):
+        registry = await _run(group, [f"{cmd} ok"] * 3, engine, tokenizer, tmp_path,
+                              env={"AGENT_TURNS": "2", "AGENT_REWARD": "0.25"})
+    assert not group.dropped, group.dropped_reason
+    assert len(registry) == 0
+    assert [len(s.samples) for s in group.sessions] == [1, 1, 1]
+    assert all(s.samples[0].reward == 0.25 for s in group.sessions)
+    assert all(s.samples[0].metadata["rollout_turns"] == 2 for s in group.sessions)
+    assert len(engine.calls) == 6
+
+
+async def test_first_request_barrier_holds_generation(tokenizer, tmp_path: Path) -> None:
+    cmd = write_httpx_agent(tmp_path)
+    engine = ScriptedEngine(tokenizer=tokenizer, eos_id=tokenizer.eos_token_id,
+                            replies=lambda ids: Reply(text="fine"))
+    group = _group(2)
+    flag = tmp_path / "go"
+    seen_before_release = []
+
+    async def release() -> None:
+        while not group.sessions[0].num_requests:
+            await trio.sleep(0.02)
+        await trio.sleep(0.3)  # session 0 waits at the barrier meanwhile
+        seen_before_release.append(len(engine.calls))
+        flag.write_text("go")
+
+    with trio.fail_after(60):
+        async with trio.open_nursery() as nursery:
+            nursery.start_soon(release)
+            await _run(group, [f"{cmd} ok", f"{cmd} wait_file"], engine, tokenizer, tmp_path,
+                       env={"AGENT_WAIT_FILE": str(flag)})
+    assert seen_before_release == [0], "no generation before every Session sent its first request"
+    assert not group.dropped and len(engine.calls) == 2
+
+
+@pytest.mark.parametrize(
+    ("mode", "reason"),
+    [
+        ("crash_before", "exited with code 1"),
+        ("crash_after", "boom after the request"),
+        ("silent", "implicit export requires one committed leaf, found 0"),
+        ("array_output", "JSONL"),
+        ("garbage_output", "invalid output"),
+    ],
+)
+async def test_failed_session_drops_group_and_kills_siblings(
+    mode: str, reason: str, tokenizer, tmp_path: Path
+) -> None:
+    cmd = write_httpx_agent(tmp_path)
+    pid_file = tmp_path / "pids"
+    engine = ScriptedEngine(tokenizer=tokenizer, eos_id=tokenizer.eos_token_id,
+                            replies=lambda ids: Reply(text="fine"))
+    group = _group(3)
+    with trio.fail_after(60):
+        await _run(group, [f"{cmd} hang", f"{cmd} {mode}", f"{cmd} hang"], engine, tokenizer, tmp_path,
+                   env={"AGENT_PID_FILE": str(pid_file)})
+    assert group.dropped and reason in group.dropped_reason
+    assert group.samples() == []
+    if pid_file.exists():
+        for pid in map(int, pid_file.read_text().split()):
+            assert not _alive(pid)
+    assert {s.status for s in group.sessions} <= {"failed", "cancelled", "completed"}
+    assert group.sessions[1].status == "failed"
+
+
+async def test_timeout_drops_group_and_leaves_no_process(tokenizer, tmp_path: Path) -> None:
+    cmd = write_httpx_agent(tmp_path)
+    pid_file = tmp_path / "pids"
+    engine = ScriptedEngine(tokenizer=tokenizer, eos_id=tokenizer.eos_token_id,
+                            replies=lambda ids: Reply(text="fine"))
+    group = _group(2, timeout_s=3.0)
+    with trio.fail_after(60):
+        await _run(group, [f"{cmd} ok", f"{cmd} hang"], engine, tokenizer, tmp_path,
+                   env={"AGENT_PID_FILE": str(pid_file)}, timeout_s=3.0)
+    assert group.dropped and "timed out after 3 s" in group.dropped_reason
+    pids = [int(p) for p in pid_file.read_text().split()]
+    assert pids and not any(_alive(pid) for pid in pids)
+
+
+async def test_cancelling_the_run_leaves_no_agent(tokenizer, tmp_path: Path) -> None:
+    cmd = write_httpx_agent(tmp_path)
+    pid_file = tmp_path / "pids"
+    gate = trio.Event()
+    engine = ScriptedEngine(tokenizer=tokenizer, eos_id=tokenizer.eos_token_id,
+                            replies=lambda ids: Reply(text="fine", gate=gate))
+    group = _group(2)
+    with trio.fail_after(60):
+        async with trio.open_nursery() as outer:
+            async def cancel_when_generating() -> None:
+                while len(engine.calls) < 2:
+                    await trio.sleep(0.02)
+                outer.cancel_scope.cancel()
+            outer.start_soon(cancel_when_generating)
+            await _run(group, [f"{cmd} hang", f"{cmd} hang"], engine, tokenizer, tmp_path,
+                       env={"AGENT_PID_FILE": str(pid_file)})
+    assert sorted(engine.aborted) == sorted(rid for _, _, rid in engine.calls), "engine requests aborted"
+    for session in group.sessions:
+        assert session.status == "cancelled"
+    # No process of any Session survives (the agents never wrote pids: they were waiting on HTTP).
+    own = os.getpid()
+    leftovers = []
+    for entry in Path("/proc").iterdir():
+        if entry.name.isdigit():
+            try:
+                cmdline = (entry / "cmdline").read_bytes()
+            except OSError:
+                continue
+            if b"httpx_agent.py" in cmdline and int(entry.name) != own and _alive(int(entry.name)):
+                leftovers.append(int(entry.name))
+    assert leftovers == []

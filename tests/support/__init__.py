@@ -1,0 +1,1 @@
+"""Shared test helpers (not tests): scripted engine, tiny models, agent scripts."""

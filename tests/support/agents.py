@@ -1,0 +1,61 @@
+"""Agent programs for tests, written to disk and run as real subprocesses (``bash -lc``)."""
+
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+
+PYTHON = sys.executable
+
+# A plain-httpx agent: `turns` chat calls with a growing history, then writes its output.
+HTTPX_AGENT = r'''
+import json, os, sys, time
+import httpx
+
+mode = sys.argv[1] if len(sys.argv) > 1 else "ok"
+turns = int(os.environ.get("AGENT_TURNS", "1"))
+task = json.load(open(os.environ["RELAX_INPUT_JSON"]))
+messages = task["messages"] or [{"role": "user", "content": "hello"}]
+if mode == "wait_file":
+    while not os.path.exists(os.environ["AGENT_WAIT_FILE"]):
+        time.sleep(0.02)
+if mode == "crash_before":
+    print("agent crashed before its first request", file=sys.stderr)
+    sys.exit(1)
+if mode == "silent":
+    sys.exit(0)
+url = os.environ["RELAX_BASE_URL"].rstrip("/") + "/v1/chat/completions"
+headers = {"Authorization": "Bearer " + os.environ["RELAX_SESSION_ID"]}
+with httpx.Client(timeout=600) as client:
+    for turn in range(turns):
+        r = client.post(url, json={"model": "m", "messages": messages}, headers=headers)
+        if r.status_code != 200:
+            print("HTTP", r.status_code, r.text, file=sys.stderr)
+            sys.exit(2)
+        messages.append(r.json()["choices"][0]["message"])
+        if turn + 1 < turns:
+            messages.append({"role": "user", "content": f"continue {turn}"})
+if mode == "hang":
+    import subprocess
+    subprocess.Popen(["sleep", "3600"])
+    open(os.environ["AGENT_PID_FILE"], "a").write(f"{os.getpid()}\n")
+    time.sleep(3600)
+if mode == "crash_after":
+    print("boom after the request", file=sys.stderr)
+    sys.exit(7)
+out = os.environ["RELAX_OUTPUT_JSON"]
+if mode == "array_output":
+    open(out, "w").write("[1, 2]")
+elif mode == "garbage_output":
+    open(out, "w").write("{{{ not json")
+else:
+    reward = os.environ.get("AGENT_REWARD", "1.0")
+    reward = float(hash(os.environ["RELAX_SESSION_ID"]) % 1000) / 1000 if reward == "random" else float(reward)
+    open(out, "w").write(json.dumps({"reward": reward, "metadata": {"mode": mode}}))
+'''
+
+
+def write_httpx_agent(directory: Path) -> str:
+    """Writes the httpx agent into ``directory``; returns the command that runs it (append a mode)."""
+    (directory / "httpx_agent.py").write_text(HTTPX_AGENT)
+    return f"{PYTHON} httpx_agent.py"
