@@ -5,13 +5,12 @@ Routes live under :data:`ROUTE_PREFIX` (``/agentic_api``); the base URL handed t
 it (the openai SDK ``chat/completions`` and ``responses``, the anthropic SDK ``/v1/messages``),
 so both the ``/v1`` routes and the unversioned aliases are served:
 
-==========================  ===================================================
-``POST /v1/chat/completions``  OpenAI Chat Completions (alias ``/chat/completions``, ``/``)
-``POST /v1/responses``         OpenAI Responses (alias ``/responses``)
-``POST /v1/messages``          Anthropic Messages (alias ``/messages``)
-``GET  /v1/models``            the served model id (alias ``/models``)
-``GET  /health``               liveness and the number of live Sessions
-==========================  ===================================================
+* ``POST /v1/chat/completions`` — OpenAI Chat Completions (aliases ``/chat/completions``, ``/``);
+* ``POST /v1/responses`` — OpenAI Responses (alias ``/responses``);
+* ``POST /v1/messages`` — Anthropic Messages (alias ``/messages``);
+* ``GET /v1/models`` — the served model id (alias ``/models``);
+* ``GET /health`` — liveness and the number of live Sessions (also ``/healthz``, and both at the
+  server root).
 
 Every model request authenticates with its Session id (:mod:`.auth`): missing or malformed
 credential → 401, unknown or finished Session → 404 ``session_discarded``. Then the body is read

@@ -20,7 +20,7 @@ import time
 from collections.abc import Mapping
 from typing import Any, Final
 
-from .._errors import RelaxError
+from .._errors import InvalidRequestError, RelaxError
 from ..forest import Conversation
 from ..nursery.turns import TurnRequest, TurnResult
 from .errors import openai_error_body
@@ -40,6 +40,8 @@ def parse_chat_request(body: Mapping[str, Any]) -> ParsedRequest:
     conversation = Conversation.from_wire(
         body.get("messages"), body.get("tools"), body.get("chat_template_kwargs")
     )
+    if not conversation.messages:
+        raise InvalidRequestError("messages projected to zero supported messages", param="messages")
     max_completion = optional_positive_int(body, "max_completion_tokens")
     max_legacy = optional_positive_int(body, "max_tokens")
     turn = TurnRequest(

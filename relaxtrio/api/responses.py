@@ -303,7 +303,7 @@ def render_response(result: TurnResult, request: ParsedRequest) -> dict[str, Any
 
 
 def _created(response: Mapping[str, Any]) -> bytes:
-    created = {**response, "status": "in_progress", "output": [], "incomplete_details": None}
+    created = {**response, "status": "in_progress", "output": [], "incomplete_details": None, "error": None}
     created.pop("usage", None)
     return sse_event("response.created", {"type": "response.created", "sequence_number": 0, "response": created})
 
@@ -327,8 +327,9 @@ def render_responses_sse(result: TurnResult, request: ParsedRequest) -> bytes:
 def render_responses_sse_error(exc: RelaxError, request: ParsedRequest | None) -> bytes:
     """response.created, then response.failed (status failed, the OpenAI error, no output)."""
     failed = _response_shell(request, "failed")
+    created = _created(failed)
     failed["error"] = openai_error_body(exc)["error"]
-    return _created(failed) + sse_event(
+    return created + sse_event(
         "response.failed", {"type": "response.failed", "sequence_number": 1, "response": failed}
     )
 

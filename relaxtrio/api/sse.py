@@ -109,6 +109,11 @@ class BufferedSse(ResponseBody):
         return self._receive
 
     async def _wait_turn(self) -> None:
+        """Waits for the turn and records its result or error; never raises.
+
+        Cancellation:
+            Cancelled when the body closes early; only this wait stops, the turn goes on.
+        """
         outcome = self._outcome
         try:
             outcome.result = await self._run_turn()
@@ -121,6 +126,11 @@ class BufferedSse(ResponseBody):
             outcome.done.set()
 
     async def _produce(self, send: trio.MemorySendChannel[bytes]) -> None:
+        """Sends the connection frame, heartbeats on an absolute schedule, then the terminal.
+
+        Cancellation:
+            Cancelled when the body closes early; the channel is closed on the way out.
+        """
         async with send:
             await send.send(self._adapter.connected_frame)
             deadline = trio.current_time() + self._heartbeat_s

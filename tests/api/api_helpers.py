@@ -12,7 +12,7 @@ import attrs
 import trio
 
 from relaxtrio.engine.compiler import ChatCompiler
-from relaxtrio.forest import SessionForest
+from relaxtrio.forest import ResponseNode, SessionForest, export_samples
 from relaxtrio.nursery.agent import ActiveBudget
 from relaxtrio.nursery.group import Group
 from relaxtrio.nursery.session import Session, SessionRegistry, new_session_id
@@ -80,13 +80,23 @@ def scripted_pipeline(
     replies: list[Reply] | Callable[[tuple[int, ...]], Reply],
     *,
     reasoning_parser: str | None = "qwen3",
-    max_response_tokens: int = 64,
+    max_response_tokens: int = 256,
 ) -> tuple[EngineTurnHandler, ScriptedEngine]:
     """The real turn pipeline (match → render → generate → parse → commit) on a scripted engine."""
     engine = ScriptedEngine(tokenizer=compiler.tokenizer, eos_id=compiler.tokenizer.eos_token_id, replies=replies)
     config = GenerationConfig(max_response_tokens=max_response_tokens, tool_call_parser="hermes",
                               reasoning_parser=reasoning_parser)
     return EngineTurnHandler(client=engine, compiler=compiler, config=config), engine  # type: ignore[arg-type]
+
+
+def assert_one_lineage(session: Session, responses: int) -> None:
+    """Every turn extended the previous one: one leaf, ``responses`` response nodes on its path."""
+    leaves = session.forest.leaves()
+    assert len(leaves) == 1, f"expected one lineage, got {len(leaves)} leaves"
+    lineage = session.forest.lineage(leaves[0])
+    assert sum(isinstance(node, ResponseNode) for node in lineage) == responses
+    [sample] = export_samples(session.forest, None)
+    assert sum(sample.loss_mask) > 0
 
 
 def tool_call_text(name: str, arguments: dict[str, Any]) -> str:

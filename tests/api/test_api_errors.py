@@ -1,0 +1,158 @@
+"""Errors in each protocol's own envelope, with the right status and retry header; never HTML."""
+
+from __future__ import annotations
+
+import json
+
+import httpx
+import pytest
+import trio
+
+from api_helpers import ENDPOINTS, ScriptedHandler, open_session, post
+from relaxtrio import (
+    BackendError,
+    ClientDisconnectError,
+    ContextLengthExceededError,
+    OverloadedError,
+    SessionAbortedError,
+)
+from relaxtrio.api.app import create_app, serve_api
+from relaxtrio.api.config import ApiConfig
+from relaxtrio.api.errors import error_body, error_response, http_status, should_retry
+from relaxtrio.nursery.session import SessionRegistry
+
+VALID = {
+    "chat": {"messages": [{"role": "user", "content": "hi"}]},
+    "responses": {"input": "hi"},
+    "messages": {"max_tokens": 5, "messages": [{"role": "user", "content": "hi"}]},
+}
+
+
+def _kind(protocol: str, body: dict) -> str:
+    """The error type, read from the protocol's own envelope (and checking its shape)."""
+    if protocol == "messages":
+        assert set(body) == {"type", "error"} and body["type"] == "error"
+        assert set(body["error"]) == {"type", "message"}
+        return body["error"]["type"]
+    assert set(body) == {"error"} and set(body["error"]) == {"message", "type", "param", "code"}
+    return body["error"]["type"]
+
+
+@pytest.mark.parametrize("protocol", sorted(ENDPOINTS))
+async def test_auth_and_session_errors(protocol: str, registry: SessionRegistry) -> None:
+    app = create_app(registry, ScriptedHandler())
+    path = ENDPOINTS[protocol]
+    status, body, headers = await post(app, path, VALID[protocol])
+    assert status == 401 and _kind(protocol, body) == "authentication_error"
+    status, body, _ = await post(app, path, VALID[protocol], headers={"Authorization": "Basic abc"})
+    assert status == 401 and "Bearer <token>" in json.dumps(body)
+    status, body, _ = await post(app, path, VALID[protocol], headers={"Authorization": "Bearer "})
+    assert status == 401
+    status, body, headers = await post(app, path, VALID[protocol], token="session-gone")
+    assert status == 404 and _kind(protocol, body) == "not_found_error"
+    assert headers["x-should-retry"] == "false"
+    if protocol != "messages":
+        assert body["error"]["code"] == "session_discarded"
+    async with open_session(registry) as session:
+        status, _, _ = await post(app, path, VALID[protocol], headers={"x-api-key": session.session_id})
+        assert status == 200
+        status, _, _ = await post(app, path, VALID[protocol],
+                                  headers={"x-api-key": "wrong", "Authorization": f"Bearer {session.session_id}"})
+        assert status == 200  # Authorization wins over x-api-key
+
+
+@pytest.mark.parametrize("protocol", sorted(ENDPOINTS))
+async def test_body_errors_are_400_naming_the_body(protocol: str, registry: SessionRegistry) -> None:
+    app = create_app(registry, ScriptedHandler())
+    async with open_session(registry) as session:
+        for raw in (b"", b"{", b"[1]", b'"x"', b"\xff\xfe\xfa", b'{"a": NaN}', b"[" * 100_000):
+            status, body, headers = await post(app, ENDPOINTS[protocol], raw=raw, token=session.session_id)
+            assert status == 400, raw[:20]
+            assert _kind(protocol, body) == "invalid_request_error"
+            assert "x-should-retry" not in headers
+            if protocol != "messages":
+                assert body["error"]["param"] == "body"
+
+
+@pytest.mark.parametrize("protocol", sorted(ENDPOINTS))
+async def test_too_large_body_is_413_json(protocol: str, registry: SessionRegistry) -> None:
+    app = create_app(registry, ScriptedHandler(), config=ApiConfig(max_body_bytes=2048))
+    async with open_session(registry) as session:
+        big = {**VALID[protocol], "pad": "x" * 4096}
+        status, body, headers = await post(app, ENDPOINTS[protocol], big, token=session.session_id)
+    assert status == 413 and headers["Content-Type"] == "application/json"
+    assert _kind(protocol, body) == ("request_too_large" if protocol == "messages" else "invalid_request_error")
+
+
+@pytest.mark.parametrize("protocol", sorted(ENDPOINTS))
+async def test_unexpected_and_backend_errors_reveal_nothing(protocol: str, registry: SessionRegistry) -> None:
+    for error in (RuntimeError("secret at /srv/x.py"), BackendError("engine 10.0.0.7 returned 502")):
+        app = create_app(registry, ScriptedHandler(error=error))
+        async with open_session(registry) as session:
+            status, body, headers = await post(app, ENDPOINTS[protocol], VALID[protocol], token=session.session_id)
+        assert status == 500 and headers["x-should-retry"] == "false"
+        assert _kind(protocol, body) == ("api_error" if protocol == "messages" else "internal_error")
+        text = json.dumps(body)
+        assert "secret" not in text and "10.0.0.7" not in text
+        assert "Internal error while handling agentic request." in text
+
+
+@pytest.mark.parametrize("protocol", sorted(ENDPOINTS))
+async def test_client_errors_from_the_turn_keep_their_message(protocol: str, registry: SessionRegistry) -> None:
+    error = ContextLengthExceededError("This model's maximum context length is 8 tokens.", param="messages")
+    app = create_app(registry, ScriptedHandler(error=error))
+    async with open_session(registry) as session:
+        status, body, headers = await post(app, ENDPOINTS[protocol], VALID[protocol], token=session.session_id)
+    assert status == 400 and "x-should-retry" not in headers
+    assert "maximum context length is 8 tokens" in json.dumps(body)
+    if protocol != "messages":
+        assert body["error"]["code"] == "context_length_exceeded" and body["error"]["param"] == "messages"
+
+
+async def test_unknown_routes_and_methods_are_json(registry: SessionRegistry) -> None:
+    app = create_app(registry, ScriptedHandler())
+    async with app.test_app() as test_app:
+        client = test_app.test_client()
+        for method, path, status in [("GET", "/agentic_api/nope", 404), ("POST", "/", 404),
+                                     ("GET", "/agentic_api/v1/messages", 405), ("PUT", "/agentic_api/v1/responses", 405),
+                                     ("DELETE", "/agentic_api/v1/models", 405)]:
+            response = await client.open(path, method=method)
+            assert response.status_code == status, (method, path)
+            assert response.headers["Content-Type"] == "application/json"
+            body = await response.get_json()
+            assert body["type"] == "error" if path.endswith("/messages") else "error" in body
+        models = await (await client.get("/agentic_api/v1/models")).get_json()
+        assert models["data"][0]["id"] == "relaxtrio"
+        assert (await (await client.get("/agentic_api/health")).get_json()) == {"ok": True, "active_sessions": 0}
+
+
+async def test_malformed_http_gets_no_html(registry: SessionRegistry) -> None:
+    app = create_app(registry, ScriptedHandler())
+    with trio.fail_after(20):
+        async with trio.open_nursery() as nursery:
+            url = httpx.URL(await nursery.start(serve_api, app))
+            for garbage in (b"NOT HTTP AT ALL\r\n\r\n", b"POST /agentic_api/v1/messages HTTP/1.1\r\n\x00\x01\r\n\r\n",
+                            b"POST /x HTTP/1.1\r\nContent-Length: nope\r\n\r\n"):
+                async with await trio.open_tcp_stream(url.host, url.port) as sock:
+                    await sock.send_all(garbage)
+                    received = b""
+                    while chunk := await sock.receive_some():
+                        received += chunk
+                head, _, payload = received.partition(b"\r\n\r\n")
+                assert head.startswith(b"HTTP/1.1 400"), received[:80]
+                assert b"<html" not in received.lower() and payload == b""
+            nursery.cancel_scope.cancel()
+
+
+def test_envelope_table() -> None:
+    disconnect = ClientDisconnectError("client disconnected before agentic completion was produced")
+    assert http_status(disconnect, "chat") == 499
+    assert error_body(disconnect, "chat")["error"]["type"] == "client_disconnect"
+    assert error_body(disconnect, "chat")["error"]["code"] == "client_disconnect"
+    overloaded = OverloadedError("busy")
+    assert (http_status(overloaded, "chat"), http_status(overloaded, "messages")) == (503, 529)
+    assert should_retry(overloaded, "chat") and should_retry(overloaded, "messages")
+    aborted = SessionAbortedError("Unknown or discarded agentic session 's'.")
+    assert not should_retry(aborted, "chat") and not should_retry(aborted, "messages")
+    response = error_response(BackendError("boom"), "messages")
+    assert response.status_code == 500 and response.headers["x-should-retry"] == "false"

@@ -1,0 +1,129 @@
+"""The official anthropic SDK against the real server, as an agent uses it (base URL unchanged,
+``x-api-key`` credential): JSON, streaming, tool_use → tool_result, and thinking blocks."""
+
+from __future__ import annotations
+
+from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
+from typing import Any
+
+import anthropic
+import pytest
+import trio
+
+from api_helpers import ScriptedHandler, assert_one_lineage, open_session, scripted_pipeline, tool_call_text
+from relaxtrio import BackendError
+from relaxtrio.api.app import create_app, serve_api
+from relaxtrio.engine.compiler import ChatCompiler
+from relaxtrio.nursery.session import Session, SessionRegistry
+from support.scripted_engine import Reply
+
+pytestmark = pytest.mark.filterwarnings(
+    r"ignore:Async generator '(anthropic|httpx2|httpcore2)\.:ResourceWarning")
+
+TOOLS = [{"name": "get_weather", "description": "Weather",
+          "input_schema": {"type": "object", "properties": {"city": {"type": "string"}}}}]
+
+
+@asynccontextmanager
+async def served(registry: SessionRegistry, handler: Any) -> AsyncIterator[tuple[anthropic.AsyncAnthropic, Session]]:
+    app = create_app(registry, handler)
+    with trio.fail_after(30):
+        async with trio.open_nursery() as nursery, open_session(registry) as session:
+            base_url = await nursery.start(serve_api, app)
+            client = anthropic.AsyncAnthropic(base_url=base_url, api_key=session.session_id, max_retries=0)
+            try:
+                yield client, session
+            finally:
+                await client.close()
+                nursery.cancel_scope.cancel()
+
+
+def _echo(content: list[Any]) -> list[dict[str, Any]]:
+    """What an agent sends back: the SDK blocks as plain dicts."""
+    return [block.model_dump(exclude_none=True) for block in content]
+
+
+async def test_messages_json_tool_use_thinking_round_trip(registry: SessionRegistry, compiler: ChatCompiler) -> None:
+    handler, engine = scripted_pipeline(compiler, [
+        Reply(text="<think>Need data.</think>Checking." + tool_call_text("get_weather", {"city": "Bern", "days": 2.0})),
+        Reply(text="<think>Got it.</think>Cold in Bern."),
+    ])
+    async with served(registry, handler) as (client, session):
+        messages: list[dict[str, Any]] = [{"role": "user", "content": "Weather in Bern?"}]
+        first = await client.messages.create(model="claude-x", max_tokens=200, system="Be brief.",
+                                             messages=messages, tools=TOOLS,
+                                             thinking={"type": "enabled", "budget_tokens": 100},
+                                             extra_body={"temperature": 0.5, "top_k": 3})
+        assert first.stop_reason == "tool_use" and first.model == "claude-x"
+        assert [block.type for block in first.content] == ["thinking", "text", "tool_use"]
+        thinking, text, tool_use = first.content
+        assert thinking.thinking == "Need data." and thinking.signature.startswith("sig_")
+        assert text.text == "Checking."
+        assert tool_use.input == {"city": "Bern", "days": 2}  # canonical arguments: integral float → int
+        assert tool_use.id == session.forest.leaves()[0].message["tool_calls"][0]["id"]
+        assert first.usage.input_tokens == len(engine.calls[0][0])
+        assert first.usage.output_tokens == len(session.forest.leaves()[0].token_ids)
+        messages.append({"role": "assistant", "content": _echo(first.content)})
+        messages.append({"role": "user", "content": [
+            {"type": "tool_result", "tool_use_id": tool_use.id, "content": [{"type": "text", "text": "-5 C"}]}]})
+        second = await client.messages.create(model="claude-x", max_tokens=200, system="Be brief.",
+                                              messages=messages, tools=TOOLS,
+                                              thinking={"type": "enabled", "budget_tokens": 100})
+        assert second.stop_reason == "end_turn"
+        assert [(b.type, getattr(b, "text", None)) for b in second.content] == [("thinking", None),
+                                                                               ("text", "Cold in Bern.")]
+        assert_one_lineage(session, responses=2)
+        root = session.forest.subtree_root(session.forest.leaves()[0])
+        assert root.template_kwargs == {"enable_thinking": True}
+
+
+async def test_messages_stream_tool_use_then_text(registry: SessionRegistry, compiler: ChatCompiler) -> None:
+    handler, _ = scripted_pipeline(compiler, [
+        Reply(text="<think>Plan.</think>" + tool_call_text("get_weather", {"city": "Kyiv"})),
+        Reply(text="Warm.", finish="length"),
+    ])
+    async with served(registry, handler) as (client, session):
+        messages: list[dict[str, Any]] = [{"role": "user", "content": [{"type": "text", "text": "Kyiv?"}]}]
+        async with client.messages.stream(model="c", max_tokens=200, messages=messages, tools=TOOLS) as stream:
+            events = [event.type async for event in stream]
+            first = await stream.get_final_message()
+        assert events[0] == "message_start" and events[-1] == "message_stop"
+        assert first.stop_reason == "tool_use"
+        assert [block.type for block in first.content] == ["thinking", "tool_use"]
+        assert first.content[1].input == {"city": "Kyiv"}
+        assert first.content[0].signature.startswith("sig_")
+        assert first.usage.output_tokens > 0
+        messages.append({"role": "assistant", "content": _echo(first.content)})
+        messages.append({"role": "user", "content": [{"type": "tool_result", "tool_use_id": first.content[1].id,
+                                                      "content": "20 C"}]})
+        async with client.messages.stream(model="c", max_tokens=2, messages=messages, tools=TOOLS) as stream:
+            second = await stream.get_final_message()
+        assert second.stop_reason == "max_tokens" and second.usage.output_tokens == 2
+        assert_one_lineage(session, responses=2)
+
+
+async def test_messages_errors_reach_the_sdk_as_typed_exceptions(registry: SessionRegistry,
+                                                                 compiler: ChatCompiler) -> None:
+    handler, _ = scripted_pipeline(compiler, [])
+    async with served(registry, handler) as (client, session):
+        with pytest.raises(anthropic.BadRequestError) as bad:
+            await client.messages.create(model="c", max_tokens=5, messages=[{"role": "user", "content": ""}])
+        assert bad.value.body == {"type": "error", "error": {
+            "type": "invalid_request_error", "message": "messages[0].content must not be empty"}}
+        wrong = anthropic.AsyncAnthropic(base_url=str(client.base_url), api_key="session-unknown", max_retries=0)
+        with pytest.raises(anthropic.NotFoundError):
+            await wrong.messages.create(model="c", max_tokens=5, messages=[{"role": "user", "content": "x"}])
+        await wrong.close()
+
+
+async def test_stream_failure_is_an_error_event_the_sdk_raises(registry: SessionRegistry) -> None:
+    error = BackendError("engine at 10.0.0.7 died")
+    async with served(registry, ScriptedHandler(error=error)) as (client, _):
+        with pytest.raises(anthropic.APIStatusError) as info:
+            async with client.messages.stream(model="c", max_tokens=5,
+                                              messages=[{"role": "user", "content": "x"}]) as stream:
+                await stream.get_final_message()
+        assert "10.0.0.7" not in str(info.value.body)
+        assert info.value.body["error"] == {"type": "api_error",
+                                            "message": "Internal error while handling agentic request."}
