@@ -18,6 +18,7 @@ from pathlib import Path
 import trio
 
 from ._errors import RelaxError
+from .engine.parsers import REASONING_PARSERS, TOOL_CALL_PARSERS
 from .nursery.agent import AgentConfig, parse_agent_env
 from .rollout.step import RolloutConfig
 from .rollout.turns import GenerationConfig
@@ -34,6 +35,8 @@ def _train_parser(sub: argparse._SubParsersAction) -> argparse.ArgumentParser:
     data.add_argument("--prompt-data", type=Path, default=EXAMPLE_DIR / "data" / "train.jsonl")
     data.add_argument("--input-key", default="input")
     data.add_argument("--metadata-key", default="metadata")
+    data.add_argument("--multimodal-keys", type=json.loads, default=None,
+                      help='JSON modality → row field, e.g. \'{"image": "images"}\'')
     data.add_argument("--rollout-shuffle", action=argparse.BooleanOptionalAction, default=True)
     data.add_argument("--rollout-seed", type=int, default=42)
 
@@ -44,6 +47,20 @@ def _train_parser(sub: argparse._SubParsersAction) -> argparse.ArgumentParser:
     roll.add_argument("--over-sampling-batch-size", type=int, default=None)
     roll.add_argument("--agentic-concurrency", type=int, default=None,
                       help="resident Groups (default: --over-sampling-batch-size or --rollout-batch-size)")
+    roll.add_argument("--agentic-prelaunch", action="store_true",
+                      help="start agents while capacity is free; first requests wait for the lease")
+    roll.add_argument("--partial-rollout", action="store_true",
+                      help="abort in-flight generations at step close and resume them next step")
+    roll.add_argument("--partial-rollout-max-aborted-count", type=int, default=None,
+                      help="after this many aborts a Session is protected from later pauses")
+    roll.add_argument("--fully-async", action="store_true",
+                      help="keep Groups generating across steps, also while training")
+    roll.add_argument("--barrier-warn-s", type=float, default=120.0,
+                      help="warn when a Group waits this long for its Sessions' first requests")
+    roll.add_argument("--agent-external-slots", type=int, default=None,
+                      help="hard slot limit of an external agent executor (checked at startup)")
+    roll.add_argument("--skip-capacity-check", action="store_true",
+                      help="start even if --agent-external-slots is below the required slots")
     roll.add_argument("--rollout-temperature", type=float, default=1.0)
     roll.add_argument("--rollout-top-p", type=float, default=1.0)
     roll.add_argument("--rollout-top-k", type=int, default=-1)
@@ -53,9 +70,17 @@ def _train_parser(sub: argparse._SubParsersAction) -> argparse.ArgumentParser:
     roll.add_argument("--rollout-stop-token-ids", nargs="*", type=int, default=[])
     roll.add_argument("--apply-chat-template-kwargs", type=json.loads, default={},
                       help="JSON object merged under each request's chat_template_kwargs")
-    roll.add_argument("--agentic-tool-call-parser", default="hermes")
-    roll.add_argument("--agentic-reasoning-parser", default=None)
+    roll.add_argument("--agentic-tool-call-parser", default="hermes", choices=TOOL_CALL_PARSERS)
+    roll.add_argument("--agentic-reasoning-parser", default=None, choices=REASONING_PARSERS)
     roll.add_argument("--reward-key", default=None, help="primary key of object rewards")
+
+    ev = p.add_argument_group("eval")
+    ev.add_argument("--eval-prompt-data", nargs="+", default=[], metavar="NAME PATH",
+                    help="eval datasets as name/path pairs")
+    ev.add_argument("--n-samples-per-eval-prompt", type=int, default=1)
+    ev.add_argument("--eval-interval", type=int, default=0, help="evaluate every N steps (0: never)")
+    ev.add_argument("--agentic-eval-concurrency", type=int, default=None,
+                    help="eval Groups at once (default: ceil(T / n-samples-per-eval-prompt))")
 
     agent = p.add_argument_group("agent")
     agent.add_argument("--use-agentic-rollout", action="store_true", default=True,
@@ -78,6 +103,8 @@ def _train_parser(sub: argparse._SubParsersAction) -> argparse.ArgumentParser:
     train.add_argument("--eps-clip", type=float, default=None, help="PPO clip (low side)")
     train.add_argument("--eps-clip-high", type=float, default=None, help="PPO clip (high side)")
     train.add_argument("--micro-batch-size", type=int, default=None)
+    train.add_argument("--num-steps-per-rollout", type=int, default=None,
+                       help="optimizer steps per rollout (minibatches); 1 = fully on-policy")
     train.add_argument("--seed", type=int, default=1234)
 
     out = p.add_argument_group("output")
@@ -88,19 +115,33 @@ def _train_parser(sub: argparse._SubParsersAction) -> argparse.ArgumentParser:
 
 
 def _train_config(args: argparse.Namespace):
-    from .driver import TrainRunConfig
+    from .driver import EvalConfig, TrainRunConfig
     from .train import TrainConfig
 
     if args.n_samples_per_prompt < 1 or args.rollout_batch_size < 1 or args.num_rollout < 0:
         raise RelaxError("--n-samples-per-prompt and --rollout-batch-size must be >= 1, "
                          "--num-rollout >= 0")
+    if args.partial_rollout and args.fully_async:
+        raise RelaxError("--partial-rollout and --fully-async are mutually exclusive")
+    if len(args.eval_prompt_data) % 2:
+        raise RelaxError("--eval-prompt-data takes NAME PATH pairs")
+    eval_sets = tuple(
+        (args.eval_prompt_data[i], Path(args.eval_prompt_data[i + 1]))
+        for i in range(0, len(args.eval_prompt_data), 2)
+    )
+    for flag, value in (("--agentic-concurrency", args.agentic_concurrency),
+                        ("--agentic-eval-concurrency", args.agentic_eval_concurrency),
+                        ("--over-sampling-batch-size", args.over_sampling_batch_size),
+                        ("--partial-rollout-max-aborted-count", args.partial_rollout_max_aborted_count)):
+        if value is not None and value < 1:
+            raise RelaxError(f"{flag} must be >= 1")
     agent = AgentConfig(command=args.agent_command, cwd=args.agent_cwd.resolve(),
                         env=parse_agent_env(args.agent_env), timeout_s=args.agent_timeout)
-    concurrency = args.agentic_concurrency or args.over_sampling_batch_size or args.rollout_batch_size
     train_overrides = {
         k: v for k, v in {
             "lr": args.lr, "clip_eps_low": args.eps_clip, "clip_eps_high": args.eps_clip_high,
             "micro_batch_size": args.micro_batch_size, "seed": args.seed,
+            "num_minibatches": args.num_steps_per_rollout,
         }.items() if v is not None
     }
     output_dir = args.output_dir or Path("runs") / time.strftime("%Y%m%d-%H%M%S")
@@ -109,12 +150,26 @@ def _train_config(args: argparse.Namespace):
         input_key=args.input_key,
         metadata_key=args.metadata_key,
         num_rollout=args.num_rollout,
+        multimodal_keys=args.multimodal_keys,
         rollout=RolloutConfig(
             n_samples_per_prompt=args.n_samples_per_prompt,
             rollout_batch_size=args.rollout_batch_size,
-            agentic_concurrency=concurrency,
+            over_sampling_batch_size=args.over_sampling_batch_size,
+            agentic_concurrency=args.agentic_concurrency,
+            prelaunch=args.agentic_prelaunch,
+            partial_rollout=args.partial_rollout,
+            fully_async=args.fully_async,
+            barrier_warn_s=args.barrier_warn_s,
             reward_key=args.reward_key,
         ),
+        eval=EvalConfig(
+            datasets=eval_sets,
+            n_samples_per_eval_prompt=args.n_samples_per_eval_prompt,
+            interval=args.eval_interval,
+            agentic_eval_concurrency=args.agentic_eval_concurrency,
+        ),
+        agent_external_slots=args.agent_external_slots,
+        skip_capacity_check=args.skip_capacity_check,
         generation=GenerationConfig(
             temperature=args.rollout_temperature,
             top_p=args.rollout_top_p,
@@ -126,6 +181,8 @@ def _train_config(args: argparse.Namespace):
             tool_call_parser=args.agentic_tool_call_parser,
             reasoning_parser=args.agentic_reasoning_parser,
             template_kwargs=dict(args.apply_chat_template_kwargs),
+            partial_rollout_max_aborted_count=(
+                args.partial_rollout_max_aborted_count if args.partial_rollout else None),
         ),
         agent=agent,
         train=TrainConfig(**train_overrides),
@@ -155,6 +212,11 @@ def main(argv: list[str] | None = None) -> int:
         parser.error(f"unrecognized arguments: {' '.join(rest)}")
     logging.basicConfig(level=args.log_level.upper(),
                         format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    # One line per engine call drowns the accounting lines; keep the HTTP client quiet.
+    logging.getLogger("httpx").setLevel(logging.WARNING)
+    from transformers.utils import logging as hf_logging
+
+    hf_logging.disable_progress_bar()
     from .driver import run_training
 
     try:

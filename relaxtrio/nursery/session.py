@@ -65,6 +65,10 @@ class Session:
         samples: exported training samples once completed (export order).
         error: why the Session failed, when it did.
         num_requests: model requests received so far.
+        inflight_rids: engine request ids currently generating for this Session.
+        protection_pending: a request reached the abort threshold; protection starts at the
+            next resume (reference K-4).
+        protected: pauses no longer interrupt this Session.
     """
 
     session_id: str
@@ -78,6 +82,9 @@ class Session:
     samples: list[TrainingSample] = attrs.field(factory=list)
     error: str | None = None
     num_requests: int = 0
+    inflight_rids: set[str] = attrs.field(factory=set)
+    protection_pending: bool = False
+    protected: bool = False
     _turns: trio.Nursery | None = None
     _closed: bool = False
 
@@ -122,7 +129,6 @@ class Session:
 
     async def _turn_task(self, handler: TurnHandler, request: TurnRequest, cell: _TurnCell) -> None:
         try:
-            await self.group.wait_generation_open()
             cell.result = await handler.complete(self, request)
         except RelaxError as exc:
             exc.session_id = exc.session_id or self.session_id
@@ -150,6 +156,14 @@ class Session:
             finally:
                 self._closed = True
                 turns.cancel_scope.cancel()
+
+    async def wait_generation_allowed(self) -> None:
+        """Waits until this Session may generate (see :meth:`Group.wait_generation_allowed`).
+
+        Cancellation:
+            A plain wait; nothing to clean up.
+        """
+        await self.group.wait_generation_allowed(self)
 
     def fail(self, reason: str) -> None:
         """Marks the Session failed with ``reason`` (the first reason wins)."""

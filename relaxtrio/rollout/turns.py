@@ -52,6 +52,10 @@ class GenerationConfig:
         tool_call_parser: tool-call parser name (used only when the request has tools).
         reasoning_parser: reasoning parser name, or None.
         template_kwargs: server-side chat-template kwargs merged under each request's kwargs.
+        partial_rollout_max_aborted_count: after this many aborts of one request its Session
+            becomes protected at the next resume (pauses no longer interrupt it); None = never.
+        ignore_eos: never stop at EOS / stop ids (SGLang's ``ignore_eos``): turns run to their
+            token limit. For benchmarks and tests that need generations of a known length.
     """
 
     temperature: float = 1.0
@@ -65,6 +69,8 @@ class GenerationConfig:
     tool_call_parser: str | None = "hermes"
     reasoning_parser: str | None = None
     template_kwargs: dict = attrs.field(factory=dict)
+    partial_rollout_max_aborted_count: int | None = None
+    ignore_eos: bool = False
 
 
 @attrs.define(eq=False, kw_only=True)
@@ -141,7 +147,7 @@ class EngineTurnHandler:
         finish = "length"
         matched_stop: str | None = None
         while True:
-            await session.group.wait_generation_open()
+            await session.wait_generation_allowed()
             remaining = budget - len(tokens)
             if remaining <= 0:
                 finish = "length"
@@ -157,10 +163,17 @@ class EngineTurnHandler:
                 spaces_between_special_tokens=False,
                 no_stop_trim=True,
                 sampling_seed=request.seed if request.seed is not None else self.config.seed,
+                ignore_eos=self.config.ignore_eos or None,
             )
             rid = f"{request_id}:a{abort_count}#"
             attempt_start = trio.current_time()
-            result = await self._generate(prompt_ids + tuple(tokens), sampling, rid)
+            # Registered with no checkpoint after the gate check, so a pause either sees this
+            # rid (and aborts it) or closed the gate before we passed it.
+            session.inflight_rids.add(rid)
+            try:
+                result = await self._generate(prompt_ids + tuple(tokens), sampling, rid)
+            finally:
+                session.inflight_rids.discard(rid)
             generation_s += trio.current_time() - attempt_start
             offset = len(tokens)
             tokens.extend(result.output_ids)
@@ -175,6 +188,9 @@ class EngineTurnHandler:
                     matched_stop = result.finish_matched
                 break
             abort_count += 1
+            limit = self.config.partial_rollout_max_aborted_count
+            if limit is not None and abort_count >= limit:
+                session.protection_pending = True
             empty_aborts = empty_aborts + 1 if not result.output_ids else 0
             if empty_aborts >= MAX_EMPTY_ABORTS:
                 raise BackendError(

@@ -12,13 +12,23 @@ HTTPX_AGENT = r'''
 import json, os, sys, time
 import httpx
 
-mode = sys.argv[1] if len(sys.argv) > 1 else "ok"
-turns = int(os.environ.get("AGENT_TURNS", "1"))
 task = json.load(open(os.environ["RELAX_INPUT_JSON"]))
+meta = task.get("metadata", {})
+mode = meta.get("mode") or (sys.argv[1] if len(sys.argv) > 1 else "ok")
+turns = int(meta.get("turns", os.environ.get("AGENT_TURNS", "1")))
+max_tokens = meta.get("max_tokens")
 messages = task["messages"] or [{"role": "user", "content": "hello"}]
 if mode == "wait_file":
     while not os.path.exists(os.environ["AGENT_WAIT_FILE"]):
         time.sleep(0.02)
+if mode == "sigkill":
+    os.kill(os.getpid(), 9)
+if mode == "grandchildren":
+    import subprocess
+    for _ in range(2):
+        child = subprocess.Popen(["bash", "-c", "sleep 3600 & echo $! >> " + os.environ["AGENT_PID_FILE"] + "; wait"])
+        open(os.environ["AGENT_PID_FILE"], "a").write(f"{child.pid}\n")
+    time.sleep(3600)
 if mode == "crash_before":
     print("agent crashed before its first request", file=sys.stderr)
     sys.exit(1)
@@ -28,7 +38,10 @@ url = os.environ["RELAX_BASE_URL"].rstrip("/") + "/v1/chat/completions"
 headers = {"Authorization": "Bearer " + os.environ["RELAX_SESSION_ID"]}
 with httpx.Client(timeout=600) as client:
     for turn in range(turns):
-        r = client.post(url, json={"model": "m", "messages": messages}, headers=headers)
+        body = {"model": "m", "messages": messages}
+        if max_tokens:
+            body["max_tokens"] = max_tokens
+        r = client.post(url, json=body, headers=headers)
         if r.status_code != 200:
             print("HTTP", r.status_code, r.text, file=sys.stderr)
             sys.exit(2)
@@ -51,7 +64,9 @@ elif mode == "garbage_output":
 else:
     reward = os.environ.get("AGENT_REWARD", "1.0")
     reward = float(hash(os.environ["RELAX_SESSION_ID"]) % 1000) / 1000 if reward == "random" else float(reward)
-    open(out, "w").write(json.dumps({"reward": reward, "metadata": {"mode": mode}}))
+    open(out, "w").write(json.dumps({"reward": reward, "metadata": {
+        "mode": mode, "rollout_mode": os.environ["RELAX_ROLLOUT_MODE"],
+        "group_id": os.environ["RELAX_GROUP_ID"]}}))
 '''
 
 

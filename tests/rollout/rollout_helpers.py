@@ -1,0 +1,60 @@
+"""A real API server + pipeline over a given engine client, for pipeline tests."""
+
+from __future__ import annotations
+
+from collections.abc import AsyncIterator, Sequence
+from contextlib import asynccontextmanager
+from pathlib import Path
+from typing import Any
+
+import trio
+
+from relaxtrio.api.app import create_app, serve_api
+from relaxtrio.engine.compiler import ChatCompiler
+from relaxtrio.nursery.agent import AgentConfig
+from relaxtrio.nursery.session import SessionRegistry
+from relaxtrio.rollout.dataset import Prompt, PromptStream
+from relaxtrio.rollout.pipeline import RolloutPipeline, open_rollout_pipeline
+from relaxtrio.rollout.step import RolloutConfig
+from relaxtrio.rollout.turns import EngineTurnHandler, GenerationConfig
+from support.agents import write_httpx_agent
+
+
+def prompts(metadatas: Sequence[dict[str, Any]]) -> PromptStream:
+    """One prompt per metadata dict (in order, repeating)."""
+    rows = [Prompt(index=i, messages=({"role": "user", "content": f"task {i}"},), metadata=dict(m))
+            for i, m in enumerate(metadatas)]
+    return PromptStream(prompts=rows, shuffle=False)
+
+
+@asynccontextmanager
+async def open_test_pipeline(
+    tmp_path: Path,
+    tokenizer: Any,
+    client: Any,
+    stream: PromptStream,
+    *,
+    config: RolloutConfig,
+    generation: GenerationConfig | None = None,
+    env: dict[str, str] | None = None,
+    timeout_s: float = 60.0,
+    eval_concurrency: int | None = None,
+) -> AsyncIterator[tuple[RolloutPipeline, SessionRegistry]]:
+    """Serves the API on 127.0.0.1:0 and opens a pipeline running the httpx test agent."""
+    agent_dir = tmp_path / "agent"
+    agent_dir.mkdir(exist_ok=True)
+    command = write_httpx_agent(agent_dir)
+    registry = SessionRegistry()
+    handler = EngineTurnHandler(client=client, compiler=ChatCompiler(tokenizer),
+                                config=generation or GenerationConfig(max_response_tokens=16))
+    async with trio.open_nursery() as nursery:
+        base_url = await nursery.start(serve_api, create_app(registry, handler))
+        async with open_rollout_pipeline(
+            config=config,
+            agent=AgentConfig(command=f"{command} ok", cwd=agent_dir, env=env or {},
+                              timeout_s=timeout_s, term_grace_s=0.5),
+            registry=registry, handler=handler, base_url=base_url, prompts=stream,
+            eval_concurrency=eval_concurrency,
+        ) as pipeline:
+            yield pipeline, registry
+        nursery.cancel_scope.cancel()

@@ -1,0 +1,241 @@
+"""The resident pipeline with a scripted engine: steps, drops and refills, over-sampling tails,
+partial rollout park/resume, prelaunch, fully async, eval and the barrier watchdog."""
+
+from __future__ import annotations
+
+import logging
+from pathlib import Path
+
+import pytest
+import trio
+
+from relaxtrio.engine.model import load_tokenizer
+from relaxtrio.rollout.pipeline import EvalDataset
+from relaxtrio.rollout.step import RolloutConfig
+from relaxtrio.rollout.turns import GenerationConfig
+from rollout_helpers import open_test_pipeline, prompts
+from support.scripted_engine import Reply, ScriptedEngine
+
+
+@pytest.fixture(scope="module")
+def tokenizer(tiny_model_dir: Path):
+    return load_tokenizer(tiny_model_dir)
+
+
+def _engine(tokenizer, replies=None) -> ScriptedEngine:
+    return ScriptedEngine(tokenizer=tokenizer, eos_id=tokenizer.eos_token_id,
+                          replies=replies or (lambda ids: Reply(text="fine")))
+
+
+def _alive(pid: int) -> bool:
+    try:
+        stat = Path(f"/proc/{pid}/stat").read_text()
+    except OSError:
+        return False
+    return stat[stat.rfind(")") + 2:].split()[0] != "Z"
+
+
+def _task_index(tokenizer, ids) -> int:
+    text = tokenizer.decode(list(ids))
+    return int(text.rsplit("task ", 1)[1].split("<", 1)[0].split()[0])
+
+
+async def test_steps_accept_target_groups(tokenizer, tmp_path: Path) -> None:
+    engine = _engine(tokenizer)
+    config = RolloutConfig(n_samples_per_prompt=2, rollout_batch_size=2, show_progress=False)
+    with trio.fail_after(60):
+        async with open_test_pipeline(tmp_path, tokenizer, engine, prompts([{}] * 5),
+                                      config=config) as (pipeline, registry):
+            first = await pipeline.run_step(0)
+            second = await pipeline.run_step(1)
+            assert len(registry) == 0 and pipeline.resident_groups == ()
+    for result in (first, second):
+        assert len(result.groups) == 2 and not result.dropped
+        assert len(result.samples) == 4 and result.advantages == [0.0] * 4
+        for scored in result.groups:
+            assert [s.index for s in scored.group.sessions] == [0, 1]
+            assert {s.metadata["rollout_mode"] for s in scored.samples} == {"train"}
+    assert {s.metadata["start_rollout_id"] for s in second.samples} == {1}
+
+
+@pytest.mark.parametrize(
+    ("mode", "reason"),
+    [
+        ("crash_after", "exited with code 7"),
+        ("crash_before", "exited with code 1"),
+        ("sigkill", "exited with code -9"),
+        ("silent", "implicit export requires one committed leaf, found 0"),
+        ("array_output", "JSONL"),
+        ("garbage_output", "invalid output"),
+        ("hang", "timed out after 4 s"),
+        ("grandchildren", "timed out after 4 s"),
+    ],
+)
+async def test_failed_group_is_dropped_logged_and_refilled(
+    mode: str, reason: str, tokenizer, tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    caplog.set_level(logging.WARNING)
+    pid_file = tmp_path / "pids"
+    engine = _engine(tokenizer)
+    config = RolloutConfig(n_samples_per_prompt=2, rollout_batch_size=2, show_progress=False)
+    stream = prompts([{}, {"mode": mode}, {}, {}])
+    with trio.fail_after(60):
+        async with open_test_pipeline(tmp_path, tokenizer, engine, stream, config=config,
+                                      env={"AGENT_PID_FILE": str(pid_file)},
+                                      timeout_s=4.0) as (pipeline, registry):
+            result = await pipeline.run_step(0)
+            # The server still serves other Sessions: the refill Group completed after the drop.
+            assert len(result.groups) == 2 and len(result.dropped) == 1
+            assert len(registry) == 0
+    [dropped] = result.dropped
+    assert reason in dropped.dropped_reason
+    assert f"Dropped group {dropped.group_id}" in caplog.text and reason in caplog.text
+    if pid_file.exists():
+        pids = [int(p) for p in pid_file.read_text().split()]
+        assert pids and not any(_alive(pid) for pid in pids)
+
+
+async def test_over_sampling_tail_is_dropped_at_close(tokenizer, tmp_path: Path) -> None:
+    never, tail_started = trio.Event(), trio.Event()
+
+    def replies(ids):
+        if _task_index(tokenizer, ids) == 1:
+            tail_started.set()
+            return Reply(text="slow", gate=never)
+        return Reply(text="fine", gate=tail_started)  # finish only once the tail is generating
+
+    engine = _engine(tokenizer, replies)
+    config = RolloutConfig(n_samples_per_prompt=1, rollout_batch_size=1, over_sampling_batch_size=2,
+                           show_progress=False)
+    with trio.fail_after(60):
+        async with open_test_pipeline(tmp_path, tokenizer, engine, prompts([{}, {}, {}]),
+                                      config=config) as (pipeline, registry):
+            result = await pipeline.run_step(0)
+            assert len(result.groups) == 1 and result.resident_groups == 0
+            assert pipeline.resident_groups == () and len(registry) == 0
+    gated = [rid for ids, _, rid in engine.calls if _task_index(tokenizer, ids) == 1]
+    assert gated and set(gated) <= set(engine.aborted), "the tail's engine request was aborted"
+
+
+async def test_partial_rollout_parks_and_resumes_the_same_request(tokenizer, tmp_path: Path) -> None:
+    never, long_started = trio.Event(), trio.Event()
+    partial_ids = tokenizer.encode("the first part", add_special_tokens=False)
+
+    def replies(ids):
+        task = _task_index(tokenizer, ids)
+        if task != 1:
+            return Reply(text="fine", gate=long_started)  # step 0 closes while task 1 generates
+        if tuple(ids[-len(partial_ids):]) == tuple(partial_ids):
+            return Reply(text=" and the rest")  # the resumed attempt
+        long_started.set()
+        return Reply(ids=partial_ids + [5, 6, 7], finish="length", gate=never, partial=len(partial_ids))
+
+    engine = _engine(tokenizer, replies)
+    config = RolloutConfig(n_samples_per_prompt=1, rollout_batch_size=1, over_sampling_batch_size=2,
+                           partial_rollout=True, show_progress=False)
+    with trio.fail_after(60):
+        async with open_test_pipeline(
+            tmp_path, tokenizer, engine, prompts([{}, {}, {}]), config=config,
+            generation=GenerationConfig(max_response_tokens=40),
+        ) as (pipeline, registry):
+            first = await pipeline.run_step(0)
+            assert first.aborted_requests == 1 and first.resident_groups == 1
+            [parked] = pipeline.resident_groups
+            assert parked.paused and parked.sessions[0].num_requests == 1
+            second = await pipeline.run_step(1)
+    [resumed] = [g for g in second.groups if g.group is parked]
+    [sample] = resumed.samples
+    [leaf] = parked.sessions[0].forest.leaves()
+    # One committed response: the agent saw one normal answer.
+    assert leaf.message["content"] == tokenizer.decode(
+        partial_ids + tokenizer.encode(" and the rest", add_special_tokens=False))
+    assert leaf.abort_count == 1
+    assert sample.metadata["rollout_turns"] == 1
+    resume_calls = [(ids, sampling, rid) for ids, sampling, rid in engine.calls if rid.endswith(":a1#")]
+    [(ids, sampling, rid)] = resume_calls
+    assert tuple(ids[-len(partial_ids):]) == tuple(partial_ids)
+    assert sampling.max_new_tokens == 40 - len(partial_ids)
+
+
+async def test_prelaunch_holds_requests_and_budget_until_the_lease(tokenizer, tmp_path: Path) -> None:
+    engine = _engine(tokenizer)
+    config = RolloutConfig(n_samples_per_prompt=2, rollout_batch_size=1, agentic_concurrency=2,
+                           prelaunch=True, show_progress=False)
+    with trio.fail_after(60):
+        async with open_test_pipeline(tmp_path, tokenizer, engine, prompts([{}] * 4),
+                                      config=config, timeout_s=30) as (pipeline, registry):
+            await pipeline.run_step(0)
+            warm = [g for g in pipeline.resident_groups if not g.leased]
+            assert warm, "the next step's Group was prelaunched"
+            while not all(g.barrier_passed for g in warm):
+                await trio.sleep(0.02)
+            calls_before = len(engine.calls)
+            await trio.sleep(0.2)
+            assert len(engine.calls) == calls_before, "first requests are held until the lease"
+            for group in warm:
+                for session in group.sessions:
+                    assert not session.budget.running and session.budget.remaining_s() == 30
+            result = await pipeline.run_step(1)
+            assert warm[0] in [g.group for g in result.groups]
+
+
+async def test_fully_async_keeps_generating_across_steps(tokenizer, tmp_path: Path) -> None:
+    release = trio.Event()
+    engine = _engine(tokenizer, lambda ids: Reply(text="late", gate=release)
+                     if _task_index(tokenizer, ids) == 1 else Reply(text="fine"))
+    config = RolloutConfig(n_samples_per_prompt=1, rollout_batch_size=1, over_sampling_batch_size=2,
+                           fully_async=True, show_progress=False)
+    with trio.fail_after(60):
+        async with open_test_pipeline(tmp_path, tokenizer, engine, prompts([{}, {}, {}]),
+                                      config=config) as (pipeline, registry):
+            first = await pipeline.run_step(0)
+            [carried] = pipeline.resident_groups
+            assert not carried.paused and carried.leased
+            release.set()  # "training" happens; the carried Group keeps generating meanwhile
+            await carried.wait_finished()
+            second = await pipeline.run_step(1)
+    assert engine.aborted == []
+    assert second.groups[0].group is carried
+    assert second.groups[0].samples[0].metadata["start_rollout_id"] == 0
+    assert first.groups[0].group is not carried
+
+
+async def test_eval_runs_datasets_serially_in_eval_mode(tokenizer, tmp_path: Path) -> None:
+    engine = _engine(tokenizer)
+    config = RolloutConfig(n_samples_per_prompt=2, rollout_batch_size=1, show_progress=False)
+    eval_rows = prompts([{}] * 3).prompts
+    datasets = [EvalDataset(name="a", prompts=tuple(eval_rows), n_samples_per_prompt=3),
+                EvalDataset(name="b", prompts=tuple(eval_rows[:1]), n_samples_per_prompt=1)]
+    with trio.fail_after(60):
+        async with open_test_pipeline(tmp_path, tokenizer, engine, prompts([{}] * 3), config=config,
+                                      env={"AGENT_REWARD": "0.5"},
+                                      eval_concurrency=2) as (pipeline, registry):
+            metrics = await pipeline.run_eval(datasets)
+    assert metrics["eval/a/num_samples"] == 9 and metrics["eval/a/reward_mean"] == 0.5
+    assert metrics["eval/b/num_samples"] == 1 and metrics["eval/b/dropped_groups"] == 0
+
+
+async def test_barrier_watchdog_names_sessions_without_first_request(
+    tokenizer, tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    caplog.set_level(logging.WARNING)
+    flag = tmp_path / "go"
+    engine = _engine(tokenizer)
+    config = RolloutConfig(n_samples_per_prompt=2, rollout_batch_size=1, barrier_warn_s=0.3,
+                           show_progress=False)
+    stream = prompts([{"mode": "wait_file"}])
+
+    async def release_later(pipeline) -> None:
+        while not pipeline.barrier_warnings:
+            await trio.sleep(0.05)
+        flag.write_text("go")
+
+    with trio.fail_after(60):
+        async with open_test_pipeline(tmp_path, tokenizer, engine, stream, config=config,
+                                      env={"AGENT_WAIT_FILE": str(flag)}) as (pipeline, _):
+            async with trio.open_nursery() as nursery:
+                nursery.start_soon(release_later, pipeline)
+                result = await pipeline.run_step(0)
+    assert result.barrier_warnings >= 1 and len(result.groups) == 1
+    assert "event=barrier_wait" in caplog.text
+    assert "session 0" in caplog.text and "session 1" in caplog.text and "no request yet" in caplog.text
