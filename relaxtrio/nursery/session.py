@@ -69,6 +69,7 @@ class Session:
         protection_pending: a request reached the abort threshold; protection starts at the
             next resume (reference K-4).
         protected: pauses no longer interrupt this Session.
+        agent_pgid: process-group id of the running agent, once started.
     """
 
     session_id: str
@@ -85,6 +86,7 @@ class Session:
     inflight_rids: set[str] = attrs.field(factory=set)
     protection_pending: bool = False
     protected: bool = False
+    agent_pgid: int | None = None
     _turns: trio.Nursery | None = None
     _closed: bool = False
 
@@ -172,6 +174,16 @@ class Session:
             self.error = reason
 
 
+@attrs.frozen
+class _PgidRecorder:
+    """Receives the agent's process-group id (the ``task_status`` protocol of run_agent)."""
+
+    session: Session
+
+    def started(self, pgid: int) -> None:
+        self.session.agent_pgid = pgid
+
+
 @attrs.define(eq=False)
 class SessionRegistry:
     """Maps bearer tokens to live Sessions for the API server."""
@@ -237,7 +249,8 @@ async def run_session(
         async with session.serving():
             task_status.started()
             try:
-                run = await run_agent(agent, env, session.input_payload, session.budget)
+                run = await run_agent(agent, env, session.input_payload, session.budget,
+                                      task_status=_PgidRecorder(session))
             except AgentExecutionError as exc:
                 session.fail(str(exc))
             except OSError as exc:

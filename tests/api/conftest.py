@@ -8,7 +8,7 @@ import pytest
 
 from api_helpers import ScriptedHandler
 from relaxtrio.engine.compiler import ChatCompiler
-from relaxtrio.engine.model import build_tiny_model, load_tokenizer
+from relaxtrio.engine.model import load_tokenizer
 from relaxtrio.nursery.session import SessionRegistry
 
 
@@ -23,9 +23,9 @@ def handler() -> ScriptedHandler:
 
 
 @pytest.fixture(scope="session")
-def api_model_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    """The tiny random chat model (ChatML + tools template), built once per test session."""
-    return build_tiny_model(tmp_path_factory.mktemp("api-tiny-model"), seed=0)
+def api_model_dir(tiny_model_dir: Path) -> Path:
+    """The shared tiny random chat model (ChatML + tools template)."""
+    return tiny_model_dir
 
 
 @pytest.fixture(scope="session")

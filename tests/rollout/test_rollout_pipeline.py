@@ -13,7 +13,7 @@ from relaxtrio.engine.model import load_tokenizer
 from relaxtrio.rollout.pipeline import EvalDataset
 from relaxtrio.rollout.step import RolloutConfig
 from relaxtrio.rollout.turns import GenerationConfig
-from rollout_helpers import open_test_pipeline, prompts
+from support.pipeline import open_test_pipeline, prompts
 from support.scripted_engine import Reply, ScriptedEngine
 
 
@@ -239,3 +239,27 @@ async def test_barrier_watchdog_names_sessions_without_first_request(
     assert result.barrier_warnings >= 1 and len(result.groups) == 1
     assert "event=barrier_wait" in caplog.text
     assert "session 0" in caplog.text and "session 1" in caplog.text and "no request yet" in caplog.text
+
+
+async def test_cancelling_the_run_terminates_every_agent(tokenizer, tmp_path: Path) -> None:
+    never = trio.Event()
+    engine = _engine(tokenizer, lambda ids: Reply(text="x", gate=never))
+    config = RolloutConfig(n_samples_per_prompt=2, rollout_batch_size=2, show_progress=False)
+    pgids: list[int] = []
+    with trio.fail_after(60):
+        async with open_test_pipeline(tmp_path, tokenizer, engine, prompts([{}] * 2),
+                                      config=config) as (pipeline, registry):
+            async with trio.open_nursery() as nursery:
+                nursery.start_soon(pipeline.run_step, 0)
+                while len(engine.calls) < 4:
+                    await trio.sleep(0.02)
+                for group in pipeline.resident_groups:
+                    for session in group.sessions:
+                        pgids.append(session.agent_pgid)
+                nursery.cancel_scope.cancel()
+        # leaving the pipeline cancels the resident Groups
+    assert len(registry) == 0
+    assert sorted(engine.aborted) == sorted(rid for _, _, rid in engine.calls)
+    from relaxtrio.nursery.agent import process_group_alive
+
+    assert pgids and not any(process_group_alive(pgid) for pgid in pgids)

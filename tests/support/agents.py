@@ -19,7 +19,7 @@ turns = int(meta.get("turns", os.environ.get("AGENT_TURNS", "1")))
 max_tokens = meta.get("max_tokens")
 messages = task["messages"] or [{"role": "user", "content": "hello"}]
 if mode == "wait_file":
-    while not os.path.exists(os.environ["AGENT_WAIT_FILE"]):
+    while not os.path.exists(meta.get("wait_file") or os.environ["AGENT_WAIT_FILE"]):
         time.sleep(0.02)
 if mode == "sigkill":
     os.kill(os.getpid(), 9)
