@@ -20,6 +20,7 @@ import trio
 from ._errors import RelaxError
 from .engine.parsers import REASONING_PARSERS, TOOL_CALL_PARSERS
 from .nursery.agent import AgentConfig, parse_agent_env
+from .rollout.hooks import load_function
 from .rollout.step import RolloutConfig
 from .rollout.turns import GenerationConfig
 
@@ -73,6 +74,11 @@ def _train_parser(sub: argparse._SubParsersAction) -> argparse.ArgumentParser:
     roll.add_argument("--agentic-tool-call-parser", default="hermes", choices=TOOL_CALL_PARSERS)
     roll.add_argument("--agentic-reasoning-parser", default=None, choices=REASONING_PARSERS)
     roll.add_argument("--reward-key", default=None, help="primary key of object rewards")
+    roll.add_argument("--custom-rm-path", default=None,
+                      help="package.module.fn(sample) -> float for samples without an agent reward")
+    roll.add_argument("--agentic-custom-advantage-path", default=None,
+                      help="package.module.fn(metadata_by_slot) -> per-context credits "
+                           "(required when a Session exports several contexts)")
 
     ev = p.add_argument_group("eval")
     ev.add_argument("--eval-prompt-data", nargs="+", default=[], metavar="NAME PATH",
@@ -161,6 +167,11 @@ def _train_config(args: argparse.Namespace):
             fully_async=args.fully_async,
             barrier_warn_s=args.barrier_warn_s,
             reward_key=args.reward_key,
+            custom_rm=(load_function(args.custom_rm_path, flag="--custom-rm-path")
+                       if args.custom_rm_path else None),
+            custom_advantage=(load_function(args.agentic_custom_advantage_path,
+                                            flag="--agentic-custom-advantage-path")
+                              if args.agentic_custom_advantage_path else None),
         ),
         eval=EvalConfig(
             datasets=eval_sets,

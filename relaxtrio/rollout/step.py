@@ -12,6 +12,7 @@ from .._errors import ExportError, InvalidRequestError
 from ..forest import TrainingSample
 from ..nursery.group import Group
 from .advantages import grpo_advantages, scalar_reward
+from .hooks import CustomAdvantage, custom_advantages
 
 
 def agentic_event(component: str, event: str, **fields: Any) -> str:
@@ -44,6 +45,8 @@ class RolloutConfig:
             back before reporting the engine as not honouring aborts.
         reward_key: primary key of object rewards.
         custom_rm: ``fn(sample) -> float`` for samples the agent did not reward, or None.
+        custom_advantage: per-context credit function (see :mod:`relaxtrio.rollout.hooks`);
+            required when a Session exports more than one context.
         show_progress: whether to draw the tqdm progress bar.
     """
 
@@ -59,6 +62,7 @@ class RolloutConfig:
     abort_wait_s: float = 30.0
     reward_key: str | None = None
     custom_rm: Callable[[TrainingSample], float] | None = None
+    custom_advantage: CustomAdvantage | None = None
     show_progress: bool = True
 
     @property
@@ -79,28 +83,61 @@ class RolloutConfig:
 
 @attrs.frozen(kw_only=True)
 class ScoredGroup:
-    """A completed Group with one scalar reward and one GRPO advantage per sample.
+    """A completed Group with a scalar reward and an advantage per sample.
 
     Attributes:
         group: the finished Group.
-        samples: its samples, Session order (one per Session with implicit export).
-        rewards: scalar reward per sample.
-        advantages: GRPO advantage per sample (reward normalized within the Group).
+        samples: its samples, Session order then export order.
+        rewards: scalar reward per sample (None for contexts without a reward under custom
+            advantage).
+        advantages: per sample: GRPO advantage (reward normalized within the Group), or the
+            custom advantage function's credit.
     """
 
     group: Group
     samples: tuple[TrainingSample, ...]
-    rewards: tuple[float, ...]
+    rewards: tuple[float | None, ...]
     advantages: tuple[float, ...]
 
 
+def _reward_of(sample: TrainingSample, session_index: int, config: RolloutConfig) -> float:
+    try:
+        value = scalar_reward(sample.reward, config.reward_key)
+    except (ValueError, InvalidRequestError) as exc:
+        raise ExportError(f"session {session_index}: {exc}") from exc
+    if not math.isfinite(value):
+        raise ExportError(f"session {session_index}: reward is not finite")
+    return value
+
+
+def _score_custom(group: Group, config: RolloutConfig) -> ScoredGroup:
+    assert config.custom_advantage is not None
+    exports = [[(s.name, s.metadata) for s in session.samples] for session in group.sessions]
+    credits = custom_advantages(config.custom_advantage, exports)
+    if credits is None:
+        raise ExportError("Filtered 1 group: the custom advantage function returned None")
+    samples = [s for session in group.sessions for s in session.samples]
+    rewards = [
+        None if s.reward is None else _reward_of(s, session.index, config)
+        for session in group.sessions for s in session.samples
+    ]
+    return ScoredGroup(group=group, samples=tuple(samples), rewards=tuple(rewards),
+                       advantages=tuple(c for row in credits for c in row))
+
+
 def score_group(group: Group, config: RolloutConfig) -> ScoredGroup:
-    """Scalar rewards and GRPO advantages for a completed Group.
+    """Scalar rewards and advantages for a completed Group.
+
+    With a custom advantage function its credits are used as they are (no GRPO normalization);
+    otherwise every Session must export exactly one context and GRPO normalizes the rewards.
 
     Raises:
-        ExportError: a Session exported several contexts (needs custom advantage), a sample has
-            no reward and no custom RM is configured, or a reward is not a finite number.
+        ExportError: a Session exported several contexts without custom advantage, a sample has
+            no reward and no custom RM is configured, a reward is not a finite number, the custom
+            advantage answer is invalid, or it filtered the Group.
     """
+    if config.custom_advantage is not None:
+        return _score_custom(group, config)
     samples: list[TrainingSample] = []
     rewards: list[float] = []
     for session in group.sessions:
@@ -120,11 +157,7 @@ def score_group(group: Group, config: RolloutConfig) -> ScoredGroup:
                 )
             value = float(config.custom_rm(sample))
         else:
-            try:
-                value = scalar_reward(sample.reward, config.reward_key)
-            except (ValueError, InvalidRequestError) as exc:
-                raise ExportError(f"session {session.index}: {exc}",
-                                  session_id=session.session_id) from exc
+            value = _reward_of(sample, session.index, config)
         if not math.isfinite(value):
             raise ExportError(f"session {session.index}: reward is not finite",
                               session_id=session.session_id)
@@ -167,8 +200,8 @@ class StepResult:
         return [a for g in self.groups for a in g.advantages]
 
     @property
-    def rewards(self) -> list[float]:
-        """All scalar rewards, aligned with :attr:`samples`."""
+    def rewards(self) -> list[float | None]:
+        """All scalar rewards, aligned with :attr:`samples` (None: context without reward)."""
         return [r for g in self.groups for r in g.rewards]
 
 
@@ -178,7 +211,7 @@ def _mean(values: list[float]) -> float:
 
 def group_metrics(result: StepResult) -> Mapping[str, float]:
     """Reward, length and scheduling statistics of a step (means over samples)."""
-    rewards = result.rewards
+    rewards = [r for r in result.rewards if r is not None]
     mean = _mean(rewards)
     std = math.sqrt(_mean([(r - mean) ** 2 for r in rewards])) if rewards else float("nan")
     samples = result.samples

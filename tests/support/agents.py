@@ -48,6 +48,18 @@ with httpx.Client(timeout=600) as client:
         messages.append(r.json()["choices"][0]["message"])
         if turn + 1 < turns:
             messages.append({"role": "user", "content": f"continue {turn}"})
+if mode == "multi":
+    # One Session, three contexts: the main conversation above and two searcher conversations.
+    records = [{"name": "main", "messages": messages, "metadata": {"outcome": 1.0}, "reward": 1.0}]
+    with httpx.Client(timeout=600) as client:
+        for i in range(2):
+            history = [{"role": "user", "content": f"search {i}"}]
+            r = client.post(url, json={"model": "m", "messages": history}, headers=headers)
+            history.append(r.json()["choices"][0]["message"])
+            records.append({"name": f"searcher_{i}", "messages": history,
+                            "metadata": {"usefulness": 0.25 * (i + 1)}})
+    open(os.environ["RELAX_OUTPUT_JSON"], "w").write("\n".join(json.dumps(r) for r in records))
+    sys.exit(0)
 if mode == "hang":
     import subprocess
     subprocess.Popen(["sleep", "3600"])

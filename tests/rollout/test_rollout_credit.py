@@ -1,0 +1,65 @@
+"""Multi-context export through the pipeline: custom advantage credits, filtering, validation."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+import trio
+
+from relaxtrio import InvalidRequestError
+from relaxtrio.engine.model import load_tokenizer
+from relaxtrio.rollout.hooks import load_function
+from relaxtrio.rollout.step import RolloutConfig
+from support.pipeline import open_test_pipeline, prompts
+from support.scripted_engine import Reply, ScriptedEngine
+
+
+async def _run(tiny_model_dir: Path, tmp_path: Path, fn_name: str | None):
+    tokenizer = load_tokenizer(tiny_model_dir)
+    engine = ScriptedEngine(tokenizer=tokenizer, eos_id=tokenizer.eos_token_id,
+                            replies=lambda ids: Reply(text="found it"))
+    fn = load_function(f"support.credit.{fn_name}", flag="--agentic-custom-advantage-path") if fn_name else None
+    config = RolloutConfig(n_samples_per_prompt=2, rollout_batch_size=1, max_refills=0,
+                           custom_advantage=fn, show_progress=False)
+    with trio.fail_after(60):
+        async with open_test_pipeline(tmp_path, tokenizer, engine, prompts([{"mode": "multi"}] * 2),
+                                      config=config) as (pipeline, _):
+            return await pipeline.run_step(0)
+
+
+async def test_three_contexts_per_session_get_custom_credit(tiny_model_dir: Path, tmp_path: Path) -> None:
+    result = await _run(tiny_model_dir, tmp_path, "outcome_times_usefulness")
+    [scored] = result.groups
+    names = [s.name for s in scored.samples]
+    assert names == ["main", "searcher_0", "searcher_1"] * 2
+    assert list(scored.advantages) == [1.0, 0.25, 0.5] * 2
+    assert list(scored.rewards) == [1.0, None, None] * 2
+    for sample in scored.samples:
+        assert sum(sample.loss_mask) > 0
+
+
+@pytest.mark.parametrize(
+    ("fn_name", "reason"),
+    [
+        (None, "more than one context per session requires --agentic-custom-advantage-path"),
+        ("filter_all", "Filtered 1 group"),
+        ("missing_name", "session 0 has no value for context 'searcher_0'"),
+        ("not_finite", "session 0 context 'main' must be a finite number"),
+    ],
+)
+async def test_invalid_credit_drops_the_group_with_a_clear_reason(
+    fn_name, reason, tiny_model_dir: Path, tmp_path: Path
+) -> None:
+    result = await _run(tiny_model_dir, tmp_path, fn_name)
+    assert result.groups == () and len(result.dropped) == 1
+    assert reason in result.dropped[0].dropped_reason
+
+
+def test_load_function_errors() -> None:
+    with pytest.raises(InvalidRequestError, match="package.module.function"):
+        load_function("nodots", flag="--x")
+    with pytest.raises(InvalidRequestError, match="cannot import"):
+        load_function("no_such_module_xyz.fn", flag="--x")
+    with pytest.raises(InvalidRequestError, match="not a callable"):
+        load_function("support.credit.__doc__", flag="--x")

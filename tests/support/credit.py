@@ -1,0 +1,25 @@
+"""Custom advantage functions used by tests (loaded by dotted path)."""
+
+from __future__ import annotations
+
+
+def outcome_times_usefulness(metadata_by_slot):
+    """main gets the outcome; each searcher gets outcome × usefulness (spec example)."""
+    out = []
+    for slot in metadata_by_slot:
+        outcome = slot["main"]["outcome"]
+        out.append({name: outcome if name == "main" else outcome * meta["usefulness"]
+                    for name, meta in slot.items()})
+    return out
+
+
+def filter_all(metadata_by_slot):
+    return None
+
+
+def missing_name(metadata_by_slot):
+    return [{"main": 1.0} for _ in metadata_by_slot]
+
+
+def not_finite(metadata_by_slot):
+    return [{name: float("nan") for name in slot} for slot in metadata_by_slot]
