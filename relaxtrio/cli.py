@@ -83,7 +83,8 @@ def _train_parser(sub: argparse._SubParsersAction) -> argparse.ArgumentParser:
     ev = p.add_argument_group("eval")
     ev.add_argument("--eval-prompt-data", nargs="+", default=[], metavar="NAME PATH",
                     help="eval datasets as name/path pairs")
-    ev.add_argument("--n-samples-per-eval-prompt", type=int, default=1)
+    ev.add_argument("--n-samples-per-eval-prompt", type=int, nargs="+", default=[1],
+                    help="Sessions per eval Group: one value for every dataset, or one per dataset")
     ev.add_argument("--eval-interval", type=int, default=0, help="evaluate every N steps (0: never)")
     ev.add_argument("--agentic-eval-concurrency", type=int, default=None,
                     help="eval Groups at once (default: ceil(T / n-samples-per-eval-prompt))")
@@ -131,10 +132,13 @@ def _train_config(args: argparse.Namespace):
         raise RelaxError("--partial-rollout and --fully-async are mutually exclusive")
     if len(args.eval_prompt_data) % 2:
         raise RelaxError("--eval-prompt-data takes NAME PATH pairs")
-    eval_sets = tuple(
-        (args.eval_prompt_data[i], Path(args.eval_prompt_data[i + 1]))
-        for i in range(0, len(args.eval_prompt_data), 2)
-    )
+    names_paths = [(args.eval_prompt_data[i], Path(args.eval_prompt_data[i + 1]))
+                   for i in range(0, len(args.eval_prompt_data), 2)]
+    sizes = args.n_samples_per_eval_prompt
+    if len(sizes) not in (1, max(len(names_paths), 1)) or min(sizes) < 1:
+        raise RelaxError("--n-samples-per-eval-prompt takes one value >= 1, or one per eval dataset")
+    eval_sets = tuple((name, path, sizes[i] if len(sizes) > 1 else sizes[0])
+                      for i, (name, path) in enumerate(names_paths))
     for flag, value in (("--agentic-concurrency", args.agentic_concurrency),
                         ("--agentic-eval-concurrency", args.agentic_eval_concurrency),
                         ("--over-sampling-batch-size", args.over_sampling_batch_size),
@@ -175,7 +179,6 @@ def _train_config(args: argparse.Namespace):
         ),
         eval=EvalConfig(
             datasets=eval_sets,
-            n_samples_per_eval_prompt=args.n_samples_per_eval_prompt,
             interval=args.eval_interval,
             agentic_eval_concurrency=args.agentic_eval_concurrency,
         ),

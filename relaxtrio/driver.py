@@ -42,14 +42,13 @@ class EvalConfig:
     """Evaluation settings.
 
     Attributes:
-        datasets: ``(name, path)`` per eval dataset; empty disables eval.
-        n_samples_per_eval_prompt: Sessions per eval Group.
+        datasets: ``(name, path, n_samples_per_eval_prompt)`` per eval dataset; empty disables
+            eval. Datasets run serially.
         interval: evaluate after every ``interval`` steps (and never when 0).
         agentic_eval_concurrency: eval Groups at once (default: ceil(T / G_d)).
     """
 
-    datasets: tuple[tuple[str, Path], ...] = ()
-    n_samples_per_eval_prompt: int = 1
+    datasets: tuple[tuple[str, Path, int], ...] = ()
     interval: int = 0
     agentic_eval_concurrency: int | None = None
 
@@ -120,7 +119,7 @@ def check_capacity(cfg: TrainRunConfig) -> None:
     plan = plan_capacity(
         agentic_concurrency=r.concurrency,
         n_samples_per_prompt=r.n_samples_per_prompt,
-        eval_group_sizes=[(name, cfg.eval.n_samples_per_eval_prompt) for name, _ in cfg.eval.datasets],
+        eval_group_sizes=[(name, size) for name, _, size in cfg.eval.datasets],
         agentic_eval_concurrency=cfg.eval.agentic_eval_concurrency,
         prelaunch=r.prelaunch, partial_rollout=r.partial_rollout, fully_async=r.fully_async,
     )
@@ -219,9 +218,8 @@ async def run_training(cfg: TrainRunConfig) -> TrainSummary:
         seed=cfg.seed,
     )
     eval_sets = tuple(
-        EvalDataset(name=name, n_samples_per_prompt=cfg.eval.n_samples_per_eval_prompt,
-                    prompts=tuple(load_prompts(path, **keys)))
-        for name, path in cfg.eval.datasets
+        EvalDataset(name=name, n_samples_per_prompt=size, prompts=tuple(load_prompts(path, **keys)))
+        for name, path, size in cfg.eval.datasets
     )
     log.info("loading trainer model from %s", model_dir)
     trainer = await trio.to_thread.run_sync(Trainer.from_pretrained, model_dir, cfg.train)
