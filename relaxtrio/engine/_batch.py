@@ -13,7 +13,11 @@ Continuous batching without a paged KV pool (transformers 5.24 ``DynamicCache``)
   ``position_ids = mask.sum(1) - 1``, so every row sees exactly its own tokens at their own
   positions (max |logprob diff| against an unpadded forward about 1e-5 in fp32);
 - finished rows are removed by index selection, and leading columns that are padding in every
-  remaining row are trimmed.
+  remaining row are trimmed;
+- a request with images (vision-language models) is prefilled with its pixels and multimodal
+  RoPE positions (:mod:`relaxtrio.engine._vision_inputs`); its text positions are then
+  ``index + offset`` with a per-row ``offset <= 0``, so the decode step adds each row's offset
+  (0 for text rows and text-only models).
 
 Invariant: the cache of a row holds all its tokens except the last sampled one, which the next
 decode step feeds.
@@ -26,6 +30,8 @@ from typing import TYPE_CHECKING, Generic, TypeVar
 
 import torch
 from transformers import DynamicCache
+
+from ._vision_inputs import EngineMedia, prefill_inputs
 
 if TYPE_CHECKING:
     from transformers import PreTrainedModel
@@ -57,6 +63,7 @@ class DecodeBatch(Generic[RowT]):
         self.rows: list[RowT] = []
         self._cache: DynamicCache | None = None
         self._mask: torch.Tensor | None = None  # (B, L) int64, 1 = real token
+        self._offsets: torch.Tensor | None = None  # (B,) int64, text position - token index
 
     def __len__(self) -> int:
         return len(self.rows)
@@ -72,30 +79,37 @@ class DecodeBatch(Generic[RowT]):
         return 0 if self._mask is None else int(self._mask.sum())
 
     @torch.inference_mode()
-    def prefill(self, token_ids: Sequence[int]) -> tuple[DynamicCache, torch.Tensor]:
-        """Run one sequence alone and return its cache and its next-token logits.
+    def prefill(
+        self, token_ids: Sequence[int], media: EngineMedia | None = None
+    ) -> tuple[DynamicCache, torch.Tensor, int]:
+        """Run one sequence alone and return its cache, its next-token logits and position offset.
 
         Args:
-            token_ids: the full sequence, length P >= 1.
+            token_ids: the full sequence (image placeholders expanded), length P >= 1.
+            media: the request's images, or None.
 
         Returns:
-            ``(cache, logits)``: a cache holding P positions and ``(V,)`` logits for position P.
+            ``(cache, logits, offset)``: a cache holding P positions, ``(V,)`` logits for
+            position P, and the row's text position offset (0 without images).
         """
         cache = DynamicCache(config=self.model.config)
         ids = torch.tensor([list(token_ids)], dtype=torch.long)  # (1, P)
-        out = self.model(input_ids=ids, cache=cache, use_cache=True, logits_to_keep=1)
-        return cache, out.logits[0, -1]  # (V,)
+        extra, offset = ({}, 0) if media is None else prefill_inputs(self.model, ids, media)
+        out = self.model(input_ids=ids, cache=cache, use_cache=True, logits_to_keep=1, **extra)
+        return cache, out.logits[0, -1], offset  # (V,)
 
     @torch.inference_mode()
-    def add(self, joins: Sequence[tuple[RowT, DynamicCache]]) -> None:
-        """Append prefilled rows to the batch (one merged cache is built for all of them)."""
+    def add(self, joins: Sequence[tuple[RowT, DynamicCache, int]]) -> None:
+        """Append prefilled rows ``(row, cache, position offset)`` to the batch (one merged cache)."""
         if not joins:
             return
         parts: list[tuple[list[torch.Tensor], list[torch.Tensor], torch.Tensor]] = []
+        offsets = [] if self._offsets is None else [self._offsets]
+        offsets.append(torch.tensor([offset for _, _, offset in joins], dtype=torch.long))
         if self._cache is not None and self._mask is not None:
             layers = self._cache.layers
             parts.append(([l.keys for l in layers], [l.values for l in layers], self._mask))
-        for _, cache in joins:
+        for _, cache, _ in joins:
             length = cache.get_seq_length()
             layers = cache.layers
             mask = torch.ones((1, length), dtype=torch.long)
@@ -110,7 +124,8 @@ class DecodeBatch(Generic[RowT]):
         masks = [torch.nn.functional.pad(m, (total - m.shape[1], 0)) for _, _, m in parts]
         self._cache = merged
         self._mask = torch.cat(masks)  # (B, total)
-        self.rows.extend(row for row, _ in joins)
+        self._offsets = torch.cat(offsets)  # (B,)
+        self.rows.extend(row for row, _, _ in joins)
 
     @torch.inference_mode()
     def remove(self, rows: Sequence[RowT]) -> None:
@@ -124,6 +139,8 @@ class DecodeBatch(Generic[RowT]):
             self.clear()
             return
         index = torch.tensor(keep, dtype=torch.long)
+        if self._offsets is not None:
+            self._offsets = self._offsets.index_select(0, index)  # (B',)
         mask = self._mask.index_select(0, index)  # (B', L)
         lead = int((mask.sum(0) == 0).long().cumprod(0).sum())  # all-pad leading columns
         self._mask = mask[:, lead:]
@@ -136,6 +153,7 @@ class DecodeBatch(Generic[RowT]):
         self.rows = []
         self._cache = None
         self._mask = None
+        self._offsets = None
 
     @torch.inference_mode()
     def step(self, last_token_ids: Sequence[int]) -> torch.Tensor:
@@ -147,10 +165,10 @@ class DecodeBatch(Generic[RowT]):
         Returns:
             ``(B, V)`` logits.
         """
-        assert self._cache is not None and self._mask is not None
+        assert self._cache is not None and self._mask is not None and self._offsets is not None
         ids = torch.tensor(list(last_token_ids), dtype=torch.long).unsqueeze(1)  # (B, 1)
         mask = torch.cat([self._mask, self._mask.new_ones((len(self.rows), 1))], dim=1)  # (B, L+1)
-        positions = mask.sum(1, keepdim=True) - 1  # (B, 1)
+        positions = mask.sum(1, keepdim=True) - 1 + self._offsets.unsqueeze(1)  # (B, 1)
         out = self.model(
             input_ids=ids,
             attention_mask=mask,

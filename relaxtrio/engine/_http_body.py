@@ -2,8 +2,9 @@
 
 ``/generate`` (sglang-native-api.md §2.1, §8 item 1): single form only, non-streaming; unknown
 top-level keys are ignored; features the CPU engine lacks (batch form, streaming, prompt
-logprobs, multimodal, LoRA, ``session_params``) are refused with a 400 that says so rather than
-silently ignored. Control routes need a JSON object body; an empty body is the FastAPI-style 400
+logprobs, video/audio, LoRA, ``session_params``) are refused with a 400 that says so rather than
+silently ignored. ``image_data`` (one image or a list, each a ``data:`` URL, bare base64 or
+``{"url": ...}``) is parsed here; whether the served model can take it is the server's check. Control routes need a JSON object body; an empty body is the FastAPI-style 400
 of §1.2 / §1.3.
 """
 
@@ -26,7 +27,6 @@ __all__ = [
 
 _UNSUPPORTED_TOP_LEVEL: Final = (
     "input_embeds",
-    "image_data",
     "video_data",
     "audio_data",
     "lora_path",
@@ -65,6 +65,7 @@ class GenerateInput:
     top_logprobs_num: int
     return_text_in_logprobs: bool
     return_prompt_token_ids: bool
+    image_data: tuple[str, ...] = ()
 
 
 def _field(body: dict[str, Any], key: str, kind: type, default: Any) -> Any:
@@ -76,6 +77,25 @@ def _field(body: dict[str, Any], key: str, kind: type, default: Any) -> Any:
     if kind is not int and not isinstance(value, kind):
         raise SchemaError(f"invalid type for field `{key}`: expected {kind.__name__}")
     return value
+
+
+def _image_data(value: Any) -> tuple[str, ...]:
+    """``image_data`` as a tuple of strings (None → empty)."""
+    if value is None:
+        return ()
+    items = value if isinstance(value, list) else [value]
+    if any(isinstance(item, list) for item in items):
+        raise RequestError("A list of image_data lists (batch form) is not supported by the relaxtrio "
+                           "embedded engine.")
+    out = []
+    for i, item in enumerate(items):
+        if isinstance(item, dict):
+            item = item.get("url")
+        if not isinstance(item, str) or not item:
+            raise SchemaError(f"invalid type for field `image_data[{i}]`: expected a non-empty string "
+                              "or an object with a `url` string")
+        out.append(item)
+    return tuple(out)
 
 
 def parse_generate_body(raw: bytes, encode: Callable[[str], list[int]]) -> GenerateInput:
@@ -145,6 +165,7 @@ def parse_generate_body(raw: bytes, encode: Callable[[str], list[int]]) -> Gener
         top_logprobs_num=top_logprobs_num if return_logprob else 0,
         return_text_in_logprobs=_field(body, "return_text_in_logprobs", bool, False),
         return_prompt_token_ids=_field(body, "return_prompt_token_ids", bool, False),
+        image_data=_image_data(body.get("image_data")),
     )
 
 

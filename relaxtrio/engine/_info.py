@@ -12,6 +12,7 @@ import attrs
 
 from .. import __version__
 from .scheduler import Scheduler
+from .vision import VisionProcessor
 
 __all__ = ["EngineState", "metrics_text", "model_info_json", "server_info_json"]
 
@@ -27,6 +28,7 @@ class EngineState:
     started_at: float
     model_type: str
     architectures: list[str]
+    vision: VisionProcessor | None = None  # set for a vision-language model
 
 
 def model_info_json(state: EngineState) -> dict[str, Any]:
@@ -42,7 +44,7 @@ def model_info_json(state: EngineState) -> dict[str, Any]:
         "reasoning_parser": None,
         "tool_call_parser": None,
         "disaggregation_mode": "null",
-        "has_image_understanding": False,
+        "has_image_understanding": state.vision is not None,
         "has_audio_understanding": False,
         "model_type": state.model_type,
         "architectures": state.architectures,

@@ -23,6 +23,7 @@ from typing import TYPE_CHECKING, Any, Final, Literal
 import attrs
 import trio
 
+from ._vision_inputs import EngineMedia
 from .sampling import Choice, ResolvedSampling, RowSampler
 
 if TYPE_CHECKING:
@@ -83,9 +84,10 @@ class Req:
     """
 
     rid: str
-    input_ids: tuple[int, ...]
+    input_ids: tuple[int, ...]  # image placeholders already expanded
     sampling: ResolvedSampling
     sampler: RowSampler
+    media: EngineMedia | None = None
     return_logprob: bool = False
     top_logprobs_num: int = 0
     return_text_in_logprobs: bool = False

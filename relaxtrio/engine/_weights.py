@@ -4,6 +4,12 @@ Used by ``/update_weights_from_disk``. The directory must hold ``model.safetenso
 ``model.safetensors.index.json`` with the same parameter names and shapes as the running model
 (what ``save_pretrained`` writes). Everything is checked before the first parameter is
 overwritten, so a bad checkpoint leaves the running weights untouched.
+
+Some architectures are saved under other tensor names than their modules use: transformers 5
+writes Qwen2-VL as ``model.embed_tokens...`` / ``visual...`` while the loaded model names them
+``model.language_model.embed_tokens...`` / ``model.visual...``. When a checkpoint's names are not
+the model's own, they are mapped with the model's transformers key-renaming rules (renamings
+only; a checkpoint that needs tensor conversions is refused).
 """
 
 from __future__ import annotations
@@ -43,6 +49,28 @@ def _read_checkpoint(path: Path) -> dict[str, torch.Tensor]:
     )
 
 
+def _model_names(model: PreTrainedModel, tensors: dict[str, torch.Tensor], state: dict) -> dict[str, torch.Tensor]:
+    """``tensors`` under the model's own parameter names (unchanged when they already match)."""
+    if set(tensors) <= set(state):
+        return tensors
+    from transformers.conversion_mapping import get_model_conversion_mapping
+    from transformers.core_model_loading import WeightRenaming, rename_source_key
+
+    transforms = get_model_conversion_mapping(model)
+    renamings = [t for t in transforms if isinstance(t, WeightRenaming)]
+    converters = [t for t in transforms if not isinstance(t, WeightRenaming)]
+    prefix = getattr(model, "base_model_prefix", None)
+    renamed: dict[str, torch.Tensor] = {}
+    for key, tensor in tensors.items():
+        name, converter = rename_source_key(
+            key, renamings, converters, base_model_prefix=prefix, meta_state_dict=state
+        )
+        if converter is not None:
+            raise WeightLoadError(f"Checkpoint tensor {key} needs a conversion the engine does not perform.")
+        renamed[name] = tensor
+    return renamed
+
+
 def load_weights_from_disk(model: PreTrainedModel, model_path: str | Path) -> int:
     """Copy a checkpoint's tensors into ``model`` in place.
 
@@ -63,6 +91,7 @@ def load_weights_from_disk(model: PreTrainedModel, model_path: str | Path) -> in
     except (OSError, ValueError, KeyError, RuntimeError) as exc:
         raise WeightLoadError(f"Failed to read checkpoint {str(model_path)!r}: {exc}") from exc
     state = model.state_dict()
+    tensors = _model_names(model, tensors, state)
     unexpected = sorted(set(tensors) - set(state))
     if unexpected:
         raise WeightLoadError(f"Checkpoint has unknown tensors: {', '.join(unexpected[:5])}.")

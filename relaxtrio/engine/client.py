@@ -144,17 +144,21 @@ class EngineClient:
         return_logprob: bool = True,
         session_id: str | None = None,
         routing_key: str | None = None,
+        image_data: Sequence[str] | None = None,
     ) -> GenerateResult:
         """Generate from token ids on one engine (``POST /generate``, single form).
 
         Args:
-            input_ids: prompt ids, length >= 1.
+            input_ids: prompt ids, length >= 1; with images, one placeholder token per image
+                (the engine expands them).
             sampling: SGLang native sampling parameters.
             rid: request id, the abort key; no rid may be a prefix of another (§7 P-4).
             return_logprob: request per-token logprobs (required for training).
             session_id: passed through as SGLang's top-level ``session_id``.
             routing_key: engines are chosen by a stable hash of this key (sticky); when None,
                 the engine with the fewest in-flight generations from this client is used.
+            image_data: the prompt's images in placeholder order (``data:`` URLs), sent as
+                SGLang's ``image_data``; None or empty sends none.
 
         Returns:
             The normalized result; ``len(output_logprobs) == len(output_ids)`` when
@@ -181,6 +185,8 @@ class EngineClient:
         }
         if session_id is not None:
             body["session_id"] = session_id
+        if image_data:
+            body["image_data"] = list(image_data)
         timeout = httpx.Timeout(None, connect=self.config.connect_timeout_s)
         self._in_flight[url] += 1
         try:

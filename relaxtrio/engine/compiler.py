@@ -33,6 +33,15 @@ with one of those ids; when it does, lineage = generated ids including the sampl
 observation delta, with no re-rendering of the assistant turn. A generation stopped by a stop
 *string* or by length has no end-of-turn id, and none is inserted (reference D-3 quirk).
 
+Images (reference D-5, spec "Token-in, Token-out"): :meth:`ChatCompiler.encode_observation`
+renders an observation into two id views. The **rollout ids** are the tokenizer ids of the
+template text, with one image placeholder per ``image_url`` part (what an SGLang server takes next
+to ``image_data``); the **training ids** expand each placeholder to the image's feature count and
+come with the processor's training inputs (:class:`~relaxtrio.engine.vision.MultimodalPayload`).
+The dummy prefix has no images, so trimming it from the rollout ids and then expanding equals
+expanding the whole render and trimming the same number of ids: both views get the same trim
+(D-3). A text observation has identical views and no payload.
+
 Thread safety: a ChatCompiler holds no per-call state, so calls may run in worker threads
 (``trio.to_thread.run_sync``); the dummy-prefix cache is guarded by a lock.
 """
@@ -52,6 +61,8 @@ import jinja2
 from .._errors import InternalError, InvalidRequestError
 from . import _template_inputs as _inputs
 from ._template_inputs import RESERVED_TEMPLATE_KWARGS, TURN_END_MARKERS, ArgumentsForm
+from .media import ImagePart, image_parts
+from .vision import RenderedObservation, VisionProcessor
 
 __all__ = [
     "DUMMY_PREFIX",
@@ -59,6 +70,7 @@ __all__ = [
     "TURN_END_MARKERS",
     "ChatCompiler",
     "EncodedPrompt",
+    "RenderedObservation",
 ]
 
 logger = logging.getLogger(__name__)
@@ -102,6 +114,8 @@ class ChatCompiler:
             ``encode``, ``decode``, ``eos_token_id``, ``get_added_vocab``).
         extra_stop_token_ids: more ids that end generation (e.g. ``generation_config.eos_token_id``).
         pass_empty_tools: pass ``tools=[]`` rather than ``None`` when a subtree has no tools.
+        vision: the model's vision processor, or None for a text-only model (whose observations
+            may then hold no images).
 
     Construction renders two small probe conversations to learn the template's tool-argument form
     and how it ends an assistant turn; a template that cannot render them still works for plain
@@ -114,8 +128,11 @@ class ChatCompiler:
         *,
         extra_stop_token_ids: Sequence[int] = (),
         pass_empty_tools: bool = False,
+        vision: VisionProcessor | None = None,
     ) -> None:
         self._tokenizer = tokenizer
+        self.vision = vision
+        """The vision processor of a VLM, or None."""
         self._pass_empty_tools = pass_empty_tools
         self._reserved_kwargs = _inputs.reserved_kwargs(tokenizer)
         self._trim_cache: dict[str, tuple[int, ...]] = {}
@@ -126,6 +143,20 @@ class ChatCompiler:
         """How tool-call arguments are handed to the template: ``"mapping"`` or ``"string"``."""
         self.turn_end_token_id: int | None = self._probe_turn_end()
         """The stop id the template writes right after an assistant message, or None."""
+
+    @classmethod
+    def from_pretrained(cls, model_dir: Any, **kwargs: Any) -> ChatCompiler:
+        """The compiler of a model directory: its tokenizer, plus its vision processor for a VLM.
+
+        Args:
+            model_dir: a Hugging Face model directory (local).
+            **kwargs: :class:`ChatCompiler` keyword arguments.
+        """
+        from transformers import AutoTokenizer
+
+        tokenizer = AutoTokenizer.from_pretrained(str(model_dir))
+        kwargs.setdefault("vision", VisionProcessor.from_pretrained(model_dir))
+        return cls(tokenizer, **kwargs)
 
     @property
     def tokenizer(self) -> Any:
@@ -239,6 +270,84 @@ class ChatCompiler:
             InternalError: as :meth:`render_delta`.
         """
         return self.render_delta(delta_messages, tools, template_kwargs).token_ids
+
+    def encode_observation(
+        self,
+        messages: Sequence[Mapping[str, Any]],
+        tools: Sequence[Mapping[str, Any]] = (),
+        template_kwargs: Mapping[str, Any] | None = None,
+        *,
+        delta: bool,
+        message_offset: int = 0,
+    ) -> RenderedObservation:
+        """Both id views of an observation: a full render (subtree root) or a dummy-prefix delta.
+
+        :meth:`observation_ids` then :meth:`attach_images` (the second step uses no tokenizer,
+        so callers may run it in a worker thread).
+
+        Args:
+            messages: the whole conversation (``delta=False``) or the new messages (``delta=True``).
+            tools: the subtree's tools.
+            template_kwargs: the subtree's template kwargs.
+            delta: render with the dummy prefix (an observation below a subtree root).
+            message_offset: index of ``messages[0]`` in the request, for error paths.
+
+        Raises:
+            InvalidRequestError: as :meth:`observation_ids` and :meth:`attach_images`.
+            InternalError: as :meth:`render_delta`.
+        """
+        ids, images = self.observation_ids(
+            messages, tools, template_kwargs, delta=delta, message_offset=message_offset
+        )
+        return self.attach_images(ids, images)
+
+    def observation_ids(
+        self,
+        messages: Sequence[Mapping[str, Any]],
+        tools: Sequence[Mapping[str, Any]] = (),
+        template_kwargs: Mapping[str, Any] | None = None,
+        *,
+        delta: bool,
+        message_offset: int = 0,
+    ) -> tuple[tuple[int, ...], tuple[ImagePart, ...]]:
+        """The rollout ids of an observation and the images their placeholders stand for.
+
+        Returns:
+            ``(ids, images)``; ``images`` in rendering order, empty for text.
+
+        Raises:
+            InvalidRequestError: as :meth:`render`; an image for a text-only model, or image
+                placeholder text without an image (``param`` names the part or ``messages``).
+            InternalError: as :meth:`render_delta`.
+        """
+        images = image_parts(messages, offset=message_offset)
+        render = self.render_delta if delta else self.render
+        ids = render(messages, tools, template_kwargs, message_offset=message_offset).token_ids
+        if images and self.vision is None:
+            raise InvalidRequestError(
+                "the served model is text-only and cannot take image input", param=images[0].param
+            )
+        if not images and self.vision is not None and self.vision.count_placeholders(ids):
+            raise InvalidRequestError(
+                "the messages contain image placeholder text but no image_url part", param="messages"
+            )
+        return ids, images
+
+    def attach_images(self, rollout_ids: Sequence[int], images: Sequence[ImagePart]) -> RenderedObservation:
+        """The training view of rendered ids: decode and process the images, expand placeholders.
+
+        Uses the vision processor only (no tokenizer), so it may run in a worker thread.
+
+        Raises:
+            InvalidRequestError: a remote or undecodable image, or a placeholder count that
+                differs from the number of images (the template does not render one per image).
+        """
+        ids = tuple(rollout_ids)
+        if not images:
+            return RenderedObservation(ids, ids, None)
+        assert self.vision is not None  # observation_ids refuses images for text-only models
+        train_ids, payload = self.vision.observation(ids, images)
+        return RenderedObservation(train_ids, ids, payload)
 
     def decode(self, token_ids: Sequence[int]) -> str:
         """Text of ``token_ids`` with special tokens kept and no whitespace clean-up."""

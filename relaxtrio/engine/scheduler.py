@@ -43,6 +43,7 @@ from ._request import (
     error_reason,
     waiting_abort_reason,
 )
+from ._vision_inputs import EngineMedia
 from ._weights import load_weights_from_disk
 from ._wire import RequestError, SamplingParams, stop_regexes, stop_strings, validate_sampling_values
 from .sampling import ResolvedSampling, RowSampler
@@ -106,7 +107,7 @@ class Scheduler:
         self.limits = limits
         self.eos_ids = eos_ids
         self.weight_version = weight_version
-        self.vocab_size = int(model.config.vocab_size)
+        self.vocab_size = int(model.config.get_text_config().vocab_size)
         self._batch: DecodeBatch[Req] = DecodeBatch(model)
         self._waiting: deque[Req] = deque()
         self._by_rid: dict[str, Req] = {}
@@ -169,8 +170,13 @@ class Scheduler:
         return_logprob: bool = False,
         top_logprobs_num: int = 0,
         return_text_in_logprobs: bool = False,
+        media: EngineMedia | None = None,
     ) -> Req:
         """Validate and enqueue one request (never blocks).
+
+        ``input_ids`` are the ids the model runs on: for an image request, with every image
+        placeholder already expanded to the image's feature count (``media`` holds the pixels);
+        the context checks count these ids.
 
         Raises:
             RequestError: duplicate in-flight rid, context overflow (SGLang's texts), bad
@@ -201,6 +207,7 @@ class Scheduler:
             return_logprob=return_logprob,
             top_logprobs_num=top_logprobs_num,
             return_text_in_logprobs=return_text_in_logprobs,
+            media=media,
         )
         self._by_rid[rid] = req
         if max_new_tokens == 0:
@@ -360,14 +367,14 @@ class Scheduler:
         finished: list[Req] = []
         joins = []
         for req in plan.admit:
-            cache, logits = batch.prefill(req.input_ids + tuple(req.output_ids))  # (V,)
+            cache, logits, offset = batch.prefill(req.input_ids + tuple(req.output_ids), req.media)  # (V,)
             req.append(req.sampler.choose(logits, len(req.output_ids)), plan.weight_version)
             self._num_generated_tokens += 1
             req.finish_reason = check_finished(req, self.tokenizer)
             if req.finish_reason is not None:
                 finished.append(req)
             else:
-                joins.append((req, cache))
+                joins.append((req, cache, offset))
         batch.add(joins)
         if plan.decode and len(batch) > 0:
             self._max_batch_size_seen = max(self._max_batch_size_seen, len(batch))

@@ -9,6 +9,13 @@ Routes (sglang-native-api.md §8 items 1-6): ``/generate``, ``/abort_request``,
 
 Start it with :func:`serve_engine` (``await nursery.start(serve_engine, config)`` returns the base
 URL) or from the command line (``python -m relaxtrio.engine``).
+
+Images: when the model directory is a vision-language model (Qwen2-VL family), ``/generate``
+takes ``image_data`` as SGLang does: ``input_ids`` hold one image placeholder per image, the
+engine decodes the images (``data:`` URLs or bare base64; remote URLs are refused with a 400, the
+engine does not fetch), runs the image processor, expands each placeholder to the image's feature
+count and prefills with the vision tower. ``meta_info.prompt_tokens`` counts the expanded ids,
+and so do the context checks. A text-only model refuses ``image_data`` with a 400.
 """
 
 from __future__ import annotations
@@ -29,13 +36,16 @@ from quart import Response, request
 from quart_trio import QuartTrio
 from werkzeug.exceptions import HTTPException
 
+from .._errors import InvalidRequestError
 from ._http_body import BodyError, body_field, control_body, parse_generate_body
 from ._info import EngineState, metrics_text, model_info_json, server_info_json
 from ._request import build_response
+from ._vision_inputs import EngineMedia
 from ._weights import WeightLoadError
 from ._wire import RequestError, SamplingParams, SchemaError
 from .model import eos_token_ids, load_model, load_tokenizer
 from .scheduler import EngineLimits, PauseMode, Scheduler
+from .vision import VisionProcessor
 
 __all__ = ["EngineConfig", "create_app", "serve_engine"]
 
@@ -79,6 +89,24 @@ def _empty(status: int = 200) -> Response:
     return Response(b"", status=status, content_type="text/plain")
 
 
+def _media_inputs(
+    vision: VisionProcessor, input_ids: tuple[int, ...], image_data: tuple[str, ...]
+) -> tuple[tuple[int, ...], EngineMedia | None]:
+    """Expanded ids and pixels of a request to a VLM (CPU work: run it in a worker thread).
+
+    Raises:
+        RequestError: a remote or undecodable image, or a placeholder count that differs from
+            the number of images.
+    """
+    try:
+        ids, pixel_values, grid = vision.engine_inputs(input_ids, image_data)
+    except InvalidRequestError as exc:
+        raise RequestError(exc.message) from exc
+    if pixel_values is None or grid is None:
+        return ids, None
+    return ids, EngineMedia(pixel_values=pixel_values, image_grid_thw=grid)
+
+
 def create_app(state: EngineState) -> QuartTrio:
     """Build the quart-trio app serving one engine's scheduler."""
     app = QuartTrio(__name__)
@@ -103,13 +131,25 @@ def create_app(state: EngineState) -> QuartTrio:
         raw = await request.get_data()
         try:
             gen = parse_generate_body(raw, lambda text: scheduler.tokenizer.encode(text))
+            input_ids, media = gen.input_ids, None
+            if state.vision is None and gen.image_data:
+                raise RequestError(
+                    "image_data is not supported: the served model is text-only (no vision encoder)."
+                )
+            if state.vision is not None and gen.image_data:
+                input_ids, media = await trio.to_thread.run_sync(
+                    _media_inputs, state.vision, gen.input_ids, gen.image_data
+                )
+            elif state.vision is not None:
+                input_ids, media = _media_inputs(state.vision, gen.input_ids, ())
             req = await scheduler.generate(
-                gen.input_ids,
+                input_ids,
                 gen.sampling_params,
                 rid=gen.rid,
                 return_logprob=gen.return_logprob,
                 top_logprobs_num=gen.top_logprobs_num,
                 return_text_in_logprobs=gen.return_text_in_logprobs,
+                media=media,
             )
         except SchemaError as exc:
             return _json(exc.to_json(), 400)
@@ -272,7 +312,8 @@ async def _load(config: EngineConfig) -> EngineState:
     dtype = getattr(torch, config.dtype)
     model = await trio.to_thread.run_sync(load_model, config.model_path, dtype)
     tokenizer = await trio.to_thread.run_sync(load_tokenizer, config.model_path)
-    context = config.context_length or int(model.config.max_position_embeddings)
+    context = config.context_length or int(model.config.get_text_config().max_position_embeddings)
+    vision = await trio.to_thread.run_sync(VisionProcessor.for_engine, config.model_path)
     eos = eos_token_ids(config.model_path)
     if tokenizer.eos_token_id is not None:
         eos |= {int(tokenizer.eos_token_id)}
@@ -293,6 +334,7 @@ async def _load(config: EngineConfig) -> EngineState:
         started_at=time.time(),
         model_type=str(model.config.model_type),
         architectures=list(model.config.architectures or []),
+        vision=vision,
     )
 
 

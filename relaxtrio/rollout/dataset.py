@@ -3,20 +3,40 @@
 ``--input-key`` maps a row field to messages (a string becomes one user message, a message list
 keeps its OpenAI shape, a dict becomes one message); ``--metadata-key`` maps a row field to
 metadata. A row may have both. Reference D-7.
+
+Images (spec "Multimodal Input"): ``--multimodal-keys '{"image": "images"}'`` names the row field
+holding the prompt's images (a list, or one value). Each ``<image>`` placeholder in the prompt
+text, in message order, is joined with the next image: the text is split there and an internal
+``{"type": "image", "image": value}`` part takes the placeholder's place. The number of
+placeholders must equal the number of images (else a clear error naming the row and both
+counts). Local paths are checked and made absolute at load time (relative paths are looked up
+next to the dataset file first, then in the working directory); ``data:`` and ``http(s)://``
+URLs are kept as they are and never fetched here.
+
+:meth:`Prompt.session_input` then converts every internal image part to OpenAI ``image_url``
+content before the agent starts: URLs are kept, a path / bytes / PIL image becomes an RGB PNG
+``data:`` URL. The conversion runs per call (decoding and PNG-encoding the row's images), so large
+images are never held in memory for the whole dataset.
 """
 
 from __future__ import annotations
 
 import json
 import random
-from collections.abc import Iterator
+from collections.abc import Iterator, Mapping
 from pathlib import Path
-from typing import Any
+from typing import Any, Final
 
 import attrs
 
 from .._errors import InvalidRequestError
+from ..engine.media import image_content_part, is_kept_url, resolve_image_path, to_image_url
 from ..forest import Conversation
+
+IMAGE_PLACEHOLDER: Final = "<image>"
+"""The dataset prompt's image placeholder (the standard Relax format)."""
+
+SUPPORTED_MODALITIES: Final = ("image",)
 
 
 @attrs.frozen(kw_only=True)
@@ -34,8 +54,17 @@ class Prompt:
     metadata: dict[str, Any]
 
     def session_input(self) -> dict[str, Any]:
-        """The JSON object written to RELAX_INPUT_JSON."""
-        payload: dict[str, Any] = {"messages": [dict(m) for m in self.messages]}
+        """The JSON object written to RELAX_INPUT_JSON; images become ``image_url`` parts.
+
+        Raises:
+            InvalidRequestError: an image that can no longer be read or decoded.
+        """
+        payload: dict[str, Any] = {
+            "messages": [
+                _with_image_urls(m, where=f"prompt {self.index} messages[{i}]")
+                for i, m in enumerate(self.messages)
+            ]
+        }
         if self.metadata:
             payload["metadata"] = self.metadata
         return payload
@@ -55,13 +84,146 @@ def _messages_of(value: Any, where: str) -> tuple[dict, ...]:
     return Conversation.from_wire(value).messages
 
 
-def load_prompts(path: Path, *, input_key: str = "input", metadata_key: str = "metadata") -> list[Prompt]:
-    """Reads a JSONL prompt file.
+def _with_image_urls(message: dict, *, where: str) -> dict:
+    """A copy of ``message`` whose internal ``{"type": "image"}`` parts are ``image_url`` parts."""
+    content = message.get("content")
+    if not isinstance(content, list):
+        return dict(message)
+    parts = []
+    for j, part in enumerate(content):
+        if isinstance(part, dict) and part.get("type") == "image" and "image" in part:
+            part = image_content_part(to_image_url(part["image"], where=f"{where}.content[{j}].image"))
+        parts.append(part)
+    return {**message, "content": parts}
+
+
+def _image_key(multimodal_keys: Mapping[str, str] | None) -> str | None:
+    if not multimodal_keys:
+        return None
+    for modality, field in multimodal_keys.items():
+        if modality not in SUPPORTED_MODALITIES:
+            raise InvalidRequestError(
+                f"--multimodal-keys: modality {modality!r} is not supported (supported: "
+                f"{', '.join(SUPPORTED_MODALITIES)})", param="multimodal_keys")
+        if not isinstance(field, str) or not field:
+            raise InvalidRequestError(
+                f"--multimodal-keys: the field of {modality!r} must be a non-empty string",
+                param="multimodal_keys")
+    return multimodal_keys.get("image")
+
+
+def _checked_image(value: Any, where: str, base_dir: Path | None) -> Any:
+    """A row's image value, validated; local paths become absolute path strings."""
+    if isinstance(value, Mapping):
+        for key in ("url", "path"):
+            if isinstance(value.get(key), str) and value[key]:
+                return _checked_image(value[key], where, base_dir)
+        if value.get("bytes") is not None:
+            return value
+        raise InvalidRequestError(f"{where} must have a non-empty 'path' or 'url'")
+    if isinstance(value, str):
+        if is_kept_url(value):
+            return value
+        return str(resolve_image_path(value, where=where, base_dir=base_dir))
+    if isinstance(value, (bytes, bytearray)) or hasattr(value, "convert"):  # bytes or a PIL image
+        return value
+    raise InvalidRequestError(f"{where} must be a path or URL string, got {type(value).__name__}")
+
+
+def join_images(
+    messages: tuple[dict, ...],
+    images: Any,
+    *,
+    where: str,
+    field: str,
+    base_dir: Path | None = None,
+) -> tuple[dict, ...]:
+    """Joins ``<image>`` placeholders with a row's images (in order) as internal image parts.
+
+    Args:
+        messages: the row's canonical messages.
+        images: the row's image field: a list, one value, or None (no images).
+        where: ``file:line`` of the row, for errors.
+        field: the image field's name, for errors.
+        base_dir: where relative image paths are looked up first.
+
+    Returns:
+        The messages with every placeholder replaced by ``{"type": "image", "image": value}``
+        (text around it kept as text parts; string content becomes a part list when it has
+        a placeholder).
 
     Raises:
-        InvalidRequestError: unreadable JSON, a non-object row, or a row with neither field.
+        InvalidRequestError: the placeholder count differs from the image count, a placeholder
+            sits in a system message, or an image value is unusable (missing file, bad type).
+    """
+    values = [] if images is None else list(images) if isinstance(images, (list, tuple)) else [images]
+    values = [_checked_image(v, f"{where}: {field}[{k}]", base_dir) for k, v in enumerate(values)]
+    found = sum(_count_placeholders(m) for m in messages)
+    if found != len(values):
+        raise InvalidRequestError(
+            f"{where}: the prompt has {found} {IMAGE_PLACEHOLDER} placeholder(s) but {field!r} has "
+            f"{len(values)} image(s); each image needs exactly one placeholder"
+        )
+    if not values:
+        return messages
+    remaining = iter(values)
+    out = []
+    for i, message in enumerate(messages):
+        if not _count_placeholders(message):
+            out.append(message)
+            continue
+        if message["role"] == "system":
+            raise InvalidRequestError(f"{where}: messages[{i}] is a system message; images must be in "
+                                      "user, assistant or tool messages")
+        content = message["content"]
+        parts = [{"type": "text", "text": content}] if isinstance(content, str) else content
+        joined: list[dict] = []
+        for part in parts:
+            if part.get("type") != "text" or IMAGE_PLACEHOLDER not in part.get("text", ""):
+                joined.append(part)
+                continue
+            pieces = part["text"].split(IMAGE_PLACEHOLDER)
+            for k, piece in enumerate(pieces):
+                if k:
+                    joined.append({"type": "image", "image": next(remaining)})
+                if piece:
+                    joined.append({"type": "text", "text": piece})
+        out.append({**message, "content": joined})
+    return tuple(out)
+
+
+def _count_placeholders(message: dict) -> int:
+    content = message.get("content")
+    if isinstance(content, str):
+        return content.count(IMAGE_PLACEHOLDER)
+    if isinstance(content, list):
+        return sum(part.get("text", "").count(IMAGE_PLACEHOLDER) for part in content
+                   if isinstance(part, dict) and part.get("type") == "text")
+    return 0
+
+
+def load_prompts(
+    path: Path,
+    *,
+    input_key: str = "input",
+    metadata_key: str = "metadata",
+    multimodal_keys: Mapping[str, str] | None = None,
+) -> list[Prompt]:
+    """Reads a JSONL prompt file.
+
+    Args:
+        path: the JSONL file.
+        input_key: row field holding the prompt (string, message or message list).
+        metadata_key: row field holding the metadata object.
+        multimodal_keys: modality → row field, e.g. ``{"image": "images"}``
+            (``--multimodal-keys``); only ``image`` is supported.
+
+    Raises:
+        InvalidRequestError: unreadable JSON, a non-object row, a row with neither field, an
+            unsupported modality, or a row whose placeholders and images do not match.
         FileNotFoundError: no such file.
     """
+    image_key = _image_key(multimodal_keys)
     prompts = []
     with Path(path).open(encoding="utf-8") as f:
         for lineno, line in enumerate(f, start=1):
@@ -79,10 +241,11 @@ def load_prompts(path: Path, *, input_key: str = "input", metadata_key: str = "m
             metadata = row.get(metadata_key) or {}
             if not isinstance(metadata, dict):
                 raise InvalidRequestError(f"{where}: {metadata_key!r} must be a JSON object")
-            prompts.append(
-                Prompt(index=len(prompts), messages=_messages_of(row.get(input_key), where),
-                       metadata=metadata)
-            )
+            messages = _messages_of(row.get(input_key), where)
+            if image_key is not None:
+                messages = join_images(messages, row.get(image_key), where=where, field=image_key,
+                                       base_dir=Path(path).parent)
+            prompts.append(Prompt(index=len(prompts), messages=messages, metadata=metadata))
     if not prompts:
         raise InvalidRequestError(f"{path}: no prompts")
     return prompts

@@ -10,11 +10,20 @@ Partial rollout: when the engine answers ``finish_reason.type == "abort"`` (a pa
 request), the partial ids and logprobs are kept, the request waits for the Group's generation
 gate to reopen, and the next attempt sends lineage ids + partial ids with the remaining token
 budget. The agent's HTTP request stays open the whole time.
+
+Images (spec "Token-in, Token-out", pitfall B-33): an observation with ``image_url`` parts is
+rendered into two views (:meth:`~relaxtrio.engine.compiler.ChatCompiler.encode_observation`).
+Its node stores the processor-expanded training ids, the rollout ids with one placeholder per
+image, and the images plus training inputs as its ``multimodal`` payload. Every generation sends
+the lineage's rollout ids together with all images of the lineage's observations, in lineage
+order, as ``image_data``: the engine expands each placeholder once, so an image committed in turn
+1 is never re-expanded in turn 2. Context limits and ``prompt_tokens`` use the expanded length.
 """
 
 from __future__ import annotations
 
 import logging
+from collections.abc import Sequence
 from typing import Final
 
 import attrs
@@ -22,9 +31,18 @@ import trio
 
 from .._errors import BackendError, ContextLengthExceededError, InvalidRequestError
 from ..engine.client import EngineClient, SamplingParams
-from ..engine.compiler import ChatCompiler
+from ..engine.compiler import ChatCompiler, RenderedObservation
 from ..engine.parsers import build_assistant_message, effective_finish_type
-from ..forest import Conversation, RootNode, WeightSpan, context_length_message
+from ..forest import (
+    Conversation,
+    Match,
+    ObservationNode,
+    ResponseNode,
+    RootNode,
+    SessionForest,
+    WeightSpan,
+    context_length_message,
+)
 from ..nursery.session import Session
 from ..nursery.turns import TokenLogprob, TurnRequest, TurnResult
 
@@ -100,7 +118,8 @@ class EngineTurnHandler:
         """Matches, renders, generates, parses and commits one turn.
 
         Raises:
-            InvalidRequestError: no messages, or a message the template cannot render.
+            InvalidRequestError: no messages, a message the template cannot render, or an image
+                the model cannot take (text-only model, remote URL, undecodable data).
             ContextLengthExceededError: the lineage leaves no room for generation (nothing new
                 is committed when the observation itself does not fit).
             BackendError: the engine failed or returned an unusable answer.
@@ -117,12 +136,13 @@ class EngineTurnHandler:
         match = forest.match(conv)
         parent = match.parent
         if match.delta:
-            if isinstance(parent, RootNode):
-                ids = self.compiler.encode_full(conv.messages, conv.tools, conv.template_kwargs)
-            else:
-                ids = self.compiler.encode_delta(match.delta, conv.tools, conv.template_kwargs)
-            parent = forest.add_observation(match, token_ids=ids)
+            obs = await self._render_observation(conv, match)
+            parent = forest.add_observation(
+                match, token_ids=obs.token_ids, rollout_token_ids=obs.rollout_token_ids,
+                multimodal=obs.multimodal,
+            )
         prompt_ids = forest.rollout_token_ids(parent)
+        images = lineage_image_urls(forest, parent)
         budget = self.config.max_response_tokens
         if request.max_new_tokens is not None:
             budget = min(budget, request.max_new_tokens)
@@ -171,7 +191,7 @@ class EngineTurnHandler:
             # rid (and aborts it) or closed the gate before we passed it.
             session.inflight_rids.add(rid)
             try:
-                result = await self._generate(prompt_ids + tuple(tokens), sampling, rid)
+                result = await self._generate(prompt_ids + tuple(tokens), sampling, rid, images)
             finally:
                 session.inflight_rids.discard(rid)
             generation_s += trio.current_time() - attempt_start
@@ -233,17 +253,42 @@ class EngineTurnHandler:
         return TurnResult(
             message=node.message,
             finish_reason=finish_reason,
-            prompt_tokens=len(prompt_ids),
+            prompt_tokens=forest.train_token_count(parent),
             completion_tokens=len(tokens),
             request_id=request_id,
             state_hash=node.state_hash,
             logprobs=token_logprobs,
         )
 
-    async def _generate(self, input_ids: tuple[int, ...], sampling: SamplingParams, rid: str):
+    async def _render_observation(self, conv: Conversation, match: Match) -> RenderedObservation:
+        """Both id views of the unmatched suffix: a full render at a subtree root, else a delta.
+
+        The template render (tokenizer) runs here on the trio thread; images, if any, are
+        decoded and processed in a worker thread (CPU work that never touches the tokenizer).
+
+        Raises:
+            InvalidRequestError: as :meth:`ChatCompiler.encode_observation`.
+
+        Cancellation:
+            A checkpoint only with images; a cancel waits for the worker thread, and nothing
+            is committed either way.
+        """
+        delta = not isinstance(match.parent, RootNode)
+        messages = match.delta if delta else conv.messages
+        ids, images = self.compiler.observation_ids(
+            messages, conv.tools, conv.template_kwargs,
+            delta=delta, message_offset=len(conv.messages) - len(messages),
+        )
+        if not images:
+            return RenderedObservation(ids, ids, None)
+        return await trio.to_thread.run_sync(self.compiler.attach_images, ids, images)
+
+    async def _generate(self, input_ids: tuple[int, ...], sampling: SamplingParams, rid: str,
+                        images: Sequence[str] = ()):
         finished = False
+        extra = {"image_data": list(images)} if images else {}
         try:
-            result = await self.client.generate(input_ids, sampling, rid=rid, return_logprob=True)
+            result = await self.client.generate(input_ids, sampling, rid=rid, return_logprob=True, **extra)
             finished = True
             return result
         finally:
@@ -254,3 +299,23 @@ class EngineTurnHandler:
                         await self.client.abort(rid)
                     except BackendError as exc:
                         log.warning("abort of %s failed: %s", rid, exc)
+
+
+def lineage_image_urls(
+    forest: SessionForest, node: RootNode | ObservationNode | ResponseNode
+) -> tuple[str, ...]:
+    """The images of ``node``'s lineage in placeholder order (what ``image_data`` must carry).
+
+    Args:
+        forest: the Session's forest.
+        node: the state the generation continues (the root gives no images).
+
+    Returns:
+        The ``image_urls`` of every observation payload from the subtree root down to ``node``.
+    """
+    return tuple(
+        url
+        for n in forest.lineage(node)
+        if isinstance(n, ObservationNode) and n.multimodal is not None
+        for url in getattr(n.multimodal, "image_urls", ())
+    )

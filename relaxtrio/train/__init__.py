@@ -15,6 +15,8 @@ from .loss import entropy_from_logits as entropy_from_logits
 from .loss import logprobs_from_logits as logprobs_from_logits
 from .loss import policy_loss as policy_loss
 from .loss import token_logprobs as token_logprobs
+from .multimodal import merge_multimodal_inputs as merge_multimodal_inputs
+from .multimodal import multimodal_model_inputs as multimodal_model_inputs
 from .trainer import Trainer as Trainer
 
 __all__ = [
@@ -25,6 +27,8 @@ __all__ = [
     "Trainer",
     "entropy_from_logits",
     "logprobs_from_logits",
+    "merge_multimodal_inputs",
+    "multimodal_model_inputs",
     "policy_loss",
     "save_checkpoint_dir",
     "save_weights_dir",

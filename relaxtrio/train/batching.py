@@ -1,7 +1,8 @@
 """From training samples to padded tensors: validation, minibatch split, micro-batch packing.
 
 The trainer never sees a ``TrainingSample`` class; anything with the three fields of
-:class:`SampleLike` (``relaxtrio.forest.TrainingSample`` among them) trains.
+:class:`SampleLike` (``relaxtrio.forest.TrainingSample`` among them) trains. A sample of a
+vision-language model also carries ``multimodal_inputs`` (see :mod:`relaxtrio.train.multimodal`).
 """
 
 from __future__ import annotations
@@ -15,6 +16,8 @@ import attrs
 import torch
 from torch import Tensor
 
+from .multimodal import multimodal_model_inputs
+
 __all__ = ["MicroBatch", "SampleLike", "collate", "plan_micro_batches", "split_minibatches"]
 
 
@@ -22,7 +25,8 @@ class SampleLike(Protocol):
     """The fields the trainer reads from a sample (duck-typed ``TrainingSample``).
 
     ``len(token_ids) == len(loss_mask) == len(rollout_logprobs) >= 1``; ``loss_mask[0] == 0``
-    (the first token has no context to be predicted from).
+    (the first token has no context to be predicted from). An optional ``multimodal_inputs``
+    (payloads with ``train_inputs``, lineage order) is read when present.
     """
 
     @property
@@ -47,6 +51,8 @@ class MicroBatch:
         rollout_logprobs: ``(B, T) float32``; engine logprobs (0.0 off the loss mask).
         advantages: ``(B, T) float32``; each sample's scalar advantage broadcast over its whole
             row (the loss only reads it where ``loss_mask == 1``).
+        model_inputs: extra model keyword tensors (a VLM's ``pixel_values``, ``image_grid_thw``,
+            ``mm_token_type_ids``); empty for text.
     """
 
     indices: tuple[int, ...]
@@ -55,6 +61,7 @@ class MicroBatch:
     loss_mask: Tensor
     rollout_logprobs: Tensor
     advantages: Tensor
+    model_inputs: dict[str, Tensor] = attrs.field(factory=dict)
 
     @property
     def num_tokens(self) -> int:
@@ -162,11 +169,21 @@ def collate(
     *,
     pad_token_id: int,
     device: torch.device | str,
+    image_token_id: int | None = None,
 ) -> MicroBatch:
     """Right-pad the chosen samples into one :class:`MicroBatch` on ``device``.
 
+    Args:
+        samples: the step's samples.
+        advantages: one per sample, or None.
+        indices: which samples, in batch order.
+        pad_token_id: id written at padding positions.
+        device: where the tensors go.
+        image_token_id: the model's image placeholder id, for samples with images.
+
     Raises:
-        ValueError: a sample's rollout logprob is ``nan``/``inf`` on a trained token.
+        ValueError: a sample's rollout logprob is ``nan``/``inf`` on a trained token, or a sample
+            has images the model cannot take.
     """
     rows = [samples[i] for i in indices]
     B, T = len(rows), max(len(s.token_ids) for s in rows)
@@ -197,4 +214,7 @@ def collate(
         loss_mask=loss_mask.to(device),
         rollout_logprobs=rollout_logprobs.to(device),
         advantages=adv.to(device),
+        model_inputs=multimodal_model_inputs(
+            rows, token_ids.to(device), image_token_id=image_token_id, device=device
+        ),
     )

@@ -34,9 +34,12 @@ TOKENIZER_FILES: Final = frozenset(
         "tokenizer.model",
         "chat_template.jinja",
         "chat_template.json",
+        "preprocessor_config.json",
+        "processor_config.json",
     }
 )
-"""File names copied from ``tokenizer_dir`` into a checkpoint (plus any other ``*.jinja``)."""
+"""File names copied from ``tokenizer_dir`` into a checkpoint (plus any other ``*.jinja``); the
+image processor's configs come along so a vision-language checkpoint can be served again."""
 
 OPTIMIZER_FILE: Final = "optimizer.pt"
 

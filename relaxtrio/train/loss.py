@@ -10,6 +10,7 @@ so are right-padding positions; neither may be in ``loss_mask``.
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from typing import Final
 
 import torch
@@ -36,6 +37,7 @@ def token_logprobs(
     *,
     autocast_bf16: bool = False,
     chunk_tokens: int = DEFAULT_CHUNK_TOKENS,
+    model_inputs: Mapping[str, Tensor] | None = None,
 ) -> Tensor:
     """Per-token log-probabilities of ``token_ids`` under a causal LM, computed in float32.
 
@@ -50,21 +52,33 @@ def token_logprobs(
             AVX512-BF16 but far less exact (mean |error| ~0.05 nats vs ~4e-6 in fp32 on SmolLM2),
             which shows up directly in PPO ratios. The reduction itself stays fp32.
         chunk_tokens: positions reduced per chunk (see :func:`logprobs_from_logits`).
+        model_inputs: extra keyword tensors for the forward pass, e.g. a VLM's merged
+            ``pixel_values`` / ``image_grid_thw`` / ``mm_token_type_ids``
+            (:func:`relaxtrio.train.multimodal.multimodal_model_inputs`); ``token_ids`` then hold
+            the processor-expanded placeholders.
 
     Returns:
         ``(B, T) float32``: ``out[:, 0] == 0``, ``out[b, t] = log p(token_ids[b, t] |
         token_ids[b, :t])`` for real tokens, and 0.0 where ``attention_mask == 0``.
     """
-    logits = _forward_logits(model, token_ids, attention_mask, autocast_bf16=autocast_bf16)
+    logits = _forward_logits(
+        model, token_ids, attention_mask, autocast_bf16=autocast_bf16, model_inputs=model_inputs
+    )
     return logprobs_from_logits(logits, token_ids, attention_mask, chunk_tokens=chunk_tokens)
 
 
 def _forward_logits(
-    model: torch.nn.Module, token_ids: Tensor, attention_mask: Tensor, *, autocast_bf16: bool
+    model: torch.nn.Module,
+    token_ids: Tensor,
+    attention_mask: Tensor,
+    *,
+    autocast_bf16: bool,
+    model_inputs: Mapping[str, Tensor] | None = None,
 ) -> Tensor:
     """One forward pass; returns ``(B, T, V)`` logits (bf16 under autocast, else model dtype)."""
+    extra = dict(model_inputs or {})
     with torch.autocast(token_ids.device.type, dtype=torch.bfloat16, enabled=autocast_bf16):
-        out = model(input_ids=token_ids, attention_mask=attention_mask, use_cache=False)
+        out = model(input_ids=token_ids, attention_mask=attention_mask, use_cache=False, **extra)
     return out.logits  # (B, T, V)
 
 

@@ -80,8 +80,12 @@ class Trainer:
         )
         self.num_optimizer_steps = 0
         self._rng = random.Random(self.config.seed)
-        pad = getattr(getattr(model, "config", None), "pad_token_id", None)
-        vocab = getattr(getattr(model, "config", None), "vocab_size", None)
+        model_config = getattr(model, "config", None)
+        text_config = model_config.get_text_config() if hasattr(model_config, "get_text_config") else model_config
+        pad = getattr(text_config, "pad_token_id", None)
+        vocab = getattr(text_config, "vocab_size", None)
+        image_token = getattr(model_config, "image_token_id", None)
+        self._image_token_id: int | None = image_token if isinstance(image_token, int) else None
         ok = isinstance(pad, int) and pad >= 0 and (vocab is None or pad < vocab)
         self._pad_token_id = pad if ok else 0  # any valid id: padding is masked out
 
@@ -90,14 +94,19 @@ class Trainer:
         """Load ``model_dir`` (HF layout) in float32 and build a trainer around it.
 
         Args:
-            model_dir: a directory ``AutoModelForCausalLM.from_pretrained`` accepts (local only).
+            model_dir: a directory ``AutoModelForCausalLM.from_pretrained`` accepts (local only),
+                or a vision-language model directory (its ``config.json`` has a
+                ``vision_config``; loaded with ``AutoModelForImageTextToText``).
             config: trainer settings; defaults to ``TrainConfig()``.
         """
-        from transformers import AutoModelForCausalLM
+        import json
 
-        model = AutoModelForCausalLM.from_pretrained(
-            Path(model_dir), dtype=torch.float32, local_files_only=True
-        )
+        from transformers import AutoModelForCausalLM, AutoModelForImageTextToText
+
+        config_file = Path(model_dir) / "config.json"
+        is_vlm = config_file.is_file() and "vision_config" in json.loads(config_file.read_text("utf-8"))
+        auto = AutoModelForImageTextToText if is_vlm else AutoModelForCausalLM
+        model = auto.from_pretrained(Path(model_dir), dtype=torch.float32, local_files_only=True)
         return cls(model, config)
 
     # ------------------------------------------------------------------ training
@@ -143,7 +152,7 @@ class Trainer:
                 batch = self._collate(samples, advantages, indices)
                 logits = _forward_logits(
                     self.model, batch.token_ids, batch.attention_mask,
-                    autocast_bf16=cfg.bf16_autocast,
+                    autocast_bf16=cfg.bf16_autocast, model_inputs=batch.model_inputs,
                 )  # (B, T, V)
                 logprobs = logprobs_from_logits(
                     logits, batch.token_ids, batch.attention_mask,
@@ -222,7 +231,8 @@ class Trainer:
         for indices in plan:
             batch = self._collate(samples, None, indices)
             logits = _forward_logits(
-                self.model, batch.token_ids, batch.attention_mask, autocast_bf16=cfg.bf16_autocast
+                self.model, batch.token_ids, batch.attention_mask, autocast_bf16=cfg.bf16_autocast,
+                model_inputs=batch.model_inputs,
             )  # (B, T, V)
             logprobs = logprobs_from_logits(
                 logits, batch.token_ids, batch.attention_mask, chunk_tokens=cfg.logprob_chunk_tokens
@@ -251,7 +261,8 @@ class Trainer:
         self, samples: Sequence[SampleLike], advantages: Sequence[float] | None, indices: list[int]
     ) -> MicroBatch:
         return collate(
-            samples, advantages, indices, pad_token_id=self._pad_token_id, device=self.config.device
+            samples, advantages, indices, pad_token_id=self._pad_token_id, device=self.config.device,
+            image_token_id=self._image_token_id,
         )
 
     # ------------------------------------------------------------------ saving

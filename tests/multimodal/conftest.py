@@ -1,0 +1,33 @@
+"""Fixtures of the multimodal suite: one tiny random Qwen2-VL per session, built offline."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from relaxtrio.engine.model import build_tiny_vlm, load_model, load_tokenizer
+from relaxtrio.engine.vision import VisionProcessor
+
+
+@pytest.fixture(scope="session")
+def tiny_vlm_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """A tiny random Qwen2-VL with the vision tokens, PIL image processor and vision template."""
+    return build_tiny_vlm(tmp_path_factory.mktemp("tiny-vlm"), seed=0)
+
+
+@pytest.fixture(scope="session")
+def vlm_model(tiny_vlm_dir: Path):
+    return load_model(tiny_vlm_dir)
+
+
+@pytest.fixture(scope="session")
+def vlm_tokenizer(tiny_vlm_dir: Path):
+    return load_tokenizer(tiny_vlm_dir)
+
+
+@pytest.fixture(scope="session")
+def vlm_vision(tiny_vlm_dir: Path) -> VisionProcessor:
+    vision = VisionProcessor.from_pretrained(tiny_vlm_dir)
+    assert vision is not None
+    return vision

@@ -1,0 +1,114 @@
+"""The turn handler with images: what it commits, what it sends, and what it refuses (scripted engine)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import pytest
+import trio
+from mm_helpers import data_url
+from support.scripted_engine import Reply, ScriptedEngine
+
+from relaxtrio import ContextLengthExceededError, InvalidRequestError
+from relaxtrio.engine.compiler import ChatCompiler
+from relaxtrio.engine.model import load_tokenizer
+from relaxtrio.forest import Conversation, SessionForest
+from relaxtrio.nursery.agent import ActiveBudget
+from relaxtrio.nursery.group import Group
+from relaxtrio.nursery.session import Session, new_session_id
+from relaxtrio.nursery.turns import TurnRequest
+from relaxtrio.rollout.turns import EngineTurnHandler, GenerationConfig
+
+
+class RecordingEngine(ScriptedEngine):
+    """The scripted engine, also recording each call's ``image_data``."""
+
+    def __init__(self, **kwargs: Any) -> None:
+        super().__init__(**kwargs)
+        self.image_data: list[list[str] | None] = []
+
+    async def generate(self, input_ids, sampling, *, rid, return_logprob=True, **extra):
+        self.image_data.append(extra.get("image_data"))
+        return await super().generate(input_ids, sampling, rid=rid, return_logprob=return_logprob)
+
+
+def _session(max_context_tokens: int | None) -> Session:
+    group = Group(group_id="train:group_mm_turns")
+    session_id = new_session_id()
+    session = Session(session_id=session_id, group=group, index=0, input_payload={},
+                      forest=SessionForest(session_id, max_context_tokens=max_context_tokens),
+                      budget=ActiveBudget(total_s=60))
+    group.sessions.append(session)
+    group.lease()
+    group.note_request(session)
+    return session
+
+
+def _request(*messages: dict) -> TurnRequest:
+    return TurnRequest(conversation=Conversation.from_wire(list(messages)))
+
+
+def _user(text: str, *urls: str) -> dict:
+    return {"role": "user", "content": [{"type": "text", "text": text},
+                                        *({"type": "image_url", "image_url": {"url": u}} for u in urls)]}
+
+
+@pytest.fixture(scope="module")
+def compiler(tiny_vlm_dir: Path) -> ChatCompiler:
+    return ChatCompiler.from_pretrained(tiny_vlm_dir)
+
+
+def _handler(compiler: ChatCompiler, replies: list[Reply]) -> tuple[EngineTurnHandler, RecordingEngine]:
+    engine = RecordingEngine(tokenizer=compiler.tokenizer, eos_id=compiler.tokenizer.eos_token_id, replies=replies)
+    handler = EngineTurnHandler(client=engine, compiler=compiler,  # type: ignore[arg-type]
+                                config=GenerationConfig(max_response_tokens=8))
+    return handler, engine
+
+
+async def test_turns_send_lineage_images_and_commit_both_views(compiler: ChatCompiler) -> None:
+    one, two = data_url(56, 84, seed=1), data_url(28, 56, seed=2)
+    handler, engine = _handler(compiler, [Reply(text="A dog."), Reply(text="A cat."), Reply(text="ok")])
+    session = _session(4096)
+    first = _user("What is this?", one)
+    with trio.fail_after(30):
+        result1 = await handler.complete(session, _request(first))
+        reply1 = {"role": "assistant", "content": "A dog."}
+        result2 = await handler.complete(session, _request(first, reply1, _user("And this?", two)))
+        text_only = await handler.complete(session, _request({"role": "user", "content": "no image"}))
+    assert result2.message["content"] == "A cat."
+    assert engine.image_data == [[one], [one, two], None]  # every image of the lineage, in order
+    forest = session.forest
+    obs1, resp1, obs2, resp2 = forest.lineage(forest.get(result2.state_hash))
+    pad = compiler.vision.image_token_id
+    assert obs1.rollout_token_ids.count(pad) == 1 and obs1.token_ids.count(pad) == 6
+    assert obs2.rollout_token_ids.count(pad) == 1 and obs2.token_ids.count(pad) == 2
+    # The engine gets the rollout view; usage counts the training view.
+    assert engine.calls[1][0] == forest.rollout_token_ids(obs2)
+    assert result1.prompt_tokens == len(obs1.token_ids)
+    assert result2.prompt_tokens == forest.train_token_count(obs2) == len(forest.rollout_token_ids(obs2)) + 5 + 1
+    assert text_only.prompt_tokens == len(forest.lineage(forest.get(text_only.state_hash))[0].token_ids)
+
+
+async def test_context_limit_counts_expanded_ids(compiler: ChatCompiler) -> None:
+    message = _user("Describe.", data_url(84, 84, seed=3))  # 9 image tokens: 8 more than the placeholder
+    obs = compiler.encode_observation([message], delta=False)
+    handler, engine = _handler(compiler, [])
+    session = _session(len(obs.rollout_token_ids) + 4)  # the rollout view would fit, the training view not
+    with pytest.raises(ContextLengthExceededError) as caught:
+        await handler.complete(session, _request(message))
+    assert f"resulted in {len(obs.token_ids)} tokens" in caught.value.message
+    assert len(session.forest) == 0 and not engine.calls  # nothing committed, nothing generated
+
+
+async def test_unusable_images_are_refused_before_commit(compiler: ChatCompiler, tiny_model_dir: Path) -> None:
+    handler, engine = _handler(compiler, [])
+    session = _session(None)
+    with pytest.raises(InvalidRequestError, match="remote image URLs are not fetched") as caught:
+        await handler.complete(session, _request(_user("look", "https://example.com/a.png")))
+    assert caught.value.param == "messages[0].content[1].image_url.url"
+    text_compiler = ChatCompiler(load_tokenizer(tiny_model_dir))
+    text_handler, _ = _handler(text_compiler, [])
+    with pytest.raises(InvalidRequestError, match="text-only"):
+        await text_handler.complete(session, _request(_user("look", data_url(28, 28))))
+    assert len(session.forest) == 0 and not engine.calls
