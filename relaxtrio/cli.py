@@ -128,6 +128,10 @@ def _train_config(args: argparse.Namespace):
     if args.n_samples_per_prompt < 1 or args.rollout_batch_size < 1 or args.num_rollout < 0:
         raise RelaxError("--n-samples-per-prompt and --rollout-batch-size must be >= 1, "
                          "--num-rollout >= 0")
+    mm = args.multimodal_keys
+    if mm is not None and not (isinstance(mm, dict) and all(
+            isinstance(k, str) and isinstance(v, str) for k, v in mm.items())):
+        raise RelaxError('--multimodal-keys must be a JSON object of strings, e.g. {"image": "images"}')
     if args.partial_rollout and args.fully_async:
         raise RelaxError("--partial-rollout and --fully-async are mutually exclusive")
     if len(args.eval_prompt_data) % 2:

@@ -200,15 +200,12 @@ async def run_training(cfg: TrainRunConfig) -> TrainSummary:
         Cancelling (e.g. Ctrl-C) terminates every agent process group and the embedded engine
         before returning.
     """
-    from transformers import AutoTokenizer
-
     check_capacity(cfg)
     out = cfg.output_dir
     out.mkdir(parents=True, exist_ok=True)
     metrics = MetricsLog(path=out / "metrics.jsonl")
     model_dir = await trio.to_thread.run_sync(_resolve_model, cfg)
-    tokenizer = await trio.to_thread.run_sync(AutoTokenizer.from_pretrained, str(model_dir))
-    compiler = ChatCompiler(tokenizer)
+    compiler = await trio.to_thread.run_sync(ChatCompiler.from_pretrained, model_dir)
     keys: dict[str, Any] = {"input_key": cfg.input_key, "metadata_key": cfg.metadata_key}
     if cfg.multimodal_keys:
         keys["multimodal_keys"] = cfg.multimodal_keys

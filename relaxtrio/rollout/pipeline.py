@@ -21,6 +21,7 @@
 
 from __future__ import annotations
 
+import copy
 import logging
 import math
 import time
@@ -32,7 +33,7 @@ import attrs
 import trio
 from tqdm import tqdm
 
-from .._errors import BackendError, ExportError
+from .._errors import BackendError, ExportError, InvalidRequestError
 from ..forest import SessionForest
 from ..nursery.agent import ActiveBudget, AgentConfig, RolloutMode
 from ..nursery.group import Group, run_group
@@ -100,15 +101,24 @@ class RolloutPipeline:
         await self._changed.wait()
 
     def make_group(self, prompt: Prompt, mode: RolloutMode = "train", n: int | None = None) -> Group:
-        """Builds the Group (n Sessions) for one prompt."""
+        """Builds the Group (n Sessions) for one prompt.
+
+        A prompt whose input cannot be built (e.g. an image file that disappeared) gives a Group
+        that is already dropped, with the reason; the caller does not run it.
+        """
         self._group_seq += 1
         group = Group(group_id=f"{mode}:group_{self._group_seq:06d}", mode=mode,
                       prompt_index=prompt.index)
+        try:
+            payload = prompt.session_input()
+        except InvalidRequestError as exc:
+            group.dropped_reason = f"prompt {prompt.index} cannot be used: {exc}"
+            return group
         for i in range(n or self.config.n_samples_per_prompt):
             session_id = new_session_id()
             group.sessions.append(Session(
                 session_id=session_id, group=group, index=i,
-                input_payload=prompt.session_input(), dataset_metadata=dict(prompt.metadata),
+                input_payload=copy.deepcopy(payload), dataset_metadata=dict(prompt.metadata),
                 forest=SessionForest(session_id, max_context_tokens=self.max_context_tokens),
                 budget=ActiveBudget(total_s=self.agent.timeout_s),
             ))
@@ -130,6 +140,11 @@ class RolloutPipeline:
     def _start_train_group(self, *, leased: bool) -> Group:
         """Starts one train Group (a permit must already be held)."""
         group = self.make_group(next(self.prompts))
+        if group.dropped:
+            log.warning("Dropped group %s: %s", group.group_id, group.dropped_reason)
+            self._permits.release()
+            self._finished.append(group)
+            return group
         self._resident.append(group)
         if leased:
             group.lease(self.rollout_id)
@@ -212,7 +227,9 @@ class RolloutPipeline:
                     starts_left -= 1
                 if cfg.prelaunch and not last:
                     self._prelaunch_fill()
-                if not any(g.leased for g in self._resident) and not self._finished:
+                if self._finished:
+                    continue  # Groups dropped at creation: account for them at once
+                if not any(g.leased for g in self._resident):
                     log.warning("rollout %d ends with %d of %d groups: refill budget exhausted",
                                 rollout_id, len(accepted), target)
                     break
@@ -301,6 +318,9 @@ class RolloutPipeline:
                     await limit.acquire()
                     group = self.make_group(prompt, "eval", g)
                     groups.append(group)
+                    if group.dropped:
+                        limit.release()
+                        continue
                     self._eval_groups.append(group)
                     group.lease(self.rollout_id)
                     nursery.start_soon(self._group_task, group, limit)

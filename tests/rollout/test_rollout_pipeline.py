@@ -263,3 +263,22 @@ async def test_cancelling_the_run_terminates_every_agent(tokenizer, tmp_path: Pa
     from relaxtrio.nursery.agent import process_group_alive
 
     assert pgids and not any(process_group_alive(pgid) for pgid in pgids)
+
+
+async def test_unusable_prompt_is_dropped_without_starting_agents(tokenizer, tmp_path: Path) -> None:
+    from relaxtrio.rollout.dataset import Prompt, PromptStream
+
+    engine = _engine(tokenizer)
+    gone = tmp_path / "gone.png"
+    bad = Prompt(index=0, messages=({"role": "user", "content": [
+        {"type": "image", "image": str(gone)}, {"type": "text", "text": "look"}]},), metadata={})
+    good = Prompt(index=1, messages=({"role": "user", "content": "task 1"},), metadata={})
+    config = RolloutConfig(n_samples_per_prompt=1, rollout_batch_size=1, max_refills=1,
+                           show_progress=False)
+    with trio.fail_after(60):
+        async with open_test_pipeline(tmp_path, tokenizer, engine,
+                                      PromptStream(prompts=[bad, good], shuffle=False),
+                                      config=config) as (pipeline, _):
+            result = await pipeline.run_step(0)
+    assert len(result.groups) == 1 and len(result.dropped) == 1
+    assert "prompt 0 cannot be used" in result.dropped[0].dropped_reason
