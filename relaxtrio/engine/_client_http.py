@@ -52,7 +52,7 @@ async def send_with_retries(
     path: str,
     body: dict[str, Any] | None,
     *,
-    timeout: httpx.Timeout,
+    httpx_timeout: httpx.Timeout,
     config: EngineClientConfig,
 ) -> httpx.Response:
     """One call with bounded retries; returns the final response (any status).
@@ -63,7 +63,7 @@ async def send_with_retries(
         url: engine base URL.
         path: route, e.g. ``/generate``.
         body: JSON body, or None for none.
-        timeout: per-attempt httpx timeouts.
+        httpx_timeout: per-attempt httpx transport timeouts (connect/read), not a cancel scope.
         config: retry policy.
 
     Raises:
@@ -76,7 +76,7 @@ async def send_with_retries(
     attempts = max(1, config.max_attempts)
     for attempt in range(1, attempts + 1):
         try:
-            response = await client.request(method, url + path, json=body, timeout=timeout)
+            response = await client.request(method, url + path, json=body, timeout=httpx_timeout)
         except httpx.TimeoutException as exc:
             if attempt == attempts:
                 raise BackendTimeoutError(

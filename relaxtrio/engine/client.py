@@ -105,7 +105,7 @@ class EngineClient:
             connect=self.config.connect_timeout_s,
         )
         response = await send_with_retries(
-            self._control, method, url, path, body, timeout=timeout, config=self.config
+            self._control, method, url, path, body, httpx_timeout=timeout, config=self.config
         )
         if response.status_code >= 400:
             raise error_from_response(
@@ -192,7 +192,7 @@ class EngineClient:
         try:
             response = await send_with_retries(
                 self._generation, "POST", url, "/generate", body,
-                timeout=timeout, config=self.config,
+                httpx_timeout=timeout, config=self.config,
             )
         finally:
             self._in_flight[url] -= 1

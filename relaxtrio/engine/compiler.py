@@ -61,6 +61,7 @@ import jinja2
 from .._errors import InternalError, InvalidRequestError
 from . import _template_inputs as _inputs
 from ._template_inputs import RESERVED_TEMPLATE_KWARGS, TURN_END_MARKERS, ArgumentsForm
+from ._template_probe import probe_arguments_form, probe_turn_end
 from .media import ImagePart, image_parts
 from .vision import RenderedObservation, VisionProcessor
 
@@ -82,8 +83,6 @@ DUMMY_PREFIX: Final[tuple[Mapping[str, str], ...]] = (
 """The fixed conversation an observation delta is rendered after (reference D-3)."""
 
 THINK_OPEN: Final[str] = "<think>"
-_PROBE_TEXT: Final[str] = "relaxtrio-probe-text"
-_PROBE_KEY: Final[str] = "relaxtrio_probe_key"
 _TRIM_CACHE_SIZE: Final[int] = 64
 
 
@@ -139,9 +138,11 @@ class ChatCompiler:
         self._trim_lock = threading.Lock()
         self.stop_token_ids: tuple[int, ...] = _inputs.stop_token_ids(tokenizer, extra_stop_token_ids)
         """Ids that end a generation: EOS, template end-of-turn markers, extras (sorted, unique)."""
-        self.arguments_form: ArgumentsForm = self._probe_arguments_form()
+        self.arguments_form: ArgumentsForm = probe_arguments_form(self._render_text, DUMMY_PREFIX)
         """How tool-call arguments are handed to the template: ``"mapping"`` or ``"string"``."""
-        self.turn_end_token_id: int | None = self._probe_turn_end()
+        self.turn_end_token_id: int | None = probe_turn_end(
+            self._render_text, self._encode, DUMMY_PREFIX, self.stop_token_ids
+        )
         """The stop id the template writes right after an assistant message, or None."""
 
     @classmethod
@@ -419,34 +420,3 @@ class ChatCompiler:
                 self._trim_cache.pop(next(iter(self._trim_cache)))
             self._trim_cache[key] = trim
         return trim
-
-    def _probe_arguments_form(self) -> ArgumentsForm:
-        tool = {"type": "function", "function": {"name": "probe", "parameters": {"type": "object", "properties": {}}}}
-        call = {"id": "call_probe", "type": "function", "function": {"name": "probe", "arguments": "{}"}}
-        for form in ("mapping", "string"):
-            arguments: Any = {_PROBE_KEY: 1} if form == "mapping" else json.dumps({_PROBE_KEY: 1})
-            probe_call = {**call, "function": {"name": "probe", "arguments": arguments}}
-            assistant = {"role": "assistant", "content": "", "tool_calls": [probe_call]}
-            messages = [*DUMMY_PREFIX, assistant, {"role": "tool", "tool_call_id": "call_probe", "content": "ok"}]
-            try:
-                text, _ = self._render_text(messages, [tool], {}, True)
-            except InvalidRequestError:
-                continue
-            if f"'{_PROBE_KEY}'" not in text:
-                return form  # a mapping printed as a Python repr means the template wants a string
-        return "mapping"
-
-    def _probe_turn_end(self) -> int | None:
-        messages = [*DUMMY_PREFIX, {"role": "assistant", "content": _PROBE_TEXT}]
-        try:
-            text, _ = self._render_text(messages, [], {}, False)
-        except InvalidRequestError:
-            logger.warning("chat template cannot render a plain assistant turn; turn end unknown")
-            return None
-        position = text.rfind(_PROBE_TEXT)
-        if position < 0:
-            return None
-        after, _ = self._encode(text[position + len(_PROBE_TEXT) :])
-        if after and after[0] in self.stop_token_ids:
-            return after[0]
-        return None

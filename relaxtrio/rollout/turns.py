@@ -44,7 +44,8 @@ from ..forest import (
     context_length_message,
 )
 from ..nursery.session import Session
-from ..nursery.turns import TokenLogprob, TurnRequest, TurnResult
+from ..nursery.turns import TurnRequest, TurnResult
+from .client_logprobs import content_logprobs
 
 log = logging.getLogger(__name__)
 
@@ -246,10 +247,8 @@ class EngineTurnHandler:
         )
         token_logprobs = None
         if request.logprobs:
-            token_logprobs = tuple(
-                TokenLogprob(token=self.compiler.decode([tid]), logprob=lp)
-                for tid, lp in zip(tokens, logprobs, strict=True)
-            )
+            token_logprobs = content_logprobs(self.compiler, tokens, logprobs,
+                                              node.message.get("content") or "")
         return TurnResult(
             message=node.message,
             finish_reason=finish_reason,

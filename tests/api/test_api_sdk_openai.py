@@ -78,8 +78,10 @@ async def test_chat_json_tools_multi_turn(registry: SessionRegistry, compiler: C
         messages += [second.choices[0].message.model_dump(), {"role": "user", "content": "Thanks"}]
         third = await client.chat.completions.create(model="policy", messages=messages, tools=CHAT_TOOLS,
                                                      logprobs=True)
-        assert [entry.logprob for entry in third.choices[0].logprobs.content] == [-0.25] * third.usage.completion_tokens
-        assert "".join(entry.token for entry in third.choices[0].logprobs.content).startswith("Bye!")
+        # Client logprobs cover the content tokens only: the sampled EOS is not in content (B-16).
+        entries = third.choices[0].logprobs.content
+        assert [entry.logprob for entry in entries] == [-0.25] * (third.usage.completion_tokens - 1)
+        assert "".join(entry.token for entry in entries) == third.choices[0].message.content
         assert_one_lineage(session, responses=3)
         # generation input of turn 2 = turn-1 lineage ids + the new observation, never re-tokenized
         assert engine.calls[1][0][: len(engine.calls[0][0])] == engine.calls[0][0]
