@@ -136,6 +136,17 @@ class EngineTurnHandler:
             raise InvalidRequestError("messages projected to zero supported messages", param="messages")
         match = forest.match(conv)
         parent = match.parent
+        if any(m.get("role") == "assistant" for m in match.delta):
+            # Pitfalls B-2 / B-37: a replayed assistant message that matches no committed
+            # response (edited text, dropped reasoning_content or tool calls, compacted history)
+            # becomes observation text with loss mask 0, on a new branch.
+            log.warning(
+                "session %s: the request's history has an assistant message that matches no "
+                "committed response (matched %d of %d messages); it becomes an observation on a "
+                "new branch. Replay assistant messages exactly as returned (with reasoning_content "
+                "and tool_calls), or export the contexts explicitly.",
+                session.session_id, len(conv.messages) - len(match.delta), len(conv.messages),
+            )
         if match.delta:
             obs = await self._render_observation(conv, match)
             parent = forest.add_observation(

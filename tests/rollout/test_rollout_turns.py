@@ -1,0 +1,70 @@
+"""Turn handling details: client logprobs cover content only (B-16); replay mismatches are logged."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from relaxtrio.engine.compiler import ChatCompiler
+from relaxtrio.engine.model import load_tokenizer
+from relaxtrio.rollout.client_logprobs import content_logprobs
+
+
+def _ids(tok, text: str) -> list[int]:
+    return list(tok.encode(text, add_special_tokens=False))
+
+
+def test_content_span_excludes_reasoning_markup_and_stop(tiny_model_dir: Path) -> None:
+    tok = load_tokenizer(tiny_model_dir)
+    compiler = ChatCompiler(tok)
+    think, answer, call = _ids(tok, "<think>hmm</think>"), _ids(tok, "The answer is 4."), _ids(
+        tok, '\n<tool_call>\n{"name": "f", "arguments": {}}\n</tool_call>')
+    ids = think + answer + call + [tok.eos_token_id]
+    logprobs = [-float(i) for i in range(len(ids))]
+    got = content_logprobs(compiler, ids, logprobs, "The answer is 4.")
+    assert "".join(e.token for e in got) == "The answer is 4."
+    assert [e.logprob for e in got] == logprobs[len(think): len(think) + len(answer)]
+
+
+def test_plain_content_drops_only_the_stop_token(tiny_model_dir: Path) -> None:
+    tok = load_tokenizer(tiny_model_dir)
+    compiler = ChatCompiler(tok)
+    ids = _ids(tok, "hello world") + [tok.eos_token_id]
+    got = content_logprobs(compiler, ids, [-1.0] * len(ids), "hello world")
+    assert len(got) == len(ids) - 1
+    assert content_logprobs(compiler, ids, [-1.0] * len(ids), "") == ()
+
+
+async def test_unmatched_assistant_message_is_logged_as_a_new_branch(
+    tiny_model_dir: Path, caplog
+) -> None:
+    import logging
+
+    import trio
+
+    from relaxtrio.forest import Conversation, SessionForest
+    from relaxtrio.nursery.agent import ActiveBudget
+    from relaxtrio.nursery.group import Group
+    from relaxtrio.nursery.session import Session
+    from relaxtrio.nursery.turns import TurnRequest
+    from relaxtrio.rollout.turns import EngineTurnHandler, GenerationConfig
+    from support.scripted_engine import Reply, ScriptedEngine
+
+    caplog.set_level(logging.WARNING)
+    tok = load_tokenizer(tiny_model_dir)
+    engine = ScriptedEngine(tokenizer=tok, eos_id=tok.eos_token_id,
+                            replies=lambda ids: Reply(text="four"))
+    handler = EngineTurnHandler(client=engine, compiler=ChatCompiler(tok), config=GenerationConfig())
+    group = Group(group_id="g")
+    session = Session(session_id="s", group=group, index=0, input_payload={},
+                      forest=SessionForest("s"), budget=ActiveBudget(total_s=10))
+    group.sessions.append(session)
+    group.lease()
+    group.note_request(session)
+    user = {"role": "user", "content": "2+2?"}
+    first = await handler.complete(session, TurnRequest(conversation=Conversation.from_wire([user])))
+    assert "matches no committed response" not in caplog.text
+    edited = [user, {"role": "assistant", "content": "4 (edited)"}, {"role": "user", "content": "sure?"}]
+    with trio.fail_after(10):
+        await handler.complete(session, TurnRequest(conversation=Conversation.from_wire(edited)))
+    assert "matches no committed response (matched 1 of 3 messages)" in caplog.text
+    assert len(session.forest.leaves()) == 2 and first.message["content"] == "four"
