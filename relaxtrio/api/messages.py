@@ -45,7 +45,7 @@ from .fields import (
     stop_strings,
     thinking_switch,
 )
-from .projection import Projection, Source, call_source
+from .projection import Projection, Source, call_source, project_flat_tools
 from .wire import ParsedRequest, ProtocolAdapter, dumps, new_id, sse_event
 
 THINKING_TYPES: Final = frozenset({"disabled", "enabled", "adaptive"})
@@ -191,24 +191,8 @@ def _project_messages(messages: Any, proj: Projection) -> None:
 
 
 def _project_tools(tools: Any, proj: Projection) -> None:
-    if tools is None:
-        return
-    if not isinstance(tools, list):
-        raise InvalidRequestError("tools must be a list", param="tools")
-    for index, tool in enumerate(tools):
-        path = f"tools[{index}]"
-        if not isinstance(tool, dict):
-            raise InvalidRequestError(f"{path} must be an object", param=path)
-        if tool.get("type") not in (None, "custom"):
-            continue  # server tools (bash, web_search, ...) are not function tools
-        name = non_empty_str(tool.get("name"), f"{path}.name")
-        schema = tool.get("input_schema")
-        if not isinstance(schema, dict):
-            raise InvalidRequestError(f"{path}.input_schema must be a JSON object", param=f"{path}.input_schema")
-        description = tool.get("description")
-        if description is not None and not isinstance(description, str):
-            raise InvalidRequestError(f"{path}.description must be a string", param=f"{path}.description")
-        proj.add_tool(name, schema, description, path)
+    project_flat_tools(tools, proj, function_types=(None, "custom"), schema_key="input_schema",
+                       schema_required=True)
 
 
 def parse_messages_request(body: Mapping[str, Any]) -> ParsedRequest:

@@ -18,6 +18,7 @@ import attrs
 
 from .._errors import InvalidRequestError
 from ..forest import Conversation
+from .fields import non_empty_str
 
 _MESSAGE_PARAM: Final = re.compile(r"messages\[(\d+)\](.*)", re.DOTALL)
 _TOOL_PARAM: Final = re.compile(r"tools\[(\d+)\](.*)", re.DOTALL)
@@ -134,3 +135,44 @@ class Projection:
             message = new_param + message[len(param):]
         return type(exc)(message, param=new_param, session_id=exc.session_id)
 
+
+def project_flat_tools(
+    tools: Any,
+    proj: Projection,
+    *,
+    function_types: tuple[Any, ...],
+    schema_key: str,
+    schema_required: bool,
+) -> None:
+    """Projects flat tool definitions (Responses and Anthropic shapes) into canonical tools.
+
+    Args:
+        tools: the request's ``tools`` value.
+        proj: the projection collecting the canonical request.
+        function_types: ``type`` values that mean a function tool; other entries are skipped.
+        schema_key: where the JSON schema lives (``parameters`` or ``input_schema``).
+        schema_required: whether the schema must be present.
+
+    Raises:
+        InvalidRequestError: not a list, an entry that is not an object, a missing name, a
+            schema that is not an object, or a description that is not a string.
+    """
+    if tools is None:
+        return
+    if not isinstance(tools, list):
+        raise InvalidRequestError("tools must be a list", param="tools")
+    for index, tool in enumerate(tools):
+        path = f"tools[{index}]"
+        if not isinstance(tool, dict):
+            raise InvalidRequestError(f"{path} must be an object", param=path)
+        if tool.get("type") not in function_types:
+            continue  # server tools (bash, web_search, ...) are not function tools
+        name = non_empty_str(tool.get("name"), f"{path}.name")
+        schema = tool.get(schema_key)
+        if (schema is not None or schema_required) and not isinstance(schema, dict):
+            raise InvalidRequestError(f"{path}.{schema_key} must be a JSON object",
+                                      param=f"{path}.{schema_key}")
+        description = tool.get("description")
+        if description is not None and not isinstance(description, str):
+            raise InvalidRequestError(f"{path}.description must be a string", param=f"{path}.description")
+        proj.add_tool(name, schema, description, path)

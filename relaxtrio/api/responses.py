@@ -45,7 +45,7 @@ from .._errors import InvalidRequestError, RelaxError
 from ..nursery.turns import TurnRequest, TurnResult
 from .errors import openai_error_body
 from .fields import non_empty_str, optional_bool, optional_object, optional_positive_int, optional_str, thinking_switch
-from .projection import Projection, Source, call_source
+from .projection import Projection, Source, call_source, project_flat_tools
 from .wire import ParsedRequest, ProtocolAdapter, new_id, sse_comment, sse_event
 
 EFFORTS: Final = frozenset({"none", "minimal", "low", "medium", "high", "xhigh", "max"})
@@ -200,24 +200,8 @@ def _project_items(items: list[Any], proj: Projection) -> None:
 
 
 def _project_tools(tools: Any, proj: Projection) -> None:
-    if tools is None:
-        return
-    if not isinstance(tools, list):
-        raise InvalidRequestError("tools must be a list", param="tools")
-    for index, tool in enumerate(tools):
-        path = f"tools[{index}]"
-        if not isinstance(tool, dict):
-            raise InvalidRequestError(f"{path} must be an object", param=path)
-        if tool.get("type") != "function":
-            continue
-        name = non_empty_str(tool.get("name"), f"{path}.name")
-        parameters = tool.get("parameters")
-        if parameters is not None and not isinstance(parameters, dict):
-            raise InvalidRequestError(f"{path}.parameters must be a JSON object", param=f"{path}.parameters")
-        description = tool.get("description")
-        if description is not None and not isinstance(description, str):
-            raise InvalidRequestError(f"{path}.description must be a string", param=f"{path}.description")
-        proj.add_tool(name, parameters, description, path)
+    project_flat_tools(tools, proj, function_types=("function",), schema_key="parameters",
+                       schema_required=False)
 
 
 def parse_responses_request(body: Mapping[str, Any]) -> ParsedRequest:

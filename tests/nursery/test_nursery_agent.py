@@ -19,16 +19,11 @@ from relaxtrio.nursery.agent import (
     process_group_alive,
     run_agent,
 )
+from support.procs import alive
 
 PY = sys.executable
 
 
-def _alive(pid: int) -> bool:
-    try:
-        stat = Path(f"/proc/{pid}/stat").read_text()
-    except OSError:
-        return False
-    return stat[stat.rfind(")") + 2:].split()[0] != "Z"
 
 
 def _env(**kw) -> SessionEnv:
@@ -103,7 +98,7 @@ async def test_grandchild_of_normal_exit_is_terminated(tmp_path: Path) -> None:
     with trio.fail_after(30):
         await run_agent(config, _env(), {}, _budget(60))
     pid = int(pidfile.read_text())
-    assert not _alive(pid)
+    assert not alive(pid)
 
 
 async def test_timeout_terminates_agent_that_ignores_sigterm_and_its_grandchild(
@@ -134,7 +129,7 @@ async def test_timeout_terminates_agent_that_ignores_sigterm_and_its_grandchild(
             budget.resume()
     assert trio.current_time() - start >= 0.5
     for pid in map(int, pids.read_text().split()):
-        assert not _alive(pid)
+        assert not alive(pid)
     assert not process_group_alive(pgid)
 
 
@@ -150,7 +145,7 @@ async def test_cancellation_terminates_the_whole_group(tmp_path: Path) -> None:
                 await trio.sleep(0.02)
             nursery.cancel_scope.cancel()
     assert not process_group_alive(pgid)
-    assert not _alive(int(pidfile.read_text()))
+    assert not alive(int(pidfile.read_text()))
 
 
 async def test_agent_killed_by_signal_is_an_error(tmp_path: Path) -> None:

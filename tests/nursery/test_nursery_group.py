@@ -18,14 +18,9 @@ from relaxtrio.nursery.session import Session, SessionRegistry, new_session_id
 from relaxtrio.rollout.turns import EngineTurnHandler, GenerationConfig
 from support.agents import write_httpx_agent
 from support.scripted_engine import Reply, ScriptedEngine
+from support.procs import alive
 
 
-def _alive(pid: int) -> bool:
-    try:
-        stat = Path(f"/proc/{pid}/stat").read_text()
-    except OSError:
-        return False
-    return stat[stat.rfind(")") + 2:].split()[0] != "Z"
 
 
 @pytest.fixture
@@ -128,7 +123,7 @@ async def test_failed_session_drops_group_and_kills_siblings(
     assert group.samples() == []
     if pid_file.exists():
         for pid in map(int, pid_file.read_text().split()):
-            assert not _alive(pid)
+            assert not alive(pid)
     assert {s.status for s in group.sessions} <= {"failed", "cancelled", "completed"}
     assert group.sessions[1].status == "failed"
 
@@ -144,7 +139,7 @@ async def test_timeout_drops_group_and_leaves_no_process(tokenizer, tmp_path: Pa
                    env={"AGENT_PID_FILE": str(pid_file)}, timeout_s=3.0)
     assert group.dropped and "timed out after 3 s" in group.dropped_reason
     pids = [int(p) for p in pid_file.read_text().split()]
-    assert pids and not any(_alive(pid) for pid in pids)
+    assert pids and not any(alive(pid) for pid in pids)
 
 
 async def test_cancelling_the_run_leaves_no_agent(tokenizer, tmp_path: Path) -> None:
@@ -175,6 +170,6 @@ async def test_cancelling_the_run_leaves_no_agent(tokenizer, tmp_path: Path) -> 
                 cmdline = (entry / "cmdline").read_bytes()
             except OSError:
                 continue
-            if b"httpx_agent.py" in cmdline and int(entry.name) != own and _alive(int(entry.name)):
+            if b"httpx_agent.py" in cmdline and int(entry.name) != own and alive(int(entry.name)):
                 leftovers.append(int(entry.name))
     assert leftovers == []

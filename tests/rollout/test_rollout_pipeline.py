@@ -15,6 +15,7 @@ from relaxtrio.rollout.step import RolloutConfig
 from relaxtrio.rollout.turns import GenerationConfig
 from support.pipeline import open_test_pipeline, prompts
 from support.scripted_engine import Reply, ScriptedEngine
+from support.procs import alive
 
 
 @pytest.fixture(scope="module")
@@ -27,12 +28,6 @@ def _engine(tokenizer, replies=None) -> ScriptedEngine:
                           replies=replies or (lambda ids: Reply(text="fine")))
 
 
-def _alive(pid: int) -> bool:
-    try:
-        stat = Path(f"/proc/{pid}/stat").read_text()
-    except OSError:
-        return False
-    return stat[stat.rfind(")") + 2:].split()[0] != "Z"
 
 
 def _task_index(tokenizer, ids) -> int:
@@ -92,7 +87,7 @@ async def test_failed_group_is_dropped_logged_and_refilled(
     assert f"Dropped group {dropped.group_id}" in caplog.text and reason in caplog.text
     if pid_file.exists():
         pids = [int(p) for p in pid_file.read_text().split()]
-        assert pids and not any(_alive(pid) for pid in pids)
+        assert pids and not any(alive(pid) for pid in pids)
 
 
 async def test_over_sampling_tail_is_dropped_at_close(tokenizer, tmp_path: Path) -> None:
