@@ -100,12 +100,13 @@ class TrainRunConfig:
 
 @attrs.frozen(kw_only=True)
 class TrainSummary:
-    """Where a finished run left its artifacts."""
+    """Where a finished run left its artifacts, and how many steps actually trained."""
 
     metrics_path: Path
     plot_path: Path
     checkpoint_dir: Path
     rows: tuple[dict[str, Any], ...]
+    trained_steps: int
 
 
 def check_capacity(cfg: TrainRunConfig) -> None:
@@ -203,7 +204,7 @@ async def run_training(cfg: TrainRunConfig) -> TrainSummary:
     check_capacity(cfg)
     out = cfg.output_dir
     out.mkdir(parents=True, exist_ok=True)
-    metrics = MetricsLog(path=out / "metrics.jsonl")
+    metrics = MetricsLog.fresh(out / "metrics.jsonl")
     model_dir = await trio.to_thread.run_sync(_resolve_model, cfg)
     compiler = await trio.to_thread.run_sync(ChatCompiler.from_pretrained, model_dir)
     keys: dict[str, Any] = {"input_key": cfg.input_key, "metadata_key": cfg.metadata_key}
@@ -258,5 +259,9 @@ async def run_training(cfg: TrainRunConfig) -> TrainSummary:
     await trio.to_thread.run_sync(trainer.save_checkpoint, checkpoint_dir, model_dir)
     shutil.rmtree(weights_dir, ignore_errors=True)
     plot_path = plot_rewards(metrics.rows, out / "reward.png")
+    trained = sum(1 for row in metrics.rows if row.get("loss") is not None)
+    dropped = sum(int(row.get("dropped_groups") or 0) for row in metrics.rows)
+    log.info("finished: %d of %d steps trained, %d Groups dropped", trained, len(metrics.rows), dropped)
     return TrainSummary(metrics_path=metrics.path, plot_path=plot_path,
-                        checkpoint_dir=checkpoint_dir, rows=tuple(metrics.rows))
+                        checkpoint_dir=checkpoint_dir, rows=tuple(metrics.rows),
+                        trained_steps=trained)

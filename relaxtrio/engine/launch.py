@@ -51,7 +51,8 @@ async def open_embedded_engine(
         startup_timeout_s: how long to wait for the ready line, in seconds.
 
     Raises:
-        BackendError: the engine exited or did not become ready in time (message has its log tail).
+        BackendError: the engine exited or did not become ready in time, or it died while in use
+            (the body is cancelled and this error propagates; the message has its log tail).
 
     Cancellation:
         On exit (normal, error or cancel) the engine gets SIGTERM, then SIGKILL after 10 s; the
@@ -68,27 +69,26 @@ async def open_embedded_engine(
         process = await trio.lowlevel.open_process(
             cmd, stdin=subprocess.DEVNULL, stdout=log_file, stderr=subprocess.STDOUT
         )
+    stopping = False
     try:
-        url = None
-        with trio.move_on_after(startup_timeout_s):
-            while url is None:
-                for line in log_path.read_text(encoding="utf-8", errors="replace").splitlines():
-                    if line.startswith(URL_PREFIX):
-                        url = line[len(URL_PREFIX):].strip()
-                        break
-                if url is None:
-                    if process.returncode is not None or process.poll() is not None:
-                        raise BackendError(
-                            f"engine exited with code {process.returncode} during startup:\n"
-                            f"{_tail(log_path)}"
-                        )
-                    await trio.sleep(_POLL_S)
-        if url is None:
-            raise BackendError(
-                f"engine not ready after {startup_timeout_s:g} s:\n{_tail(log_path)}"
-            )
-        yield url
+        url = await _wait_ready(process, log_path, startup_timeout_s)
+        async with trio.open_nursery() as nursery:
+            async def watch() -> None:
+                await process.wait()
+                if not stopping:
+                    raise BackendError(
+                        f"the embedded engine exited unexpectedly with code {process.returncode} "
+                        f"(log: {log_path}):\n{_tail(log_path)}"
+                    )
+
+            nursery.start_soon(watch)
+            try:
+                yield url
+            finally:
+                stopping = True
+                nursery.cancel_scope.cancel()
     finally:
+        stopping = True
         with trio.CancelScope(shield=True):
             if process.returncode is None:
                 process.send_signal(signal.SIGTERM)
@@ -97,3 +97,17 @@ async def open_embedded_engine(
                 if process.returncode is None:
                     process.kill()
                     await process.wait()
+
+
+async def _wait_ready(process: trio.Process, log_path: Path, startup_timeout_s: float) -> str:
+    with trio.move_on_after(startup_timeout_s):
+        while True:
+            for line in log_path.read_text(encoding="utf-8", errors="replace").splitlines():
+                if line.startswith(URL_PREFIX):
+                    return line[len(URL_PREFIX):].strip()
+            if process.poll() is not None:
+                raise BackendError(
+                    f"engine exited with code {process.returncode} during startup:\n{_tail(log_path)}"
+                )
+            await trio.sleep(_POLL_S)
+    raise BackendError(f"engine not ready after {startup_timeout_s:g} s:\n{_tail(log_path)}")

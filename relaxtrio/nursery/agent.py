@@ -4,14 +4,16 @@ For each Session relaxtrio:
 
 1. makes a private IO directory holding ``session_input.json`` (written before the start),
    the path ``session_output.json`` (read after the exit) and ``agent.log`` (stdout + stderr);
-2. runs ``bash -lc <agent command>`` in ``--agent-cwd`` with stdin from ``/dev/null``, the
+2. runs ``bash -lc <agent command>`` (an activated virtual environment's ``bin`` put back in
+   front of the login shell's PATH) in ``--agent-cwd`` with stdin from ``/dev/null``, the
    ``--agent-env`` entries and the seven ``RELAX_*`` variables of the spec, as the leader of a new
    process group (``start_new_session=True``);
 3. waits for the exit under the Session's active-time budget (``--agent-timeout``), a cancel scope
    whose deadline moves when generation is paused (see :class:`ActiveBudget`);
 4. whatever happens (normal exit, timeout, error, cancellation of the whole run), terminates the
    whole process group: SIGTERM, a bounded wait, SIGKILL, a bounded wait. Grandchildren that
-   outlive the leader are in the same group and are terminated too;
+   outlive the leader are in the same group and are terminated too, and so is any descendant that
+   left the group (``setsid``) but still carries the Session's ``RELAX_SESSION_ID``;
 5. removes the IO directory.
 
 The exit rules follow the reference (relax-behaviour I-4): a timeout, a non-zero exit code, or an
@@ -45,6 +47,11 @@ TERM_GRACE_S: Final = 5.0
 KILL_GRACE_S: Final = 5.0
 _POLL_S: Final = 0.05
 RESERVED_ENV_PREFIX: Final = "RELAX_"
+# A login shell's profile resets PATH (Debian's /etc/profile does), dropping an activated virtual
+# environment; put its bin directory back in front so `python agent.py` means what the user meant.
+RESTORE_VENV_PATH: Final = (
+    'if [ -n "${VIRTUAL_ENV:-}" ] && [ -d "$VIRTUAL_ENV/bin" ]; then PATH="$VIRTUAL_ENV/bin:$PATH"; fi\n'
+)
 
 RolloutMode = Literal["train", "eval"]
 
@@ -197,9 +204,13 @@ def _read_tail(path: Path) -> str:
     return data.decode("utf-8", errors="replace").rstrip()
 
 
-def _group_members(pgid: int) -> list[int]:
-    """Pids of live (non-zombie) processes in process group ``pgid`` (Linux /proc scan)."""
-    members = []
+def _session_processes(pgid: int, session_id: str | None = None) -> list[int]:
+    """Live (non-zombie) processes of an agent: its process group, plus — when ``session_id`` is
+    given — any process whose environment carries ``RELAX_SESSION_ID=<session_id>`` (descendants
+    that left the group with ``setsid`` or a double fork still inherit the variable).
+
+    Linux /proc scan; elsewhere only the process group is checked.
+    """
     proc = Path("/proc")
     if not proc.is_dir():  # pragma: no cover - non-Linux fallback
         try:
@@ -207,6 +218,8 @@ def _group_members(pgid: int) -> list[int]:
         except (ProcessLookupError, PermissionError):
             return []
         return [pgid]
+    tag = f"RELAX_SESSION_ID={session_id}".encode() if session_id else None
+    found = []
     for entry in proc.iterdir():
         if not entry.name.isdigit():
             continue
@@ -216,48 +229,75 @@ def _group_members(pgid: int) -> list[int]:
             continue
         # pid (comm) state ppid pgrp ... ; comm may contain spaces/parens: split after the last ')'.
         fields = stat[stat.rfind(")") + 2:].split()
-        if len(fields) >= 3 and int(fields[2]) == pgid and fields[0] != "Z":
-            members.append(int(entry.name))
-    return members
+        if len(fields) < 3 or fields[0] == "Z":
+            continue
+        if int(fields[2]) == pgid:
+            found.append(int(entry.name))
+        elif tag is not None:
+            try:
+                environ = (entry / "environ").read_bytes()
+            except OSError:
+                continue
+            if tag in environ.split(b"\0"):
+                found.append(int(entry.name))
+    return found
 
 
 def process_group_alive(pgid: int) -> bool:
     """Whether any live (non-zombie) process remains in process group ``pgid``."""
-    return bool(_group_members(pgid))
+    return bool(_session_processes(pgid))
+
+
+def _signal_all(pgid: int, pids: list[int], sig: signal.Signals) -> None:
+    try:
+        os.killpg(pgid, sig)
+    except ProcessLookupError:
+        pass
+    for pid in pids:
+        try:
+            os.kill(pid, sig)
+        except (ProcessLookupError, PermissionError):
+            pass
 
 
 async def terminate_process_group(
-    pgid: int, process: trio.Process | None = None, *, term_grace_s: float = TERM_GRACE_S
+    pgid: int,
+    process: trio.Process | None = None,
+    *,
+    term_grace_s: float = TERM_GRACE_S,
+    session_id: str | None = None,
 ) -> None:
-    """SIGTERM the whole group, wait up to ``term_grace_s``, SIGKILL, wait up to 5 s (shielded).
+    """SIGTERM the agent's processes, wait up to ``term_grace_s``, SIGKILL, wait up to 5 s.
+
+    The agent's processes are its process group and, with ``session_id``, every process still
+    carrying that Session's ``RELAX_SESSION_ID`` (so ``setsid``/``nohup`` descendants are found).
 
     Args:
         pgid: the process group id (the leader's pid).
         process: the leader, reaped here when given.
         term_grace_s: seconds to wait after SIGTERM before SIGKILL.
+        session_id: the Session whose tagged descendants are terminated too.
 
     Cancellation:
         Not a cancellation point for the caller's scopes: the whole sequence runs shielded, so a
-        cancelled run still leaves no agent process behind. At most about 10 s.
+        cancelled run still leaves no agent process behind. At most ``term_grace_s`` + 5 s.
     """
     with trio.CancelScope(shield=True):
         for sig, grace_s in ((signal.SIGTERM, term_grace_s), (signal.SIGKILL, KILL_GRACE_S)):
-            if not process_group_alive(pgid) and (process is None or process.returncode is not None):
+            pids = _session_processes(pgid, session_id)
+            if not pids and (process is None or process.returncode is not None):
                 break
-            try:
-                os.killpg(pgid, sig)
-            except ProcessLookupError:
-                pass
+            _signal_all(pgid, pids, sig)
             with trio.move_on_after(grace_s):
                 if process is not None:
                     await process.wait()
-                while process_group_alive(pgid):
+                while _session_processes(pgid, session_id):
                     await trio.sleep(_POLL_S)
         if process is not None and process.returncode is None:  # pragma: no cover - defensive
             with trio.move_on_after(1.0):
                 await process.wait()
-    if process_group_alive(pgid):
-        log.error("agent process group %d survived SIGKILL", pgid)
+    if _session_processes(pgid, session_id):
+        log.error("agent processes of group %d survived SIGKILL", pgid)
 
 
 async def run_agent(
@@ -309,7 +349,7 @@ async def run_agent(
         )
         with log_path.open("ab") as log_file:
             process = await trio.lowlevel.open_process(
-                ["bash", "-lc", config.command],
+                ["bash", "-lc", RESTORE_VENV_PATH + config.command],
                 cwd=str(config.cwd),
                 env=env,
                 stdin=subprocess.DEVNULL,
@@ -325,7 +365,8 @@ async def run_agent(
                 await process.wait()
         finally:
             # Normal exit, timeout or cancellation: nothing of this group may survive.
-            await terminate_process_group(pgid, process, term_grace_s=config.term_grace_s)
+            await terminate_process_group(pgid, process, term_grace_s=config.term_grace_s,
+                                          session_id=session.session_id)
         active_s = budget.total_s - budget.remaining_s() - used_before
         tail = _read_tail(log_path)
         if budget.expired:

@@ -217,6 +217,19 @@ class SessionRegistry:
         return len(self._sessions)
 
 
+def _export_hint(message: str) -> str:
+    """Plain words for the implicit-export failures users hit most."""
+    marker = "implicit export requires one committed leaf, found "
+    if marker not in message:
+        return ""
+    found = message.split(marker, 1)[1].split()[0].rstrip(".,")
+    if found == "0":
+        return (" (the agent got no model answer: it made no request, or every request failed or "
+                "was abandoned before the reply)")
+    return (f" (the agent's requests formed {found} separate conversations; write explicit JSONL "
+            "records to RELAX_OUTPUT_JSON naming the contexts to train)")
+
+
 async def run_session(
     session: Session,
     *,
@@ -276,7 +289,7 @@ async def run_session(
             server_template_kwargs=server_template_kwargs,
         )
     except ExportError as exc:
-        session.fail(f"Session export failed: {exc}")
+        session.fail(f"Session export failed: {exc}{_export_hint(str(exc))}")
         session.group.session_failed(session)
         return
     session.status = "completed"

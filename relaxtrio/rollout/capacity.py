@@ -52,9 +52,11 @@ class CapacityPlan:
     row: str
 
     def describe(self) -> str:
-        """One line with every number of the formula."""
-        evals = ", ".join(f"E_{name}={e}" for name, e in self.eval_slots.items()) or "no eval"
-        return f"T={self.train_slots}, {evals}, E_peak={self.eval_peak}; row '{self.row}' needs {self.required}"
+        """One line with every number of the formula, in words."""
+        evals = ", ".join(f"E_{name}={e}" for name, e in self.eval_slots.items())
+        evals = f"eval slots {evals}, E_peak={self.eval_peak}" if evals else "no eval"
+        return (f"T={self.train_slots} agent slots for training (resident Groups × Sessions per "
+                f"Group), {evals}; rule '{self.row}' needs {self.required} slots")
 
 
 def plan_capacity(

@@ -81,7 +81,10 @@ def _messages_of(value: Any, where: str) -> tuple[dict, ...]:
         raise InvalidRequestError(f"{where} must be a string, a message or a list of messages")
     if not value:
         return ()
-    return Conversation.from_wire(value).messages
+    try:
+        return Conversation.from_wire(value).messages
+    except InvalidRequestError as exc:
+        raise InvalidRequestError(f"{where}: {exc}", param=exc.param) from exc
 
 
 def _with_image_urls(message: dict, *, where: str) -> dict:

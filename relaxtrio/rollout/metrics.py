@@ -24,6 +24,14 @@ class MetricsLog:
     path: Path = attrs.field(converter=Path)
     rows: list[dict[str, Any]] = attrs.field(factory=list)
 
+    @classmethod
+    def fresh(cls, path: Path) -> MetricsLog:
+        """A log that starts empty: a previous run's file at ``path`` is replaced, not appended to."""
+        path = Path(path)
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_text("", encoding="utf-8")
+        return cls(path=path)
+
     def append(self, step: int, metrics: Mapping[str, Any]) -> dict[str, Any]:
         """Writes ``{"step": step, **metrics}`` as one line (NaN/inf written as null)."""
         row = {"step": step, **{k: _finite_or_none(v) for k, v in metrics.items()}}

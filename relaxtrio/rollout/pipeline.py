@@ -170,7 +170,8 @@ class RolloutPipeline:
             last: the final step: nothing is prelaunched or kept resident afterwards.
 
         Raises:
-            BackendError: the engine failed to honour aborts at step close.
+            BackendError: the engine failed (unreachable, 5xx), or did not honour aborts at step
+                close.
 
         Cancellation:
             Cancelling the step leaves resident Groups to the pipeline; closing the pipeline
@@ -233,7 +234,9 @@ class RolloutPipeline:
                     log.warning("rollout %d ends with %d of %d groups: refill budget exhausted",
                                 rollout_id, len(accepted), target)
                     break
-                await self._wait_change()
+                with trio.move_on_after(1.0):
+                    await self._wait_change()
+                self._raise_engine_failure()
         finally:
             bar.close()
         aborted = await self._close_step(last=last)
@@ -250,6 +253,16 @@ class RolloutPipeline:
             dropped_groups=len(dropped), resident_groups=len(self._resident),
             aborted_requests=aborted))
         return result
+
+    def _raise_engine_failure(self) -> None:
+        """Stops the run loudly when the engine itself failed (DESIGN decision 9).
+
+        Raises:
+            BackendError: the first engine failure any turn saw.
+        """
+        error = self.handler.fatal_error
+        if error is not None:
+            raise BackendError(f"the generation engine failed; stopping the run: {error}") from error
 
     async def _close_step(self, *, last: bool) -> int:
         cfg = self.config
@@ -324,6 +337,7 @@ class RolloutPipeline:
                     self._eval_groups.append(group)
                     group.lease(self.rollout_id)
                     nursery.start_soon(self._group_task, group, limit)
+            self._raise_engine_failure()
             rewards: list[float] = []
             dropped = 0
             for group in groups:

@@ -101,12 +101,15 @@ class EngineTurnHandler:
         compiler: chat-template compiler of the policy's tokenizer.
         config: rollout sampling settings.
         rollout_id: the current rollout step, recorded on response nodes.
+        fatal_error: the first engine failure (unreachable, timed out, 5xx after retries); the
+            rollout pipeline stops the run on it instead of dropping Group after Group.
     """
 
     client: EngineClient
     compiler: ChatCompiler
     config: GenerationConfig
     rollout_id: int = 0
+    fatal_error: BackendError | None = None
     _seq: int = 0
 
     def _merge_kwargs(self, conv: Conversation) -> Conversation:
@@ -301,6 +304,10 @@ class EngineTurnHandler:
             result = await self.client.generate(input_ids, sampling, rid=rid, return_logprob=True, **extra)
             finished = True
             return result
+        except BackendError as exc:
+            if _is_engine_failure(exc) and self.fatal_error is None:
+                self.fatal_error = exc
+            raise
         finally:
             if not finished:
                 # Cancelled or failed mid-flight: make sure the engine stops working on it.
@@ -309,6 +316,16 @@ class EngineTurnHandler:
                         await self.client.abort(rid)
                     except BackendError as exc:
                         log.warning("abort of %s failed: %s", rid, exc)
+
+
+def _is_engine_failure(exc: BackendError) -> bool:
+    """Whether an engine error means the engine itself is broken (not this one request).
+
+    Transport failures and 5xx answers (after the client's retries) are; a 4xx answer is about
+    the request (e.g. an image the model cannot take) and only fails that turn.
+    """
+    status = getattr(exc, "status_code", None)
+    return status is None or status >= 500
 
 
 def lineage_image_urls(

@@ -106,6 +106,7 @@ def save_checkpoint_dir(
             _copy_tokenizer(Path(tokenizer_dir), tmp)
         if optimizer_state is not None:
             torch.save(optimizer_state, tmp / OPTIMIZER_FILE)
+        _ordinary_permissions(tmp)
         old = None
         if out_dir.exists():
             old = Path(tempfile.mkdtemp(dir=out_dir.parent, prefix=f".{out_dir.name}.old-"))
@@ -117,6 +118,15 @@ def save_checkpoint_dir(
         if tmp.exists():
             shutil.rmtree(tmp, ignore_errors=True)
     return out_dir
+
+
+def _ordinary_permissions(directory: Path) -> None:
+    """Gives a directory made with ``mkdtemp`` (mode 0700) the modes a plain mkdir would have."""
+    mask = os.umask(0)
+    os.umask(mask)
+    directory.chmod(0o777 & ~mask)
+    for path in directory.rglob("*"):
+        path.chmod((0o777 if path.is_dir() else 0o666) & ~mask)
 
 
 def _save_pretrained(model: Any, directory: Path) -> None:

@@ -187,3 +187,24 @@ def test_agent_env_validation(tmp_path: Path) -> None:
         AgentConfig(command="  ", cwd=tmp_path)
     with pytest.raises(InvalidRequestError, match="positive"):
         AgentConfig(command="true", cwd=tmp_path, timeout_s=0)
+
+
+async def test_setsid_and_nohup_descendants_are_terminated(tmp_path: Path) -> None:
+    pids = tmp_path / "pids"
+    # Three ways to escape a process group's signals; all keep RELAX_SESSION_ID in their env.
+    command = (f"(sleep 3601 & echo $! >> {pids}); nohup sleep 3602 >/dev/null 2>&1 & echo $! >> {pids}; "
+               f"setsid sleep 3603 & echo $! >> {pids}; sleep 0.2; exit 0")
+    config = AgentConfig(command=command, cwd=tmp_path, timeout_s=60, term_grace_s=0.5)
+    with trio.fail_after(30):
+        await run_agent(config, _env(), {}, _budget(60))
+    found = [int(p) for p in pids.read_text().split()]
+    assert len(found) == 3 and not any(alive(pid) for pid in found)
+
+
+async def test_activated_virtualenv_survives_the_login_shell(tmp_path: Path) -> None:
+    venv = Path(sys.prefix)
+    config = AgentConfig(command="command -v python > where.txt", cwd=tmp_path,
+                         env={"VIRTUAL_ENV": str(venv)}, timeout_s=60)
+    with trio.fail_after(30):
+        await run_agent(config, _env(), {}, _budget(60))
+    assert (tmp_path / "where.txt").read_text().strip() == str(venv / "bin" / "python")

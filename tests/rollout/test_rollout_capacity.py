@@ -40,6 +40,7 @@ def test_check_refuses_too_few_slots_naming_row_and_numbers() -> None:
         check_external_slots(plan, plan.required - 1)
     message = str(info.value)
     assert "--agent-external-slots 15 is too small" in message
-    assert "T=8, E_math=8, E_peak=8" in message and "needs 16" in message
+    assert "T=8 agent slots for training" in message and "E_math=8, E_peak=8" in message
+    assert "needs 16 slots" in message
     assert "T + E_peak" in message
     assert info.value.param == "agent_external_slots"

@@ -277,3 +277,19 @@ async def test_unusable_prompt_is_dropped_without_starting_agents(tokenizer, tmp
             result = await pipeline.run_step(0)
     assert len(result.groups) == 1 and len(result.dropped) == 1
     assert "prompt 0 cannot be used" in result.dropped[0].dropped_reason
+
+
+async def test_engine_failure_stops_the_step_loudly(tokenizer, tmp_path: Path) -> None:
+    from relaxtrio import BackendError
+
+    def replies(ids):
+        raise BackendError("engine http://127.0.0.1:1/generate unreachable after 6 attempts")
+
+    config = RolloutConfig(n_samples_per_prompt=2, rollout_batch_size=2, show_progress=False)
+    with trio.fail_after(60), pytest.RaisesGroup(pytest.RaisesExc(
+            BackendError, match="the generation engine failed; stopping the run: engine .* unreachable"),
+            flatten_subgroups=True):
+        async with open_test_pipeline(tmp_path, tokenizer, _engine(tokenizer, replies), prompts([{}] * 4),
+                                      config=config) as (pipeline, registry):
+            await pipeline.run_step(0)
+    assert len(registry) == 0

