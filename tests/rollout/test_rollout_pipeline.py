@@ -293,3 +293,31 @@ async def test_engine_failure_stops_the_step_loudly(tokenizer, tmp_path: Path) -
                                       config=config) as (pipeline, registry):
             await pipeline.run_step(0)
     assert len(registry) == 0
+
+
+async def test_parked_train_groups_stay_resident_during_eval(tokenizer, tmp_path: Path) -> None:
+    never, long_started = trio.Event(), trio.Event()
+
+    def replies(ids):
+        text = tokenizer.decode(list(ids))
+        if "task 1" in text and "task 10" not in text:
+            long_started.set()
+            return Reply(text="long", gate=never, partial=1)
+        return Reply(text="fine", gate=long_started)
+
+    config = RolloutConfig(n_samples_per_prompt=1, rollout_batch_size=1, over_sampling_batch_size=2,
+                           partial_rollout=True, show_progress=False)
+    from relaxtrio.rollout.dataset import Prompt
+
+    eval_rows = [Prompt(index=i, messages=({"role": "user", "content": f"eval question {i}"},),
+                        metadata={}) for i in range(2)]
+    with trio.fail_after(60):
+        async with open_test_pipeline(tmp_path, tokenizer, _engine(tokenizer, replies),
+                                      prompts([{}] * 3), config=config) as (pipeline, _):
+            await pipeline.run_step(0)
+            [parked] = pipeline.resident_groups
+            metrics = await pipeline.run_eval(
+                [EvalDataset(name="e", prompts=tuple(eval_rows), n_samples_per_prompt=2)])
+            assert pipeline.resident_groups == (parked,) and parked.paused
+            assert not parked.sessions[0].budget.running
+    assert metrics["eval/e/num_samples"] == 4
