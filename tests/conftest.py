@@ -2,11 +2,38 @@
 
 from __future__ import annotations
 
+import os
+import shutil
+import tempfile
 from pathlib import Path
 
 import pytest
 
 from relaxtrio.engine.model import build_tiny_model
+
+_saved_env: dict[str, str | None] = {}
+
+
+def pytest_configure(config: pytest.Config) -> None:
+    """Agents run as ``bash -lc`` and would source the machine's login profile; give them an
+    empty HOME so a test's agent starts the same everywhere (a user's ``~/.profile`` can be slow,
+    e.g. ``pyenv init`` rehashing shims under a lock that a killed agent may leave behind). The
+    model cache stays where it was."""
+    real_home = os.path.expanduser("~")
+    _saved_env.update(HOME=os.environ.get("HOME"), RELAXTRIO_CACHE_DIR=os.environ.get("RELAXTRIO_CACHE_DIR"))
+    os.environ.setdefault("RELAXTRIO_CACHE_DIR", os.path.join(real_home, ".cache", "relaxtrio"))
+    os.environ["HOME"] = tempfile.mkdtemp(prefix="relaxtrio-test-home-")
+
+
+def pytest_unconfigure(config: pytest.Config) -> None:
+    test_home = os.environ.get("HOME")
+    for key, value in _saved_env.items():
+        if value is None:
+            os.environ.pop(key, None)
+        else:
+            os.environ[key] = value
+    if test_home and Path(test_home).name.startswith("relaxtrio-test-home-"):
+        shutil.rmtree(test_home, ignore_errors=True)
 
 
 @pytest.fixture(scope="session")

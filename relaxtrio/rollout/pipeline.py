@@ -44,6 +44,8 @@ from .turns import EngineTurnHandler
 
 log = logging.getLogger(__name__)
 
+_ABORT_RESEND_S = 1.0  # an abort can arrive before its request; re-send at most this often
+
 
 @attrs.frozen(kw_only=True)
 class EvalDataset:
@@ -294,18 +296,22 @@ class RolloutPipeline:
         """
         sessions = [s for g in groups for s in g.sessions if not s.protected]
         aborted: set[str] = set()
+        last_sent: dict[str, float] = {}
         deadline = trio.current_time() + self.config.abort_wait_s
         while True:
             rids = {rid for s in sessions for rid in s.inflight_rids}
             if not rids:
                 return len(aborted)
-            if trio.current_time() > deadline:
+            now = trio.current_time()
+            if now > deadline:
                 raise BackendError(
                     f"engine did not return {len(rids)} aborted generations within "
                     f"{self.config.abort_wait_s:g} s: {sorted(rids)[:4]}"
                 )
             for rid in sorted(rids):
-                await self.handler.client.abort(rid)
+                if now - last_sent.get(rid, -math.inf) >= _ABORT_RESEND_S:
+                    last_sent[rid] = now
+                    await self.handler.client.abort(rid)
             aborted |= rids
             await trio.sleep(0.05)
 

@@ -41,6 +41,7 @@ from ..forest import (
     RootNode,
     SessionForest,
     WeightSpan,
+    canonical_template_kwargs,
     context_length_message,
 )
 from ..nursery.session import Session
@@ -115,8 +116,10 @@ class EngineTurnHandler:
     def _merge_kwargs(self, conv: Conversation) -> Conversation:
         if not self.config.template_kwargs:
             return conv
-        return Conversation.from_wire(list(conv.messages), list(conv.tools), conv.template_kwargs,
-                                      base_template_kwargs=self.config.template_kwargs)
+        # Messages and tools are canonical already: only the kwargs change, so skip re-validating
+        # the whole history on every request.
+        kwargs = canonical_template_kwargs(conv.template_kwargs, base=self.config.template_kwargs)
+        return Conversation(messages=conv.messages, tools=conv.tools, template_kwargs=kwargs)
 
     async def complete(self, session: Session, request: TurnRequest) -> TurnResult:
         """Matches, renders, generates, parses and commits one turn.
