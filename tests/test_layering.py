@@ -1,25 +1,53 @@
-"""The dependency arrows point one way (DESIGN.md): checked by importing each package alone."""
+"""The dependency arrows point one way (docs/architecture.md): one row per package, plus no cycles.
+
+Two checks:
+
+* each package, imported alone in a fresh interpreter, loads none of the modules its row forbids
+  (what a user pays for ``import relaxtrio.forest`` is exactly what that package needs);
+* the static import graph of every relaxtrio module has no cycle, counting imports under
+  ``TYPE_CHECKING`` and imports inside functions: a cycle hidden that way is still two modules that
+  cannot be understood apart.
+"""
 
 from __future__ import annotations
 
+import ast
 import json
 import subprocess
 import sys
+from pathlib import Path
 
 import pytest
 
-HEAVY = ("trio", "quart", "quart_trio", "hypercorn", "httpx", "torch", "transformers")
+import relaxtrio
 
-FORBIDDEN = {
-    "relaxtrio.forest": HEAVY,
-    "relaxtrio.nursery": ("quart", "quart_trio", "hypercorn", "httpx", "torch", "transformers",
-                          "relaxtrio.engine", "relaxtrio.api", "relaxtrio.rollout", "relaxtrio.train"),
-    "relaxtrio.api": ("torch", "transformers", "relaxtrio.engine", "relaxtrio.rollout",
-                      "relaxtrio.train"),
-    "relaxtrio.engine.client": ("torch", "quart", "quart_trio", "relaxtrio.nursery", "relaxtrio.api",
-                                "relaxtrio.rollout", "relaxtrio.train"),
-    "relaxtrio.train": ("trio", "quart", "httpx", "relaxtrio.nursery", "relaxtrio.api",
-                        "relaxtrio.rollout", "relaxtrio.engine"),
+PACKAGE_DIR = Path(relaxtrio.__file__).resolve().parent
+WEB = ("quart", "quart_trio", "hypercorn")
+HEAVY = ("trio", *WEB, "httpx", "torch", "transformers")
+UPPER = ("relaxtrio.api", "relaxtrio.rollout", "relaxtrio.train", "relaxtrio.driver", "relaxtrio.cli")
+
+FORBIDDEN: dict[str, tuple[str, ...]] = {
+    "relaxtrio.forest": (*HEAVY, "relaxtrio.nursery", "relaxtrio.chat", "relaxtrio.sglang"),
+    "relaxtrio.config": (*HEAVY, "relaxtrio.forest", "relaxtrio.nursery", *UPPER),
+    "relaxtrio.media": ("trio", *WEB, "httpx", "torch", "relaxtrio.forest", "relaxtrio.nursery",
+                        "relaxtrio.chat", "relaxtrio.sglang", *UPPER),
+    "relaxtrio.chat": ("trio", *WEB, "httpx", "torch", "relaxtrio.nursery", "relaxtrio.sglang",
+                       "relaxtrio.engine", *UPPER),
+    "relaxtrio.sglang": ("torch", "transformers", *WEB, "relaxtrio.nursery", "relaxtrio.chat",
+                         "relaxtrio.engine", *UPPER),
+    "relaxtrio.models": (*HEAVY, "relaxtrio.forest", "relaxtrio.nursery", "relaxtrio.chat",
+                         "relaxtrio.sglang", "relaxtrio.engine", *UPPER),
+    "relaxtrio.nursery": (*WEB, "httpx", "torch", "transformers", "relaxtrio.chat",
+                          "relaxtrio.sglang", "relaxtrio.engine", *UPPER),
+    "relaxtrio.api": ("torch", "transformers", "httpx", "relaxtrio.chat", "relaxtrio.sglang",
+                      "relaxtrio.engine", "relaxtrio.rollout", "relaxtrio.train", "relaxtrio.driver"),
+    "relaxtrio.rollout": (*WEB, "torch", "relaxtrio.api", "relaxtrio.engine", "relaxtrio.train",
+                          "relaxtrio.driver"),
+    "relaxtrio.train": ("trio", *WEB, "httpx", "relaxtrio.nursery", "relaxtrio.api",
+                        "relaxtrio.rollout", "relaxtrio.engine", "relaxtrio.sglang", "relaxtrio.chat",
+                        "relaxtrio.driver"),
+    "relaxtrio.engine.server": ("relaxtrio.nursery", "relaxtrio.api", "relaxtrio.rollout",
+                                "relaxtrio.train", "relaxtrio.chat", "relaxtrio.driver"),
 }
 
 
@@ -30,3 +58,86 @@ def test_package_imports_only_what_it_may(package: str) -> None:
     loaded = set(json.loads(out.stdout.strip().splitlines()[-1]))
     bad = sorted(m for m in FORBIDDEN[package] if m in loaded)
     assert not bad, f"{package} pulls in {bad}"
+
+
+def _module_name(path: Path) -> str:
+    parts = list(path.relative_to(PACKAGE_DIR.parent).with_suffix("").parts)
+    if parts[-1] == "__init__":
+        parts.pop()
+    return ".".join(parts)
+
+
+def import_graph() -> dict[str, set[str]]:
+    """Every relaxtrio module → the relaxtrio modules it imports anywhere in its source."""
+    modules = {_module_name(p): p for p in PACKAGE_DIR.rglob("*.py")}
+    graph: dict[str, set[str]] = {name: set() for name in modules}
+    for name, path in modules.items():
+        is_package = path.name == "__init__.py"
+        for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"))):
+            if isinstance(node, ast.ImportFrom):
+                if node.level:
+                    base = name.split(".") if is_package else name.split(".")[:-1]
+                    base = base[: len(base) - (node.level - 1)]
+                    target = ".".join([*base, node.module] if node.module else base)
+                else:
+                    target = node.module or ""
+                candidates = [target, *(f"{target}.{alias.name}" for alias in node.names)]
+            elif isinstance(node, ast.Import):
+                candidates = [alias.name for alias in node.names]
+            else:
+                continue
+            graph[name].update(c for c in candidates if c in modules and c != name)
+    return graph
+
+
+def _cycles(graph: dict[str, set[str]]) -> list[list[str]]:
+    """Strongly connected components with more than one module (Tarjan, iterative)."""
+    index: dict[str, int] = {}
+    low: dict[str, int] = {}
+    stack: list[str] = []
+    on_stack: set[str] = set()
+    found: list[list[str]] = []
+    for root in sorted(graph):
+        if root in index:
+            continue
+        work = [(root, iter(sorted(graph[root])))]
+        index[root] = low[root] = len(index)
+        stack.append(root)
+        on_stack.add(root)
+        while work:
+            node, children = work[-1]
+            child = next(children, None)
+            if child is not None:
+                if child not in index:
+                    index[child] = low[child] = len(index)
+                    stack.append(child)
+                    on_stack.add(child)
+                    work.append((child, iter(sorted(graph[child]))))
+                elif child in on_stack:
+                    low[node] = min(low[node], index[child])
+                continue
+            work.pop()
+            if work:
+                low[work[-1][0]] = min(low[work[-1][0]], low[node])
+            if low[node] == index[node]:
+                component = []
+                while True:
+                    member = stack.pop()
+                    on_stack.discard(member)
+                    component.append(member)
+                    if member == node:
+                        break
+                if len(component) > 1:
+                    found.append(sorted(component))
+    return found
+
+
+def test_no_import_cycle_between_relaxtrio_modules() -> None:
+    cycles = _cycles(import_graph())
+    assert not cycles, f"import cycles (TYPE_CHECKING and function-local imports count): {cycles}"
+
+
+def test_cycle_finder_sees_a_cycle() -> None:
+    """The finder itself: a hidden two-module cycle is reported, a chain is not."""
+    assert _cycles({"a": {"b"}, "b": {"a"}, "c": {"a"}}) == [["a", "b"]]
+    assert _cycles({"a": {"b"}, "b": {"c"}, "c": set()}) == []

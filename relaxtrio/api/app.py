@@ -35,11 +35,11 @@ from quart_trio import QuartTrio
 from werkzeug.exceptions import HTTPException
 
 from .._errors import InternalError, InvalidRequestError, RelaxError
+from ..config import ApiConfig
 from ..nursery.session import SessionRegistry
 from ..nursery.turns import TurnHandler
 from .auth import session_token
 from .chat import CHAT
-from .config import ApiConfig
 from .errors import (
     GENERIC_INTERNAL_MESSAGE,
     RENDER_FAILED_MESSAGE,

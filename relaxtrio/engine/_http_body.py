@@ -16,7 +16,7 @@ from typing import Any, Final
 
 import attrs
 
-from ._wire import RequestError, SamplingParams, SchemaError, parse_sampling_params
+from ..sglang.wire import RequestError, SamplingParams, SchemaError, parse_sampling_params
 
 __all__ = [
     "BodyError",

@@ -11,8 +11,8 @@ from typing import Any
 import attrs
 
 from .. import __version__
+from ..media.vision import VisionProcessor
 from .scheduler import Scheduler
-from .vision import VisionProcessor
 
 __all__ = ["EngineState", "metrics_text", "model_info_json", "server_info_json"]
 

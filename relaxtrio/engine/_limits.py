@@ -18,7 +18,7 @@ from typing import Final
 
 import attrs
 
-from ._wire import RequestError
+from ..sglang.wire import RequestError
 
 __all__ = ["DEFAULT_MAX_NEW_TOKENS", "EngineLimits", "resolve_max_new_tokens"]
 

@@ -22,7 +22,7 @@ from typing import Final
 import attrs
 import torch
 
-from ._wire import SamplingParams
+from ..sglang.wire import SamplingParams
 
 __all__ = ["GREEDY_TEMPERATURE", "ResolvedSampling", "RowSampler"]
 

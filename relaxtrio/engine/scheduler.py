@@ -33,6 +33,7 @@ from typing import TYPE_CHECKING, Any, Literal
 import attrs
 import trio
 
+from ..sglang.wire import RequestError, SamplingParams, stop_regexes, stop_strings, validate_sampling_values
 from ._batch import DecodeBatch
 from ._limits import EngineLimits, check_prompt_fits, resolve_max_new_tokens
 from ._request import (
@@ -45,7 +46,6 @@ from ._request import (
 )
 from ._vision_inputs import EngineMedia
 from ._weights import load_weights_from_disk
-from ._wire import RequestError, SamplingParams, stop_regexes, stop_strings, validate_sampling_values
 from .sampling import ResolvedSampling, RowSampler
 
 if TYPE_CHECKING:

@@ -37,15 +37,15 @@ from quart_trio import QuartTrio
 from werkzeug.exceptions import HTTPException
 
 from .._errors import InvalidRequestError
+from ..media.vision import VisionProcessor
+from ..models import eos_token_ids, load_model, load_tokenizer
+from ..sglang.wire import RequestError, SamplingParams, SchemaError
 from ._http_body import BodyError, body_field, control_body, parse_generate_body
 from ._info import EngineState, metrics_text, model_info_json, server_info_json
 from ._request import build_response
 from ._vision_inputs import EngineMedia
 from ._weights import WeightLoadError
-from ._wire import RequestError, SamplingParams, SchemaError
-from .model import eos_token_ids, load_model, load_tokenizer
 from .scheduler import EngineLimits, PauseMode, Scheduler
-from .vision import VisionProcessor
 
 __all__ = ["EngineConfig", "create_app", "serve_engine"]
 

@@ -1,1 +1,10 @@
-"""relaxtrio.nursery."""
+"""Structured concurrency for Sessions and Groups.
+
+Owns: the Session (agent process in its own process group, IO directory, active-time budget,
+SessionForest), the Group nursery, the session registry the API authenticates against, generation
+gates and the first-request barrier, and the turn protocol the API calls
+(:mod:`relaxtrio.nursery.turns`).
+
+May import: :mod:`relaxtrio.forest`, :mod:`relaxtrio._errors`, trio, attrs. Never quart, httpx,
+torch, or the api/rollout/train/engine/sglang packages.
+"""

@@ -39,14 +39,13 @@ import attrs
 import trio
 
 from .._errors import AgentExecutionError, InvalidRequestError
+from ..config import RESERVED_ENV_PREFIX, TERM_GRACE_S, AgentConfig
 
 log = logging.getLogger(__name__)
 
 LOG_TAIL_BYTES: Final = 8192
-TERM_GRACE_S: Final = 5.0
 KILL_GRACE_S: Final = 5.0
 _POLL_S: Final = 0.05
-RESERVED_ENV_PREFIX: Final = "RELAX_"
 # A login shell's profile resets PATH (Debian's /etc/profile does), dropping an activated virtual
 # environment; put its bin directory back in front so `python agent.py` means what the user meant.
 RESTORE_VENV_PATH: Final = (
@@ -77,39 +76,6 @@ def parse_agent_env(entries: list[str] | tuple[str, ...] | None) -> dict[str, st
     return env
 
 
-@attrs.frozen(kw_only=True)
-class AgentConfig:
-    """How to start the user's agent harness.
-
-    Attributes:
-        command: shell command, run as ``bash -lc <command>``.
-        cwd: working directory; must exist.
-        env: extra environment entries (no ``RELAX_`` keys).
-        timeout_s: active-time budget per Session, in seconds (> 0).
-        term_grace_s: seconds between SIGTERM and SIGKILL of the process group.
-    """
-
-    command: str
-    cwd: Path = attrs.field(converter=Path)
-    env: Mapping[str, str] = attrs.field(factory=dict)
-    timeout_s: float = 1800.0
-    term_grace_s: float = TERM_GRACE_S
-
-    def __attrs_post_init__(self) -> None:
-        if not self.command.strip():
-            raise InvalidRequestError("--agent-command must not be blank.", param="agent_command")
-        if not self.cwd.is_dir():
-            raise InvalidRequestError(
-                f"--agent-cwd {str(self.cwd)!r} is not an existing directory.", param="agent_cwd"
-            )
-        if not (self.timeout_s > 0 and math.isfinite(self.timeout_s)):
-            raise InvalidRequestError("--agent-timeout must be a positive number of seconds.",
-                                      param="agent_timeout")
-        for key in self.env:
-            if key.startswith(RESERVED_ENV_PREFIX):
-                raise InvalidRequestError(
-                    f"--agent-env does not allow reserved key {key!r}.", param="agent_env"
-                )
 
 
 @attrs.define(eq=False, kw_only=True)

@@ -30,7 +30,8 @@ from typing import TYPE_CHECKING, Any
 import attrs
 import trio
 
-from .agent import AgentConfig, RolloutMode
+from ..config import AgentConfig
+from .agent import RolloutMode
 
 if TYPE_CHECKING:
     from ..forest import TrainingSample

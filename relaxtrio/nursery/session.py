@@ -25,8 +25,9 @@ from .._errors import (
     RelaxError,
     SessionAbortedError,
 )
+from ..config import AgentConfig
 from ..forest import SessionForest, TrainingSample, export_samples, parse_session_output
-from .agent import ActiveBudget, AgentConfig, RolloutMode, SessionEnv, run_agent
+from .agent import ActiveBudget, RolloutMode, SessionEnv, run_agent
 from .turns import TurnHandler, TurnRequest, TurnResult
 
 if TYPE_CHECKING:

@@ -30,8 +30,8 @@ from typing import Any, Final
 import attrs
 
 from .._errors import InvalidRequestError
-from ..engine.media import image_content_part, is_kept_url, resolve_image_path, to_image_url
 from ..forest import Conversation
+from ..media.images import image_content_part, is_kept_url, resolve_image_path, to_image_url
 
 IMAGE_PLACEHOLDER: Final = "<image>"
 """The dataset prompt's image placeholder (the standard Relax format)."""

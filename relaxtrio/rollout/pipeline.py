@@ -34,12 +34,13 @@ import trio
 from tqdm import tqdm
 
 from .._errors import BackendError, ExportError, InvalidRequestError
+from ..config import AgentConfig, RolloutConfig
 from ..forest import SessionForest
-from ..nursery.agent import ActiveBudget, AgentConfig, RolloutMode
+from ..nursery.agent import ActiveBudget, RolloutMode
 from ..nursery.group import Group, run_group
 from ..nursery.session import Session, SessionRegistry, new_session_id
 from .dataset import Prompt, PromptStream
-from .step import RolloutConfig, ScoredGroup, StepResult, agentic_event, score_group
+from .step import ScoredGroup, StepResult, agentic_event, score_group
 from .turns import EngineTurnHandler
 
 log = logging.getLogger(__name__)

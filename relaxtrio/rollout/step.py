@@ -3,16 +3,17 @@
 from __future__ import annotations
 
 import math
-from collections.abc import Callable, Mapping
+from collections.abc import Mapping
 from typing import Any
 
 import attrs
 
 from .._errors import ExportError, InvalidRequestError
+from ..config import RolloutConfig
 from ..forest import TrainingSample
 from ..nursery.group import Group
 from .advantages import grpo_advantages, scalar_reward
-from .hooks import CustomAdvantage, custom_advantages
+from .hooks import custom_advantages
 
 
 def agentic_event(component: str, event: str, **fields: Any) -> str:
@@ -22,63 +23,6 @@ def agentic_event(component: str, event: str, **fields: Any) -> str:
     return " ".join(parts)
 
 
-@attrs.frozen(kw_only=True)
-class RolloutConfig:
-    """Shape and scheduling of rollout steps.
-
-    Attributes:
-        n_samples_per_prompt: Sessions per Group.
-        rollout_batch_size: Groups trained on per step.
-        over_sampling_batch_size: Groups demanded per step (>= rollout_batch_size); the first
-            ``rollout_batch_size`` to finish are trained on, the tail is dropped at step close
-            (kept resident with partial rollout or fully async).
-        agentic_concurrency: resident Group permits shared by Prepare and Runtime (default:
-            ``over_sampling_batch_size``).
-        prelaunch: start agents while capacity is free; their first requests wait for the lease.
-        partial_rollout: at step close, abort in-flight generations, keep the partial tokens and
-            resume them in the next step (the agents' HTTP requests stay open).
-        fully_async: Groups keep generating across steps, also while the trainer trains.
-        max_refills: Groups a step may start to replace dropped ones (default: the step's demand).
-        barrier_warn_s: warn when a Group waits longer than this (seconds) at the first-request
-            barrier, naming the Sessions that have not sent their first request.
-        abort_wait_s: at step close, how long to wait (seconds) for aborted generations to come
-            back before reporting the engine as not honouring aborts.
-        reward_key: primary key of object rewards.
-        custom_rm: ``fn(sample) -> float`` for samples the agent did not reward, or None.
-        custom_advantage: per-context credit function (see :mod:`relaxtrio.rollout.hooks`);
-            required when a Session exports more than one context.
-        show_progress: whether to draw the tqdm progress bar.
-    """
-
-    n_samples_per_prompt: int = 4
-    rollout_batch_size: int = 4
-    over_sampling_batch_size: int | None = None
-    agentic_concurrency: int | None = None
-    prelaunch: bool = False
-    partial_rollout: bool = False
-    fully_async: bool = False
-    max_refills: int | None = None
-    barrier_warn_s: float = 120.0
-    abort_wait_s: float = 30.0
-    reward_key: str | None = None
-    custom_rm: Callable[[TrainingSample], float] | None = None
-    custom_advantage: CustomAdvantage | None = None
-    show_progress: bool = True
-
-    @property
-    def demand(self) -> int:
-        """Groups started per step (over-sampling included)."""
-        return max(self.over_sampling_batch_size or 0, self.rollout_batch_size)
-
-    @property
-    def concurrency(self) -> int:
-        """Resident Group permits."""
-        return self.agentic_concurrency or self.demand
-
-    @property
-    def keeps_resident(self) -> bool:
-        """Whether unfinished Groups survive step close."""
-        return self.partial_rollout or self.fully_async
 
 
 @attrs.frozen(kw_only=True)

@@ -12,7 +12,7 @@ gate to reopen, and the next attempt sends lineage ids + partial ids with the re
 budget. The agent's HTTP request stays open the whole time.
 
 Images (spec "Token-in, Token-out", pitfall B-33): an observation with ``image_url`` parts is
-rendered into two views (:meth:`~relaxtrio.engine.compiler.ChatCompiler.encode_observation`).
+rendered into two views (:meth:`~relaxtrio.chat.compiler.ChatCompiler.encode_observation`).
 Its node stores the processor-expanded training ids, the rollout ids with one placeholder per
 image, and the images plus training inputs as its ``multimodal`` payload. Every generation sends
 the lineage's rollout ids together with all images of the lineage's observations, in lineage
@@ -30,9 +30,9 @@ import attrs
 import trio
 
 from .._errors import BackendError, ContextLengthExceededError, InvalidRequestError
-from ..engine.client import EngineClient, SamplingParams
-from ..engine.compiler import ChatCompiler, RenderedObservation
-from ..engine.parsers import build_assistant_message, effective_finish_type
+from ..chat.compiler import ChatCompiler, RenderedObservation
+from ..chat.parsers import build_assistant_message, effective_finish_type
+from ..config import GenerationConfig
 from ..forest import (
     Conversation,
     Match,
@@ -46,6 +46,7 @@ from ..forest import (
 )
 from ..nursery.session import Session
 from ..nursery.turns import TurnRequest, TurnResult
+from ..sglang.client import EngineClient, SamplingParams
 from .client_logprobs import content_logprobs
 
 log = logging.getLogger(__name__)
@@ -54,43 +55,6 @@ ABORT_GRACE_S: Final = 5.0
 MAX_EMPTY_ABORTS: Final = 8
 
 
-@attrs.frozen(kw_only=True)
-class GenerationConfig:
-    """Rollout sampling settings (request temperature/top_p never override these).
-
-    Attributes:
-        temperature: sampling temperature (logprobs use the same temperature, SGLang convention).
-        top_p: nucleus sampling mass in (0, 1].
-        top_k: top-k cut-off, -1 for none.
-        max_response_tokens: per-turn cap in tokens (``--rollout-max-response-len``); a request's
-            own limit can only lower it.
-        max_context_tokens: training-token limit of a lineage (``--rollout-max-context-len``),
-            or None for the model's limit as reported by the engine.
-        stop: extra stop strings for every turn.
-        stop_token_ids: extra stop token ids for every turn (EOS ids are always included).
-        seed: base sampling seed, or None.
-        tool_call_parser: tool-call parser name (used only when the request has tools).
-        reasoning_parser: reasoning parser name, or None.
-        template_kwargs: server-side chat-template kwargs merged under each request's kwargs.
-        partial_rollout_max_aborted_count: after this many aborts of one request its Session
-            becomes protected at the next resume (pauses no longer interrupt it); None = never.
-        ignore_eos: never stop at EOS / stop ids (SGLang's ``ignore_eos``): turns run to their
-            token limit. For benchmarks and tests that need generations of a known length.
-    """
-
-    temperature: float = 1.0
-    top_p: float = 1.0
-    top_k: int = -1
-    max_response_tokens: int = 256
-    max_context_tokens: int | None = None
-    stop: tuple[str, ...] = ()
-    stop_token_ids: tuple[int, ...] = ()
-    seed: int | None = None
-    tool_call_parser: str | None = "hermes"
-    reasoning_parser: str | None = None
-    template_kwargs: dict = attrs.field(factory=dict)
-    partial_rollout_max_aborted_count: int | None = None
-    ignore_eos: bool = False
 
 
 @attrs.define(eq=False, kw_only=True)

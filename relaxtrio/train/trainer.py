@@ -34,6 +34,7 @@ import attrs
 import torch
 from torch import Tensor
 
+from ..config import TrainConfig
 from .batching import (
     MicroBatch,
     SampleLike,
@@ -43,8 +44,8 @@ from .batching import (
     validate_samples,
 )
 from .checkpoint import OPTIMIZER_FILE, save_checkpoint_dir, save_weights_dir
-from .config import TrainConfig, TrainStats
 from .loss import _forward_logits, entropy_from_logits, logprobs_from_logits, policy_loss
+from .stats import TrainStats
 
 __all__ = ["Trainer"]
 

@@ -11,14 +11,15 @@ from typing import Any
 import attrs
 import trio
 
-from relaxtrio.engine.compiler import ChatCompiler
+from relaxtrio.chat.compiler import ChatCompiler
+from relaxtrio.config import GenerationConfig
 from relaxtrio.forest import ResponseNode, SessionForest, export_samples
 from relaxtrio.nursery.agent import ActiveBudget
 from relaxtrio.nursery.group import Group
 from relaxtrio.nursery.session import Session, SessionRegistry, new_session_id
 from relaxtrio.nursery.turns import TurnRequest, TurnResult
-from relaxtrio.rollout.turns import EngineTurnHandler, GenerationConfig
-from support.scripted_engine import Reply, ScriptedEngine
+from relaxtrio.rollout.turns import EngineTurnHandler
+from relaxtrio.testing.scripted_engine import Reply, ScriptedEngine
 
 CHAT = "/agentic_api/v1/chat/completions"
 RESPONSES = "/agentic_api/v1/responses"

@@ -5,10 +5,10 @@ from __future__ import annotations
 from pathlib import Path
 
 import pytest
-
 from api_helpers import ScriptedHandler
-from relaxtrio.engine.compiler import ChatCompiler
-from relaxtrio.engine.model import load_tokenizer
+
+from relaxtrio.chat.compiler import ChatCompiler
+from relaxtrio.models import load_tokenizer
 from relaxtrio.nursery.session import SessionRegistry
 
 

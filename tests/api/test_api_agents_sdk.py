@@ -9,13 +9,13 @@ import sys
 from pathlib import Path
 
 import trio
-
 from api_helpers import open_session, scripted_pipeline, tool_call_text
+
 from relaxtrio.api.app import create_app, serve_api
-from relaxtrio.engine.compiler import ChatCompiler
+from relaxtrio.chat.compiler import ChatCompiler
 from relaxtrio.forest import ResponseNode
 from relaxtrio.nursery.session import SessionRegistry
-from support.scripted_engine import Reply
+from relaxtrio.testing.scripted_engine import Reply
 
 AGENT_SCRIPT = Path(__file__).with_name("agents_sdk_agent.py")
 

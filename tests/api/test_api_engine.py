@@ -13,15 +13,16 @@ import anthropic
 import openai
 import pytest
 import trio
-
 from api_helpers import open_session
+
 from relaxtrio.api.app import create_app, serve_api
-from relaxtrio.engine.client import open_engine_client
-from relaxtrio.engine.compiler import ChatCompiler
+from relaxtrio.chat.compiler import ChatCompiler
+from relaxtrio.config import GenerationConfig
 from relaxtrio.engine.server import EngineConfig, serve_engine
 from relaxtrio.forest import ResponseNode
 from relaxtrio.nursery.session import SessionRegistry
-from relaxtrio.rollout.turns import EngineTurnHandler, GenerationConfig
+from relaxtrio.rollout.turns import EngineTurnHandler
+from relaxtrio.sglang.client import open_engine_client
 
 pytestmark = pytest.mark.filterwarnings(
     r"ignore:Async generator '(openai|anthropic|httpx2|httpcore2)\.:ResourceWarning")

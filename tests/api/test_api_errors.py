@@ -7,8 +7,8 @@ import json
 import httpx
 import pytest
 import trio
-
 from api_helpers import ENDPOINTS, ScriptedHandler, open_session, post
+
 from relaxtrio import (
     BackendError,
     ClientDisconnectError,
@@ -17,8 +17,8 @@ from relaxtrio import (
     SessionAbortedError,
 )
 from relaxtrio.api.app import create_app, serve_api
-from relaxtrio.api.config import ApiConfig
 from relaxtrio.api.errors import error_body, error_response, http_status, should_retry
+from relaxtrio.config import ApiConfig
 from relaxtrio.nursery.session import SessionRegistry
 
 VALID = {

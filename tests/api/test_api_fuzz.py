@@ -14,12 +14,12 @@ import os
 from typing import Any
 
 import pytest
+from api_helpers import ENDPOINTS, ScriptedHandler, events, open_session, parse_sse
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from api_helpers import ENDPOINTS, ScriptedHandler, events, open_session, parse_sse
 from relaxtrio.api.app import create_app
-from relaxtrio.api.config import ApiConfig
+from relaxtrio.config import ApiConfig
 from relaxtrio.nursery.session import SessionRegistry
 from relaxtrio.nursery.turns import TurnRequest
 

@@ -10,13 +10,13 @@ from typing import Any
 import anthropic
 import pytest
 import trio
-
 from api_helpers import ScriptedHandler, assert_one_lineage, open_session, scripted_pipeline, tool_call_text
+
 from relaxtrio import BackendError
 from relaxtrio.api.app import create_app, serve_api
-from relaxtrio.engine.compiler import ChatCompiler
+from relaxtrio.chat.compiler import ChatCompiler
 from relaxtrio.nursery.session import Session, SessionRegistry
-from support.scripted_engine import Reply
+from relaxtrio.testing.scripted_engine import Reply
 
 pytestmark = pytest.mark.filterwarnings(
     r"ignore:Async generator '(anthropic|httpx2|httpcore2)\.:ResourceWarning")

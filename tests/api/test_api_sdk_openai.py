@@ -14,13 +14,13 @@ from typing import Any
 import openai
 import pytest
 import trio
-
 from api_helpers import ScriptedHandler, assert_one_lineage, open_session, scripted_pipeline, tool_call_text
+
 from relaxtrio import ContextLengthExceededError
 from relaxtrio.api.app import create_app, serve_api
-from relaxtrio.engine.compiler import ChatCompiler
+from relaxtrio.chat.compiler import ChatCompiler
 from relaxtrio.nursery.session import Session, SessionRegistry
-from support.scripted_engine import Reply
+from relaxtrio.testing.scripted_engine import Reply
 
 # The SDK stops reading its SSE event generator at [DONE] without closing it; under trio the
 # garbage-collected generator triggers trio's ResourceWarning (an SDK/trio interaction, not ours).

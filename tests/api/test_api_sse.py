@@ -10,7 +10,6 @@ import httpx
 import pytest
 import trio
 import trio.testing
-
 from api_helpers import (
     ENDPOINTS,
     ScriptedHandler,
@@ -21,13 +20,14 @@ from api_helpers import (
     scripted_pipeline,
     tool_call_text,
 )
+
 from relaxtrio import BackendError, ContextLengthExceededError
 from relaxtrio.api.app import create_app, serve_api
-from relaxtrio.api.config import ApiConfig
-from relaxtrio.engine.compiler import ChatCompiler
+from relaxtrio.chat.compiler import ChatCompiler
+from relaxtrio.config import ApiConfig
 from relaxtrio.forest import ResponseNode, export_samples
 from relaxtrio.nursery.session import SessionRegistry
-from support.scripted_engine import Reply
+from relaxtrio.testing.scripted_engine import Reply
 
 TOOLS = {"type": "object", "properties": {"city": {"type": "string"}}}
 

@@ -17,11 +17,11 @@ from tokenizers import AddedToken, Tokenizer, decoders, models, pre_tokenizers, 
 from transformers import PreTrainedTokenizerFast
 
 from relaxtrio import InvalidRequestError
-from relaxtrio.engine.compiler import ChatCompiler
+from relaxtrio.chat.compiler import ChatCompiler
 
 REPO = Path(__file__).resolve().parents[2]
 TEMPLATES = Path(__file__).resolve().parent / "templates"
-SMOLLM2_TEMPLATE = REPO / "relaxtrio" / "engine" / "templates" / "chatml_tools.jinja"
+SMOLLM2_TEMPLATE = REPO / "relaxtrio" / "chat" / "templates" / "chatml_tools.jinja"
 
 _CORPUS = [
     "You are a helpful assistant. I am a user. You are a terse assistant.",

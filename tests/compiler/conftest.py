@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 from compiler_testkit import CASES, make_compiler
 
-from relaxtrio.engine.compiler import ChatCompiler
+from relaxtrio.chat.compiler import ChatCompiler
 
 
 @pytest.fixture(scope="session")

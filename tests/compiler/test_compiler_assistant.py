@@ -6,8 +6,13 @@ import pytest
 from compiler_testkit import TOOLS
 
 from relaxtrio import BackendError, InternalError
-from relaxtrio.engine.compiler import ChatCompiler
-from relaxtrio.engine.parsers import build_assistant_message, decode_assistant, effective_finish_type, tool_call_id
+from relaxtrio.chat.compiler import ChatCompiler
+from relaxtrio.chat.parsers import (
+    build_assistant_message,
+    decode_assistant,
+    effective_finish_type,
+    tool_call_id,
+)
 
 PARENT = "0" * 64
 CALL = '<tool_call>\n{"name": "get_weather", "arguments": {"city": "Paris"}}\n</tool_call>'

@@ -6,7 +6,7 @@ import logging
 
 import pytest
 
-from relaxtrio.engine.parsers import REASONING_PARSERS, parse_reasoning
+from relaxtrio.chat.parsers import REASONING_PARSERS, parse_reasoning
 
 
 def test_registered_names() -> None:
@@ -65,7 +65,7 @@ def test_stopped_without_close_after_prompt_opened_think_is_content(caplog: pyte
         None,
         "The capital is Paris.",
     )
-    with caplog.at_level(logging.WARNING, logger="relaxtrio.engine.parsers.reasoning"):
+    with caplog.at_level(logging.WARNING, logger="relaxtrio.chat.parsers.reasoning"):
         got = parse_reasoning("The capital is Paris.", "deepseek-r1", unclosed_think="reasoning")
     assert got == ("The capital is Paris.", "")
     assert "not closed" in caplog.text

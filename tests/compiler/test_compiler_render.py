@@ -8,7 +8,7 @@ import pytest
 from compiler_testkit import CASES, FAMILIES, TOOLS, assistant, build_tokenizer, call, scenario, tool
 
 from relaxtrio import InternalError, InvalidRequestError
-from relaxtrio.engine.compiler import DUMMY_PREFIX, ChatCompiler
+from relaxtrio.chat.compiler import DUMMY_PREFIX, ChatCompiler
 
 USER = {"role": "user", "content": "hi"}
 

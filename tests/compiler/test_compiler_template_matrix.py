@@ -60,8 +60,8 @@ import pytest
 from compiler_testkit import CASES, SCENARIOS, lineage_ids, model_output_ids, rendered_turn_ids, scenario
 
 from relaxtrio import InvalidRequestError
-from relaxtrio.engine.compiler import ChatCompiler
-from relaxtrio.engine.parsers import decode_assistant
+from relaxtrio.chat.compiler import ChatCompiler
+from relaxtrio.chat.parsers import decode_assistant
 
 EXPECTED = {
     "smollm2_chatml": ("stable", "stable", "stable", "stable"),

@@ -9,7 +9,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from relaxtrio.engine.parsers import (
+from relaxtrio.chat.parsers import (
     TOOL_CALL_PARSERS,
     ParsedToolCall,
     RejectedToolCall,

@@ -9,15 +9,16 @@ import torch
 import trio
 
 from relaxtrio.api.app import create_app, serve_api
-from relaxtrio.engine.client import open_engine_client
-from relaxtrio.engine.compiler import ChatCompiler
-from relaxtrio.engine.launch import open_embedded_engine
-from relaxtrio.engine.model import load_model, load_tokenizer
+from relaxtrio.chat.compiler import ChatCompiler
+from relaxtrio.config import AgentConfig, GenerationConfig
 from relaxtrio.forest import ObservationNode, ResponseNode, SessionForest
-from relaxtrio.nursery.agent import ActiveBudget, AgentConfig
+from relaxtrio.models import load_model, load_tokenizer
+from relaxtrio.nursery.agent import ActiveBudget
 from relaxtrio.nursery.group import Group, run_group
 from relaxtrio.nursery.session import Session, SessionRegistry, new_session_id
-from relaxtrio.rollout.turns import EngineTurnHandler, GenerationConfig
+from relaxtrio.rollout.turns import EngineTurnHandler
+from relaxtrio.sglang.client import open_engine_client
+from relaxtrio.sglang.launch import open_embedded_engine
 
 OPENAI_AGENT = r'''
 import asyncio, json, os

@@ -8,15 +8,14 @@ from pathlib import Path
 
 import torch
 import trio
+from support.pipeline import open_test_pipeline, prompts
 
+from relaxtrio.config import GenerationConfig, RolloutConfig
 from relaxtrio.driver import push_weights
-from relaxtrio.engine.client import open_engine_client
-from relaxtrio.engine.model import load_model, load_tokenizer
 from relaxtrio.engine.server import EngineConfig, serve_engine
 from relaxtrio.forest import ResponseNode
-from relaxtrio.rollout.step import RolloutConfig
-from relaxtrio.rollout.turns import GenerationConfig
-from support.pipeline import open_test_pipeline, prompts
+from relaxtrio.models import load_model, load_tokenizer
+from relaxtrio.sglang.client import open_engine_client
 
 LONG = 400
 

@@ -7,16 +7,14 @@ from pathlib import Path
 
 import torch
 import trio
-
-from relaxtrio.driver import TrainRunConfig, run_training
-from relaxtrio.engine.client import SamplingParams, open_engine_client
-from relaxtrio.engine.model import load_model
-from relaxtrio.engine.server import EngineConfig, serve_engine
-from relaxtrio.nursery.agent import AgentConfig
-from relaxtrio.rollout.step import RolloutConfig
-from relaxtrio.rollout.turns import GenerationConfig
-from relaxtrio.train import TrainConfig, Trainer
 from support.agents import write_httpx_agent
+
+from relaxtrio.config import AgentConfig, GenerationConfig, RolloutConfig, TrainRunConfig
+from relaxtrio.driver import run_training
+from relaxtrio.engine.server import EngineConfig, serve_engine
+from relaxtrio.models import load_model
+from relaxtrio.sglang.client import SamplingParams, open_engine_client
+from relaxtrio.train import TrainConfig, Trainer
 
 
 class _Sample:

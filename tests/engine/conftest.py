@@ -10,8 +10,8 @@ import pytest
 import torch
 import trio
 
-from relaxtrio.engine.model import load_model, load_tokenizer
 from relaxtrio.engine.server import EngineConfig, serve_engine
+from relaxtrio.models import load_model, load_tokenizer
 
 
 @pytest.fixture(scope="session")

@@ -11,15 +11,15 @@ import pytest
 import trio
 
 from relaxtrio import BackendError, BackendTimeoutError, ContextLengthExceededError
-from relaxtrio.engine.client import (
+from relaxtrio.engine.server import EngineConfig, serve_engine
+from relaxtrio.forest import WeightSpan
+from relaxtrio.sglang.client import (
     CONTEXT_LENGTH_MARKERS,
     EngineClientConfig,
     EngineStatusError,
     SamplingParams,
     open_engine_client,
 )
-from relaxtrio.engine.server import EngineConfig, serve_engine
-from relaxtrio.forest import WeightSpan
 
 PROMPT = [1, 87, 555, 201, 57, 74, 271, 321, 294, 284, 446, 295, 2, 201, 1, 67, 312, 691, 697, 201]
 LONG = SamplingParams(max_new_tokens=3000, temperature=0.0, ignore_eos=True)

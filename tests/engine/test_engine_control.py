@@ -11,8 +11,8 @@ import pytest
 import torch
 import trio
 
-from relaxtrio.engine.model import load_model
 from relaxtrio.engine.server import EngineConfig, serve_engine
+from relaxtrio.models import load_model
 
 PROMPT = [1, 87, 555, 201, 57, 74, 271, 321, 294, 284, 446, 295, 2, 201, 1, 67, 312, 691, 697, 201]
 RUNNING_ABORT = {"type": "abort", "message": "Aborted", "status_code": None, "err_type": None}

@@ -10,7 +10,7 @@ import pytest
 import trio
 
 from relaxtrio import BackendError
-from relaxtrio.engine.launch import open_embedded_engine
+from relaxtrio.sglang.launch import open_embedded_engine
 
 
 def _engine_pids(model_dir: Path) -> list[int]:

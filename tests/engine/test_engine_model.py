@@ -10,15 +10,15 @@ from pathlib import Path
 import pytest
 import torch
 
-from relaxtrio.engine import model as model_module
-from relaxtrio.engine.model import (
-    build_tiny_model,
+from relaxtrio import models as model_module
+from relaxtrio.models import (
     chat_template,
     ensure_smollm2,
     eos_token_ids,
     load_model,
     load_tokenizer,
 )
+from relaxtrio.testing.tiny_models import build_tiny_model
 
 
 def _digests(directory: Path) -> dict[str, str]:

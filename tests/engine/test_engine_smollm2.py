@@ -7,8 +7,8 @@ import pytest
 import torch
 import trio
 
-from relaxtrio.engine.model import ensure_smollm2, load_model, load_tokenizer
 from relaxtrio.engine.server import EngineConfig, serve_engine
+from relaxtrio.models import ensure_smollm2, load_model, load_tokenizer
 
 
 @pytest.mark.slow

@@ -6,8 +6,9 @@ from pathlib import Path
 
 import pytest
 
-from relaxtrio.engine.model import build_tiny_vlm, load_model, load_tokenizer
-from relaxtrio.engine.vision import VisionProcessor
+from relaxtrio.media.vision import VisionProcessor
+from relaxtrio.models import load_model, load_tokenizer
+from relaxtrio.testing.tiny_models import build_tiny_vlm
 
 
 @pytest.fixture(scope="session")

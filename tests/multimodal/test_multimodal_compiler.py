@@ -14,9 +14,9 @@ from mm_helpers import data_url
 from transformers import Qwen2VLProcessor
 
 from relaxtrio import InvalidRequestError
-from relaxtrio.engine.compiler import ChatCompiler
-from relaxtrio.engine.media import decode_image_url
-from relaxtrio.engine.model import load_tokenizer
+from relaxtrio.chat.compiler import ChatCompiler
+from relaxtrio.media.images import decode_image_url
+from relaxtrio.models import load_tokenizer
 
 # A Qwen2-VL-style template (system default, images rendered in place inside any content list).
 QWEN2_VL_STYLE = (

@@ -11,7 +11,7 @@ import pytest
 from mm_helpers import data_url, decode_data_url, make_image, png_bytes
 
 from relaxtrio import InvalidRequestError
-from relaxtrio.engine.media import decode_image_url, image_parts, to_image_url
+from relaxtrio.media.images import decode_image_url, image_parts, to_image_url
 from relaxtrio.rollout.dataset import load_prompts
 
 KEYS = {"image": "images"}

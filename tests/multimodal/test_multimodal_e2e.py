@@ -12,15 +12,16 @@ import trio
 from mm_helpers import data_url, full_forward_logprobs, make_image
 
 from relaxtrio.api.app import create_app, serve_api
-from relaxtrio.engine.client import SamplingParams, open_engine_client
-from relaxtrio.engine.compiler import ChatCompiler
+from relaxtrio.chat.compiler import ChatCompiler
+from relaxtrio.config import AgentConfig, GenerationConfig
 from relaxtrio.engine.server import EngineConfig, serve_engine
 from relaxtrio.forest import ObservationNode, ResponseNode, SessionForest
-from relaxtrio.nursery.agent import ActiveBudget, AgentConfig
+from relaxtrio.nursery.agent import ActiveBudget
 from relaxtrio.nursery.group import Group, run_group
 from relaxtrio.nursery.session import Session, SessionRegistry, new_session_id
 from relaxtrio.rollout.dataset import load_prompts
-from relaxtrio.rollout.turns import EngineTurnHandler, GenerationConfig, lineage_image_urls
+from relaxtrio.rollout.turns import EngineTurnHandler, lineage_image_urls
+from relaxtrio.sglang.client import SamplingParams, open_engine_client
 from relaxtrio.train import TrainConfig, Trainer, merge_multimodal_inputs
 
 # Turn 1 sends the dataset's image; turn 2 adds an image in a user message, turn 3 in a tool result.

@@ -9,9 +9,9 @@ import pytest
 import trio
 from mm_helpers import data_url, full_forward_logprobs
 
-from relaxtrio.engine.client import EngineStatusError, SamplingParams, open_engine_client
-from relaxtrio.engine.compiler import ChatCompiler
+from relaxtrio.chat.compiler import ChatCompiler
 from relaxtrio.engine.server import EngineConfig, serve_engine
+from relaxtrio.sglang.client import EngineStatusError, SamplingParams, open_engine_client
 
 
 @pytest.fixture(scope="module")

@@ -11,9 +11,9 @@ import pytest
 import torch
 from mm_helpers import data_url, full_forward_logprobs
 
-from relaxtrio.engine.compiler import ChatCompiler
-from relaxtrio.engine.vision import VisionProcessor
+from relaxtrio.chat.compiler import ChatCompiler
 from relaxtrio.forest import TrainingSample
+from relaxtrio.media.vision import VisionProcessor
 from relaxtrio.train import TrainConfig, Trainer, merge_multimodal_inputs, token_logprobs
 from relaxtrio.train.batching import collate
 

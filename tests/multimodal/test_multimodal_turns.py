@@ -8,17 +8,18 @@ from typing import Any
 import pytest
 import trio
 from mm_helpers import data_url
-from support.scripted_engine import Reply, ScriptedEngine
 
 from relaxtrio import ContextLengthExceededError, InvalidRequestError
-from relaxtrio.engine.compiler import ChatCompiler
-from relaxtrio.engine.model import load_tokenizer
+from relaxtrio.chat.compiler import ChatCompiler
+from relaxtrio.config import GenerationConfig
 from relaxtrio.forest import Conversation, SessionForest
+from relaxtrio.models import load_tokenizer
 from relaxtrio.nursery.agent import ActiveBudget
 from relaxtrio.nursery.group import Group
 from relaxtrio.nursery.session import Session, new_session_id
 from relaxtrio.nursery.turns import TurnRequest
-from relaxtrio.rollout.turns import EngineTurnHandler, GenerationConfig
+from relaxtrio.rollout.turns import EngineTurnHandler
+from relaxtrio.testing.scripted_engine import Reply, ScriptedEngine
 
 
 class RecordingEngine(ScriptedEngine):

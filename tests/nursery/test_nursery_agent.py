@@ -9,17 +9,11 @@ from pathlib import Path
 import pytest
 import trio
 import trio.testing
+from support.procs import alive
 
 from relaxtrio import AgentExecutionError, InvalidRequestError
-from relaxtrio.nursery.agent import (
-    ActiveBudget,
-    AgentConfig,
-    SessionEnv,
-    parse_agent_env,
-    process_group_alive,
-    run_agent,
-)
-from support.procs import alive
+from relaxtrio.config import AgentConfig
+from relaxtrio.nursery.agent import ActiveBudget, SessionEnv, parse_agent_env, process_group_alive, run_agent
 
 PY = sys.executable
 

@@ -7,20 +7,19 @@ from pathlib import Path
 
 import pytest
 import trio
-
-from relaxtrio.api.app import create_app, serve_api
-from relaxtrio.engine.compiler import ChatCompiler
-from relaxtrio.engine.model import load_tokenizer
-from relaxtrio.forest import SessionForest
-from relaxtrio.nursery.agent import ActiveBudget, AgentConfig
-from relaxtrio.nursery.group import Group, run_group
-from relaxtrio.nursery.session import Session, SessionRegistry, new_session_id
-from relaxtrio.rollout.turns import EngineTurnHandler, GenerationConfig
 from support.agents import write_httpx_agent
-from support.scripted_engine import Reply, ScriptedEngine
 from support.procs import alive
 
-
+from relaxtrio.api.app import create_app, serve_api
+from relaxtrio.chat.compiler import ChatCompiler
+from relaxtrio.config import AgentConfig, GenerationConfig
+from relaxtrio.forest import SessionForest
+from relaxtrio.models import load_tokenizer
+from relaxtrio.nursery.agent import ActiveBudget
+from relaxtrio.nursery.group import Group, run_group
+from relaxtrio.nursery.session import Session, SessionRegistry, new_session_id
+from relaxtrio.rollout.turns import EngineTurnHandler
+from relaxtrio.testing.scripted_engine import Reply, ScriptedEngine
 
 
 @pytest.fixture

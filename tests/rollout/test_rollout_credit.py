@@ -6,13 +6,13 @@ from pathlib import Path
 
 import pytest
 import trio
+from support.pipeline import open_test_pipeline, prompts
 
 from relaxtrio import InvalidRequestError
-from relaxtrio.engine.model import load_tokenizer
+from relaxtrio.config import RolloutConfig
+from relaxtrio.models import load_tokenizer
 from relaxtrio.rollout.hooks import load_function
-from relaxtrio.rollout.step import RolloutConfig
-from support.pipeline import open_test_pipeline, prompts
-from support.scripted_engine import Reply, ScriptedEngine
+from relaxtrio.testing.scripted_engine import Reply, ScriptedEngine
 
 
 async def _run(tiny_model_dir: Path, tmp_path: Path, fn_name: str | None):

@@ -8,14 +8,13 @@ from pathlib import Path
 
 import pytest
 import trio
-
-from relaxtrio.engine.model import load_tokenizer
-from relaxtrio.rollout.pipeline import EvalDataset
-from relaxtrio.rollout.step import RolloutConfig
-from relaxtrio.rollout.turns import GenerationConfig
 from support.pipeline import open_test_pipeline, prompts
-from support.scripted_engine import Reply, ScriptedEngine
 from support.procs import alive
+
+from relaxtrio.config import GenerationConfig, RolloutConfig
+from relaxtrio.models import load_tokenizer
+from relaxtrio.rollout.pipeline import EvalDataset
+from relaxtrio.testing.scripted_engine import Reply, ScriptedEngine
 
 
 @pytest.fixture(scope="module")

@@ -4,8 +4,8 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from relaxtrio.engine.compiler import ChatCompiler
-from relaxtrio.engine.model import load_tokenizer
+from relaxtrio.chat.compiler import ChatCompiler
+from relaxtrio.models import load_tokenizer
 from relaxtrio.rollout.client_logprobs import content_logprobs
 
 
@@ -41,13 +41,14 @@ async def test_unmatched_assistant_message_is_logged_as_a_new_branch(
 
     import trio
 
+    from relaxtrio.config import GenerationConfig
     from relaxtrio.forest import Conversation, SessionForest
     from relaxtrio.nursery.agent import ActiveBudget
     from relaxtrio.nursery.group import Group
     from relaxtrio.nursery.session import Session
     from relaxtrio.nursery.turns import TurnRequest
-    from relaxtrio.rollout.turns import EngineTurnHandler, GenerationConfig
-    from support.scripted_engine import Reply, ScriptedEngine
+    from relaxtrio.rollout.turns import EngineTurnHandler
+    from relaxtrio.testing.scripted_engine import Reply, ScriptedEngine
 
     caplog.set_level(logging.WARNING)
     tok = load_tokenizer(tiny_model_dir)

@@ -10,13 +10,12 @@ from typing import Any
 import trio
 
 from relaxtrio.api.app import create_app, serve_api
-from relaxtrio.engine.compiler import ChatCompiler
-from relaxtrio.nursery.agent import AgentConfig
+from relaxtrio.chat.compiler import ChatCompiler
+from relaxtrio.config import AgentConfig, GenerationConfig, RolloutConfig
 from relaxtrio.nursery.session import SessionRegistry
 from relaxtrio.rollout.dataset import Prompt, PromptStream
 from relaxtrio.rollout.pipeline import RolloutPipeline, open_rollout_pipeline
-from relaxtrio.rollout.step import RolloutConfig
-from relaxtrio.rollout.turns import EngineTurnHandler, GenerationConfig
+from relaxtrio.rollout.turns import EngineTurnHandler
 from support.agents import write_httpx_agent
 
 

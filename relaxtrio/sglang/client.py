@@ -36,15 +36,15 @@ import httpx
 import trio
 
 from .._errors import BackendError, RelaxError
-from ._client_http import EngineClientConfig, json_object, send_with_retries
-from ._client_wire import (
+from ._http import EngineClientConfig, json_object, send_with_retries
+from ._replies import (
     CONTEXT_LENGTH_MARKERS,
     EngineStatusError,
     GenerateResult,
     error_from_response,
     parse_generate_response,
 )
-from ._wire import SamplingParams
+from .wire import SamplingParams
 
 __all__ = [
     "CONTEXT_LENGTH_MARKERS",

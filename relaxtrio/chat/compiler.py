@@ -37,7 +37,7 @@ Images (reference D-5, spec "Token-in, Token-out"): :meth:`ChatCompiler.encode_o
 renders an observation into two id views. The **rollout ids** are the tokenizer ids of the
 template text, with one image placeholder per ``image_url`` part (what an SGLang server takes next
 to ``image_data``); the **training ids** expand each placeholder to the image's feature count and
-come with the processor's training inputs (:class:`~relaxtrio.engine.vision.MultimodalPayload`).
+come with the processor's training inputs (:class:`~relaxtrio.media.vision.MultimodalPayload`).
 The dummy prefix has no images, so trimming it from the rollout ids and then expanding equals
 expanding the whole render and trimming the same number of ids: both views get the same trim
 (D-3). A text observation has identical views and no payload.
@@ -59,11 +59,11 @@ import attrs
 import jinja2
 
 from .._errors import InternalError, InvalidRequestError
+from ..media.images import ImagePart, image_parts
+from ..media.vision import RenderedObservation, VisionProcessor
 from . import _template_inputs as _inputs
 from ._template_inputs import RESERVED_TEMPLATE_KWARGS, TURN_END_MARKERS, ArgumentsForm
 from ._template_probe import probe_arguments_form, probe_turn_end
-from .media import ImagePart, image_parts
-from .vision import RenderedObservation, VisionProcessor
 
 __all__ = [
     "DUMMY_PREFIX",

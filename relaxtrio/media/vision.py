@@ -36,7 +36,7 @@ import numpy as np
 from PIL import Image
 
 from .._errors import InvalidRequestError
-from .media import ImagePart, decode_image_url
+from .images import ImagePart, decode_image_url
 
 __all__ = ["MultimodalPayload", "RenderedObservation", "VisionProcessor"]
 

@@ -1,4 +1,4 @@
-"""A scripted engine: an in-process stand-in for :class:`~relaxtrio.engine.client.EngineClient`.
+"""A scripted engine: an in-process stand-in for :class:`~relaxtrio.sglang.client.EngineClient`.
 
 It replays given replies (text or ids) with fixed logprobs, so tests can force shapes a tiny
 random model will not produce (tool calls, reasoning, aborts at a chosen token). A reply may wait
@@ -13,8 +13,8 @@ from typing import Any
 import attrs
 import trio
 
-from relaxtrio.engine.client import GenerateResult, SamplingParams
 from relaxtrio.forest import WeightSpan
+from relaxtrio.sglang.client import GenerateResult, SamplingParams
 
 
 @attrs.define(kw_only=True)

@@ -1,7 +1,7 @@
 """Output parsers: reasoning blocks, tool calls, and the assistant message built from them.
 
 Pure Python (no transformers, no torch). Decoding needs only an object with
-``decode(ids) -> str`` such as :class:`relaxtrio.engine.compiler.ChatCompiler`.
+``decode(ids) -> str`` such as :class:`relaxtrio.chat.compiler.ChatCompiler`.
 """
 
 from ._json import canonical_arguments as canonical_arguments

