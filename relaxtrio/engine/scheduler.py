@@ -138,10 +138,33 @@ class Scheduler:
         while not condition():
             await self._changed.wait()
 
-    async def _wait_settled(self) -> None:
-        """Wait until the loop has handled every kick up to now and is parked."""
+    async def wait_settled(self) -> None:
+        """Wait until the loop has handled every change made up to now and has nothing to do.
+
+        Once settled, nothing happens until the next submit, abort, pause, resume or weight
+        update: a paused engine's waiting requests stay waiting and no token is generated, so
+        tests can assert that something did *not* happen without sleeping.
+
+        Cancellation:
+            A plain wait; nothing to clean up.
+        """
         target = self._kick_seq
         await self._wait_until(lambda: self._parked and self._parked_seq >= target)
+
+    async def wait_statistics(
+        self, predicate: Callable[[SchedulerStatistics], bool]
+    ) -> SchedulerStatistics:
+        """Wait until ``predicate(self.statistics())`` holds and return that snapshot.
+
+        Every change of a counter or flag in :class:`SchedulerStatistics` wakes the waiters
+        (submit, finish, each loop iteration, pause, resume, weight updates).
+
+        Cancellation:
+            A plain wait; nothing to clean up.
+        """
+        while not predicate(stats := self.statistics()):
+            await self._changed.wait()
+        return stats
 
     @property
     def paused(self) -> bool:
@@ -216,6 +239,7 @@ class Scheduler:
             return req
         self._waiting.append(req)
         self._kick()
+        self._notify()
         return req
 
     async def generate(self, input_ids: Sequence[int], params: SamplingParams, **kwargs: Any) -> Req:
@@ -280,7 +304,7 @@ class Scheduler:
             self.abort_all()
         self._kick()
         self._notify()
-        await self._wait_settled()
+        await self.wait_settled()
 
     def resume(self) -> None:
         """Continue after :meth:`pause` (a no-op when not paused)."""
@@ -293,6 +317,7 @@ class Scheduler:
         if abort_all:
             self.abort_all()
         self.weight_version = new_version
+        self._notify()
 
     async def update_weights_from_disk(
         self, model_path: str, *, weight_version: str | None, abort_all: bool
@@ -313,6 +338,7 @@ class Scheduler:
             self._barrier = barrier
             try:
                 self._kick()
+                self._notify()
                 await self._wait_until(
                     lambda: self._paused or all(req.done.is_set() for req in barrier)
                 )
@@ -323,6 +349,7 @@ class Scheduler:
             finally:
                 self._barrier = None
                 self._kick()
+                self._notify()
 
     # ---------------------------------------------------------------- the loop
     def _plan(self) -> _Plan | None:
@@ -429,3 +456,4 @@ class Scheduler:
                 if req.abort_requested and not failed:  # the abort came during the step (§7 P-5)
                     req.finish_reason = abort_reason()
                 self._finish(req)
+            self._notify()  # the batch, the queue and the token counters moved

@@ -5,10 +5,13 @@ Routes (sglang-native-api.md §8 items 1-6): ``/generate``, ``/abort_request``,
 ``/update_weight_version``, ``/health``, ``/health_generate``, ``/ready``, ``/model_info`` (+
 ``/get_model_info``), ``/server_info`` (+ ``/get_server_info``), ``/v1/models``, ``/flush_cache``,
 ``/close_session`` and ``/metrics``. Batching and request semantics live in
-:mod:`relaxtrio.engine.scheduler`; this module only translates HTTP.
+:mod:`relaxtrio.engine.scheduler`, the views in :mod:`relaxtrio.engine._routes`; this module
+builds the app, loads the model and serves.
 
 Start it with :func:`serve_engine` (``await nursery.start(serve_engine, config)`` returns the base
-URL) or from the command line (``python -m relaxtrio.engine``).
+URL) or from the command line (``python -m relaxtrio.engine``). :func:`load_engine` plus
+:func:`serve_engine_state` do the same in two steps, so a caller (a test) keeps the
+:class:`EngineState` and can wait on its scheduler's events.
 
 Images: when the model directory is a vision-language model (Qwen2-VL family), ``/generate``
 takes ``image_data`` as SGLang does: ``input_ids`` hold one image placeholder per image, the
@@ -20,40 +23,30 @@ and so do the context checks. A text-only model refuses ``image_data`` with a 40
 
 from __future__ import annotations
 
-import json
+import functools
 import logging
 import time
-import uuid
 from collections.abc import Awaitable, Callable
 from pathlib import Path
-from typing import Any, Final, Literal
+from typing import Final, Literal
 
 import attrs
+import hypercorn.trio
 import trio
 from hypercorn.config import Config as HypercornConfig
-from hypercorn.trio import serve
-from quart import Response, request
 from quart_trio import QuartTrio
-from werkzeug.exceptions import HTTPException
 
-from .._errors import InvalidRequestError
 from ..media.vision import VisionProcessor
 from ..models import eos_token_ids, load_model, load_tokenizer
-from ..sglang.wire import RequestError, SamplingParams, SchemaError
-from ._http_body import BodyError, body_field, control_body, parse_generate_body
-from ._info import EngineState, metrics_text, model_info_json, server_info_json
-from ._request import build_response
-from ._vision_inputs import EngineMedia
-from ._weights import WeightLoadError
-from .scheduler import EngineLimits, PauseMode, Scheduler
+from ._info import EngineState
+from ._routes import ERROR_HANDLERS, ROUTES, STATE_KEY
+from .scheduler import EngineLimits, Scheduler
 
-__all__ = ["EngineConfig", "create_app", "serve_engine"]
+__all__ = ["EngineConfig", "create_app", "load_engine", "serve_engine", "serve_engine_state"]
 
 logger = logging.getLogger(__name__)
 
-HEALTH_GENERATE_TIMEOUT_S: Final = 20.0
 _MAX_BODY_BYTES: Final = 256 * 1024 * 1024
-_PAUSE_MODES: Final = ("abort", "retract", "in_place")
 
 
 @attrs.frozen(kw_only=True)
@@ -81,232 +74,32 @@ class EngineConfig:
     graceful_timeout_s: float = 2.0
 
 
-def _json(body: Any, status: int = 200) -> Response:
-    return Response(json.dumps(body), status=status, content_type="application/json")
-
-
-def _empty(status: int = 200) -> Response:
-    return Response(b"", status=status, content_type="text/plain")
-
-
-def _media_inputs(
-    vision: VisionProcessor, input_ids: tuple[int, ...], image_data: tuple[str, ...]
-) -> tuple[tuple[int, ...], EngineMedia | None]:
-    """Expanded ids and pixels of a request to a VLM (CPU work: run it in a worker thread).
-
-    Raises:
-        RequestError: a remote or undecodable image, or a placeholder count that differs from
-            the number of images.
-    """
-    try:
-        ids, pixel_values, grid = vision.engine_inputs(input_ids, image_data)
-    except InvalidRequestError as exc:
-        raise RequestError(exc.message) from exc
-    if pixel_values is None or grid is None:
-        return ids, None
-    return ids, EngineMedia(pixel_values=pixel_values, image_grid_thw=grid)
-
-
 def create_app(state: EngineState) -> QuartTrio:
-    """Build the quart-trio app serving one engine's scheduler."""
+    """Build the quart-trio app serving one engine's scheduler.
+
+    The views are module-level functions (:mod:`relaxtrio.engine._routes`); they reach
+    ``state`` through the app (``current_app.extensions``), so one process may serve several
+    engines.
+    """
     app = QuartTrio(__name__)
     app.config["RESPONSE_TIMEOUT"] = None
     app.config["BODY_TIMEOUT"] = None
     app.config["MAX_CONTENT_LENGTH"] = _MAX_BODY_BYTES
-    scheduler = state.scheduler
-
-    def control(fn: Callable[[dict[str, Any]], Awaitable[Response]]) -> Callable[[], Awaitable[Response]]:
-        async def handler() -> Response:
-            try:
-                body = control_body(await request.get_data())
-                return await fn(body)
-            except BodyError as exc:
-                return _json(exc.to_json(), exc.status)
-
-        handler.__name__ = fn.__name__
-        return handler
-
-    @app.route("/generate", methods=["POST", "PUT"])
-    async def generate() -> Response:
-        raw = await request.get_data()
-        try:
-            gen = parse_generate_body(raw, lambda text: scheduler.tokenizer.encode(text))
-            input_ids, media = gen.input_ids, None
-            if state.vision is None and gen.image_data:
-                raise RequestError(
-                    "image_data is not supported: the served model is text-only (no vision encoder)."
-                )
-            if state.vision is not None and gen.image_data:
-                input_ids, media = await trio.to_thread.run_sync(
-                    _media_inputs, state.vision, gen.input_ids, gen.image_data
-                )
-            elif state.vision is not None:
-                input_ids, media = _media_inputs(state.vision, gen.input_ids, ())
-            req = await scheduler.generate(
-                input_ids,
-                gen.sampling_params,
-                rid=gen.rid,
-                return_logprob=gen.return_logprob,
-                top_logprobs_num=gen.top_logprobs_num,
-                return_text_in_logprobs=gen.return_text_in_logprobs,
-                media=media,
-            )
-        except SchemaError as exc:
-            return _json(exc.to_json(), 400)
-        except RequestError as exc:
-            return _json(exc.to_json(), exc.status)
-        reason = req.finish_reason or {}
-        if reason.get("status_code") is not None:  # a failed request is an HTTP error (§2.5)
-            status = int(reason["status_code"])
-            return _json({"object": "error", "message": reason.get("message", ""),
-                          "type": str(status), "param": None, "code": status}, status)
-        body = build_response(
-            req, scheduler.tokenizer, current_weight_version=scheduler.weight_version
-        )
-        if gen.return_prompt_token_ids:
-            body["prompt_token_ids"] = list(gen.input_ids)
-        return _json(body)
-
-    async def abort_request(body: dict[str, Any]) -> Response:
-        if body_field(body, "abort_all", bool, default=False):
-            scheduler.abort_all()
-        else:
-            rid = body_field(body, "rid", str, default="")
-            if rid:
-                scheduler.abort(rid)
-        return _empty()
-
-    async def pause_generation(body: dict[str, Any]) -> Response:
-        mode = body_field(body, "mode", str, default="abort")
-        if mode not in _PAUSE_MODES:
-            raise BodyError(f"1 validation error:\n  mode must be one of {list(_PAUSE_MODES)}")
-        await scheduler.pause(_pause_mode(mode))
-        return _json({"message": "Generation paused successfully.", "status": "ok"})
-
-    async def continue_generation(body: dict[str, Any]) -> Response:
-        scheduler.resume()
-        return _json({"message": "Generation continued successfully.", "status": "ok"})
-
-    async def update_weights_from_disk(body: dict[str, Any]) -> Response:
-        model_path = body_field(body, "model_path", str, required=True)
-        version = body_field(body, "weight_version", str)
-        abort_all = body_field(body, "abort_all_requests", bool, default=False)
-        body_field(body, "flush_cache", bool, default=True)  # no prefix cache: nothing to flush
-        try:
-            await scheduler.update_weights_from_disk(
-                model_path, weight_version=version, abort_all=abort_all
-            )
-        except WeightLoadError as exc:
-            message = f"Failed to update weights: {exc}"
-            return _json({"success": False, "message": message, "num_paused_requests": 0}, 400)
-        state.model_path = model_path
-        message = "Succeeded to update model weights."
-        if version is not None:
-            message += f" Weight version updated to {version}."
-        return _json({"success": True, "message": message, "num_paused_requests": 0})
-
-    async def update_weight_version(body: dict[str, Any]) -> Response:
-        new_version = body_field(body, "new_version", str, required=True)
-        abort_all = body_field(body, "abort_all_requests", bool, default=True)
-        scheduler.set_weight_version(new_version, abort_all=abort_all)
-        return _json(
-            {
-                "success": True,
-                "message": f"Weight version updated to {new_version}",
-                "new_version": new_version,
-            }
-        )
-
-    async def close_session(body: dict[str, Any]) -> Response:
-        return _empty()
-
-    for route, fn in (
-        ("/abort_request", abort_request),
-        ("/pause_generation", pause_generation),
-        ("/continue_generation", continue_generation),
-        ("/update_weights_from_disk", update_weights_from_disk),
-        ("/update_weight_version", update_weight_version),
-        ("/close_session", close_session),
-    ):
-        app.add_url_rule(route, fn.__name__, control(fn), methods=["POST"])
-
-    @app.route("/health")
-    async def health() -> Response:
-        return _empty(200)
-
-    @app.route("/health_generate")
-    async def health_generate() -> Response:
-        params = SamplingParams(max_new_tokens=1, temperature=0.0)
-        with trio.move_on_after(HEALTH_GENERATE_TIMEOUT_S):
-            await scheduler.generate([0], params, rid=f"HEALTH_CHECK_{uuid.uuid4().hex}")
-            return _empty(200)
-        return _empty(503)
-
-    @app.route("/ready")
-    async def ready() -> Response:
-        return _empty(503 if scheduler.paused else 200)
-
-    @app.route("/model_info")
-    @app.route("/get_model_info", endpoint="get_model_info")
-    async def model_info() -> Response:
-        return _json(model_info_json(state))
-
-    @app.route("/server_info")
-    @app.route("/get_server_info", endpoint="get_server_info")
-    async def server_info() -> Response:
-        return _json(server_info_json(state))
-
-    @app.route("/v1/models")
-    async def models() -> Response:
-        card = {
-            "id": state.model_path,
-            "object": "model",
-            "created": int(state.started_at),
-            "owned_by": "relaxtrio",
-            "root": state.model_path,
-            "max_model_len": scheduler.limits.context_length,
-        }
-        return _json({"object": "list", "data": [card]})
-
-    @app.route("/flush_cache", methods=["GET", "POST"])
-    async def flush_cache() -> Response:
-        # No prefix cache exists in the embedded engine, so there is never anything to flush.
-        return Response("Cache flushed.\n", status=200, content_type="text/plain")
-
-    @app.route("/metrics")
-    async def metrics() -> Response:
-        return Response(metrics_text(state), status=200, content_type="text/plain; version=0.0.4")
-
-    @app.errorhandler(HTTPException)
-    async def http_error(exc: HTTPException) -> Response:
-        status = exc.code or 500
-        return _json(
-            {"object": "error", "message": exc.description or exc.name, "type": exc.name,
-             "param": None, "code": status},
-            status,
-        )
-
-    @app.errorhandler(Exception)
-    async def unexpected_error(exc: Exception) -> Response:
-        logger.exception("unexpected error in the embedded engine", exc_info=exc)
-        return _json(
-            {"object": "error", "message": "Internal server error", "type": "InternalServerError",
-             "param": None, "code": 500},
-            500,
-        )
-
+    app.extensions[STATE_KEY] = state
+    for path, endpoint, view, methods in ROUTES:
+        app.add_url_rule(path, endpoint, view, methods=list(methods))
+    for exc_class, error_handler in ERROR_HANDLERS:
+        app.register_error_handler(exc_class, error_handler)
     return app
 
 
-def _pause_mode(mode: str) -> PauseMode:
-    if mode == "retract":
-        return "retract"
-    if mode == "in_place":
-        return "in_place"
-    return "abort"
+# ---------------------------------------------------------------- loading and serving
+async def load_engine(config: EngineConfig) -> EngineState:
+    """Load the model, tokenizer and (for a VLM) image processor, and build the scheduler.
 
-
-async def _load(config: EngineConfig) -> EngineState:
+    Cancellation:
+        A checkpoint; a load in flight finishes in its worker thread and is dropped.
+    """
     import torch
 
     dtype = getattr(torch, config.dtype)
@@ -356,27 +149,70 @@ async def serve_engine(
     Cancellation:
         Cancelling stops serving at once; a model step in flight finishes in its thread first.
     """
-    state = await _load(config)
-    app = create_app(state)
+    state = await load_engine(config)
+    await serve_engine_state(
+        state, config, shutdown_trigger=shutdown_trigger, task_status=task_status
+    )
+
+
+async def serve_engine_state(
+    state: EngineState,
+    config: EngineConfig,
+    *,
+    shutdown_trigger: Callable[[], Awaitable[None]] | None = None,
+    task_status: trio.TaskStatus[str] = trio.TASK_STATUS_IGNORED,
+) -> None:
+    """Serve an engine loaded with :func:`load_engine` (tests keep ``state`` to reach its
+    scheduler, e.g. :meth:`~relaxtrio.engine.scheduler.Scheduler.wait_statistics`).
+
+    Args:
+        state: the loaded engine; its scheduler loop runs here.
+        config: bind address, port and graceful timeout (the model fields are not read).
+        shutdown_trigger: as :func:`serve_engine`.
+        task_status: receives the base URL once listening.
+
+    Cancellation:
+        As :func:`serve_engine`.
+    """
     hyper = HypercornConfig()
     hyper.bind = [f"{config.host}:{config.port}"]
     hyper.graceful_timeout = config.graceful_timeout_s
     hyper.accesslog = None
     hyper.errorlog = logger
-
-    async def stop_trigger() -> None:
-        if shutdown_trigger is None:
-            await trio.sleep_forever()
-        else:
-            await shutdown_trigger()
-        state.scheduler.abort_all()
-
+    stop = functools.partial(_wait_shutdown, state.scheduler, shutdown_trigger)
     async with trio.open_nursery() as nursery:
         await nursery.start(state.scheduler.run)
-
-        async def run_http(*, task_status: trio.TaskStatus[list[str]]) -> None:
-            await serve(app, hyper, shutdown_trigger=stop_trigger, task_status=task_status)
-            nursery.cancel_scope.cancel()  # HTTP has shut down: stop the scheduler loop too
-
-        binds = await nursery.start(run_http)
+        binds = await nursery.start(_serve_http, create_app(state), hyper, stop, nursery.cancel_scope)
         task_status.started(binds[0])
+
+
+async def _wait_shutdown(
+    scheduler: Scheduler, shutdown_trigger: Callable[[], Awaitable[None]] | None
+) -> None:
+    """hypercorn's shutdown trigger: wait for ``shutdown_trigger``, then abort every request
+    so their callers are answered (with partial output) within the graceful timeout."""
+    if shutdown_trigger is None:
+        await trio.sleep_forever()
+    else:
+        await shutdown_trigger()
+    scheduler.abort_all()
+
+
+async def _serve_http(
+    app: QuartTrio,
+    hyper: HypercornConfig,
+    shutdown_trigger: Callable[[], Awaitable[None]],
+    done: trio.CancelScope,
+    *,
+    task_status: trio.TaskStatus[list[str]],
+) -> None:
+    """The engine's HTTP listener: the one place it calls hypercorn's trio ``serve``.
+
+    Reports hypercorn's bind list once listening; when the listener has shut down (the
+    trigger fired and connections drained), cancels ``done`` (the scheduler loop's nursery).
+
+    Cancellation:
+        Cancelling closes the listener and open connections at once.
+    """
+    await hypercorn.trio.serve(app, hyper, shutdown_trigger=shutdown_trigger, task_status=task_status)
+    done.cancel()  # HTTP has shut down: stop the scheduler loop too
