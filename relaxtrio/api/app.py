@@ -27,10 +27,11 @@ import json
 import logging
 from typing import Any, Final
 
+import attrs
 import hypercorn.config
 import hypercorn.trio
 import trio
-from quart import Response, request
+from quart import Response, current_app, request
 from quart_trio import QuartTrio
 from werkzeug.exceptions import HTTPException
 
@@ -57,6 +58,7 @@ from .wire import ProtocolAdapter, encode_json
 log = logging.getLogger(__name__)
 
 ROUTE_PREFIX: Final = "/agentic_api"
+_STATE_KEY: Final = "relaxtrio.api"  # app.extensions key of the app's _ApiState
 ROUTES: Final = {
     CHAT: ("/v1/chat/completions", "/chat/completions", "/"),
     RESPONSES: ("/v1/responses", "/responses"),
@@ -100,6 +102,124 @@ def _protocol_of_path(path: str) -> ProtocolAdapter:
     return MESSAGES if path.rstrip("/").endswith("/messages") else CHAT
 
 
+@attrs.frozen(kw_only=True)
+class _ApiState:
+    """What the views of one app serve from (held by the app, see :func:`_api`)."""
+
+    registry: SessionRegistry
+    handler: TurnHandler
+    config: ApiConfig
+    listed_model: str | None
+
+
+def _api() -> _ApiState:
+    """The state of the app serving the current request (set by :func:`create_app`)."""
+    state: _ApiState = current_app.extensions[_STATE_KEY]
+    return state
+
+
+@attrs.define
+class _Progress:
+    """How far a model request got, for the log line of a client that went away."""
+
+    session_id: str | None = None
+    body_read: bool = False
+
+
+async def _model_response(state: _ApiState, adapter: ProtocolAdapter, progress: _Progress) -> Response:
+    """Authenticate, read and parse the body, run the turn, and render it (JSON or SSE).
+
+    Raises:
+        RelaxError: authentication (401/404), validation (400), or the turn's own error.
+        InternalError: rendering the result failed.
+        HTTPException: the body is larger than the configured limit (413).
+
+    Cancellation:
+        Cancelling (a client disconnect) abandons the wait; the turn itself runs in the
+        Session's nursery and is committed anyway.
+    """
+    session = state.registry.get(session_token(request.headers))
+    progress.session_id = session.session_id
+    body = await _read_json_object()
+    progress.body_read = True
+    try:
+        parsed = adapter.parse(body)
+    except RecursionError:
+        raise InvalidRequestError("Invalid request body: nested too deeply", param="body") from None
+    if parsed.stream:
+        run = functools.partial(session.run_turn, state.handler, parsed.turn)
+        return sse_response(adapter, parsed, run, state.config.heartbeat_s)
+    result = await session.run_turn(state.handler, parsed.turn)
+    try:
+        payload = adapter.render_json(result, parsed)
+    except Exception:
+        log.exception("rendering a %s response failed", adapter.name)
+        raise InternalError(RENDER_FAILED_MESSAGE) from None
+    return json_response(payload)
+
+
+async def _dispatch(adapter: ProtocolAdapter) -> Response:
+    """The view of every model route of ``adapter``'s protocol: errors become its envelope."""
+    progress = _Progress()
+    answered = False
+    try:
+        response = await _model_response(_api(), adapter, progress)
+        answered = True
+        return response
+    except HTTPException:
+        answered = True
+        raise  # 413 and friends: rendered by _http_error
+    except RelaxError as exc:
+        answered = True
+        if exc.http_status >= 500:
+            log.warning("%s request failed (session %s): %s", adapter.name, progress.session_id, exc.message)
+        return error_response(exc, adapter.name)
+    except Exception:
+        answered = True
+        log.exception("unhandled error in a %s request", adapter.name)
+        return error_response(InternalError(GENERIC_INTERNAL_MESSAGE), adapter.name)
+    finally:
+        if not answered:  # only a cancellation (the client went away) gets here
+            disconnect = client_disconnect(body_read=progress.body_read)
+            log.info("%s (HTTP 499, session %s)", disconnect.message, progress.session_id)
+
+
+async def _models() -> Response:
+    return json_response(
+        {"object": "list",
+         "data": [{"id": _api().listed_model, "object": "model", "created": 0, "owned_by": "relaxtrio"}]}
+    )
+
+
+async def _health() -> Response:
+    return json_response({"ok": True, "active_sessions": len(_api().registry)})
+
+
+async def _http_error(exc: HTTPException) -> Response:
+    status = exc.code or 500
+    err: RelaxError
+    if status == 404:
+        err = RouteNotFoundError(f"No route for {request.method} {request.path}")
+    elif status == 405:
+        err = MethodNotAllowedError(f"Method {request.method} is not allowed for {request.path}")
+    elif status == 413:
+        err = RequestTooLargeError(
+            f"Request body is larger than {_api().config.max_body_bytes} bytes", param="body"
+        )
+    elif status >= 500:
+        err = InternalError(GENERIC_INTERNAL_MESSAGE)
+    else:
+        err = InvalidRequestError(exc.description or exc.name or "Bad request")
+    response = error_response(err, _protocol_of_path(request.path).name)
+    response.status_code = status
+    return response
+
+
+async def _unexpected_error(exc: Exception) -> Response:
+    log.error("unhandled error outside a model endpoint", exc_info=exc)
+    return error_response(InternalError(GENERIC_INTERNAL_MESSAGE), _protocol_of_path(request.path).name)
+
+
 def create_app(
     registry: SessionRegistry,
     handler: TurnHandler,
@@ -108,6 +228,9 @@ def create_app(
     config: ApiConfig | None = None,
 ) -> QuartTrio:
     """Builds the agent-facing app.
+
+    The views are module-level functions; they reach ``registry``, ``handler`` and ``config``
+    through the app (``current_app.extensions``).
 
     Args:
         registry: live Sessions by bearer token.
@@ -119,101 +242,47 @@ def create_app(
         A QuartTrio app; serve it with :func:`serve_api` (or drive it with ``app.test_client()``).
     """
     config = config or ApiConfig()
-    listed_model = model_name if model_name is not None else config.model_name
     app = QuartTrio("relaxtrio.api")
     # Generations can be held for minutes (barrier, partial rollout): no response/body timeouts.
     app.config["RESPONSE_TIMEOUT"] = None
     app.config["BODY_TIMEOUT"] = None
     app.config["MAX_CONTENT_LENGTH"] = config.max_body_bytes
-
-    async def dispatch(adapter: ProtocolAdapter) -> Response:
-        answered = False
-        session_id = None
-        body_read = False
-        try:
-            session = registry.get(session_token(request.headers))
-            session_id = session.session_id
-            body = await _read_json_object()
-            body_read = True
-            try:
-                parsed = adapter.parse(body)
-            except RecursionError:
-                raise InvalidRequestError("Invalid request body: nested too deeply", param="body") from None
-            if parsed.stream:
-                answered = True
-                run = functools.partial(session.run_turn, handler, parsed.turn)
-                return sse_response(adapter, parsed, run, config.heartbeat_s)
-            result = await session.run_turn(handler, parsed.turn)
-            try:
-                payload = adapter.render_json(result, parsed)
-            except Exception:
-                log.exception("rendering a %s response failed", adapter.name)
-                raise InternalError(RENDER_FAILED_MESSAGE) from None
-            answered = True
-            return json_response(payload)
-        except HTTPException:
-            answered = True
-            raise  # 413 and friends: rendered by the HTTPException handler below
-        except RelaxError as exc:
-            answered = True
-            if exc.http_status >= 500:
-                log.warning("%s request failed (session %s): %s", adapter.name, session_id, exc.message)
-            return error_response(exc, adapter.name)
-        except Exception:
-            answered = True
-            log.exception("unhandled error in a %s request", adapter.name)
-            return error_response(InternalError(GENERIC_INTERNAL_MESSAGE), adapter.name)
-        finally:
-            if not answered:  # only a cancellation (the client went away) gets here
-                log.info("%s (HTTP 499, session %s)", client_disconnect(body_read=body_read).message, session_id)
-
+    app.extensions[_STATE_KEY] = _ApiState(
+        registry=registry, handler=handler, config=config,
+        listed_model=model_name if model_name is not None else config.model_name,
+    )
     for adapter, paths in ROUTES.items():
-        endpoint = functools.partial(dispatch, adapter)
+        endpoint = functools.partial(_dispatch, adapter)
         for path in paths:
             app.add_url_rule(ROUTE_PREFIX + path, f"{adapter.name}:{path}", endpoint, methods=["POST"])
-
-    async def models() -> Response:
-        return json_response(
-            {"object": "list",
-             "data": [{"id": listed_model, "object": "model", "created": 0, "owned_by": "relaxtrio"}]}
-        )
-
     for path in ("/v1/models", "/models"):
-        app.add_url_rule(ROUTE_PREFIX + path, "models" + path, models, methods=["GET"])
-
-    async def health() -> Response:
-        return json_response({"ok": True, "active_sessions": len(registry)})
-
+        app.add_url_rule(ROUTE_PREFIX + path, "models" + path, _models, methods=["GET"])
     for path in ("/health", "/healthz"):
-        app.add_url_rule(ROUTE_PREFIX + path, "health" + path, health, methods=["GET"])
-        app.add_url_rule(path, "root_health" + path, health, methods=["GET"])
-
-    @app.errorhandler(HTTPException)
-    async def http_error(exc: HTTPException) -> Response:
-        status = exc.code or 500
-        err: RelaxError
-        if status == 404:
-            err = RouteNotFoundError(f"No route for {request.method} {request.path}")
-        elif status == 405:
-            err = MethodNotAllowedError(f"Method {request.method} is not allowed for {request.path}")
-        elif status == 413:
-            err = RequestTooLargeError(
-                f"Request body is larger than {config.max_body_bytes} bytes", param="body"
-            )
-        elif status >= 500:
-            err = InternalError(GENERIC_INTERNAL_MESSAGE)
-        else:
-            err = InvalidRequestError(exc.description or exc.name or "Bad request")
-        response = error_response(err, _protocol_of_path(request.path).name)
-        response.status_code = status
-        return response
-
-    @app.errorhandler(Exception)
-    async def unexpected_error(exc: Exception) -> Response:
-        log.error("unhandled error outside a model endpoint", exc_info=exc)
-        return error_response(InternalError(GENERIC_INTERNAL_MESSAGE), _protocol_of_path(request.path).name)
-
+        app.add_url_rule(ROUTE_PREFIX + path, "health" + path, _health, methods=["GET"])
+        app.add_url_rule(path, "root_health" + path, _health, methods=["GET"])
+    app.register_error_handler(HTTPException, _http_error)
+    app.register_error_handler(Exception, _unexpected_error)
     return app
+
+
+def _hypercorn_config(host: str, port: int) -> hypercorn.config.Config:
+    config = hypercorn.config.Config()
+    config.bind = [f"{host}:{port}"]
+    config.accesslog = None
+    config.errorlog = log
+    config.keep_alive_timeout = 120
+    config.graceful_timeout = 1
+    return config
+
+
+@attrs.frozen
+class _BaseUrlStatus:
+    """hypercorn's ``task_status``: turns its bind list into the agents' base URL."""
+
+    task_status: trio.TaskStatus[str]
+
+    def started(self, binds: list[str]) -> None:
+        self.task_status.started(binds[0].rstrip("/") + ROUTE_PREFIX + "/")
 
 
 async def serve_api(
@@ -225,6 +294,8 @@ async def serve_api(
 ) -> None:
     """Serves ``app`` with hypercorn until cancelled; reports the agents' base URL when bound.
 
+    This is the one place the API calls hypercorn's trio ``serve``.
+
     Args:
         app: the app from :func:`create_app`.
         host: interface to bind (loopback by default).
@@ -235,15 +306,5 @@ async def serve_api(
         Cancelling stops the server; in-flight requests are cancelled with it (their turns
         keep running in their Sessions' nurseries).
     """
-    config = hypercorn.config.Config()
-    config.bind = [f"{host}:{port}"]
-    config.accesslog = None
-    config.errorlog = log
-    config.keep_alive_timeout = 120
-    config.graceful_timeout = 1
-
-    class _Started:
-        def started(self, binds: list[str]) -> None:
-            task_status.started(binds[0].rstrip("/") + ROUTE_PREFIX + "/")
-
-    await hypercorn.trio.serve(app, config, task_status=_Started())  # type: ignore[arg-type]
+    config = _hypercorn_config(host, port)
+    await hypercorn.trio.serve(app, config, task_status=_BaseUrlStatus(task_status))  # type: ignore[arg-type]
