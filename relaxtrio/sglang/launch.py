@@ -1,8 +1,11 @@
 """Starting the embedded CPU engine as a separate process (``python -m relaxtrio.engine``).
 
 The driver uses this when no SGLang URL is configured. The engine prints
-``RELAXTRIO_ENGINE_URL=<url>`` when it is ready; its stdout and stderr go to a log file, which is
-polled for that line (no pipe to drain).
+``RELAXTRIO_ENGINE_URL=<url>`` on stdout once it serves; the launcher reads that pipe (the line
+is the readiness event, no polling) and copies everything the engine writes on stdout into the
+log file, where its stderr (logging, tracebacks) goes directly. The process's exit is the other
+event: before the URL line it is a startup failure, afterwards an engine death that stops the
+caller.
 """
 
 from __future__ import annotations
@@ -12,18 +15,20 @@ import signal
 import subprocess
 import sys
 import tempfile
-from collections.abc import AsyncIterator, Sequence
+from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
 from contextlib import asynccontextmanager
 from pathlib import Path
 from typing import Final
 
+import attrs
 import trio
 
 from .._errors import BackendError
 
 URL_PREFIX: Final = "RELAXTRIO_ENGINE_URL="
-_POLL_S: Final = 0.1
 STOP_GRACE_S: Final = 10.0
+
+_Write = Callable[[bytes], Awaitable[object]]  # appends bytes to the engine's log file
 
 
 def _tail(path: Path, num_bytes: int = 4096) -> str:
@@ -32,6 +37,96 @@ def _tail(path: Path, num_bytes: int = 4096) -> str:
     except OSError:
         return ""
     return data[-num_bytes:].decode("utf-8", errors="replace")
+
+
+def _fresh_log(log_path: Path | None) -> Path:
+    """An empty log file (a temp file when ``log_path`` is None)."""
+    if log_path is None:
+        fd, name = tempfile.mkstemp(prefix="relaxtrio-engine-", suffix=".log")
+        os.close(fd)
+        return Path(name)
+    log_path.parent.mkdir(parents=True, exist_ok=True)
+    log_path.write_bytes(b"")
+    return log_path
+
+
+async def _read_url(stdout: trio.abc.ReceiveStream, write_log: _Write) -> str | None:
+    """Copies ``stdout`` into the log until the URL line; returns the URL, or None at EOF.
+
+    Cancellation:
+        A checkpoint; what was read so far is in the log.
+    """
+    prefix = URL_PREFIX.encode()
+    pending = b""
+    async for chunk in stdout:
+        await write_log(chunk)
+        pending += chunk
+        *lines, pending = pending.split(b"\n")
+        for line in lines:
+            if line.startswith(prefix):
+                return line[len(prefix):].decode("utf-8", errors="replace").strip()
+    return None
+
+
+async def _copy_to_log(stdout: trio.abc.ReceiveStream, write_log: _Write) -> None:
+    """Copies the rest of ``stdout`` into the log until EOF (so the pipe never fills up)."""
+    async for chunk in stdout:
+        await write_log(chunk)
+
+
+@attrs.define(eq=False)
+class _EngineProcess:
+    """One launched engine: its process, its log and whether we are stopping it."""
+
+    process: trio.Process
+    log_path: Path
+    stopping: bool = False
+
+    async def wait_ready(self, write_log: _Write, startup_timeout_s: float) -> str:
+        """Waits for the URL line on stdout and returns the URL.
+
+        Raises:
+            BackendError: the engine exited, or printed no URL within ``startup_timeout_s``.
+
+        Cancellation:
+            A checkpoint; the caller stops the process.
+        """
+        assert self.process.stdout is not None
+        with trio.move_on_after(startup_timeout_s):
+            url = await _read_url(self.process.stdout, write_log)
+            if url is not None:
+                return url
+            await self.process.wait()  # stdout closed without a URL: the engine is exiting
+            raise BackendError(
+                f"engine exited with code {self.process.returncode} during startup:\n"
+                f"{_tail(self.log_path)}"
+            )
+        raise BackendError(f"engine not ready after {startup_timeout_s:g} s:\n{_tail(self.log_path)}")
+
+    async def watch(self) -> None:
+        """Returns when the engine exits while being stopped; raises if it exits on its own.
+
+        Raises:
+            BackendError: the engine died while in use (the message has its log tail).
+        """
+        await self.process.wait()
+        if not self.stopping:
+            raise BackendError(
+                f"the embedded engine exited unexpectedly with code {self.process.returncode} "
+                f"(log: {self.log_path}):\n{_tail(self.log_path)}"
+            )
+
+    async def stop(self) -> None:
+        """SIGTERM, then SIGKILL after :data:`STOP_GRACE_S`; shielded, idempotent."""
+        self.stopping = True
+        with trio.CancelScope(shield=True):
+            if self.process.returncode is None:
+                self.process.send_signal(signal.SIGTERM)
+                with trio.move_on_after(STOP_GRACE_S):
+                    await self.process.wait()
+                if self.process.returncode is None:
+                    self.process.kill()
+                    await self.process.wait()
 
 
 @asynccontextmanager
@@ -46,7 +141,7 @@ async def open_embedded_engine(
 
     Args:
         model_path: HF model directory to serve.
-        log_path: where the engine's stdout/stderr go (default: a temp file).
+        log_path: where the engine's stderr and stdout go (default: a temp file).
         extra_args: more engine flags (e.g. ``["--max-running-requests", "16"]``).
         startup_timeout_s: how long to wait for the ready line, in seconds.
 
@@ -58,56 +153,27 @@ async def open_embedded_engine(
         On exit (normal, error or cancel) the engine gets SIGTERM, then SIGKILL after 10 s; the
         shutdown is shielded.
     """
-    if log_path is None:
-        fd, name = tempfile.mkstemp(prefix="relaxtrio-engine-", suffix=".log")
-        os.close(fd)
-        log_path = Path(name)
-    log_path.parent.mkdir(parents=True, exist_ok=True)
+    log_path = _fresh_log(log_path)
     cmd = [sys.executable, "-m", "relaxtrio.engine", "--model", str(model_path),
            "--host", "127.0.0.1", "--port", "0", *extra_args]
-    with log_path.open("wb") as log_file:
+    with log_path.open("ab") as stderr_file:  # append: our stdout copies share the file
         process = await trio.lowlevel.open_process(
-            cmd, stdin=subprocess.DEVNULL, stdout=log_file, stderr=subprocess.STDOUT
+            cmd, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, stderr=stderr_file
         )
-    stopping = False
+    assert process.stdout is not None
+    engine = _EngineProcess(process=process, log_path=log_path)
     try:
-        url = await _wait_ready(process, log_path, startup_timeout_s)
-        async with trio.open_nursery() as nursery:
-            async def watch() -> None:
-                await process.wait()
-                if not stopping:
-                    raise BackendError(
-                        f"the embedded engine exited unexpectedly with code {process.returncode} "
-                        f"(log: {log_path}):\n{_tail(log_path)}"
-                    )
-
-            nursery.start_soon(watch)
-            try:
-                yield url
-            finally:
-                stopping = True
-                nursery.cancel_scope.cancel()
+        async with await trio.open_file(log_path, "ab", buffering=0) as log:
+            url = await engine.wait_ready(log.write, startup_timeout_s)
+            async with trio.open_nursery() as nursery:
+                nursery.start_soon(_copy_to_log, process.stdout, log.write)
+                nursery.start_soon(engine.watch)
+                try:
+                    yield url
+                finally:
+                    await engine.stop()  # stdout is still drained while the engine shuts down
+                    nursery.cancel_scope.cancel()
     finally:
-        stopping = True
+        await engine.stop()
         with trio.CancelScope(shield=True):
-            if process.returncode is None:
-                process.send_signal(signal.SIGTERM)
-                with trio.move_on_after(STOP_GRACE_S):
-                    await process.wait()
-                if process.returncode is None:
-                    process.kill()
-                    await process.wait()
-
-
-async def _wait_ready(process: trio.Process, log_path: Path, startup_timeout_s: float) -> str:
-    with trio.move_on_after(startup_timeout_s):
-        while True:
-            for line in log_path.read_text(encoding="utf-8", errors="replace").splitlines():
-                if line.startswith(URL_PREFIX):
-                    return line[len(URL_PREFIX):].strip()
-            if process.poll() is not None:
-                raise BackendError(
-                    f"engine exited with code {process.returncode} during startup:\n{_tail(log_path)}"
-                )
-            await trio.sleep(_POLL_S)
-    raise BackendError(f"engine not ready after {startup_timeout_s:g} s:\n{_tail(log_path)}")
+            await process.stdout.aclose()
