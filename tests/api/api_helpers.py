@@ -29,7 +29,11 @@ ENDPOINTS = {"chat": CHAT, "responses": RESPONSES, "messages": MESSAGES}
 
 @attrs.define(eq=False)
 class ScriptedHandler:
-    """Answers every turn with ``reply`` (after waiting on ``gate`` when set) and records calls."""
+    """Answers every turn with ``reply`` (after waiting on ``gate`` when set) and records calls.
+
+    ``first_request`` is set when the first turn arrives and ``first_completion`` when the first
+    turn has been answered, so tests wait on events instead of polling the lists.
+    """
 
     reply: Callable[[TurnRequest], dict] = lambda request: {"role": "assistant", "content": "ok"}
     gate: trio.Event | None = None
@@ -37,15 +41,19 @@ class ScriptedHandler:
     completed: list[str] = attrs.field(factory=list)
     error: Exception | None = None
     finish_reason: str | None = None
+    first_request: trio.Event = attrs.field(factory=trio.Event)
+    first_completion: trio.Event = attrs.field(factory=trio.Event)
 
     async def complete(self, session: Session, request: TurnRequest) -> TurnResult:
         self.requests.append(request)
+        self.first_request.set()
         if self.gate is not None:
             await self.gate.wait()
         if self.error is not None:
             raise self.error
         message = self.reply(request)
         self.completed.append(session.session_id)
+        self.first_completion.set()
         finish = self.finish_reason or ("tool_calls" if message.get("tool_calls") else "stop")
         return TurnResult(
             message=message,

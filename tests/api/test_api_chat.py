@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import functools
 import json
 
 import httpx
@@ -125,14 +126,15 @@ async def test_client_disconnect_does_not_cancel_the_turn(registry: SessionRegis
     with trio.fail_after(20):
         async with trio.open_nursery() as nursery, open_session(registry) as session:
             base_url = await nursery.start(serve_api, app)
-            async with httpx.AsyncClient(timeout=30) as client:
-                with trio.move_on_after(0.5):
-                    await client.post(base_url + "v1/chat/completions", json={"messages": [USER]},
-                                      headers={"Authorization": f"Bearer {session.session_id}"})
+            async with httpx.AsyncClient(timeout=30) as client, trio.open_nursery() as client_tasks:
+                client_tasks.start_soon(functools.partial(
+                    client.post, base_url + "v1/chat/completions", json={"messages": [USER]},
+                    headers={"Authorization": f"Bearer {session.session_id}"}))
+                await handler.first_request.wait()
+                client_tasks.cancel_scope.cancel()  # the client hangs up while the turn waits
             assert handler.requests and not handler.completed
             gate.set()
-            while not handler.completed:
-                await trio.sleep(0.01)
+            await handler.first_completion.wait()
             assert handler.completed == [session.session_id]
             nursery.cancel_scope.cancel()
 
@@ -141,6 +143,7 @@ async def test_session_end_answers_waiting_request_with_404(registry: SessionReg
     handler = ScriptedHandler(gate=trio.Event())
     app = create_app(registry, handler)
     results = []
+    answered = trio.Event()
     with trio.fail_after(20):
         async with trio.open_nursery() as nursery:
             base_url = await nursery.start(serve_api, app)
@@ -150,13 +153,12 @@ async def test_session_end_answers_waiting_request_with_404(registry: SessionReg
                     results.append(await client.post(
                         base_url + "chat/completions", json={"messages": [USER]},
                         headers={"Authorization": f"Bearer {token}"}))
+                answered.set()
 
             async with open_session(registry) as session:
                 nursery.start_soon(call, session.session_id)
-                while not handler.requests:
-                    await trio.sleep(0.01)
-            while not results:
-                await trio.sleep(0.01)
+                await handler.first_request.wait()
+            await answered.wait()
             nursery.cancel_scope.cancel()
     assert results[0].status_code == 404
     assert results[0].json()["error"]["code"] == "session_discarded"

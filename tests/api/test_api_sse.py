@@ -3,9 +3,11 @@ in-stream failures, JSON/SSE equivalence of commits, and disconnects that do not
 
 from __future__ import annotations
 
+import functools
 import json
 from typing import Any
 
+import attrs
 import httpx
 import pytest
 import trio
@@ -27,6 +29,7 @@ from relaxtrio.chat.compiler import ChatCompiler
 from relaxtrio.config import ApiConfig
 from relaxtrio.forest import ResponseNode, export_samples
 from relaxtrio.nursery.session import SessionRegistry
+from relaxtrio.rollout.turns import EngineTurnHandler
 from relaxtrio.testing.scripted_engine import Reply
 
 TOOLS = {"type": "object", "properties": {"city": {"type": "string"}}}
@@ -297,12 +300,32 @@ async def test_json_and_sse_commit_and_export_the_same_samples(protocol: str, re
 
 # --- a client disconnect never loses a generation (reference F-12) ----------------------------------
 
+@attrs.define(eq=False)
+class CommitWatch:
+    """Forwards turns to the real handler; ``committed`` is set once a turn has returned."""
+
+    inner: EngineTurnHandler
+    committed: trio.Event = attrs.field(factory=trio.Event)
+
+    async def complete(self, *args: Any, **kwargs: Any) -> Any:
+        result = await self.inner.complete(*args, **kwargs)
+        self.committed.set()
+        return result
+
+
 @pytest.mark.parametrize("stream", [False, True])
 async def test_disconnect_does_not_lose_the_generation(stream: bool, registry: SessionRegistry,
                                                        compiler: ChatCompiler) -> None:
     gate = trio.Event()
-    handler, engine = scripted_pipeline(compiler, [Reply(text="Finished anyway.", gate=gate)])
-    app = create_app(registry, handler)
+    generating = trio.Event()
+
+    def reply(input_ids: tuple[int, ...]) -> Reply:
+        generating.set()
+        return Reply(text="Finished anyway.", gate=gate)
+
+    handler, engine = scripted_pipeline(compiler, reply)
+    watch = CommitWatch(handler)
+    app = create_app(registry, watch)
     with trio.fail_after(20):
         async with trio.open_nursery() as nursery, open_session(registry) as session:
             base_url = await nursery.start(serve_api, app)
@@ -319,16 +342,18 @@ async def test_disconnect_does_not_lose_the_generation(stream: bool, registry: S
                         received += await sock.receive_some()
                     assert received.startswith(b"HTTP/1.1 200")
             else:
-                async with httpx.AsyncClient(timeout=30) as client:
-                    with trio.move_on_after(0.3):
-                        await client.post(base_url + "v1/messages", json=body_for("messages"),
-                                          headers={"x-api-key": session.session_id})
-            while not engine.calls:
-                await trio.sleep(0.01)
+                async with httpx.AsyncClient(timeout=30) as client, trio.open_nursery() as client_tasks:
+                    client_tasks.start_soon(functools.partial(
+                        client.post, base_url + "v1/messages", json=body_for("messages"),
+                        headers={"x-api-key": session.session_id}))
+                    await generating.wait()
+                    client_tasks.cancel_scope.cancel()  # hang up while the engine generates
+            await generating.wait()
+            assert engine.calls
             assert not any(isinstance(n, ResponseNode) for n in session.forest.leaves())
             gate.set()
-            while not any(isinstance(n, ResponseNode) for n in session.forest.leaves()):
-                await trio.sleep(0.01)
+            await watch.committed.wait()
+            assert any(isinstance(n, ResponseNode) for n in session.forest.leaves())
             [leaf] = session.forest.leaves()
             assert leaf.message["content"] == "Finished anyway." and engine.aborted == []
             nursery.cancel_scope.cancel()

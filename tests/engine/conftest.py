@@ -1,4 +1,5 @@
-"""Fixtures of the engine tests: one tiny model per session, an in-process engine per test."""
+"""Fixtures of the engine tests: one tiny model per session, an in-process engine per test
+(``engine_state`` / ``scheduler`` give the test that engine's scheduler to wait on)."""
 
 from __future__ import annotations
 
@@ -10,7 +11,9 @@ import pytest
 import torch
 import trio
 
-from relaxtrio.engine.server import EngineConfig, serve_engine
+from relaxtrio.engine._info import EngineState
+from relaxtrio.engine.scheduler import Scheduler
+from relaxtrio.engine.server import EngineConfig, load_engine, serve_engine_state
 from relaxtrio.models import load_model, load_tokenizer
 
 
@@ -46,8 +49,19 @@ def engine_config(tiny_model_dir: Path) -> EngineConfig:
 
 
 @pytest.fixture
-async def engine_url(nursery: trio.Nursery, engine_config: EngineConfig) -> str:
-    return await nursery.start(serve_engine, engine_config)
+async def engine_state(engine_config: EngineConfig) -> EngineState:
+    """The loaded engine behind ``engine_url`` (its scheduler's events replace polling)."""
+    return await load_engine(engine_config)
+
+
+@pytest.fixture
+def scheduler(engine_state: EngineState) -> Scheduler:
+    return engine_state.scheduler
+
+
+@pytest.fixture
+async def engine_url(nursery: trio.Nursery, engine_config: EngineConfig, engine_state: EngineState) -> str:
+    return await nursery.start(serve_engine_state, engine_state, engine_config)
 
 
 @pytest.fixture

@@ -11,6 +11,7 @@ import pytest
 import trio
 
 from relaxtrio import BackendError, BackendTimeoutError, ContextLengthExceededError
+from relaxtrio.engine.scheduler import Scheduler
 from relaxtrio.engine.server import EngineConfig, serve_engine
 from relaxtrio.forest import WeightSpan
 from relaxtrio.sglang.client import (
@@ -73,25 +74,30 @@ async def test_engine_errors_are_mapped(nursery: trio.Nursery, tiny_model_dir: P
         assert info.value.status_code == 400
 
 
-async def test_abort_uses_the_control_pool_while_generations_fill_theirs(engine_url: str) -> None:
+async def test_abort_uses_the_control_pool_while_generations_fill_theirs(
+    engine_url: str, scheduler: Scheduler
+) -> None:
     """B-23: one generation connection, two generations; abort must not queue behind them."""
     results = {}
+    returned = {"g1": trio.Event(), "g2": trio.Event()}
     async with open_engine_client([engine_url], max_generation_connections=1) as client:
 
         async def run(rid: str) -> None:
             results[rid] = await client.generate(PROMPT, LONG, rid=rid)
+            returned[rid].set()
 
         with trio.fail_after(30):
             async with trio.open_nursery() as nursery:
                 nursery.start_soon(run, "g1")
-                while (await client.server_info())["internal_states"][0]["num_running_reqs"] < 1:
-                    await trio.sleep(0.01)
+                await scheduler.wait_statistics(lambda s: s.num_running_reqs >= 1)
                 nursery.start_soon(run, "g2")  # waits for the single generation connection
                 await client.abort("g1")
-                while "g1" not in results:
-                    await trio.sleep(0.01)
-                while (await client.server_info())["internal_states"][0]["num_running_reqs"] < 1:
-                    await trio.sleep(0.01)
+                await returned["g1"].wait()
+                # g2 is running once a token was generated after g1's abort (the step that
+                # dropped g1 generated none).
+                tokens = scheduler.statistics().num_generated_tokens
+                await scheduler.wait_statistics(
+                    lambda s: s.num_running_reqs >= 1 and s.num_generated_tokens > tokens)
                 await client.abort_all()
     assert results["g1"].finish_type == "abort" and results["g2"].finish_type == "abort"
     assert len(results["g1"].output_ids) == len(results["g1"].output_logprobs) > 0

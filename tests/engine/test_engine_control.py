@@ -11,7 +11,8 @@ import pytest
 import torch
 import trio
 
-from relaxtrio.engine.server import EngineConfig, serve_engine
+from relaxtrio.engine.scheduler import Scheduler, SchedulerStatistics
+from relaxtrio.engine.server import EngineConfig, load_engine, serve_engine_state
 from relaxtrio.models import load_model
 
 PROMPT = [1, 87, 555, 201, 57, 74, 271, 321, 294, 284, 446, 295, 2, 201, 1, 67, 312, 691, 697, 201]
@@ -53,13 +54,19 @@ async def _state(http: httpx.AsyncClient) -> dict[str, Any]:
     return (await http.get("/server_info")).json()["internal_states"][0]
 
 
-async def wait_for_state(http: httpx.AsyncClient, predicate: Callable[[dict], bool]) -> dict:
+async def wait_for_state(
+    scheduler: Scheduler, predicate: Callable[[SchedulerStatistics], bool]
+) -> SchedulerStatistics:
+    """Waits (on the scheduler's change events, no polling) until ``predicate`` holds."""
     with trio.fail_after(30):
-        while True:
-            state = await _state(http)
-            if predicate(state):
-                return state
-            await trio.sleep(0.01)
+        return await scheduler.wait_statistics(predicate)
+
+
+async def settled(scheduler: Scheduler) -> None:
+    """Waits until the scheduler loop has handled everything and parked: from then on nothing
+    happens until the next request or control call, so a negative can be asserted."""
+    with trio.fail_after(30):  # an engine that keeps working (e.g. decodes while paused) fails
+        await scheduler.wait_settled()
 
 
 class Pending:
@@ -102,10 +109,10 @@ def _logprobs(body: dict[str, Any]) -> list[float]:
 
 
 async def test_abort_running_request_returns_partial_output(
-    http: httpx.AsyncClient, nursery: trio.Nursery, reference_logprobs: Callable
+    http: httpx.AsyncClient, nursery: trio.Nursery, scheduler: Scheduler, reference_logprobs: Callable
 ) -> None:
     pending = start(nursery, http, "run-1")
-    await wait_for_state(http, lambda s: s["num_running_reqs"] == 1 and s["num_generated_tokens"] > 5)
+    await wait_for_state(scheduler, lambda s: s.num_running_reqs == 1 and s.num_generated_tokens > 5)
     r = await http.post("/abort_request", json={"rid": "run-1"})
     assert r.status_code == 200 and r.content == b""
     body = await finished(pending)
@@ -117,12 +124,15 @@ async def test_abort_running_request_returns_partial_output(
 
 
 async def test_abort_waiting_request_and_abort_all(nursery: trio.Nursery, tiny_model_dir: Path) -> None:
-    url = await nursery.start(serve_engine, EngineConfig(model_path=tiny_model_dir, max_running_requests=1))
+    config = EngineConfig(model_path=tiny_model_dir, max_running_requests=1)
+    state = await load_engine(config)
+    scheduler = state.scheduler
+    url = await nursery.start(serve_engine_state, state, config)
     async with httpx.AsyncClient(base_url=url, timeout=30) as http:
         running = start(nursery, http, "A")
-        await wait_for_state(http, lambda s: s["num_running_reqs"] == 1)
+        await wait_for_state(scheduler, lambda s: s.num_running_reqs == 1)
         queued = start(nursery, http, "B")
-        await wait_for_state(http, lambda s: s["num_waiting_reqs"] == 1)
+        await wait_for_state(scheduler, lambda s: s.num_waiting_reqs == 1)
         await http.post("/abort_request", json={"rid": "B"})
         body = await finished(queued)
         assert body["meta_info"]["finish_reason"] == WAITING_ABORT
@@ -138,9 +148,11 @@ async def test_abort_waiting_request_and_abort_all(nursery: trio.Nursery, tiny_m
         assert (await finished(running))["meta_info"]["finish_reason"] == RUNNING_ABORT
 
 
-async def test_duplicate_in_flight_rid_is_rejected(http: httpx.AsyncClient, nursery: trio.Nursery) -> None:
+async def test_duplicate_in_flight_rid_is_rejected(
+    http: httpx.AsyncClient, nursery: trio.Nursery, scheduler: Scheduler
+) -> None:
     pending = start(nursery, http, "dup")
-    await wait_for_state(http, lambda s: s["num_running_reqs"] == 1)
+    await wait_for_state(scheduler, lambda s: s.num_running_reqs == 1)
     r = await http.post("/generate", json={"rid": "dup", "input_ids": PROMPT})
     assert r.status_code == 400
     assert r.json() == {"error": {"message": "Duplicate request ID detected: dup"}}
@@ -152,19 +164,20 @@ async def test_duplicate_in_flight_rid_is_rejected(http: httpx.AsyncClient, nurs
 
 
 async def test_pause_abort_blocks_new_requests_until_continue(
-    http: httpx.AsyncClient, nursery: trio.Nursery
+    http: httpx.AsyncClient, nursery: trio.Nursery, scheduler: Scheduler
 ) -> None:
     pending = start(nursery, http, "p1")
-    await wait_for_state(http, lambda s: s["num_running_reqs"] == 1)
+    await wait_for_state(scheduler, lambda s: s.num_running_reqs == 1)
     r = await http.post("/pause_generation", json={"mode": "abort"})
     assert r.json() == {"message": "Generation paused successfully.", "status": "ok"}
     assert pending.done.is_set()  # mode abort returns only after the aborts have drained
     assert (await finished(pending))["meta_info"]["finish_reason"] == RUNNING_ABORT
     assert (await http.get("/ready")).status_code == 503
     later = start(nursery, http, "p2", max_new_tokens=4)
-    await wait_for_state(http, lambda s: s["num_waiting_reqs"] == 1)
-    await trio.sleep(0.2)
+    await wait_for_state(scheduler, lambda s: s.num_waiting_reqs == 1)
+    await settled(scheduler)  # the loop has seen p2 and parked: paused, it admits nothing
     assert not later.done.is_set()
+    assert (await _state(http))["num_waiting_reqs"] == 1
     r = await http.post("/continue_generation", json={})
     assert r.json() == {"message": "Generation continued successfully.", "status": "ok"}
     assert (await finished(later))["meta_info"]["finish_reason"] == {"type": "length", "length": 4}
@@ -173,15 +186,16 @@ async def test_pause_abort_blocks_new_requests_until_continue(
 
 @pytest.mark.parametrize("mode", ["retract", "in_place"])
 async def test_pause_keeps_progress_and_resumes(
-    http: httpx.AsyncClient, nursery: trio.Nursery, reference_logprobs: Callable, mode: str
+    http: httpx.AsyncClient, nursery: trio.Nursery, scheduler: Scheduler,
+    reference_logprobs: Callable, mode: str,
 ) -> None:
     pending = start(nursery, http, "keep", max_new_tokens=1000)
-    await wait_for_state(http, lambda s: s["num_generated_tokens"] > 10)
+    await wait_for_state(scheduler, lambda s: s.num_generated_tokens > 10)
     await http.post("/pause_generation", json={"mode": mode})
     frozen = await _state(http)
     assert frozen["num_running_reqs"] == (0 if mode == "retract" else 1)
     assert frozen["num_waiting_reqs"] == (1 if mode == "retract" else 0)
-    await trio.sleep(0.2)
+    await settled(scheduler)  # parked while paused: no step runs until continue
     assert (await _state(http))["num_generated_tokens"] == frozen["num_generated_tokens"]
     assert not pending.done.is_set()
     await http.post("/continue_generation", json={})
@@ -216,11 +230,11 @@ async def test_update_weights_changes_logprobs_and_version(
 
 
 async def test_update_while_retracted_splits_versions(
-    http: httpx.AsyncClient, nursery: trio.Nursery, perturbed_dir: Path,
+    http: httpx.AsyncClient, nursery: trio.Nursery, scheduler: Scheduler, perturbed_dir: Path,
     perturbed_logprobs: Callable, reference_logprobs: Callable,
 ) -> None:
     pending = start(nursery, http, "straddle", max_new_tokens=1000)
-    await wait_for_state(http, lambda s: s["num_generated_tokens"] > 20)
+    await wait_for_state(scheduler, lambda s: s.num_generated_tokens > 20)
     await http.post("/pause_generation", json={"mode": "retract"})
     with trio.fail_after(10):  # paused: the update applies at once
         r = await http.post("/update_weights_from_disk",
@@ -241,36 +255,38 @@ async def test_update_while_retracted_splits_versions(
 
 
 async def test_update_without_pause_waits_for_running_requests(
-    http: httpx.AsyncClient, nursery: trio.Nursery, perturbed_dir: Path
+    http: httpx.AsyncClient, nursery: trio.Nursery, scheduler: Scheduler, perturbed_dir: Path
 ) -> None:
     first = start(nursery, http, "old", max_new_tokens=1000)
-    await wait_for_state(http, lambda s: s["num_running_reqs"] == 1)
+    await wait_for_state(scheduler, lambda s: s.num_running_reqs == 1)
     update_done: list[float] = []
+    updated = trio.Event()
 
     async def update() -> None:
         r = await http.post("/update_weights_from_disk",
                             json={"model_path": str(perturbed_dir), "weight_version": "v2"})
         assert r.json()["success"] is True
         update_done.append(trio.current_time())
+        updated.set()
 
     nursery.start_soon(update)
-    await wait_for_state(http, lambda s: s["weight_update_pending"])
+    await wait_for_state(scheduler, lambda s: s.weight_update_pending)
     second = start(nursery, http, "new", max_new_tokens=5)
     old_body, new_body = await finished(first), await finished(second)
     assert old_body["meta_info"]["finish_reason"] == {"type": "length", "length": 1000}
     assert [s["version"] for s in old_body["meta_info"]["weight_versions"]] == ["default"]
     assert [s["version"] for s in new_body["meta_info"]["weight_versions"]] == ["v2"]
     with trio.fail_after(10):
-        while not update_done:
-            await trio.sleep(0.01)
+        await updated.wait()
     assert first.finished_at <= update_done[0] <= second.finished_at
 
 
 async def test_update_with_abort_all_and_bad_path(
-    http: httpx.AsyncClient, nursery: trio.Nursery, perturbed_dir: Path, tmp_path: Path
+    http: httpx.AsyncClient, nursery: trio.Nursery, scheduler: Scheduler, perturbed_dir: Path,
+    tmp_path: Path,
 ) -> None:
     pending = start(nursery, http, "victim")
-    await wait_for_state(http, lambda s: s["num_running_reqs"] == 1)
+    await wait_for_state(scheduler, lambda s: s.num_running_reqs == 1)
     r = await http.post("/update_weights_from_disk",
                         json={"model_path": str(perturbed_dir), "abort_all_requests": True})
     assert r.json()["success"] is True
@@ -285,16 +301,16 @@ async def test_update_with_abort_all_and_bad_path(
 
 
 async def test_update_weight_version_aborts_by_default(
-    http: httpx.AsyncClient, nursery: trio.Nursery
+    http: httpx.AsyncClient, nursery: trio.Nursery, scheduler: Scheduler
 ) -> None:
     pending = start(nursery, http, "relabel-1")
-    await wait_for_state(http, lambda s: s["num_running_reqs"] == 1)
+    await wait_for_state(scheduler, lambda s: s.num_running_reqs == 1)
     r = await http.post("/update_weight_version", json={"new_version": "v3"})
     assert r.json() == {"success": True, "message": "Weight version updated to v3", "new_version": "v3"}
     assert (await finished(pending))["meta_info"]["finish_reason"] == RUNNING_ABORT
 
     pending = start(nursery, http, "relabel-2", max_new_tokens=1000)
-    await wait_for_state(http, lambda s: s["num_generated_tokens"] > 10 and s["num_running_reqs"] == 1)
+    await wait_for_state(scheduler, lambda s: s.num_generated_tokens > 10 and s.num_running_reqs == 1)
     await http.post("/update_weight_version", json={"new_version": "v4", "abort_all_requests": False})
     body = await finished(pending)
     versions = body["meta_info"]["weight_versions"]
