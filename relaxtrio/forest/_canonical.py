@@ -2,8 +2,8 @@
 
 Every protocol (Chat Completions, Responses, Anthropic Messages) and every explicit export record
 is projected onto one canonical triple ``(messages, tools, template_kwargs)``; a conversation
-state is identified by the SHA-256 of its compact, key-sorted JSON. The rules follow the reference
-behaviour (relax-behaviour.md A-1..A-8, the main ``state.py`` contract, DESIGN decision 1):
+state is identified by the SHA-256 of its compact, key-sorted JSON. The rules
+(docs/canonical-contract.md#messages and the sections after it):
 
 * roles ``user``, ``assistant``, ``tool``, ``system``; every other role is rejected;
 * string content must be non-empty, except for ``tool`` messages and for assistants that carry
@@ -21,22 +21,22 @@ behaviour (relax-behaviour.md A-1..A-8, the main ``state.py`` contract, DESIGN d
 * template kwargs: keys sorted recursively; the reserved keys ``add_generation_prompt``,
   ``tokenize`` and ``tools`` are rejected.
 
-Decisions where we deviate from the main reference (each one only rejects or unifies inputs the
-reference would hash inconsistently):
+Where we are stricter (docs/canonical-contract.md#where-we-are-stricter; each one only rejects or
+unifies inputs that would otherwise hash inconsistently):
 
 * A tool call is rebuilt as ``{"id"?, "type": "function", "function": {"name"?, "arguments"}}``:
-  the reference copies the whole call, so an echo carrying an extra key (a streaming ``index``)
-  or missing ``type`` would never match the committed state. A ``type`` other than ``function``
+  copying the whole call would let an echo carrying an extra key (a streaming ``index``) or
+  missing ``type`` never match the committed state. A ``type`` other than ``function``
   is rejected.
 * Every kept value must be plain JSON: non-string keys, sets and ``NaN``/``Infinity`` anywhere
   (content parts, tool schemas, template kwargs) are rejected instead of being hashed through
   ``default=str`` or as the non-JSON ``NaN`` token; text that cannot be encoded as UTF-8 (lone
   surrogates) is rejected instead of failing the hash with a 500. Template-kwargs keys must be
-  strings (main stringified them, which could merge ``1`` and ``"1"``).
+  strings (stringifying them could merge ``1`` and ``"1"``).
 
-Kept from main rather than the stricter PR-branch goldens: ``reasoning_content`` is kept on any
-non-system role, tool results need not reference an earlier call id, ``image_url`` parts are not
-reshaped, and tool schemas keep their key order (the hash sorts keys anyway).
+Kept lenient on purpose: ``reasoning_content`` is kept on any non-system role, tool results need
+not reference an earlier call id, ``image_url`` parts are not reshaped, and tool schemas keep
+their key order (the hash sorts keys anyway).
 
 Every rejection is an :class:`~relaxtrio.InvalidRequestError` whose ``param`` is the field path
 (``messages[3].content``, ``messages[2].tool_calls[0].function.arguments``); the message text
@@ -224,7 +224,8 @@ def _canonical_tool_calls(tool_calls: Any, where: str) -> list[dict[str, Any]]:
 def canonical_tools(tools: Any, *, param: str = "tools") -> tuple[dict[str, Any], ...]:
     """Normalizes tools to the nested function shape.
 
-    Entries that are not ``{"type": "function", "function": {...}}`` are dropped (reference A-6).
+    Entries that are not ``{"type": "function", "function": {...}}`` are dropped
+    (docs/canonical-contract.md#tools).
 
     Returns:
         ``({"type": "function", "function": {"name", "parameters", "description"?}}, ...)``.
@@ -386,7 +387,7 @@ def state_hash(conv: Conversation) -> str:
 
     Equal to ``sha256(json.dumps({"messages": M, "tools": T, "template_kwargs": K},
     ensure_ascii=False, separators=(",", ":"), sort_keys=True).encode()).hexdigest()``
-    (reference A-8); key order never matters, array order always does.
+    (docs/canonical-contract.md#the-state-hash); key order never matters, array order always does.
     """
     hasher = hashlib.sha256(HASH_PREFIX)
     hasher.update(b",".join(conv._message_json))

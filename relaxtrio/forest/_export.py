@@ -1,4 +1,6 @@
-"""Export: committed forest states to TrainingSamples (reference M-2..M-8).
+"""Export: committed forest states to TrainingSamples.
+
+See docs/export-and-credit.md#from-a-lineage-to-a-trainingsample.
 
 A context is the lineage from a subtree root to the exported state. Its ids are the concatenated
 deltas; the prompt is everything before the first response node; loss mask 1 marks exactly the

@@ -4,10 +4,10 @@ Matching is linear in the request: the state hash of the prefix ``messages[:k]``
 ``sha256(b'{"messages":[' + m1 + b"," + ... + mk + SUFFIX)`` with
 ``SUFFIX = b'],"template_kwargs":' + K + b',"tools":' + T + b'}'`` (sorted keys put ``messages``
 before ``template_kwargs`` before ``tools``), so one running SHA-256 fed message by message,
-copied and closed with the constant suffix, yields every prefix hash exactly as the reference
-re-hashing loop (``_match_parent_state``) defines it, in one pass over the request's bytes. Only
-prefix lengths at which this subtree family has committed nodes are closed and looked up, longest
-first; the first hit is the answer the reference loop returns.
+copied and closed with the constant suffix, yields every prefix hash exactly as the naive
+re-hashing loop of docs/canonical-contract.md#prefix-matching defines it, in one pass over the
+request's bytes. Only prefix lengths at which this subtree family has committed nodes are closed
+and looked up, longest first; the first hit is the answer that loop returns.
 """
 
 from __future__ import annotations
@@ -22,7 +22,10 @@ from ._nodes import AnyNode, FinishReason, Match, Node, ObservationNode, Respons
 
 
 def context_length_message(max_context_tokens: int, prompt_tokens: int) -> str:
-    """The reference's (G-4) context-length message for a prompt of ``prompt_tokens`` tokens."""
+    """The context-length message for a prompt of ``prompt_tokens`` tokens.
+
+    See docs/canonical-contract.md#context-limits.
+    """
     return (
         f"This model's maximum context length is {max_context_tokens} tokens. "
         f"However, your messages resulted in {prompt_tokens} tokens. "
@@ -70,7 +73,7 @@ class SessionForest:
     def match(self, conv: Conversation) -> Match:
         """Finds the longest committed message prefix of ``conv`` with the same tools and kwargs.
 
-        Returns exactly what the reference loop (``for k in range(n, 0, -1): hash(messages[:k],
+        Returns exactly what the naive loop (``for k in range(n, 0, -1): hash(messages[:k],
         tools, kwargs) in nodes``) returns, at O(bytes of ``conv``) hashing cost.
 
         Args:

@@ -1,6 +1,6 @@
 """The agent's output file (``RELAX_OUTPUT_JSON``): implicit export, or explicit JSONL records.
 
-Rules (reference I-5, M-2, M-3 and the spec's export section):
+Rules (docs/export-and-credit.md#the-output-file):
 
 * missing or blank output: implicit export, no reward;
 * one JSON object with ``messages``: one explicit record;

@@ -1,4 +1,4 @@
-"""Shared helpers for the forest tests: the reference hash and matcher, and a tiny turn driver."""
+"""Shared helpers for the forest tests: the naive hash and matcher (the oracles), and a tiny turn driver."""
 
 from __future__ import annotations
 
@@ -22,7 +22,10 @@ def forest_settings() -> settings:
 
 
 def reference_hash(messages: Any, tools: Any, template_kwargs: Any) -> str:
-    """The reference definition (relax-behaviour A-8), re-serializing everything."""
+    """The state hash by its definition, re-serializing everything.
+
+    See docs/canonical-contract.md#the-state-hash.
+    """
     payload = json.dumps(
         {"messages": list(messages), "tools": list(tools), "template_kwargs": template_kwargs},
         ensure_ascii=False,
@@ -34,7 +37,10 @@ def reference_hash(messages: Any, tools: Any, template_kwargs: Any) -> str:
 
 
 def reference_match(forest: SessionForest, conv: Conversation) -> tuple[Any, tuple[dict[str, Any], ...]]:
-    """The spec's ``_match_parent_state`` loop: longest k whose prefix hash is committed."""
+    """The naive matching loop: the longest k whose prefix hash is committed.
+
+    See docs/canonical-contract.md#prefix-matching.
+    """
     messages = list(conv.messages)
     for k in range(len(messages), 0, -1):
         node = forest.get(reference_hash(messages[:k], conv.tools, conv.template_kwargs))

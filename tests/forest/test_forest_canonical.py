@@ -1,4 +1,4 @@
-"""Canonical messages, tools and template kwargs (relax-behaviour A-1..A-7)."""
+"""Canonical messages, tools and template kwargs (docs/canonical-contract.md)."""
 
 from __future__ import annotations
 

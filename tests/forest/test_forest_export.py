@@ -1,4 +1,4 @@
-"""export_samples: implicit and explicit export, TrainingSample semantics (relax-behaviour M-2..M-8)."""
+"""export_samples: implicit and explicit export, TrainingSample semantics (docs/export-and-credit.md)."""
 
 from __future__ import annotations
 
@@ -201,7 +201,7 @@ def test_training_sample_semantics() -> None:
 
 
 def test_observation_leaf_exports_truncated_with_trailing_ids_masked() -> None:
-    """M-8: an observation committed after the last response (then a failed turn) is the leaf."""
+    """An observation committed after the last response (then a failed turn) is the leaf."""
     forest, history = _two_turn_session()
     obs = forest.add_observation(
         forest.match(Conversation.from_wire([*history, user("q3")])), token_ids=[6, 7]

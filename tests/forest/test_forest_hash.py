@@ -40,8 +40,8 @@ CLOCK = {
 }
 NO_THINKING = {"enable_thinking": False}
 
-# The four canonical cases whose hashes the reference pins (relax-behaviour A-9,
-# tests/agentic/test_protocol_canonicalization.py::EXPECTED_HASHES); recomputed and verified here.
+# Four canonical cases with pinned hashes (docs/canonical-contract.md#the-state-hash): text, text
+# blocks, a tool round trip and images; recomputed by the definition and verified here.
 GOLDEN_CASES: dict[str, tuple[list[dict[str, Any]], list[dict[str, Any]], dict[str, Any]]] = {
     "text": (
         [

@@ -1,4 +1,4 @@
-"""parse_session_output: the agent's output file rules (relax-behaviour I-5)."""
+"""parse_session_output: the agent's output file rules (docs/export-and-credit.md#the-output-file)."""
 
 from __future__ import annotations
 

@@ -110,7 +110,7 @@ def _wire_state(forest: SessionForest, node: Any) -> tuple[list[dict[str, Any]],
 
 
 def _request(forest: SessionForest, drive: Driver, messages, tools, kwargs) -> Any:
-    """One agent request: match (checked against the reference loop), commit, generate."""
+    """One agent request: match (checked against the naive loop), commit, generate."""
     conv = Conversation.from_wire(messages, tools, kwargs)
     match = forest.match(conv)
     expected_parent, expected_delta = reference_match(forest, conv)
@@ -145,7 +145,7 @@ def _run_session(ops, forest: SessionForest) -> list[Any]:
                 continue
             nodes.append(parent)
         if op == "observe":
-            continue  # the turn failed after its observation was committed (M-8)
+            continue  # the turn failed after its observation was committed: an observation leaf
         response = drive.respond(parent, reply, finish_reason="length" if pick % 5 == 0 else "stop")
         if not any(response is n for n in nodes):
             nodes.append(response)

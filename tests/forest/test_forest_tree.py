@@ -175,7 +175,8 @@ def test_tool_arguments_are_matched_after_reserialization() -> None:
 
 
 def test_replay_without_reasoning_branches_from_the_last_common_state() -> None:
-    """Pitfall B-2: an agent dropping reasoning_content on replay creates a new branch."""
+    """An agent dropping reasoning_content on replay creates a new branch
+    (docs/client-quirks.md#dropped-reasoning-on-replay)."""
     forest = SessionForest("s")
     drive = Driver(forest)
     obs = drive.observe([user("How are you?")])
@@ -191,7 +192,8 @@ def test_replay_without_reasoning_branches_from_the_last_common_state() -> None:
 
 
 def test_sampled_ids_are_reused_not_re_encoded() -> None:
-    """Pitfall B-1: the turn-2 prompt carries the exact sampled ids of turn 1."""
+    """The turn-2 prompt carries the exact sampled ids of turn 1
+    (docs/client-quirks.md#re-encoding-sampled-text)."""
     forest = SessionForest("s")
     obs = forest.add_observation(forest.match(_conv([user("Name a fictional city.")])), token_ids=[1, 2, 3])
     resp = forest.add_response(
@@ -215,7 +217,8 @@ def test_sampled_ids_are_reused_not_re_encoded() -> None:
 
 
 def test_compacted_history_starts_a_new_subtree() -> None:
-    """Pitfall B-37: trimming old messages never errors; it matches the longest committed prefix."""
+    """Trimming old messages never errors; it matches the longest committed prefix
+    (docs/client-quirks.md#trimmed-or-compacted-history)."""
     forest = SessionForest("s")
     drive = Driver(forest)
     messages = [SYSTEM, user("task")]
