@@ -87,8 +87,9 @@ def stop_token_ids(tokenizer: Any, extra: Sequence[int]) -> tuple[int, ...]:
 def template_messages(
     messages: Sequence[Mapping[str, Any]], arguments_form: ArgumentsForm, offset: int
 ) -> list[dict[str, Any]]:
-    """Copies canonical messages into the shape templates expect (pitfall B-8): tool-call
-    arguments decoded to mappings (or kept as canonical strings), empty ``tool_calls`` dropped.
+    """Copies canonical messages into the shape templates expect: tool-call arguments decoded to
+    mappings (or kept as canonical strings), empty ``tool_calls`` dropped
+    (docs/client-quirks.md#tool-call-arguments-mapping-or-string).
 
     Raises:
         InvalidRequestError: arguments that are not a JSON object, naming

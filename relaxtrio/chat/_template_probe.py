@@ -1,8 +1,8 @@
 """Probes run once per chat template: how it wants tool-call arguments, and how a turn ends.
 
 Both render small fixed conversations with the template itself, so they adapt to templates
-relaxtrio has never seen (pitfall B-8: some templates iterate ``arguments|items`` and need a
-mapping, others concatenate a string).
+relaxtrio has never seen (some templates iterate ``arguments|items`` and need a mapping, others
+concatenate a string: docs/client-quirks.md#tool-call-arguments-mapping-or-string).
 """
 
 from __future__ import annotations

@@ -1,29 +1,31 @@
 """Chat-template compiler: canonical messages → prompt token ids.
 
 relaxtrio is token-in/token-out: sampled ids are stored and reused exactly, and only new
-observations are rendered (DESIGN decision 3). Two renders exist:
+observations are rendered (docs/canonical-contract.md#rendering-observations). Two renders exist:
 
-* **full render** at a subtree root (reference D-1): ``apply_chat_template(messages, tools,
+* **full render** at a subtree root: ``apply_chat_template(messages, tools,
   tokenize=False, add_generation_prompt=True, **template_kwargs)`` then
   ``encode(text, add_special_tokens=False)``, so a template that writes BOS itself yields exactly one
-  BOS (pitfall B-10);
-* **observation delta** below a subtree root (reference D-3): render the fixed
+  BOS (docs/client-quirks.md#double-bos);
+* **observation delta** below a subtree root: render the fixed
   ``DUMMY_PREFIX`` (system + user) without a generation prompt, drop one trailing ``"\\n"``,
   tokenize → ``trim`` ids; render ``DUMMY_PREFIX + delta`` with the generation prompt, tokenize, and
   drop the first ``len(trim)`` ids. The dropped ids are checked to equal ``trim``; a template that
   changes the dummy prefix when more messages follow (e.g. one that moves the tool list before the
   last user message) raises :class:`~relaxtrio.InternalError` instead of producing wrong ids. The
   delta therefore starts with whatever the template writes after the previous turn's end-of-turn
-  token (``"\\n<|im_start|>user..."`` for ChatML: pitfall B-3), and consecutive tool results are
-  rendered the way the template groups them (pitfall B-4).
+  token (``"\\n<|im_start|>user..."`` for ChatML: docs/client-quirks.md#turn-separator-in-a-delta),
+  and consecutive tool results are rendered the way the template groups them
+  (docs/client-quirks.md#grouped-tool-results).
 
-Rendering inputs (pitfall B-8): canonical assistant tool calls hold arguments as compact JSON
-strings; the compiler decodes them to mappings for rendering, unless a probe at construction shows
-the template needs strings (it concatenates them, or prints a mapping as a Python repr). Empty
-``tool_calls`` lists are dropped (Llama 3.1 rejects an empty list), and an empty tools list is passed
-as ``None`` by default, because templates such as Llama 3.1 test ``tools is not none`` and would
-otherwise announce tools to a tool-less conversation (this is what an OpenAI-compatible server's
-chat path does; ``pass_empty_tools=True`` restores the reference's literal ``[]``).
+Rendering inputs (docs/client-quirks.md#tool-call-arguments-mapping-or-string): canonical assistant
+tool calls hold arguments as compact JSON strings; the compiler decodes them to mappings for
+rendering, unless a probe at construction shows the template needs strings (it concatenates them, or
+prints a mapping as a Python repr). Empty ``tool_calls`` lists are dropped (Llama 3.1 rejects an
+empty list), and an empty tools list is passed as ``None`` by default, because templates such as
+Llama 3.1 test ``tools is not none`` and would otherwise announce tools to a tool-less conversation
+(this is what an OpenAI-compatible server's chat path does; ``pass_empty_tools=True`` passes a
+literal ``[]``; see docs/client-quirks.md#empty-tools-lists).
 
 Stop ids and the end of an assistant turn: :attr:`ChatCompiler.stop_token_ids` is the tokenizer's
 EOS plus every known end-of-turn marker that is an added token and appears in the template text
@@ -31,16 +33,17 @@ EOS plus every known end-of-turn marker that is an added token and appears in th
 :attr:`ChatCompiler.turn_closed_by_stop_token` says whether the template ends an assistant turn
 with one of those ids; when it does, lineage = generated ids including the sampled EOS + the next
 observation delta, with no re-rendering of the assistant turn. A generation stopped by a stop
-*string* or by length has no end-of-turn id, and none is inserted (reference D-3 quirk).
+*string* or by length has no end-of-turn id, and none is inserted
+(docs/client-quirks.md#turns-ended-by-a-stop-string).
 
-Images (reference D-5, spec "Token-in, Token-out"): :meth:`ChatCompiler.encode_observation`
+Images (docs/canonical-contract.md#images): :meth:`ChatCompiler.encode_observation`
 renders an observation into two id views. The **rollout ids** are the tokenizer ids of the
 template text, with one image placeholder per ``image_url`` part (what an SGLang server takes next
 to ``image_data``); the **training ids** expand each placeholder to the image's feature count and
 come with the processor's training inputs (:class:`~relaxtrio.media.vision.MultimodalPayload`).
 The dummy prefix has no images, so trimming it from the rollout ids and then expanding equals
-expanding the whole render and trimming the same number of ids: both views get the same trim
-(D-3). A text observation has identical views and no payload.
+expanding the whole render and trimming the same number of ids: both views get the same trim.
+A text observation has identical views and no payload.
 
 Thread safety: a ChatCompiler holds no per-call state, so calls may run in worker threads
 (``trio.to_thread.run_sync``); the dummy-prefix cache is guarded by a lock.
@@ -80,7 +83,8 @@ DUMMY_PREFIX: Final[tuple[Mapping[str, str], ...]] = (
     {"role": "system", "content": "You are a helpful assistant."},
     {"role": "user", "content": "I am a user."},
 )
-"""The fixed conversation an observation delta is rendered after (reference D-3)."""
+"""The fixed conversation an observation delta is rendered after
+(docs/canonical-contract.md#rendering-observations)."""
 
 THINK_OPEN: Final[str] = "<think>"
 _TRIM_CACHE_SIZE: Final[int] = 64
@@ -212,7 +216,9 @@ class ChatCompiler:
         *,
         message_offset: int = 0,
     ) -> EncodedPrompt:
-        """Renders an observation delta with the dummy-prefix method (reference D-3).
+        """Renders an observation delta with the dummy-prefix method.
+
+        See docs/canonical-contract.md#rendering-observations.
 
         Args:
             delta_messages: the new (unmatched) canonical messages; must not be empty.

@@ -1,4 +1,4 @@
-"""build_assistant_message / decode_assistant: decode rules (DESIGN decision 4, reference E-6, F-1..F-6)."""
+"""build_assistant_message / decode_assistant: decode rules (docs/canonical-contract.md#decoding-a-reply)."""
 
 from __future__ import annotations
 
@@ -93,7 +93,8 @@ def test_matched_stop_token_id_is_left_out_of_the_text(qwen: ChatCompiler) -> No
 
 
 def test_special_tokens_inside_the_output_are_kept_and_ids_untouched(qwen: ChatCompiler) -> None:
-    """B-6: a stray special token mid-output appears in the text; the function never edits ids."""
+    """A stray special token mid-output appears in the text; the function never edits ids
+    (docs/client-quirks.md#special-tokens-inside-the-output)."""
     ids = ids_of(qwen, "Part one<|endoftext|>part two")
     frozen = tuple(ids)
     decoded = decode_assistant(ids, "stop", compiler=qwen, parent_state_hash=PARENT, stop_token_ids=qwen.stop_token_ids)
@@ -114,7 +115,8 @@ def test_length_keeps_finish_and_does_not_execute_calls(qwen: ChatCompiler) -> N
 
 
 def test_malformed_call_is_content_and_finish_stop(qwen: ChatCompiler) -> None:
-    """B-11: the reply is the verbatim text, finish stop, and the rejection is reported."""
+    """The reply is the verbatim text, finish stop, and the rejection is reported
+    (docs/client-quirks.md#malformed-tool-call-blocks)."""
     bad = '<tool_call>\n{"name":"get_weather","arguments":{"city":"Paris"}}}\n</tool_call>'
     decoded = decode_assistant(
         ids_of(qwen, bad), "stop", compiler=qwen, parent_state_hash=PARENT, stop_token_ids=qwen.stop_token_ids,
@@ -135,7 +137,7 @@ def test_prompt_opened_think_and_b15_default(compilers: dict[str, ChatCompiler])
     r1 = compilers["deepseek_r1"]
     message, reason = build(r1, ids_of(r1, "Let me see.\n</think>\n\n42"), reasoning_parser="deepseek-r1", tools=())
     assert message == {"role": "assistant", "content": "42", "reasoning_content": "Let me see."}
-    # stopped on EOS without </think>: an answer, not reasoning (B-15)
+    # stopped on EOS without </think>: an answer, not reasoning (docs/client-quirks.md#unclosed-think-block)
     message, reason = build(r1, ids_of(r1, "The capital is Paris."), reasoning_parser="deepseek-r1", tools=())
     assert message == {"role": "assistant", "content": "The capital is Paris."}
     assert reason == "stop"
@@ -151,7 +153,8 @@ def test_empty_outputs_are_errors_not_commits(qwen: ChatCompiler) -> None:
 
 
 def test_eos_in_the_abort_step_counts_as_stop(qwen: ChatCompiler) -> None:
-    """E-6: an abort that arrives together with a sampled EOS is a finished turn."""
+    """An abort that arrives together with a sampled EOS is a finished turn
+    (docs/client-quirks.md#a-token-after-the-abort)."""
     ids = ids_of(qwen, "Finished.")
     assert effective_finish_type(ids, "abort", qwen.stop_token_ids) == "stop"
     assert effective_finish_type(ids[:-1], "abort", qwen.stop_token_ids) == "abort"

@@ -1,4 +1,4 @@
-"""Reasoning parsers: qwen3, qwen3-thinking, deepseek-r1 (pitfall B-15)."""
+"""Reasoning parsers: qwen3, qwen3-thinking, deepseek-r1 (docs/client-quirks.md#unclosed-think-block)."""
 
 from __future__ import annotations
 
@@ -59,7 +59,7 @@ def test_truncated_inside_think_is_all_reasoning(parser: str, text: str, prompt_
 
 
 def test_stopped_without_close_after_prompt_opened_think_is_content(caplog: pytest.LogCaptureFixture) -> None:
-    """B-15: the model skipped thinking and ended its turn; the answer is not reasoning."""
+    """The model skipped thinking and ended its turn; the answer is not reasoning."""
     assert parse_reasoning("The capital is Paris.", "deepseek-r1") == (None, "The capital is Paris.")
     assert parse_reasoning("The capital is Paris.", "qwen3", prompt_opened_think=True) == (
         None,

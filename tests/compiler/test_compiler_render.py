@@ -1,4 +1,7 @@
-"""ChatCompiler: full render, dummy-prefix delta, argument forms, kwargs, stop ids (pitfalls B-3, B-4, B-8, B-10)."""
+"""ChatCompiler: full render, dummy-prefix delta, argument forms, kwargs, stop ids.
+
+The template quirks covered here are described in docs/client-quirks.md#chat-templates.
+"""
 
 from __future__ import annotations
 
@@ -19,7 +22,7 @@ def qwen_compiler(template: str, **kwargs: object) -> ChatCompiler:
 
 @pytest.mark.parametrize("case_name", ["llama3_1", "deepseek_r1"])
 def test_exactly_one_bos_when_the_template_writes_it(compilers: dict[str, ChatCompiler], case_name: str) -> None:
-    """B-10: the template writes BOS, so encoding must not add another one."""
+    """The template writes BOS, so encoding must not add another one (docs/client-quirks.md#double-bos)."""
     compiler = compilers[case_name]
     bos = compiler.tokenizer.bos_token_id
     prompt = compiler.render([USER])
@@ -32,7 +35,8 @@ def test_exactly_one_bos_when_the_template_writes_it(compilers: dict[str, ChatCo
 
 
 def test_chatml_delta_starts_with_the_newline_after_im_end(compilers: dict[str, ChatCompiler]) -> None:
-    """B-3: the delta begins with the "\\n" the template writes after the sampled <|im_end|>."""
+    """The delta begins with the "\\n" the template writes after the sampled <|im_end|>
+    (docs/client-quirks.md#turn-separator-in-a-delta)."""
     compiler = compilers["smollm2_chatml"]
     delta = compiler.encode_delta([tool("call_1", '{"temp":"20C"}')], TOOLS)
     text = compiler.decode(delta)
@@ -43,7 +47,8 @@ def test_chatml_delta_starts_with_the_newline_after_im_end(compilers: dict[str, 
 
 @pytest.mark.parametrize("case_name", ["smollm2_chatml", "qwen2_5", "qwen3_thinking"])
 def test_consecutive_tool_results_share_one_user_turn(compilers: dict[str, ChatCompiler], case_name: str) -> None:
-    """B-4: two results (one of them empty) render as one user turn with two <tool_response> blocks."""
+    """Two results (one of them empty) render as one user turn with two <tool_response> blocks
+    (docs/client-quirks.md#grouped-tool-results)."""
     compiler = compilers[case_name]
     text = compiler.decode(compiler.encode_delta([tool("a", "A"), tool("b", "")], TOOLS))
     assert text.count("<|im_start|>user") == 1
@@ -52,7 +57,8 @@ def test_consecutive_tool_results_share_one_user_turn(compilers: dict[str, ChatC
 
 
 def test_arguments_reach_tojson_templates_as_mappings(compilers: dict[str, ChatCompiler]) -> None:
-    """B-8: Qwen2.5 pipes arguments through tojson; a JSON string would come out double-encoded."""
+    """Qwen2.5 pipes arguments through tojson; a JSON string would come out double-encoded
+    (docs/client-quirks.md#tool-call-arguments-mapping-or-string)."""
     compiler = compilers["qwen2_5"]
     assert compiler.arguments_form == "mapping"
     messages = [USER, assistant("", calls=[call("c1", "get_weather", '{"city":"Paris"}')]), tool("c1", "ok")]
@@ -75,7 +81,7 @@ REPR_TEMPLATE = CONCAT_TEMPLATE.replace(
 
 @pytest.mark.parametrize("template", [CONCAT_TEMPLATE, REPR_TEMPLATE], ids=["concatenates", "prints"])
 def test_templates_that_need_strings_get_the_canonical_string(template: str) -> None:
-    """B-8, other direction: a template that concatenates arguments (or would print a dict's
+    """The other direction: a template that concatenates arguments (or would print a dict's
     Python repr) gets the canonical JSON string."""
     compiler = qwen_compiler(template)
     assert compiler.arguments_form == "string"

@@ -24,9 +24,9 @@ DeepSeek-R1 (distill)  think dropped  think dropped           delta differs (see
 
 Documented exceptions (each is asserted below):
 
-* **think dropped** (Qwen3 thinking on; pitfall B-2): the template keeps ``<think>`` blocks only for
-  assistant turns after the last real user message, so once a new user message arrives the full
-  render drops every earlier block. DeepSeek-R1 drops them always (history keeps only the text
+* **think dropped** (Qwen3 thinking on; docs/client-quirks.md#dropped-reasoning-on-replay): the
+  template keeps ``<think>`` blocks only for assistant turns after the last real user message, so
+  once a new user message arrives the full render drops every earlier block. DeepSeek-R1 drops them always (history keeps only the text
   after ``</think>``; its generation prompt's ``<think>\\n`` is not part of history either). The full
   render equals the lineage with exactly those ``<think>\\n…\\n</think>\\n\\n`` spans removed.
   Within one user query (the agentic tool loop) Qwen3 is stable when turns carry reasoning.
@@ -166,7 +166,7 @@ def test_sampled_turns_parse_back_to_the_conversation(
 
 
 def test_qwen3_is_stable_inside_one_tool_loop_but_not_across_user_turns(compilers: dict[str, ChatCompiler]) -> None:
-    """B-2 seen through the lineage: the same turn is stable until a new user message arrives."""
+    """Dropped think blocks seen through the lineage: the same turn is stable until a new user message arrives."""
     case, compiler = CASES["qwen3_thinking"], compilers["qwen3_thinking"]
     messages, tools = scenario(case, "tool_round_then_user")
     loop_only = messages[:4]  # system, user, assistant(call), tool → next prompt

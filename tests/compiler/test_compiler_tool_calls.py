@@ -1,4 +1,8 @@
-"""Tool-call parsers: hermes/qwen25, qwen3_coder, llama3 goldens (pitfalls B-11, B-13, B-14)."""
+"""Tool-call parsers: hermes/qwen25, qwen3_coder, llama3 goldens.
+
+Malformed blocks and the finish-reason rule: docs/client-quirks.md#malformed-tool-call-blocks,
+docs/client-quirks.md#tool-call-finish-reason.
+"""
 
 from __future__ import annotations
 
@@ -84,7 +88,7 @@ HERMES_GOLDENS = [
         [READ_A, READ_B],
     ),
     (
-        "missing arguments are an empty object (zero-argument tool, B-13)",
+        "missing arguments are an empty object (zero-argument tool)",
         '<tool_call>\n{"name": "get_time"}\n</tool_call>',
         "",
         [ParsedToolCall("get_time", "{}")],
@@ -109,7 +113,7 @@ MALFORMED_BRACE = '<tool_call>\n{"name":"read","arguments":{"path":"a.py"}}}\n</
 
 
 def test_hermes_malformed_block_stays_in_content_verbatim() -> None:
-    """B-11: the extra brace makes the only block invalid: nothing is dropped, no call returned."""
+    """The extra brace makes the only block invalid: nothing is dropped, no call returned."""
     text = MALFORMED_BRACE + "<|im_end|>"
     result = parse_tool_calls_detailed(text, "hermes", TOOLS)
     assert result.content == text

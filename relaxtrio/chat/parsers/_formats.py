@@ -2,7 +2,8 @@
 
 Each splitter returns a list of segments in text order; joining every segment's ``raw`` text gives
 the input back exactly. :mod:`.tool_calls` decides which candidates become calls and rebuilds the
-content from the rest, so nothing the model wrote is lost (pitfall B-11).
+content from the rest, so nothing the model wrote is lost
+(docs/client-quirks.md#malformed-tool-call-blocks).
 """
 
 from __future__ import annotations

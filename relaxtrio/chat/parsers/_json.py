@@ -1,9 +1,10 @@
 """Strict JSON helpers shared by the tool-call parsers.
 
-Arguments leave the parsers in the canonical form of reference A-5: a JSON object serialized with
-sorted keys, compact separators and ``ensure_ascii=False``, with integral floats of magnitude at most
-2**53 - 1 written as integers (what JavaScript's ``JSON.stringify`` does). NaN, infinities and
-duplicate keys make a call malformed rather than producing JSON other tools cannot read.
+Arguments leave the parsers in the canonical form (docs/canonical-contract.md#tool-calls-and-arguments):
+a JSON object serialized with sorted keys, compact separators and ``ensure_ascii=False``, with
+integral floats of magnitude at most 2**53 - 1 written as integers (what JavaScript's
+``JSON.stringify`` does). NaN, infinities and duplicate keys make a call malformed rather than
+producing JSON other tools cannot read.
 """
 
 from __future__ import annotations

@@ -1,16 +1,19 @@
 """Decode rules: generated ids → the canonical assistant message that is committed and returned.
 
-Order (reference F-1..F-4, with DESIGN decision 4):
+Order (docs/canonical-contract.md#decoding-a-reply):
 
 1. empty output → :class:`~relaxtrio.BackendError`, nothing is committed;
-2. finish type: an EOS sampled in the same step as an abort counts as ``stop`` (reference E-6,
-   :func:`effective_finish_type`); a remaining ``abort`` cannot be committed;
+2. finish type: an EOS sampled in the same step as an abort counts as ``stop``
+   (docs/client-quirks.md#a-token-after-the-abort, :func:`effective_finish_type`); a remaining
+   ``abort`` cannot be committed;
 3. text: one trailing stop id is left out of the decoded text, and a matched stop string is cut
    from its end, so neither appears in ``content``; the ids themselves are never changed, so special
-   tokens inside the output cannot shift ids or logprobs (pitfall B-6);
+   tokens inside the output cannot shift ids or logprobs
+   (docs/client-quirks.md#special-tokens-inside-the-output);
 4. reasoning parser on the text, then the tool-call parser on the rest when the subtree has tools;
    a ``length`` finish skips tool-call parsing (a cut-off turn is not executed), which keeps the
-   invariant "finish reason ``tool_calls`` if and only if calls are returned" (pitfalls B-13, B-14);
+   invariant "finish reason ``tool_calls`` if and only if calls are returned"
+   (docs/client-quirks.md#tool-call-finish-reason);
 5. no content, no reasoning and no calls → :class:`~relaxtrio.BackendError` (not a commit);
 6. the message is canonical: ``content`` is ``""`` when only reasoning or calls remain, call ids
    come from :func:`~.tool_calls.tool_call_id`, arguments are canonical JSON text.
@@ -70,7 +73,9 @@ class DecodedAssistant:
 def effective_finish_type(
     output_ids: Sequence[int], finish_type: str, stop_token_ids: Sequence[int]
 ) -> FinishType:
-    """``stop`` for an abort whose last sampled id is a stop id (reference E-6), else unchanged.
+    """``stop`` for an abort whose last sampled id is a stop id, else unchanged.
+
+    See docs/client-quirks.md#a-token-after-the-abort.
 
     Args:
         output_ids: generated ids of the attempt(s) (``(T,)``).

@@ -17,7 +17,7 @@ Only a block at the very start of the text (after whitespace) counts; a ``<think
 of an answer is left in the content. Reasoning and content are stripped of surrounding whitespace
 (the Qwen3 template strips them the same way when it renders history).
 
-Unclosed blocks (pitfall B-15), decided from the stop reason:
+Unclosed blocks (docs/client-quirks.md#unclosed-think-block), decided from the stop reason:
 
 * finish ``length`` (or ``abort``): generation was cut inside the block, so all of it is reasoning;
 * finish ``stop`` with no ``</think>``: the model ended its turn without closing the block. This is

@@ -17,7 +17,8 @@ Rules, identical for every format:
 
 * parsing happens only when the subtree has tools; otherwise the text is returned unchanged;
 * a malformed block (bad JSON, missing name, stray text inside the block, an unclosed tag) stays in
-  the content verbatim, while the valid blocks around it are returned as calls (pitfall B-11);
+  the content verbatim, while the valid blocks around it are returned as calls
+  (docs/client-quirks.md#malformed-tool-call-blocks);
 * **undeclared tool names**: the block is left in the content as text (it is not a call the agent
   can run), exactly like a malformed block, and is reported as rejected;
 * when at least one call is returned, the call blocks (and their separators) are removed from the
@@ -200,7 +201,7 @@ def parse_tool_calls(
 
 
 def tool_call_id(parent_state_hash: str, token_ids: Sequence[int], index: int) -> str:
-    """Deterministic call id (reference F-3).
+    """Deterministic call id (docs/canonical-contract.md#decoding-a-reply).
 
     ``"call_" + sha256(json({"call_index": index, "parent_state_hash": h, "token_ids": ids}))[:24]``
     with sorted keys and compact separators, so a replayed generation gets the same ids.
