@@ -2,7 +2,7 @@
 
 Pillow only (no torch, no transformers), so the dataset loader and the API side can use it.
 
-Conversions (spec "Multimodal Input", reference D-7):
+Conversions (docs/agent-contract.md#session-input, docs/canonical-contract.md#images):
 
 * :func:`to_image_url` turns a dataset image value into the URL an agent receives. An existing
   ``data:`` URL, or an ``http://`` / ``https://`` URL, is kept as it is (remote URLs are never

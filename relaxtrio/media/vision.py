@@ -1,7 +1,7 @@
 """Vision preprocessing shared by the compiler (training view) and the embedded engine.
 
-A vision-language model sees an image twice in relaxtrio (spec "Token-in, Token-out", reference
-D-5, pitfall B-33):
+A vision-language model sees an image twice in relaxtrio (docs/canonical-contract.md#images,
+docs/client-quirks.md#images-expanded-twice):
 
 * **rollout ids** hold exactly one image placeholder token per image (``<|image_pad|>`` for the
   Qwen2-VL family), which is what an SGLang server expects next to ``image_data``: the engine

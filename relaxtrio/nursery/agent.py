@@ -6,8 +6,9 @@ For each Session relaxtrio:
    the path ``session_output.json`` (read after the exit) and ``agent.log`` (stdout + stderr);
 2. runs ``bash -lc <agent command>`` (an activated virtual environment's ``bin`` put back in
    front of the login shell's PATH) in ``--agent-cwd`` with stdin from ``/dev/null``, the
-   ``--agent-env`` entries and the seven ``RELAX_*`` variables of the spec, as the leader of a new
-   process group (``start_new_session=True``);
+   ``--agent-env`` entries and the seven ``RELAX_*`` variables
+   (docs/agent-contract.md#environment-variables), as the leader of a new process group
+   (``start_new_session=True``);
 3. waits for the exit under the Session's active-time budget (``--agent-timeout``), a cancel scope
    whose deadline moves when generation is paused (see :class:`ActiveBudget`);
 4. whatever happens (normal exit, timeout, error, cancellation of the whole run), terminates the
@@ -16,9 +17,9 @@ For each Session relaxtrio:
    left the group (``setsid``) but still carries the Session's ``RELAX_SESSION_ID``;
 5. removes the IO directory.
 
-The exit rules follow the reference (relax-behaviour I-4): a timeout, a non-zero exit code, or an
-output file that is not valid JSON/JSONL raise :class:`~relaxtrio.AgentExecutionError`, whose
-message ends with the last 8 KiB of the agent's combined output.
+The exit rules (docs/agent-contract.md#exit-timeouts-and-termination): a timeout, a non-zero exit
+code, or an output file that is not valid JSON/JSONL raise :class:`~relaxtrio.AgentExecutionError`,
+whose message ends with the last 8 KiB of the agent's combined output.
 """
 
 from __future__ import annotations

@@ -14,7 +14,7 @@ its Group
 A *protected* Session (one whose request was aborted ``--partial-rollout-max-aborted-count``
 times) ignores pauses: it keeps generating and its budget keeps running until it finishes.
 
-Decision (differs from the reference, J-6): a lease may be granted before the barrier passes;
+Decision (docs/scheduling.md#runtime-lease): a lease may be granted before the barrier passes;
 generation still waits for the barrier. Without prelaunch a Group is leased as soon as it starts,
 so an agent that never sends its first request still runs down its budget and cannot hold
 capacity forever.
@@ -147,7 +147,10 @@ class Group:
         self._update_gate()
 
     def resume(self, rollout_id: int | None = None) -> None:
-        """Reopens generation: pending protections take effect, budgets restart (K-3, K-4)."""
+        """Reopens generation: pending protections take effect, budgets restart.
+
+        See docs/scheduling.md#protection.
+        """
         if rollout_id is not None:
             self.rollout_id = rollout_id
         for session in self.sessions:

@@ -2,7 +2,7 @@
 
 A Session owns a nursery for its in-flight model turns. The HTTP handler that received a request
 only *waits* for the turn's result: if the client disconnects, the turn still completes and is
-committed (reference F-12). When the Session ends, every turn still running is cancelled (the
+committed (docs/agent-contract.md#client-disconnects). When the Session ends, every turn still running is cancelled (the
 engine request is aborted) and waiting handlers get a 404 ``session_discarded``.
 """
 
@@ -68,7 +68,7 @@ class Session:
         num_requests: model requests received so far.
         inflight_rids: engine request ids currently generating for this Session.
         protection_pending: a request reached the abort threshold; protection starts at the
-            next resume (reference K-4).
+            next resume (docs/scheduling.md#protection).
         protected: pauses no longer interrupt this Session.
         agent_pgid: process-group id of the running agent, once started.
     """

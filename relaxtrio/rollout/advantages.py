@@ -3,9 +3,9 @@
 Pure Python (no torch): the rollout side turns each context's reward into one float, and the
 trainer broadcasts that float over the context's response tokens (``loss_mask == 1``).
 
-GRPO with outcome supervision (DeepSeekMath, arXiv 2402.03300, §4.1.2) gives every token of
+GRPO with outcome supervision (DeepSeekMath, arXiv 2402.03300, section 4.1.2) gives every token of
 output ``i`` in a Group the advantage ``(r_i - mean(r)) / std(r)``. Dr. GRPO (arXiv 2503.20783,
-§3.1) argues the division by ``std`` biases the update towards too-easy and too-hard prompts and
+section 3.1) argues the division by ``std`` biases the update towards too-easy and too-hard prompts and
 drops it; ``std_normalize=False`` selects that variant. Deviations from the papers, on purpose:
 
 - ``std`` is the population standard deviation (divide by ``n``, not ``n - 1``), so a Group of two
@@ -13,7 +13,7 @@ drops it; ``std_normalize=False`` selects that variant. Deviations from the pape
 - ``eps`` is added to ``std`` so a Group whose rewards are nearly equal cannot blow up, and a
   Group whose rewards are exactly equal gets exactly 0.0 advantages (no signal), whatever ``eps``.
 
-Custom advantage (spec: "What Happens After Custom Advantage") bypasses this module entirely: the
+Custom advantage (docs/export-and-credit.md#custom-advantage) bypasses this module entirely: the
 hook's scalar already is the base credit of one context.
 """
 
@@ -36,7 +36,7 @@ def grpo_advantages(
         rewards: one finite scalar reward per context of the Group, length ``n`` (``n >= 0``),
             in the Group's Session order.
         std_normalize: True (default) divides the centered rewards by ``std + eps`` (GRPO,
-            arXiv 2402.03300 §4.1.2); False only subtracts the mean (Dr. GRPO, arXiv 2503.20783).
+            arXiv 2402.03300 section 4.1.2); False only subtracts the mean (Dr. GRPO, arXiv 2503.20783).
         eps: added to the population standard deviation before dividing; must be >= 0.
 
     Returns:

@@ -1,8 +1,8 @@
 """External-agent capacity: how many executor slots a run needs so Group startup cannot deadlock.
 
 When agents run on a platform with a hard concurrency limit, every Session of a Group must get a
-slot before the Group passes its first-request barrier. The spec's rule (section "Required
-external-agent capacity"):
+slot before the Group passes its first-request barrier. The rule
+(docs/scheduling.md#external-agent-capacity):
 
     T      = agentic_concurrency × n_samples_per_prompt
     G_d    = n_samples_per_eval_prompt of eval dataset d
@@ -69,7 +69,7 @@ def plan_capacity(
     partial_rollout: bool = False,
     fully_async: bool = False,
 ) -> CapacityPlan:
-    """Evaluates the spec's capacity formula.
+    """Evaluates the capacity formula (docs/scheduling.md#external-agent-capacity).
 
     Args:
         agentic_concurrency: resident train Groups.

@@ -1,4 +1,6 @@
-"""Client-facing logprobs: the generated tokens that make up ``message.content`` (pitfall B-16).
+"""Client-facing logprobs: the generated tokens that make up ``message.content``.
+
+See docs/client-quirks.md#logprobs-of-the-content-only.
 
 The committed response keeps a logprob for every sampled id (reasoning, tool-call markup, the
 EOS) for training. OpenAI's ``choices[0].logprobs.content`` describes the returned ``content``

@@ -2,9 +2,9 @@
 
 ``--input-key`` maps a row field to messages (a string becomes one user message, a message list
 keeps its OpenAI shape, a dict becomes one message); ``--metadata-key`` maps a row field to
-metadata. A row may have both. Reference D-7.
+metadata. A row may have both (docs/agent-contract.md#session-input).
 
-Images (spec "Multimodal Input"): ``--multimodal-keys '{"image": "images"}'`` names the row field
+Images: ``--multimodal-keys '{"image": "images"}'`` names the row field
 holding the prompt's images (a list, or one value). Each ``<image>`` placeholder in the prompt
 text, in message order, is joined with the next image: the text is split there and an internal
 ``{"type": "image", "image": value}`` part takes the placeholder's place. The number of

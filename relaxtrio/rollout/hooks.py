@@ -6,9 +6,9 @@
   base credit per exported context when a Session exports several contexts (multi-agent). Input:
   one ``{context name: export metadata}`` mapping per Session, in sample order (implicit export
   uses the name None). Output: the same outer order and names with one finite number each, or None
-  to filter the whole Group. This bypasses GRPO normalization: normalize inside the function
-  (spec, "Custom Advantage for Multi-Agent Credit"). Unlike the reference, the output is
-  validated, and every violation names the Session index and context name (DESIGN decision 6).
+  to filter the whole Group. This bypasses GRPO normalization: normalize inside the function.
+  The output is validated, and every violation names the Session index and context name
+  (docs/export-and-credit.md#custom-advantage).
 """
 
 from __future__ import annotations

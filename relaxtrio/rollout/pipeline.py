@@ -258,7 +258,7 @@ class RolloutPipeline:
         return result
 
     def _raise_engine_failure(self) -> None:
-        """Stops the run loudly when the engine itself failed (DESIGN decision 9).
+        """Stops the run loudly when the engine itself failed (docs/scheduling.md#engine-failures).
 
         Raises:
             BackendError: the first engine failure any turn saw.
@@ -272,7 +272,7 @@ class RolloutPipeline:
         if cfg.fully_async and not last:
             return 0
         if cfg.partial_rollout and not last:
-            # Protected Sessions are not interrupted: let them finish first (reference K-5).
+            # Protected Sessions are not interrupted: let them finish first (docs/scheduling.md#protection).
             while any(g.leased and g.protected for g in self._resident):
                 with trio.move_on_after(0.5):
                     await self._wait_change()

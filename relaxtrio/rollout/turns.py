@@ -11,7 +11,7 @@ request), the partial ids and logprobs are kept, the request waits for the Group
 gate to reopen, and the next attempt sends lineage ids + partial ids with the remaining token
 budget. The agent's HTTP request stays open the whole time.
 
-Images (spec "Token-in, Token-out", pitfall B-33): an observation with ``image_url`` parts is
+Images (docs/canonical-contract.md#images): an observation with ``image_url`` parts is
 rendered into two views (:meth:`~relaxtrio.chat.compiler.ChatCompiler.encode_observation`).
 Its node stores the processor-expanded training ids, the rollout ids with one placeholder per
 image, and the images plus training inputs as its ``multimodal`` payload. Every generation sends
@@ -107,9 +107,10 @@ class EngineTurnHandler:
         match = forest.match(conv)
         parent = match.parent
         if any(m.get("role") == "assistant" for m in match.delta):
-            # Pitfalls B-2 / B-37: a replayed assistant message that matches no committed
+            # A replayed assistant message that matches no committed
             # response (edited text, dropped reasoning_content or tool calls, compacted history)
-            # becomes observation text with loss mask 0, on a new branch.
+            # becomes observation text with loss mask 0, on a new branch
+            # (docs/client-quirks.md#dropped-reasoning-on-replay).
             log.warning(
                 "session %s: the request's history has an assistant message that matches no "
                 "committed response (matched %d of %d messages); it becomes an observation on a "

@@ -1,4 +1,4 @@
-"""The spec's external-capacity formula and the startup refusal."""
+"""The external-capacity formula (docs/scheduling.md#external-agent-capacity) and the startup refusal."""
 
 from __future__ import annotations
 

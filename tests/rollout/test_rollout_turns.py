@@ -1,4 +1,8 @@
-"""Turn handling details: client logprobs cover content only (B-16); replay mismatches are logged."""
+"""Turn handling details: client logprobs cover content only; replay mismatches are logged.
+
+See docs/client-quirks.md#logprobs-of-the-content-only and
+docs/client-quirks.md#dropped-reasoning-on-replay.
+"""
 
 from __future__ import annotations
 

@@ -4,7 +4,10 @@ from __future__ import annotations
 
 
 def outcome_times_usefulness(metadata_by_slot):
-    """main gets the outcome; each searcher gets outcome × usefulness (spec example)."""
+    """main gets the outcome; each searcher gets outcome × usefulness.
+
+    The example of docs/export-and-credit.md#custom-advantage.
+    """
     out = []
     for slot in metadata_by_slot:
         outcome = slot["main"]["outcome"]
