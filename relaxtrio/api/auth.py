@@ -1,8 +1,9 @@
 """The agent's credential: its Session id, sent as a bearer token (or an Anthropic API key).
 
-Every model endpoint authenticates with ``Authorization: Bearer <RELAX_SESSION_ID>`` (spec).
-The anthropic SDK sends its API key as ``x-api-key`` instead, so that header is accepted as the
-same credential when no ``Authorization`` header is present.
+Every model endpoint authenticates with ``Authorization: Bearer <RELAX_SESSION_ID>``
+(docs/agent-contract.md#authentication). The anthropic SDK sends its API key as ``x-api-key``
+instead, so that header is accepted as the same credential when no ``Authorization`` header is
+present (docs/client-quirks.md#anthropic-api-key-header).
 """
 
 from __future__ import annotations

@@ -1,17 +1,18 @@
 """OpenAI Chat Completions: request → :class:`ParsedRequest`, :class:`TurnResult` → response.
 
-Request (https://platform.openai.com/docs/api-reference/chat/create), following the spec's Chat
-table: ``messages`` (complete history), ``tools``, ``chat_template_kwargs``,
-``max_completion_tokens`` (legacy ``max_tokens``; the newer field wins), ``stop``, ``seed`` and
-``logprobs`` are honoured. ``temperature``, ``top_p``, ``n``, ``tool_choice``,
-``parallel_tool_calls``, ``stream_options``, ``top_logprobs`` and every other field are accepted
-and do not alter generation (the training configuration owns sampling). ``model`` is echoed.
-A ``developer`` message is rejected: the harness must map it to ``system`` (spec).
+Request (https://platform.openai.com/docs/api-reference/chat/create; our subset:
+docs/agent-contract.md#chat-completions): ``messages`` (complete history), ``tools``,
+``chat_template_kwargs``, ``max_completion_tokens`` (legacy ``max_tokens``; the newer field wins),
+``stop``, ``seed`` and ``logprobs`` are honoured. ``temperature``, ``top_p``, ``n``,
+``tool_choice``, ``parallel_tool_calls``, ``stream_options``, ``top_logprobs`` and every other field
+are accepted and do not alter generation (the training configuration owns sampling). ``model`` is
+echoed. A ``developer`` message is rejected: the harness must map it to ``system``
+(docs/client-quirks.md#developer-messages).
 
-Response: ``chat.completion`` JSON (reference F-9) or, with ``stream: true``, one complete
-``chat.completion.chunk`` with usage followed by ``data: [DONE]`` (reference H-4;
-https://platform.openai.com/docs/api-reference/chat-streaming). Tool-call ids are the committed
-ids, so the agent's echo of the message matches the committed state.
+Response: ``chat.completion`` JSON or, with ``stream: true``, one complete ``chat.completion.chunk``
+with usage followed by ``data: [DONE]`` (docs/agent-contract.md#buffered-sse;
+https://platform.openai.com/docs/api-reference/chat-streaming). Tool-call ids are the committed ids,
+so the agent's echo of the message matches the committed state.
 """
 
 from __future__ import annotations
@@ -80,7 +81,10 @@ def chat_message(result: TurnResult) -> dict[str, Any]:
 
 
 def chat_logprobs(result: TurnResult) -> dict[str, Any] | None:
-    """Chat ``choices[0].logprobs`` (only when the request asked for logprobs; reference F-8)."""
+    """Chat ``choices[0].logprobs`` (only when the request asked for logprobs).
+
+    See docs/client-quirks.md#logprobs-of-the-content-only.
+    """
     if result.logprobs is None:
         return None
     return {
@@ -98,7 +102,7 @@ def chat_logprobs(result: TurnResult) -> dict[str, Any] | None:
 
 
 def chat_usage(result: TurnResult) -> dict[str, int]:
-    """Usage: the lineage prefix as prompt tokens (DESIGN decision 7)."""
+    """Usage: the lineage prefix as prompt tokens (docs/agent-contract.md#usage-and-finish-reasons)."""
     return {
         "prompt_tokens": result.prompt_tokens,
         "completion_tokens": result.completion_tokens,

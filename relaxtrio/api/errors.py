@@ -10,10 +10,9 @@ Statuses and types come from the error class (:mod:`relaxtrio._errors`): 400
 code ``session_discarded``, 499 ``client_disconnect``, 500 ``internal_error`` (Anthropic
 ``api_error``), overload 503 (OpenAI) / 529 ``overloaded_error`` (Anthropic).
 
-``x-should-retry: false`` (reference G-1/G-2) is set where a retry cannot succeed: OpenAI for
-``internal_error`` and discarded Sessions; Anthropic for 404 and every 5xx except overload (a
-deliberate deviation: the reference also forbids retrying an overload, which exists to be
-retried).
+``x-should-retry: false`` (docs/agent-contract.md#errors) is set where a retry cannot succeed:
+OpenAI for ``internal_error`` and discarded Sessions; Anthropic for 404 and every 5xx except
+overload (an overload exists to be retried).
 
 A 5xx never reveals internals: its message is one of our fixed sentences; whatever an engine or
 a bug said is only logged (by the caller).

@@ -136,5 +136,5 @@ def thinking_switch(value: Any, param: str, enabled_values: frozenset[str], off:
     if not isinstance(value, str):
         raise InvalidRequestError(f"{param} must be a string", param=param)
     if value not in enabled_values:
-        return {}  # unknown values select nothing (reference B-2/B-3)
+        return {}  # unknown values select nothing (docs/canonical-contract.md#template-kwargs)
     return {"enable_thinking": value != off}

@@ -1,10 +1,11 @@
 """Anthropic Messages: ``system`` + ``messages`` blocks → :class:`ParsedRequest`, result → message.
 
-Request (https://docs.anthropic.com/en/api/messages), projected as the spec's Messages table and
-reference B-3 describe:
+Request (https://docs.anthropic.com/en/api/messages), projected as
+docs/agent-contract.md#anthropic-messages describes:
 
 * ``system`` string or text blocks (joined with ``"\\n\\n"``) → a system message;
-* ``messages`` (required list); roles other than user / assistant are dropped (reference quirk);
+* ``messages`` (required list); roles other than user / assistant are dropped
+  (docs/client-quirks.md#unknown-roles-and-items-are-dropped);
   string content is kept; assistant blocks: ``text`` (joined with ``""``), ``thinking``
   (non-empty ones joined with ``"\\n\\n"`` into ``reasoning_content``; the signature is dropped),
   ``tool_use`` (``id``, ``name``, object ``input``) → one assistant message; user blocks: ``text``,
@@ -18,11 +19,11 @@ reference B-3 describe:
   ``description``?) become function tools, other tool types are dropped. ``temperature``,
   ``top_p``, ``top_k``, ``tool_choice``, ``metadata`` do not alter generation.
 
-Deviations from the reference, all stricter or more precise: a non-object message or block is a
-400 (the reference skips it); a ``tool_result`` whose block list holds no text is a 400 naming
-the block (the reference fails later with a generic message); errors name exact paths.
+Strict where it matters: a non-object message or block is a 400 (it is not skipped); a
+``tool_result`` whose block list holds no text is a 400 naming the block; errors name exact
+paths.
 
-Response (reference F-11, H-6; https://docs.anthropic.com/en/api/messages-streaming): content
+Response (https://docs.anthropic.com/en/api/messages-streaming): content
 blocks thinking (with a ``sig_<hex>`` signature) → text → ``tool_use`` (``id`` = committed call id,
 ``input`` = the parsed arguments); ``stop_reason`` end_turn / max_tokens / tool_use.
 """
@@ -178,7 +179,7 @@ def _project_messages(messages: Any, proj: Projection) -> None:
             raise InvalidRequestError(f"{path} must be an object", param=path)
         role = message.get("role")
         if role not in ("user", "assistant"):
-            continue  # other roles are dropped (reference quirk)
+            continue  # other roles are dropped (docs/client-quirks.md#unknown-roles-and-items-are-dropped)
         content = message.get("content")
         if isinstance(content, str):
             proj.add_message({"role": role, "content": content}, Source(path, fields={".content": f"{path}.content"}))

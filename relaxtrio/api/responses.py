@@ -1,7 +1,7 @@
 """OpenAI Responses: typed input items → :class:`ParsedRequest`, :class:`TurnResult` → response.
 
-Request (https://platform.openai.com/docs/api-reference/responses/create), projected as the
-spec's Responses table and reference B-2 describe:
+Request (https://platform.openai.com/docs/api-reference/responses/create), projected as
+docs/agent-contract.md#responses describes:
 
 * ``instructions`` (non-empty string) → a system message before the input;
 * ``input`` string → one user message; ``input`` list → items:
@@ -17,7 +17,7 @@ spec's Responses table and reference B-2 describe:
     other message or a ``function_call_output``;
   - ``function_call_output`` → a tool message with the same ``call_id``; its output is a string
     (``""`` allowed) or ``input_text`` parts joined with ``""``;
-  - other item types and roles are dropped (reference quirk, kept for parity);
+  - other item types and roles are dropped (docs/client-quirks.md#unknown-roles-and-items-are-dropped);
 
 * ``tools``: flat ``{"type": "function", "name", "parameters", "description"?}``; other tool
   types are dropped; ``max_output_tokens`` is the turn limit; ``reasoning.effort`` ∈ {none,
@@ -25,11 +25,11 @@ spec's Responses table and reference B-2 describe:
   != "none"}`` (any other value → ``{}``). ``previous_response_id``, ``temperature``, ``top_p``,
   ``store``, ``include`` and other fields do not alter generation.
 
-Deviations from the reference, all stricter or more precise: a non-object item or content part
-is a 400 (the reference skips it); errors name the exact item path (``input[3].call_id``) rather
+Strict where it matters: a non-object item or content part is a 400 (it is not skipped); errors
+name the exact item path (``input[3].call_id``) rather
 than ``input``; ``parameters: null`` is accepted like Chat's (OpenAI's schema allows it).
 
-Response (reference F-10, H-5; https://platform.openai.com/docs/api-reference/responses/object):
+Response (https://platform.openai.com/docs/api-reference/responses/object):
 output items reasoning → message → one ``function_call`` per call (``call_id`` = committed id);
 ``status`` ``incomplete`` with ``incomplete_details.reason = "max_output_tokens"`` for a
 length-limited turn, else ``completed``.
@@ -161,7 +161,7 @@ def _project_items(items: list[Any], proj: Projection) -> None:
         if kind is None or kind == "message":
             role = _MESSAGE_ROLES.get(item["role"]) if isinstance(item.get("role"), str) else None
             if role is None:
-                continue  # unknown roles are dropped (reference quirk)
+                continue  # unknown roles are dropped (docs/client-quirks.md#unknown-roles-and-items-are-dropped)
             content, part_paths = _message_content(item.get("content"), role, f"{path}.content")
             if role == "assistant":
                 pending.touch(path)
@@ -195,7 +195,7 @@ def _project_items(items: list[Any], proj: Projection) -> None:
             output = _call_output(item.get("output"), f"{path}.output")
             fields = {".content": f"{path}.output", ".tool_call_id": f"{path}.call_id"}
             proj.add_message({"role": "tool", "tool_call_id": call_id, "content": output}, Source(path, fields=fields))
-        # every other item type is dropped (reference quirk)
+        # every other item type is dropped (docs/client-quirks.md#unknown-roles-and-items-are-dropped)
     pending.flush(proj)
 
 

@@ -1,6 +1,6 @@
 """Buffered SSE: hold the request open while the whole turn runs, then send the terminal events.
 
-Timeline of one ``stream: true`` response (reference H-1..H-8):
+Timeline of one ``stream: true`` response (docs/agent-contract.md#buffered-sse):
 
 1. status 200 with ``text/event-stream``, ``Cache-Control: no-cache``, ``X-Accel-Buffering: no``
    and the protocol's connection frame, at once;
@@ -8,7 +8,7 @@ Timeline of one ``stream: true`` response (reference H-1..H-8):
    frame) while the turn is pending — heartbeats keep clients' and proxies' read timeouts alive;
 3. the protocol's complete terminal event sequence in one chunk, or its in-stream failure
    sequence when the turn failed (the status is already 200 by then); if rendering itself fails,
-   an internal-error failure sequence instead (H-7).
+   an internal-error failure sequence instead.
 
 The body is a memory-channel producer, not an async generator: quart enters
 :class:`BufferedSse` as an async context manager (``async with body: async for chunk in body``),
@@ -17,7 +17,7 @@ a zero-buffer channel that quart reads. Nothing ever yields from inside a cancel
 
 The turn itself runs in the Session's nursery (:meth:`Session.run_turn`): a client disconnect
 cancels this body and its waiter, never the generation, which completes and is committed
-(reference F-12, H-8).
+(docs/agent-contract.md#client-disconnects).
 """
 
 from __future__ import annotations

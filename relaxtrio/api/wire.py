@@ -2,7 +2,8 @@
 
 Each protocol module (:mod:`.chat`, :mod:`.responses`, :mod:`.messages`) exposes one
 :class:`ProtocolAdapter`; the app and the Buffered SSE body only talk to adapters, so JSON and
-SSE share normalization, the turn, the commit, usage and finish reason (reference H-9).
+SSE share normalization, the turn, the commit, usage and finish reason
+(docs/agent-contract.md#buffered-sse).
 """
 
 from __future__ import annotations
@@ -64,7 +65,7 @@ def new_id(prefix: str) -> str:
 
 
 def dumps(payload: Any) -> str:
-    """Compact JSON text with non-ASCII characters kept (reference H-3)."""
+    """Compact JSON text with non-ASCII characters kept."""
     return json.dumps(payload, ensure_ascii=False, separators=(",", ":"))
 
 
@@ -92,5 +93,5 @@ def sse_data(payload: Any) -> bytes:
 
 
 def sse_event(name: str, payload: Any) -> bytes:
-    """A named SSE event, ``event: <name>\\ndata: <compact json>\\n\\n`` (reference H-3)."""
+    """A named SSE event, ``event: <name>\\ndata: <compact json>\\n\\n``."""
     return f"event: {name}\ndata: ".encode() + encode_json(payload) + b"\n\n"

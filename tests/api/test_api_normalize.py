@@ -1,7 +1,8 @@
 """Golden canonicalization: one conversation in three protocols → one canonical triple and hash.
 
 Also: normalizers never mutate or alias the request body, and each protocol's own projection
-rules (reference B-1..B-5) with their 400s naming the request path.
+rules (docs/agent-contract.md#chat-completions and the sections after it) with their 400s naming
+the request path.
 """
 
 from __future__ import annotations
@@ -177,7 +178,10 @@ EXPECTED_HASHES = {  # pinned: a change here changes every Session's state ident
 
 
 def _reference_hash(triple: dict) -> str:
-    """Reference A-8, written out independently of relaxtrio.forest."""
+    """The state hash written out independently of relaxtrio.forest.
+
+    See docs/canonical-contract.md#the-state-hash.
+    """
     text = json.dumps(triple, ensure_ascii=False, separators=(",", ":"), sort_keys=True)
     return hashlib.sha256(text.encode()).hexdigest()
 

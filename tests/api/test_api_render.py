@@ -1,4 +1,4 @@
-"""Rendering a committed turn in each protocol (reference F-6..F-11, H-4..H-6)."""
+"""Rendering a committed turn in each protocol (docs/agent-contract.md#usage-and-finish-reasons)."""
 
 from __future__ import annotations
 

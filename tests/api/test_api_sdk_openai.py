@@ -78,7 +78,8 @@ async def test_chat_json_tools_multi_turn(registry: SessionRegistry, compiler: C
         messages += [second.choices[0].message.model_dump(), {"role": "user", "content": "Thanks"}]
         third = await client.chat.completions.create(model="policy", messages=messages, tools=CHAT_TOOLS,
                                                      logprobs=True)
-        # Client logprobs cover the content tokens only: the sampled EOS is not in content (B-16).
+        # Client logprobs cover the content tokens only: the sampled EOS is not in content
+        # (docs/client-quirks.md#logprobs-of-the-content-only).
         entries = third.choices[0].logprobs.content
         assert [entry.logprob for entry in entries] == [-0.25] * (third.usage.completion_tokens - 1)
         assert "".join(entry.token for entry in entries) == third.choices[0].message.content

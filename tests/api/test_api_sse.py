@@ -298,7 +298,7 @@ async def test_json_and_sse_commit_and_export_the_same_samples(protocol: str, re
     assert json_sample.metadata["tools"] == sse_sample.metadata["tools"]
 
 
-# --- a client disconnect never loses a generation (reference F-12) ----------------------------------
+# --- a client disconnect never loses a generation (docs/agent-contract.md#client-disconnects) ------
 
 @attrs.define(eq=False)
 class CommitWatch:
