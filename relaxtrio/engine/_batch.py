@@ -5,7 +5,7 @@ Synchronous torch code; the scheduler calls it from a worker thread, one call at
 Continuous batching without a paged KV pool (transformers 5.24 ``DynamicCache``):
 
 - a new request is **prefilled alone** with its own cache, so its keys/values are computed at
-  positions ``0 .. P-1`` without any padding;
+  positions ``0 .. P - 1`` without any padding;
 - it then **joins the batch**: every layer's keys/values are left-padded along the sequence axis
   to a common length and concatenated along the batch axis into a fresh cache, and a ``(B, L)``
   attention mask marks the pads with 0;

@@ -1,11 +1,11 @@
 """Request-body parsing of the embedded engine's HTTP routes (SGLang 0.5.23 field names).
 
-``/generate`` (sglang-native-api.md §2.1, §8 item 1): single form only, non-streaming; unknown
-top-level keys are ignored; features the CPU engine lacks (batch form, streaming, prompt
-logprobs, video/audio, LoRA, ``session_params``) are refused with a 400 that says so rather than
-silently ignored. ``image_data`` (one image or a list, each a ``data:`` URL, bare base64 or
-``{"url": ...}``) is parsed here; whether the served model can take it is the server's check. Control routes need a JSON object body; an empty body is the FastAPI-style 400
-of §1.2 / §1.3.
+``/generate``: single form only, non-streaming; unknown top-level keys are ignored; features the CPU
+engine lacks (batch form, streaming, prompt logprobs, video/audio, LoRA, ``session_params``) are
+refused with a 400 that says so rather than silently ignored. ``image_data`` (one image or a list,
+each a ``data:`` URL, bare base64 or ``{"url": ...}``) is parsed here; whether the served model can
+take it is the server's check. Control routes need a JSON object body; an empty body is the
+FastAPI-style 400 (docs/client-quirks.md#three-error-envelopes).
 """
 
 from __future__ import annotations
@@ -37,7 +37,10 @@ _UNSUPPORTED_TOP_LEVEL: Final = (
 
 
 class BodyError(Exception):
-    """FastAPI-style validation failure: HTTP 400 ``{"object": "error", ...}`` (§1.3, 3rd row)."""
+    """FastAPI-style validation failure: HTTP 400 ``{"object": "error", ...}``.
+
+    The third envelope of docs/client-quirks.md#three-error-envelopes.
+    """
 
     def __init__(self, message: str, status: int = 400):
         super().__init__(message)

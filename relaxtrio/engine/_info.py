@@ -1,6 +1,7 @@
 """What the embedded engine reports about itself: ``/model_info``, ``/server_info``, ``/metrics``.
 
-Key names follow SGLang 0.5.23 (sglang-native-api.md §5); ``internal_states[0]`` carries the
+Key names follow SGLang 0.5.23's ``/model_info``, ``/server_info`` and ``/metrics``;
+``internal_states[0]`` carries the
 scheduler's counters, including ``max_batch_size_seen`` (proof that requests were batched).
 """
 

@@ -1,7 +1,7 @@
-"""Token limits of the embedded engine and SGLang 0.5.23's length checks (sglang-native-api.md §2.10).
+"""Token limits of the embedded engine and SGLang 0.5.23's length checks.
 
 The checks run in SGLang's order and use its exact texts, because clients classify them by
-substring (the context-length classifier of §2.10):
+substring (docs/client-quirks.md#context-length-error-texts):
 
 1. tokenizer stage: ``prompt >= context`` → ``The input (N tokens) is longer than …``; an explicit
    ``max_new_tokens`` with ``prompt + max_new_tokens >= context`` → ``Requested token count
@@ -9,7 +9,8 @@ substring (the context-length classifier of §2.10):
 2. scheduler stage: ``prompt >= max_req_input_len`` → ``Input length (N tokens) exceeds the maximum
    allowed length …``;
 3. then ``max_new_tokens`` (default 128) is **silently clamped** to ``max_req_len - prompt - 1``
-   and the clamped value is what ``finish_reason.length`` reports (§7 P-15).
+   and the clamped value is what ``finish_reason.length`` reports
+   (docs/client-quirks.md#silent-clamp-of-max_new_tokens).
 """
 
 from __future__ import annotations

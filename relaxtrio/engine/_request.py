@@ -1,12 +1,13 @@
 """One generation request inside the embedded engine: its state, finish checks and response JSON.
 
-Shapes follow sglang-native-api.md §2.4-§2.9:
+Shapes follow SGLang 0.5.23's ``/generate`` replies:
 
 - ``finish_reason``: ``{"type": "stop", "matched": <id | str>}``, ``{"type": "length",
   "length": n}``, ``{"type": "abort", "message": "Aborted", "status_code": None, "err_type": None}``
   (running) or ``{"type": "abort", "message": "Abort in waiting queue"}`` (waiting);
-- ``output_ids`` keep the matched stop / EOS id; ``text`` is trimmed as §2.6 says;
-- a request aborted in the waiting queue gets the smaller ``meta_info`` of §2.9.
+- ``output_ids`` keep the matched stop / EOS id; ``text`` is trimmed as SGLang trims it (a
+  matched stop id or string is left out unless ``no_stop_trim``; docs/client-quirks.md#lenient-engine-replies);
+- a request aborted in the waiting queue gets a smaller ``meta_info`` (no ``prompt_tokens``).
 
 Finish checks run in SGLang's order: length first, then stop ids, then stop strings, then stop
 regexes. So a stop id sampled as the last allowed token reports ``length``.
@@ -65,7 +66,10 @@ class LockedTokenizer:
 
 
 def error_reason(message: str) -> dict[str, Any]:
-    """``finish_reason`` of a request the engine failed (answered as HTTP 500, §2.5 last row)."""
+    """``finish_reason`` of a request the engine failed (answered as HTTP 500).
+
+    See docs/client-quirks.md#three-error-envelopes.
+    """
     return {"type": "abort", "message": message, "status_code": 500,
             "err_type": "InternalServerError"}
 

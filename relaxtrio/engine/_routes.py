@@ -102,7 +102,7 @@ async def _model_inputs(
 def _generate_reply(state: EngineState, gen: GenerateInput, req: Req) -> Response:
     """The ``/generate`` answer of a finished request: its body, or the error it failed with."""
     reason = req.finish_reason or {}
-    if reason.get("status_code") is not None:  # a failed request is an HTTP error (§2.5)
+    if reason.get("status_code") is not None:  # a failed request is an HTTP error, as in SGLang
         status = int(reason["status_code"])
         return _json({"object": "error", "message": reason.get("message", ""),
                       "type": str(status), "param": None, "code": status}, status)

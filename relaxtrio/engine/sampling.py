@@ -1,7 +1,7 @@
 """Per-request next-token selection and logprobs for the embedded engine (torch, synchronous).
 
 Order of operations on one row of logits, following SGLang 0.5.23's sampler
-(sglang-native-api.md §2.7):
+(docs/client-quirks.md#logprob-convention):
 
 1. penalties on tokens generated so far (repetition, frequency, presence; the prompt is not
    counted), ``logit_bias``, and the ``min_new_tokens`` mask of stop ids;
@@ -99,7 +99,10 @@ class ResolvedSampling:
 
 @attrs.define(eq=False)
 class Choice:
-    """One selected token: id, its logprob (§2.7 convention) and optional top alternatives."""
+    """One selected token: id, its logprob and optional top alternatives.
+
+    The logprob follows docs/client-quirks.md#logprob-convention.
+    """
 
     token_id: int
     logprob: float

@@ -6,18 +6,19 @@ call (``trio.to_thread.run_sync``) that drops rows, prefills admitted requests, 
 step for the whole batch and samples. HTTP handlers never touch the batch: they change flags and
 *kick* the loop, then wait on the request's ``done`` event or on a state change.
 
-Semantics (sglang-native-api.md §3, §4.1-§4.4):
+Semantics (those of SGLang 0.5.23):
 
 - at most ``max_running_requests`` rows decode together; later requests wait in FIFO order;
 - abort of a waiting request answers at once (``Abort in waiting queue``, with any partial output
   of a retracted request); a running request is stopped after the step in flight, so it may get
-  one more token (§7 P-5), and answers ``Aborted``;
+  one more token (docs/client-quirks.md#a-token-after-the-abort), and answers ``Aborted``;
 - pause ``abort`` aborts everything; ``retract`` stops decoding and moves running requests back
   to the front of the queue keeping their ids (after continue they are re-prefilled, with the
   weights in force then); ``in_place`` stops decoding and keeps the KV cache. New requests wait
   while paused;
 - ``update_weights_from_disk`` without a pause waits until every request submitted before it has
-  finished, while requests submitted after it wait (writer preference, §4.1); while paused it
+  finished, while requests submitted after it wait (writer preference,
+  docs/client-quirks.md#weight-update-waits-for-in-flight-requests); while paused it
   loads at once. The version label of each token is recorded in ``weight_versions`` spans.
 """
 
@@ -453,7 +454,7 @@ class Scheduler:
                     finished = self._fail_batch(plan)
             for req in finished:
                 failed = (req.finish_reason or {}).get("status_code") is not None
-                if req.abort_requested and not failed:  # the abort came during the step (§7 P-5)
+                if req.abort_requested and not failed:  # the abort came during the step
                     req.finish_reason = abort_reason()
                 self._finish(req)
             self._notify()  # the batch, the queue and the token counters moved

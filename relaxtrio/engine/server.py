@@ -1,6 +1,7 @@
 """The embedded CPU engine's HTTP server: SGLang's native API on quart-trio / hypercorn.
 
-Routes (sglang-native-api.md §8 items 1-6): ``/generate``, ``/abort_request``,
+Routes (the part of SGLang's native API that relaxtrio's client uses,
+https://docs.sglang.io/basic_usage/native_api.html): ``/generate``, ``/abort_request``,
 ``/pause_generation``, ``/continue_generation``, ``/update_weights_from_disk``,
 ``/update_weight_version``, ``/health``, ``/health_generate``, ``/ready``, ``/model_info`` (+
 ``/get_model_info``), ``/server_info`` (+ ``/get_server_info``), ``/v1/models``, ``/flush_cache``,

@@ -1,8 +1,8 @@
 """HTTP plumbing of the engine client: configuration, bounded retries, JSON bodies.
 
-Retry policy (relax-behaviour E-14): transport errors (including timeouts) and HTTP 5xx / 408 /
-409 / 425 / 429 are retried up to ``max_attempts`` times with ``retry_sleep_s`` between tries;
-any other status is returned to the caller at once.
+Retry policy (docs/client-quirks.md#transient-engine-errors): transport errors (including timeouts)
+and HTTP 5xx / 408 / 409 / 425 / 429 are retried up to ``max_attempts`` times with ``retry_sleep_s``
+between tries; any other status is returned to the caller at once.
 """
 
 from __future__ import annotations
@@ -32,7 +32,7 @@ class EngineClientConfig:
             relabel, flush, close_session) may take per attempt.
         weight_update_timeout_s: seconds pause / ``update_weights_from_disk`` may take per
             attempt (they wait for in-flight requests); None = no limit.
-        max_attempts: tries per call for retryable failures (E-14: 6).
+        max_attempts: tries per call for retryable failures (6).
         retry_sleep_s: pause between tries, in seconds.
     """
 

@@ -1,10 +1,10 @@
 """Tolerant parsing of SGLang engine responses for the engine client (no torch, no quart).
 
-Engine responses are read leniently (sglang-native-api.md §2.4 "MUST (client)"): unknown keys are
-ignored and optional keys may be missing. Three things are strict, because training depends on
-them (pitfalls B-32): ``output_ids`` must be integers, every output id needs exactly one finite
-logprob when logprobs were requested, and a ``finish_reason`` must be present. A violation is a
-:class:`~relaxtrio.BackendError`; nothing is ever padded.
+Engine responses are read leniently (docs/client-quirks.md#lenient-engine-replies): unknown keys are
+ignored and optional keys may be missing. Three things are strict, because training depends on them
+(docs/client-quirks.md#logprob-and-id-counts): ``output_ids`` must be integers, every output id
+needs exactly one finite logprob when logprobs were requested, and a ``finish_reason`` must be
+present. A violation is a :class:`~relaxtrio.BackendError`; nothing is ever padded.
 """
 
 from __future__ import annotations
@@ -27,7 +27,7 @@ __all__ = [
     "parse_generate_response",
 ]
 
-# sglang-native-api.md §2.10 "Context-length classifier" (all six texts of SGLang 0.5.23).
+# The texts of SGLang 0.5.23's length checks (docs/client-quirks.md#context-length-error-texts).
 CONTEXT_LENGTH_MARKERS: Final = (
     "longer than the model's context length",
     "maximum context length",
@@ -62,7 +62,7 @@ class GenerateResult:
     Attributes:
         output_ids: generated ids only (no prompt); ends with the stop / EOS id on a stop.
         output_logprobs: ``len == len(output_ids)`` when logprobs were requested, else empty;
-            ``log_softmax(logits / T)`` of each sampled id (SGLang convention, §2.7).
+            ``log_softmax(logits / T)`` of each sampled id (docs/client-quirks.md#logprob-convention).
         finish_type: ``stop``, ``length`` or ``abort``.
         finish_matched: the stop id / stop string (``stop``), the length (``length``), or None.
         prompt_tokens: prompt length the engine saw; None when the engine did not say
@@ -93,7 +93,10 @@ def _is_int(value: Any) -> bool:
 
 
 def error_message(content: bytes) -> str:
-    """Extract the message of any of SGLang's three error envelopes (§1.3), else the raw text."""
+    """Extract the message of any of SGLang's three error envelopes, else the raw text.
+
+    See docs/client-quirks.md#three-error-envelopes.
+    """
     text = content.decode("utf-8", errors="replace")
     try:
         body = json.loads(text)
@@ -154,7 +157,8 @@ def _logprobs(meta: dict[str, Any], output_ids: list[int]) -> list[float]:
         raise _bad("return_logprob was set but meta_info.output_token_logprobs is missing")
     if len(rows) != len(output_ids):
         raise _bad(
-            f"{len(rows)} output logprobs for {len(output_ids)} output ids (pitfall B-32)"
+            f"{len(rows)} output logprobs for {len(output_ids)} output ids "
+            "(see docs/client-quirks.md#logprob-and-id-counts)"
         )
     logprobs = []
     for index, (row, token_id) in enumerate(zip(rows, output_ids, strict=True)):

@@ -1,26 +1,30 @@
 """The one client relaxtrio uses for SGLang servers and for the embedded CPU engine.
 
-It speaks SGLang's native HTTP API (shared/reference/sglang-native-api.md): ``/generate`` with
-input ids and logprobs, ``/abort_request``, pause / continue, weight updates, health and info.
+It speaks SGLang's native HTTP API (https://docs.sglang.io/basic_usage/native_api.html):
+``/generate`` with input ids and logprobs, ``/abort_request``, pause / continue, weight updates,
+health and info.
 
 Design points:
 
-- **Two connection pools** (pitfall B-23): generation traffic and control traffic (abort, pause,
-  continue, weight updates, health, info) use separate ``httpx.AsyncClient`` instances with their
-  own connection limits, so a control call never waits behind generations that fill every slot.
+- **Two connection pools** (docs/client-quirks.md#control-calls-behind-generations): generation
+  traffic and control traffic (abort, pause, continue, weight updates, health, info) use separate
+  ``httpx.AsyncClient`` instances with their own connection limits, so a control call never waits
+  behind generations that fill every slot.
 - **Timeouts**: ``/generate`` has no read timeout (a generation may run for minutes) but a bounded
   connect timeout; control calls are bounded by :attr:`EngineClientConfig.control_timeout_s`,
   except pause and weight updates, which may legitimately wait for in-flight requests to drain and
   use :attr:`EngineClientConfig.weight_update_timeout_s`.
-- **Retries** (relax-behaviour E-14): transport errors and HTTP 5xx / 408 / 409 / 425 / 429 are
-  retried up to :attr:`EngineClientConfig.max_attempts` times with a short sleep; other 4xx fail
-  at once.
-- **Fan-out** (§6.4): abort, pause, continue, weight updates and ``close_session`` go to every
-  engine URL, because an abort must reach the engine that holds the rid, and the router has no
-  abort route. Aborting a rid an engine does not hold is a harmless no-op there.
-- **Errors**: a 400 whose text matches one of the six context-length messages of §2.10 becomes
-  :class:`~relaxtrio.ContextLengthExceededError`; other HTTP errors :class:`EngineStatusError`
-  (a :class:`~relaxtrio.BackendError` with ``status_code``); timeouts
+- **Retries** (docs/client-quirks.md#transient-engine-errors): transport errors and HTTP 5xx / 408 /
+  409 / 425 / 429 are retried up to :attr:`EngineClientConfig.max_attempts` times with a short
+  sleep; other 4xx fail at once.
+- **Fan-out** (docs/client-quirks.md#no-abort-through-the-router): abort, pause, continue, weight
+  updates and ``close_session`` go to every engine URL, because an abort must reach the engine that
+  holds the rid, and the router has no abort route. Aborting a rid an engine does not hold is a
+  harmless no-op there.
+- **Errors**: a 400 whose text matches one of the six context-length messages
+  (docs/client-quirks.md#context-length-error-texts) becomes
+  :class:`~relaxtrio.ContextLengthExceededError`; other HTTP errors :class:`EngineStatusError` (a
+  :class:`~relaxtrio.BackendError` with ``status_code``); timeouts
   :class:`~relaxtrio.BackendTimeoutError`; transport failures :class:`~relaxtrio.BackendError`.
 """
 
@@ -152,7 +156,8 @@ class EngineClient:
             input_ids: prompt ids, length >= 1; with images, one placeholder token per image
                 (the engine expands them).
             sampling: SGLang native sampling parameters.
-            rid: request id, the abort key; no rid may be a prefix of another (§7 P-4).
+            rid: request id, the abort key; no rid may be a prefix of another
+                (docs/client-quirks.md#abort-matches-rid-prefixes).
             return_logprob: request per-token logprobs (required for training).
             session_id: passed through as SGLang's top-level ``session_id``.
             routing_key: engines are chosen by a stable hash of this key (sticky); when None,
@@ -210,7 +215,8 @@ class EngineClient:
     async def abort(self, rid: str) -> None:
         """Ask every engine to abort ``rid`` (fire-and-forget: 200 means "received").
 
-        The abort is complete only when the matching :meth:`generate` call returns (§7 P-2).
+        The abort is complete only when the matching :meth:`generate` call returns
+        (docs/client-quirks.md#abort-is-acknowledged-early).
 
         Raises:
             BackendError: an engine could not be reached (after retries).
@@ -232,7 +238,7 @@ class EngineClient:
         await self._fan_out(lambda url: self._call(url, "/abort_request", {"abort_all": True}))
 
     async def pause_generation(self, mode: PauseMode = "abort") -> None:
-        """Pause every engine (§4.4); new generations block there until continue.
+        """Pause every engine; new generations block there until continue.
 
         Raises:
             BackendError: an engine failed or could not be reached.
@@ -264,9 +270,10 @@ class EngineClient:
         abort_all_requests: bool = False,
         flush_cache: bool = True,
     ) -> None:
-        """Load a checkpoint directory on every engine (§4.2).
+        """Load a checkpoint directory on every engine.
 
-        Without a pause an engine waits for all its in-flight requests first (§4.1); pause
+        Without a pause an engine waits for all its in-flight requests first
+        (docs/client-quirks.md#weight-update-waits-for-in-flight-requests); pause
         with ``retract`` before calling this for a fast, loss-free update.
 
         Args:
@@ -277,7 +284,7 @@ class EngineClient:
 
         Raises:
             EngineStatusError: an engine answered ``success: false`` (HTTP 400). On SGLang the
-                weights may already be loaded when only the cache flush failed (§4.1).
+                weights may already be loaded when only the cache flush failed.
             BackendError: an engine could not be reached.
 
         Cancellation:
@@ -304,7 +311,9 @@ class EngineClient:
         await self._fan_out(one)
 
     async def update_weight_version(self, new_version: str, *, abort_all_requests: bool = False) -> None:
-        """Relabel the weights on every engine; always sends ``abort_all_requests`` (§7 P-8).
+        """Relabel the weights on every engine; always sends ``abort_all_requests``.
+
+        See docs/client-quirks.md#version-relabel-aborts-by-default.
 
         Raises:
             BackendError: an engine failed or could not be reached.
@@ -344,7 +353,8 @@ class EngineClient:
     async def health(self) -> bool:
         """True when every engine answers ``GET /health`` with 200; never raises.
 
-        Don't use it while engines are paused (SGLang's probe generation blocks, §7 P-10).
+        Don't use it while engines are paused (SGLang's probe generation blocks:
+        docs/client-quirks.md#health-checks-while-paused).
 
         Cancellation:
             A checkpoint.

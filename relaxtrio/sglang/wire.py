@@ -3,8 +3,8 @@
 Shared by the engine client (which builds :class:`SamplingParams`) and the embedded engine server
 (which validates incoming bodies the way SGLang 0.5.23 does). Imports no torch.
 
-Source: shared/reference/sglang-native-api.md §1.2-§1.3 (unknown fields, error envelopes) and
-§2.2 (keys, types, value rules). Two kinds of 400 exist, with different envelopes:
+Keys, types and value rules follow SGLang 0.5.23 (docs/client-quirks.md#strict-sampling-params). Two
+kinds of 400 exist, with different envelopes (docs/client-quirks.md#three-error-envelopes):
 
 - :class:`SchemaError`: the JSON contract failed (unknown ``sampling_params`` key, wrong JSON
   type); body ``{"error": "<serde-style message>"}``.
@@ -96,11 +96,11 @@ SAMPLING_PARAM_KEYS: Final = tuple(_SAMPLING_KINDS)
 
 @attrs.frozen(kw_only=True)
 class SamplingParams:
-    """SGLang native ``sampling_params`` (sglang-native-api.md §2.2); ``None`` means "server default".
+    """SGLang native ``sampling_params``; ``None`` means "server default".
 
     :meth:`to_json` leaves ``None`` fields out, because a few SGLang fields reject ``null`` and the
-    router drops keys it does not model (§6.1). There is no ``seed`` / ``max_tokens`` here: the
-    native API has neither.
+    router drops keys it does not model (docs/client-quirks.md#strict-sampling-params). There is no
+    ``seed`` / ``max_tokens`` here: the native API has neither.
 
     Attributes:
         max_new_tokens: cap on generated tokens (server default 128; silently clamped to the

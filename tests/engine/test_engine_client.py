@@ -77,7 +77,10 @@ async def test_engine_errors_are_mapped(nursery: trio.Nursery, tiny_model_dir: P
 async def test_abort_uses_the_control_pool_while_generations_fill_theirs(
     engine_url: str, scheduler: Scheduler
 ) -> None:
-    """B-23: one generation connection, two generations; abort must not queue behind them."""
+    """One generation connection, two generations; abort must not queue behind them.
+
+    See docs/client-quirks.md#control-calls-behind-generations.
+    """
     results = {}
     returned = {"g1": trio.Event(), "g2": trio.Event()}
     async with open_engine_client([engine_url], max_generation_connections=1) as client:
@@ -250,7 +253,8 @@ async def test_every_context_length_message_is_classified(marker: str, shape: st
 @pytest.mark.parametrize(
     ("mutate", "match"),
     [
-        (lambda b: b["meta_info"].update(output_token_logprobs=[[-0.5, 5, None]]), "B-32"),
+        (lambda b: b["meta_info"].update(output_token_logprobs=[[-0.5, 5, None]]),
+         "1 output logprobs for 2 output ids"),
         (lambda b: b["meta_info"].update(output_token_logprobs=[[None, 5, None], [-1.0, 2, None]]),
          "no logprob"),
         (lambda b: b["meta_info"].update(output_token_logprobs=[[-0.5, 6, None], [-1.0, 2, None]]),

@@ -112,7 +112,7 @@ async def test_stop_token_ids_and_stop_strings(http: httpx.AsyncClient, tiny_tok
     text = tiny_tokenizer.decode(ids)
     stop = text[len(text) // 2 : len(text) // 2 + 3]
     assert stop and stop not in text[: len(text) // 2]
-    by_str = await generate(http, PROMPT, max_new_tokens=12, temperature=0.0, stop=[stop, "§§"])
+    by_str = await generate(http, PROMPT, max_new_tokens=12, temperature=0.0, stop=[stop, "\u00a7\u00a7"])
     assert by_str["meta_info"]["finish_reason"] == {"type": "stop", "matched": stop}
     out = by_str["output_ids"]
     assert out == ids[: len(out)]
