@@ -1,8 +1,10 @@
-"""Deadlock check: the spec's external-capacity table against a simulated slot-limited executor.
+"""Deadlock check: the external-capacity table against a simulated slot-limited executor.
+
+The table is docs/scheduling.md#external-agent-capacity.
 
 Agents run through a simulated external executor with a hard slot limit: each agent process
 first asks the executor (a FIFO slot server on 127.0.0.1) for a slot and holds it until it exits.
-For every row of the spec's table the check runs the real pipeline (real API server, real agent
+For every row of the table the check runs the real pipeline (real API server, real agent
 processes, the embedded engine on a tiny random model) twice:
 
 * ``slots = required``: the capacity check passes and the run completes;

@@ -1,17 +1,18 @@
-"""Benchmark: SessionForest.match against the reference prefix loop.
+"""Benchmark: SessionForest.match against the naive prefix loop (``reference_s``).
 
-The reference (the spec's ``_match_parent_state``) re-serializes and re-hashes ``messages[:k]``
-for k = n, n-1, ..., 1 until a committed state is found: O(n^2) bytes when the longest committed
-prefix is short. ``SessionForest.match`` hashes the request once, message by message.
+The naive loop (docs/canonical-contract.md#prefix-matching) re-serializes and re-hashes
+``messages[:k]`` for k = n, n-1, ..., 1 until a committed state is found: O(n^2) bytes when the
+longest committed prefix is short. ``SessionForest.match`` hashes the request once, message by
+message.
 
 Two scenarios per size n (number of request messages; realistic messages of a few hundred
 characters, every other assistant turn with a tool call):
 
 * ``no_prefix``: the forest holds a committed n-message agent conversation; the request is the
   same conversation with a different task message (a new task or a compacted history), so no
-  prefix is committed and the reference hashes all n prefixes. This is the headline ratio.
+  prefix is committed and the naive loop hashes all n prefixes. This is the headline ratio.
 * ``extend``: the request is the committed conversation plus one new tool result (the common agent
-  turn; the reference finds the match after two hashes).
+  turn; the naive loop finds the match after two hashes).
 
 Timings are seconds per match (median of repeated runs). ``ours_s`` times ``forest.match`` on an
 already canonical Conversation (the API builds it once to validate the request anyway);
@@ -148,7 +149,10 @@ def _reference_hash(
 def reference_match(
     forest: SessionForest, messages: list[dict[str, Any]], tools: list[dict[str, Any]], kwargs: dict[str, Any]
 ) -> tuple[Any, list[dict[str, Any]]]:
-    """The spec's ``_match_parent_state``: re-hash every prefix, longest first."""
+    """The naive matching loop: re-hash every prefix, longest first.
+
+    See docs/canonical-contract.md#prefix-matching.
+    """
     for prefix_length in range(len(messages), 0, -1):
         parent = forest.get(_reference_hash(messages[:prefix_length], tools, kwargs))
         if parent is not None:

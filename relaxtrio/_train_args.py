@@ -1,4 +1,4 @@
-"""``python -m relaxtrio train`` flags (the spec's names) and their translation into a run config.
+"""``python -m relaxtrio train`` flags (Relax's flag names) and their translation into a run config.
 
 Every check that can be made before loading a model is made here, so a mistake costs a second and
 gives one line naming the flag, not a traceback after minutes.

@@ -43,7 +43,10 @@ TERM_GRACE_S: Final = 5.0
 RESERVED_ENV_PREFIX: Final = "RELAX_"
 
 DEFAULT_HEARTBEAT_S: Final = 15.0
-"""Seconds between Buffered SSE heartbeats while a generation is pending (spec: 15 s)."""
+"""Seconds between Buffered SSE heartbeats while a generation is pending.
+
+See docs/agent-contract.md#buffered-sse.
+"""
 
 DEFAULT_MAX_BODY_BYTES: Final = 256 * 1024 * 1024
 """Largest accepted request body in bytes; long agent contexts and images need far more than

@@ -14,7 +14,7 @@ The tiny random models that tests and benchmarks build live in :mod:`relaxtrio.t
 May import: stdlib at module level; torch and transformers inside the functions that need them.
 
 Model weights are loaded in fp32 by default: the sampler's logprobs must match a training forward
-pass (deps-and-model.md §2: bf16 differs by up to 0.19 nats on CPU).
+pass (bf16 weights differ by up to 0.19 nats on CPU; docs/client-quirks.md#logprob-convention).
 """
 
 from __future__ import annotations

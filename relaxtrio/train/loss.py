@@ -106,7 +106,7 @@ def logprobs_from_logits(
         ``(B, T) float32`` with ``out[:, 0] == 0`` (see the module docstring).
     """
     B, T, _ = logits.shape
-    targets = token_ids[:, 1:].unsqueeze(-1)  # (B, T-1, 1)
+    targets = token_ids[:, 1:].unsqueeze(-1)  # (B, T - 1, 1)
     step = max(1, chunk_tokens // max(B, 1))
     pieces = []
     for start in range(0, T - 1, step):
@@ -162,10 +162,10 @@ def policy_loss(
 
         loss_t = -min(ratio * A_t, clip(ratio, 1 - clip_eps_low, 1 + clip_eps_high) * A_t)
 
-    ``clip_eps_high > clip_eps_low`` is DAPO's "clip-higher" (arXiv 2503.14476, §3.1), which
+    ``clip_eps_high > clip_eps_low`` is DAPO's "clip-higher" (arXiv 2503.14476, section 3.1), which
     leaves low-probability tokens more room to grow. The reduction is DAPO's token-level loss
-    (§3.3): the sum over every masked token of the batch divided by the number of masked tokens,
-    not GRPO's per-sample mean followed by a mean over samples, so long responses are not
+    (section 3.3): the sum over every masked token of the batch divided by the number of masked
+    tokens, not GRPO's per-sample mean followed by a mean over samples, so long responses are not
     down-weighted. ``|log ratio|`` is clamped to 20 before ``exp`` (a no-op in normal training).
 
     Tokens with ``loss_mask == 0`` contribute nothing to the loss or to any gradient, even if

@@ -7,7 +7,7 @@ concatenates (``pixel_values (num_patches, patch_dim)``, ``image_grid_thw (num_i
 
 For a micro-batch the payloads of all rows are concatenated key by key along axis 0, rows in
 batch order and each row's payloads in lineage order, which is the order the model fills image
-placeholders in (row-major over ``(B, T)``; reference M-5 ``multimodal_train_inputs``). The
+placeholders in (row-major over ``(B, T)``; docs/canonical-contract.md#images). The
 model's own position logic (Qwen2-VL multimodal RoPE) then needs ``mm_token_type_ids``: 1 where
 a token is the model's ``image_token_id``.
 

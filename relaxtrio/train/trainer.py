@@ -6,7 +6,7 @@ is not thread-safe, so the driver never runs two of its methods at once. It neve
 torch's global state (thread count, default dtype, global RNG); the caller owns those.
 
 One :meth:`Trainer.train_step` is GRPO/PPO on one rollout's samples (DeepSeekMath,
-arXiv 2402.03300, §4.1; PPO, arXiv 1707.06347):
+arXiv 2402.03300, section 4.1; PPO, arXiv 1707.06347):
 
 1. pad the samples into micro-batches (right padding + attention mask);
 2. old logprobs: the trainer's own logprobs before any update (no grad), or the engine's

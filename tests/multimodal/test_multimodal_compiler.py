@@ -107,7 +107,8 @@ def test_delta_matches_the_full_render_of_a_prefix_stable_template(compiler: Cha
     full = compiler.encode_observation([*first, reply, second], delta=False)
     assert turn1.rollout_token_ids + tuple(reply_ids) + turn2.rollout_token_ids == full.rollout_token_ids
     assert turn1.token_ids + tuple(reply_ids) + turn2.token_ids == full.token_ids
-    # Turn 1's image is expanded once, in turn 1's node; turn 2 adds only its own image (B-33).
+    # Turn 1's image is expanded once, in turn 1's node; turn 2 adds only its own image
+    # (docs/client-quirks.md#images-expanded-twice).
     assert turn2.multimodal.image_urls == (IMG_B,)
     assert turn1.token_ids.count(compiler.vision.image_token_id) + turn2.token_ids.count(
         compiler.vision.image_token_id) == full.token_ids.count(compiler.vision.image_token_id) == 6 + 2

@@ -137,7 +137,7 @@ def _check_sample(session, sample, compiler, later, vlm_model, vlm_vision) -> No
     merged = merge_multimodal_inputs(payloads)
     features = int((merged["image_grid_thw"].prod(axis=1) // vlm_vision.merge_size**2).sum())
     assert sample.token_ids.count(pad) == features == sum(n for p in payloads for n in p.num_image_tokens)
-    assert sample.rollout_token_ids.count(pad) == 3  # one placeholder per image, never re-expanded (B-33)
+    assert sample.rollout_token_ids.count(pad) == 3  # one placeholder per image, never re-expanded
     assert sample.metadata["label"] == "cat" and sample.reward == 1.0
     # Usage and context limits count the expanded (training) ids.
     used = [sum(len(n.token_ids) for n in lineage[: 2 * k + 1]) for k in range(3)]
