@@ -143,12 +143,54 @@ def add_train_parser(sub: argparse._SubParsersAction) -> argparse.ArgumentParser
                        help="optimizer steps per rollout (unset: 1 = fully on-policy)")
     train.add_argument("--seed", type=int, default=1234, help="trainer seed")
 
+    _add_checkpoint_flags(p)
+
     out = p.add_argument_group("output")
     out.add_argument("--output-dir", type=Path, default=None,
                      help="run directory (unset: runs/<timestamp>)")
     out.add_argument("--log-level", default="INFO", type=str.upper,
                      choices=["DEBUG", "INFO", "WARNING", "ERROR"], help="console log level")
     return p
+
+
+# ---------------------------------------------------------------- checkpoint and resume flags
+def _add_checkpoint_flags(p: argparse.ArgumentParser) -> None:
+    ckpt = p.add_argument_group("checkpoint and resume")
+    ckpt.add_argument("--save", type=Path, default=None, metavar="DIR",
+                      help="write run checkpoints (weights, optimizer, RNG, dataset cursor, metrics) "
+                           "to DIR/iter_<steps>; without --save-interval only after the last step")
+    ckpt.add_argument("--save-interval", type=int, default=None, metavar="N",
+                      help="also save after every N rollout steps (needs --save)")
+    ckpt.add_argument("--load", type=Path, default=None, metavar="DIR",
+                      help="resume from DIR's latest checkpoint (a fresh start when there is none); "
+                           "without --output-dir the run continues in the checkpointed run's directory")
+    ckpt.add_argument("--sglang-enable-deterministic-inference", action="store_true",
+                      help="seed sampling per Session (--rollout-seed + sample index) so rollouts "
+                           "repeat; SGLang servers must run with --enable-deterministic-inference")
+
+
+def _with_checkpoint_flags(config: Any, args: argparse.Namespace) -> Any:
+    """``config`` with the checkpoint/resume flags applied.
+
+    Raises:
+        RelaxError: ``--save-interval`` below 1 or without ``--save``; an unreadable checkpoint.
+    """
+    import attrs
+
+    _need(args.save_interval is None or args.save_interval >= 1, "--save-interval must be >= 1")
+    _need(args.save_interval is None or args.save is not None, "--save-interval needs --save DIR")
+    output_dir = config.output_dir
+    if args.load is not None and args.output_dir is None:
+        from .run_checkpoint import find_resume_point
+
+        resume = find_resume_point(args.load)
+        if resume is not None and resume.output_dir is not None:
+            output_dir = resume.output_dir
+    generation = config.generation
+    if args.sglang_enable_deterministic_inference:
+        generation = attrs.evolve(generation, seed=args.rollout_seed, seed_per_sample=True)
+    return attrs.evolve(config, save_dir=args.save, save_interval=args.save_interval,
+                        load_dir=args.load, output_dir=output_dir, generation=generation)
 
 
 def _need(condition: bool, message: str) -> None:
@@ -223,7 +265,7 @@ def train_config(args: argparse.Namespace) -> Any:
             if message.startswith(field + " "):
                 message = flag + message[len(field):]
         raise RelaxError(message) from exc
-    return TrainRunConfig(
+    config = TrainRunConfig(
         prompt_data=args.prompt_data,
         input_key=args.input_key,
         metadata_key=args.metadata_key,
@@ -272,6 +314,7 @@ def train_config(args: argparse.Namespace) -> Any:
         rollout_shuffle=args.rollout_shuffle,
         seed=args.rollout_seed,
     )
+    return _with_checkpoint_flags(config, args)
 
 
 def configure_logging(level: str) -> None:

@@ -262,7 +262,10 @@ class GenerationConfig:
             or None for the model's limit as reported by the engine.
         stop: extra stop strings for every turn.
         stop_token_ids: extra stop token ids for every turn (EOS ids are always included).
-        seed: base sampling seed, or None.
+        seed: base sampling seed, or None (every request draws its own seed from the OS).
+        seed_per_sample: with ``seed`` set, Session ``i`` of a Group samples with ``seed + i``
+            instead of every Session using ``seed`` (Relax's deterministic inference:
+            ``rollout_seed + sample position``), so a Group's samples differ and a rerun repeats.
         tool_call_parser: tool-call parser name (used only when the request has tools).
         reasoning_parser: reasoning parser name, or None.
         template_kwargs: server-side chat-template kwargs merged under each request's kwargs.
@@ -280,11 +283,18 @@ class GenerationConfig:
     stop: tuple[str, ...] = ()
     stop_token_ids: tuple[int, ...] = ()
     seed: int | None = None
+    seed_per_sample: bool = False
     tool_call_parser: str | None = "hermes"
     reasoning_parser: str | None = None
     template_kwargs: dict = attrs.field(factory=dict)
     partial_rollout_max_aborted_count: int | None = None
     ignore_eos: bool = False
+
+    def sampling_seed(self, sample_index: int) -> int | None:
+        """The seed of a Session's turns when the request brings none (see ``seed_per_sample``)."""
+        if self.seed is None or not self.seed_per_sample:
+            return self.seed
+        return self.seed + sample_index
 
 
 @attrs.frozen(kw_only=True)
@@ -310,6 +320,13 @@ class TrainRunConfig:
         output_dir: run directory (metrics, plot, checkpoint, logs).
         rollout_shuffle: shuffle prompts each epoch.
         seed: data order seed.
+        save_dir: ``--save``: run checkpoints go here (see :mod:`relaxtrio.run_checkpoint`), or
+            None for none (the end-of-run ``output_dir/checkpoint`` is written either way).
+        save_interval: ``--save-interval``: also save after every this many steps (None: at the
+            end only).
+        load_dir: ``--load``: resume from the newest checkpoint here (a fresh start when it holds
+            none), or None.
+        keep_checkpoints: run checkpoints kept in ``save_dir`` (the newest ones).
     """
 
     prompt_data: Path
@@ -330,3 +347,7 @@ class TrainRunConfig:
     output_dir: Path = Path("runs/latest")
     rollout_shuffle: bool = True
     seed: int = 42
+    save_dir: Path | None = None
+    save_interval: int | None = attrs.field(default=None, validator=optional_positive_int)
+    load_dir: Path | None = None
+    keep_checkpoints: int = attrs.field(default=2, validator=positive_int)

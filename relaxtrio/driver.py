@@ -4,7 +4,8 @@ Per step: run ``rollout_batch_size`` Groups through the user's agent → GRPO ad
 PPO/GRPO update (torch, off the trio thread) → save weights → on every engine:
 ``pause_generation(retract)`` → ``update_weights_from_disk`` → ``continue_generation`` (generations
 still in flight, as with fully async, continue on the new weights and record both versions) →
-metrics line → optional eval. At the end: a checkpoint and a reward plot.
+metrics line → optional eval → with ``--save``, a run checkpoint when due. At the end: a
+checkpoint and a reward plot. ``--load`` resumes a checkpointed run (:mod:`relaxtrio.run_checkpoint`).
 """
 
 from __future__ import annotations
@@ -26,10 +27,11 @@ from .config import TrainRunConfig
 from .nursery.session import SessionRegistry
 from .rollout.capacity import check_external_slots, plan_capacity
 from .rollout.dataset import PromptStream, load_prompts
-from .rollout.metrics import MetricsLog, plot_rewards
+from .rollout.metrics import plot_rewards
 from .rollout.pipeline import EvalDataset, RolloutPipeline, open_rollout_pipeline
 from .rollout.step import group_metrics
 from .rollout.turns import EngineTurnHandler
+from .run_checkpoint import RunCheckpointer, weight_version_name
 from .sglang.client import EngineClient, open_engine_client
 from .sglang.launch import open_embedded_engine
 from .train import Trainer
@@ -112,7 +114,7 @@ async def _train_step(
         train_start = time.monotonic()
         stats = await trio.to_thread.run_sync(trainer.train_step, result.samples, result.advantages)
         await trio.to_thread.run_sync(trainer.save_weights, weights_dir)
-        await push_weights(client, weights_dir, f"step-{rollout_id + 1}")
+        await push_weights(client, weights_dir, weight_version_name(rollout_id))
         row.update(
             loss=stats.loss, clip_fraction=stats.clip_fraction, ppo_kl=stats.ppo_kl,
             grad_norm=stats.grad_norm, entropy=stats.entropy,
@@ -143,7 +145,8 @@ async def run_training(cfg: TrainRunConfig) -> TrainSummary:
     check_capacity(cfg)
     out = cfg.output_dir
     out.mkdir(parents=True, exist_ok=True)
-    metrics = MetricsLog.fresh(out / "metrics.jsonl")
+    checkpointer = RunCheckpointer.open(cfg)
+    metrics = checkpointer.open_metrics(out / "metrics.jsonl")
     model_dir = await trio.to_thread.run_sync(_resolve_model, cfg)
     compiler = await trio.to_thread.run_sync(ChatCompiler.from_pretrained, model_dir)
     keys: dict[str, Any] = {"input_key": cfg.input_key, "metadata_key": cfg.metadata_key}
@@ -154,12 +157,13 @@ async def run_training(cfg: TrainRunConfig) -> TrainSummary:
         shuffle=cfg.rollout_shuffle,
         seed=cfg.seed,
     )
+    checkpointer.restore_prompts(prompts)
     eval_sets = tuple(
         EvalDataset(name=name, n_samples_per_prompt=size, prompts=tuple(load_prompts(path, **keys)))
         for name, path, size in cfg.eval.datasets
     )
     log.info("loading trainer model from %s", model_dir)
-    trainer = await trio.to_thread.run_sync(Trainer.from_pretrained, model_dir, cfg.train)
+    trainer: Trainer = await trio.to_thread.run_sync(checkpointer.load_trainer, model_dir)
     weights_dir = out / "weights"
 
     async with AsyncExitStack() as stack:
@@ -170,6 +174,9 @@ async def run_training(cfg: TrainRunConfig) -> TrainSummary:
                 open_embedded_engine(model_dir, log_path=out / "engine.log", extra_args=cfg.engine_args)
             )]
         client = await stack.enter_async_context(open_engine_client(urls))
+        if checkpointer.weight_version is not None:  # resumed: the engines get its weights
+            await trio.to_thread.run_sync(trainer.save_weights, weights_dir)
+            await push_weights(client, weights_dir, checkpointer.weight_version)
         max_context = cfg.generation.max_context_tokens
         if max_context is None:
             info = await client.server_info()
@@ -186,12 +193,16 @@ async def run_training(cfg: TrainRunConfig) -> TrainSummary:
                 server_template_kwargs=dict(cfg.generation.template_kwargs),
                 eval_concurrency=cfg.eval.agentic_eval_concurrency,
             ) as pipeline:
-                for rollout_id in range(cfg.num_rollout):
+                for rollout_id in range(checkpointer.first_rollout_id, cfg.num_rollout):
                     row = await _train_step(cfg, pipeline, trainer, client, rollout_id, eval_sets,
                                             weights_dir)
+                    checkpointer.note_step(rollout_id, row)
                     metrics.append(rollout_id, row)
                     log.info("step %d metrics %s", rollout_id,
                              json.dumps(metrics.rows[-1], sort_keys=True))
+                    if checkpointer.save_due(rollout_id):
+                        await checkpointer.save(rollout_id, trainer=trainer, pipeline=pipeline,
+                                                metrics=metrics, tokenizer_dir=model_dir)
             nursery.cancel_scope.cancel()
 
     checkpoint_dir = out / "checkpoint"

@@ -23,7 +23,7 @@ from __future__ import annotations
 
 import json
 import random
-from collections.abc import Iterator, Mapping
+from collections.abc import Iterator, Mapping, Sequence
 from pathlib import Path
 from typing import Any, Final
 
@@ -256,18 +256,27 @@ def load_prompts(
 
 @attrs.define(kw_only=True)
 class PromptStream:
-    """An endless, epoch-shuffled stream of prompts (deterministic for a seed)."""
+    """An endless, epoch-shuffled stream of prompts (deterministic for a seed).
+
+    Epoch ``e`` serves every prompt once, in the order ``random.Random(seed + e)`` shuffles them
+    to (file order without ``shuffle``). Prompts put back with :meth:`requeue` are served first.
+    :meth:`cursor` and :meth:`restore` save and restore the position, so a resumed run is served
+    exactly the prompts the interrupted run would have been served next.
+    """
 
     prompts: list[Prompt]
     shuffle: bool = True
     seed: int = 0
     epoch: int = 0
-    _order: list[int] = attrs.field(factory=list)
+    _order: list[int] = attrs.field(factory=list)  # this epoch's remaining indices, last is next
+    _requeued: list[int] = attrs.field(factory=list)  # served before _order, first is next
 
     def __iter__(self) -> Iterator[Prompt]:
         return self
 
     def __next__(self) -> Prompt:
+        if self._requeued:
+            return self.prompts[self._requeued.pop(0)]
         if not self._order:
             self._order = list(range(len(self.prompts)))
             if self.shuffle:
@@ -275,3 +284,46 @@ class PromptStream:
             self._order.reverse()
             self.epoch += 1
         return self.prompts[self._order.pop()]
+
+    def requeue(self, indices: Sequence[int]) -> None:
+        """Serves the prompts at ``indices`` (in that order) before any other prompt.
+
+        Raises:
+            InvalidRequestError: an index is not a prompt of this stream.
+        """
+        self._check_indices(indices, "requeued prompt")
+        self._requeued[:0] = list(indices)
+
+    def cursor(self) -> dict[str, Any]:
+        """The stream's position as JSON: ``{"epoch", "pending", "remaining", "num_prompts"}``.
+
+        ``pending`` are requeued prompt indices (served first), ``remaining`` the rest of epoch
+        ``epoch - 1`` in serving order; then epoch ``epoch`` is shuffled with ``seed + epoch``.
+        """
+        return {"epoch": self.epoch, "pending": list(self._requeued),
+                "remaining": list(reversed(self._order)), "num_prompts": len(self.prompts),
+                "seed": self.seed, "shuffle": self.shuffle}
+
+    def restore(self, cursor: Mapping[str, Any]) -> None:
+        """Continues from a :meth:`cursor` taken on a stream over the same prompts.
+
+        Raises:
+            InvalidRequestError: the cursor is for a different number of prompts (another
+                dataset), or names indices this stream does not have.
+        """
+        if int(cursor["num_prompts"]) != len(self.prompts):
+            raise InvalidRequestError(
+                f"the checkpoint's dataset cursor is for {cursor['num_prompts']} prompts, but "
+                f"--prompt-data has {len(self.prompts)}: resume with the same prompt file",
+                param="prompt_data")
+        pending, remaining = list(cursor["pending"]), list(cursor["remaining"])
+        self._check_indices(pending + remaining, "checkpoint prompt")
+        self.epoch = int(cursor["epoch"])
+        self._requeued = pending
+        self._order = remaining[::-1]
+
+    def _check_indices(self, indices: Sequence[int], what: str) -> None:
+        for index in indices:
+            if not (isinstance(index, int) and 0 <= index < len(self.prompts)):
+                raise InvalidRequestError(f"{what} index {index!r} is not in 0..{len(self.prompts) - 1}",
+                                          param="prompt_data")

@@ -4,11 +4,13 @@ from __future__ import annotations
 
 import json
 import math
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
 import attrs
+
+from .._atomic import write_text_atomic
 
 
 def _finite_or_none(value: Any) -> Any:
@@ -31,6 +33,18 @@ class MetricsLog:
         path.parent.mkdir(parents=True, exist_ok=True)
         path.write_text("", encoding="utf-8")
         return cls(path=path)
+
+    @classmethod
+    def resumed(cls, path: Path, rows: Sequence[Mapping[str, Any]]) -> MetricsLog:
+        """A log that continues a checkpointed run: ``path`` is rewritten to hold exactly ``rows``.
+
+        Rows the interrupted run appended after its checkpoint (steps that run again now) are
+        removed, so every step appears once. The rewrite is atomic (temp file, fsync, rename).
+        """
+        path = Path(path)
+        kept = [dict(row) for row in rows]
+        write_text_atomic(path, "".join(json.dumps(row, sort_keys=True) + "\n" for row in kept))
+        return cls(path=path, rows=kept)
 
     def append(self, step: int, metrics: Mapping[str, Any]) -> dict[str, Any]:
         """Writes ``{"step": step, **metrics}`` as one line (NaN/inf written as null)."""

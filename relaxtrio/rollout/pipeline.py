@@ -96,6 +96,12 @@ class RolloutPipeline:
         """Train Groups holding a permit (started and not yet ended)."""
         return tuple(self._resident)
 
+    @property
+    def held_groups(self) -> tuple[Group, ...]:
+        """Train Groups holding a prompt no step has accounted for yet: finished after their step
+        closed (fully async), then resident; what a run checkpoint cannot save."""
+        return (*self._finished, *self._resident)
+
     def _notify(self) -> None:
         self._changed.set()
         self._changed = trio.Event()

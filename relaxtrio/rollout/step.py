@@ -153,8 +153,12 @@ def _mean(values: list[float]) -> float:
     return sum(values) / len(values) if values else float("nan")
 
 
-def group_metrics(result: StepResult) -> Mapping[str, float]:
-    """Reward, length and scheduling statistics of a step (means over samples)."""
+def group_metrics(result: StepResult) -> Mapping[str, Any]:
+    """Reward, length and scheduling statistics of a step (means over samples).
+
+    All values are floats except ``prompt_indices``: the dataset rows of the trained Groups, in
+    acceptance order (what a resumed run is checked against).
+    """
     rewards = [r for r in result.rewards if r is not None]
     mean = _mean(rewards)
     std = math.sqrt(_mean([(r - mean) ** 2 for r in rewards])) if rewards else float("nan")
@@ -172,4 +176,5 @@ def group_metrics(result: StepResult) -> Mapping[str, float]:
         "resident_groups": float(result.resident_groups),
         "barrier_warnings": float(result.barrier_warnings),
         "rollout_s": result.rollout_s,
+        "prompt_indices": [g.group.prompt_index for g in result.groups],
     }

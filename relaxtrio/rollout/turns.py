@@ -165,7 +165,8 @@ class EngineTurnHandler:
                 skip_special_tokens=False,
                 spaces_between_special_tokens=False,
                 no_stop_trim=True,
-                sampling_seed=request.seed if request.seed is not None else self.config.seed,
+                sampling_seed=(request.seed if request.seed is not None
+                               else self.config.sampling_seed(session.index)),
                 ignore_eos=self.config.ignore_eos or None,
             )
             rid = f"{request_id}:a{abort_count}#"

@@ -1,6 +1,6 @@
-"""Writing weights for the engine and full checkpoints, atomically.
+"""Writing weights for the engine, full checkpoints and resumable run checkpoints, atomically.
 
-Both writers go through ``PreTrainedModel.save_pretrained`` into a temporary directory next to
+Both HF writers go through ``PreTrainedModel.save_pretrained`` into a temporary directory next to
 the target and then rename, so a reader (an engine reloading weights) sees either the previous
 complete files or the new complete files, never a partial write. ``save_pretrained`` also handles
 tied embeddings: safetensors refuses tensors that share storage, and transformers writes the
@@ -9,19 +9,68 @@ shared tensor once (for SmolLM2, ``model.embed_tokens.weight`` and no ``lm_head.
 A loader that bypasses ``from_pretrained`` must therefore tolerate the missing tied key:
 ``model.load_state_dict(load_file(path), strict=False)`` keeps ``lm_head`` tied to the embedding
 (check that ``missing_keys`` holds only tied names), as does ``safetensors.torch.load_model``.
-"""
 
+Run checkpoints (``--save DIR`` / ``--load DIR``) have this layout::
+
+    DIR/
+      latest                  # one line, e.g. "iter_0000002": the newest complete checkpoint
+      iter_0000001/           # after 1 completed rollout step (the previous one, kept)
+      iter_0000002/           # after 2 completed rollout steps
+        config.json, generation_config.json, model.safetensors   # the policy (HF layout)
+        tokenizer.json, tokenizer_config.json, chat_template.jinja, ...  # when available
+        optimizer.pt          # {"optimizer": AdamW state_dict, "num_optimizer_steps": int}
+        state.json            # everything else, JSON (see below)
+
+``state.json`` holds ``format`` (:data:`RUN_STATE_FORMAT`), ``steps_done`` (= the next rollout
+id), ``rng`` (:func:`capture_rng_state`: Python's, torch's CPU and CUDA generators and NumPy's
+global generator when NumPy is loaded), ``trainer`` (optimizer step count, the minibatch
+shuffling RNG, the learning rate; the LR is constant, so there is no scheduler state) and
+whatever the caller adds (the driver: dataset cursor and epoch, weight version, metrics rows).
+
+Each ``iter_*`` directory is written under a temporary name (``.iter_0000002.tmp-*``), every file
+and directory is fsync-ed, and it is renamed into place; only then is ``latest`` replaced
+(temporary file, fsync, rename, fsync of ``DIR``). A crash at any point leaves the previous
+checkpoint and its pointer usable; :func:`find_run_checkpoint` ignores temporary directories and
+falls back to the newest complete ``iter_*`` when ``latest`` is missing or dangling. The newest
+``keep`` checkpoints are kept; older ones, and temporaries of crashed writes, are removed after a
+successful write (renamed to ``.trash-*`` first, so a half-deleted one never looks complete).
+"""
 from __future__ import annotations
 
+import base64
+import json
+import logging
 import os
+import random
+import re
 import shutil
+import sys
 import tempfile
+from collections.abc import Mapping
 from pathlib import Path
 from typing import Any, Final
 
 import torch
 
-__all__ = ["OPTIMIZER_FILE", "TOKENIZER_FILES", "save_checkpoint_dir", "save_weights_dir"]
+from .._atomic import fsync_dir, fsync_tree, write_text_atomic
+
+__all__ = [
+    "KEEP_CHECKPOINTS",
+    "LATEST_FILE",
+    "OPTIMIZER_FILE",
+    "RUN_STATE_FILE",
+    "RUN_STATE_FORMAT",
+    "TOKENIZER_FILES",
+    "capture_rng_state",
+    "find_run_checkpoint",
+    "read_run_state",
+    "restore_rng_state",
+    "save_checkpoint_dir",
+    "save_run_checkpoint",
+    "save_weights_dir",
+]
+
+log = logging.getLogger(__name__)
 
 TOKENIZER_FILES: Final = frozenset(
     {
@@ -42,6 +91,13 @@ TOKENIZER_FILES: Final = frozenset(
 image processor's configs come along so a vision-language checkpoint can be served again."""
 
 OPTIMIZER_FILE: Final = "optimizer.pt"
+RUN_STATE_FILE: Final = "state.json"
+LATEST_FILE: Final = "latest"
+RUN_STATE_FORMAT: Final = 1
+KEEP_CHECKPOINTS: Final = 2
+"""Run checkpoints kept by default: the newest and the one before it."""
+
+_ITER_RE: Final = re.compile(r"^iter_(\d{7,})$")
 
 # Weights are renamed last, so a reader that sees the new weights also sees the new config.
 _WEIGHT_SUFFIXES: Final = (".safetensors", ".safetensors.index.json")
@@ -144,3 +200,175 @@ def _copy_tokenizer(tokenizer_dir: Path, dest: Path) -> None:
             copied += 1
     if not copied:
         raise FileNotFoundError(f"tokenizer_dir {tokenizer_dir} holds no tokenizer files")
+
+
+# ---------------------------------------------------------------------- run checkpoints
+
+
+def iteration_name(steps_done: int) -> str:
+    """The directory name of the run checkpoint taken after ``steps_done`` rollout steps."""
+    return f"iter_{steps_done:07d}"
+
+
+def save_run_checkpoint(
+    save_dir: Path,
+    steps_done: int,
+    model: torch.nn.Module,
+    *,
+    optimizer_state: Mapping[str, Any],
+    state: Mapping[str, Any],
+    tokenizer_dir: Path | None = None,
+    keep: int = KEEP_CHECKPOINTS,
+) -> Path:
+    """Writes ``save_dir/iter_<steps_done>`` atomically and points ``save_dir/latest`` at it.
+
+    Args:
+        save_dir: the ``--save`` directory (created if missing).
+        steps_done: rollout steps completed; the resumed run starts at this rollout id.
+        model: a transformers ``PreTrainedModel`` (weights and config are written).
+        optimizer_state: ``torch.save``-d to ``optimizer.pt``, e.g. ``{"optimizer":
+            optimizer.state_dict(), "num_optimizer_steps": n}``.
+        state: JSON-serializable run state; written to ``state.json`` together with
+            ``format``, ``steps_done`` and ``rng`` (:func:`capture_rng_state`, taken now).
+        tokenizer_dir: copy tokenizer files from here (as :func:`save_checkpoint_dir`), or None.
+        keep: how many newest checkpoints to keep (>= 1).
+
+    Returns:
+        The new checkpoint directory.
+
+    Raises:
+        FileNotFoundError: ``tokenizer_dir`` is missing or holds no tokenizer file (nothing
+            changes in ``save_dir`` then).
+        TypeError: ``state`` is not JSON-serializable (nothing changes in ``save_dir``).
+    """
+    if keep < 1:
+        raise ValueError(f"keep must be >= 1, got {keep}")
+    save_dir = Path(save_dir)
+    save_dir.mkdir(parents=True, exist_ok=True)
+    name = iteration_name(steps_done)
+    full_state = {**state, "format": RUN_STATE_FORMAT, "steps_done": steps_done,
+                  "rng": capture_rng_state()}
+    state_text = json.dumps(full_state, sort_keys=True, allow_nan=False)
+    tmp = Path(tempfile.mkdtemp(dir=save_dir, prefix=f".{name}.tmp-"))
+    try:
+        _save_pretrained(model, tmp)
+        if tokenizer_dir is not None:
+            _copy_tokenizer(Path(tokenizer_dir), tmp)
+        torch.save(dict(optimizer_state), tmp / OPTIMIZER_FILE)
+        (tmp / RUN_STATE_FILE).write_text(state_text, encoding="utf-8")
+        _ordinary_permissions(tmp)
+        fsync_tree(tmp)
+        final = save_dir / name
+        if final.exists():  # the same step saved again (a resumed run): move the old one aside
+            os.replace(final, _trash_path(save_dir, name))
+        os.replace(tmp, final)
+        fsync_dir(save_dir)
+    finally:
+        if tmp.exists():
+            shutil.rmtree(tmp, ignore_errors=True)
+    write_text_atomic(save_dir / LATEST_FILE, name + "\n")
+    _prune(save_dir, keep=keep, current=name)
+    return final
+
+
+def _trash_path(save_dir: Path, name: str) -> Path:
+    return Path(tempfile.mkdtemp(dir=save_dir, prefix=f".trash-{name}-")) / name
+
+
+def _prune(save_dir: Path, *, keep: int, current: str) -> None:
+    """Removes all but the newest ``keep`` checkpoints (never ``current``) and dead temporaries."""
+    complete = _complete_iterations(save_dir)
+    old = [d for d in complete[:-keep] if d.name != current] if len(complete) > keep else []
+    for directory in old:
+        os.replace(directory, _trash_path(save_dir, directory.name))
+    for path in save_dir.iterdir():
+        if path.name.startswith((".trash-", ".iter_")) and path.is_dir():
+            shutil.rmtree(path, ignore_errors=True)
+
+
+def _complete_iterations(save_dir: Path) -> list[Path]:
+    """``iter_*`` directories holding a state file, oldest first."""
+    found = []
+    for path in save_dir.iterdir():
+        match = _ITER_RE.match(path.name)
+        if match and (path / RUN_STATE_FILE).is_file():
+            found.append((int(match.group(1)), path))
+    return [path for _, path in sorted(found)]
+
+
+def find_run_checkpoint(load_dir: Path) -> Path | None:
+    """The checkpoint ``--load load_dir`` resumes from, or None when there is none.
+
+    ``load_dir`` may be a checkpoint itself (it holds ``state.json``) or a ``--save`` directory:
+    then ``latest`` names the checkpoint; when it is missing or points at nothing complete
+    (a crash between the rename and the pointer update), the newest complete ``iter_*`` is used
+    and a warning is logged. Temporary directories of interrupted writes are never used.
+    """
+    load_dir = Path(load_dir)
+    if (load_dir / RUN_STATE_FILE).is_file():
+        return load_dir
+    if not load_dir.is_dir():
+        return None
+    pointer = load_dir / LATEST_FILE
+    if pointer.is_file():
+        name = pointer.read_text(encoding="utf-8").strip()
+        if _ITER_RE.match(name) and (load_dir / name / RUN_STATE_FILE).is_file():
+            return load_dir / name
+    complete = _complete_iterations(load_dir)
+    if not complete:
+        return None
+    log.warning("%s: %s is missing or dangling; using the newest complete checkpoint %s",
+                load_dir, LATEST_FILE, complete[-1].name)
+    return complete[-1]
+
+
+def read_run_state(checkpoint_dir: Path) -> dict[str, Any]:
+    """The ``state.json`` of a run checkpoint.
+
+    Raises:
+        ValueError: the file is not a run state of a format this version reads.
+    """
+    state = json.loads((Path(checkpoint_dir) / RUN_STATE_FILE).read_text(encoding="utf-8"))
+    if not isinstance(state, dict) or state.get("format") != RUN_STATE_FORMAT:
+        raise ValueError(f"{checkpoint_dir}: not a run checkpoint of format {RUN_STATE_FORMAT}")
+    return state
+
+
+def _tensor_b64(t: torch.Tensor) -> str:
+    return base64.b64encode(bytes(t.tolist())).decode("ascii")
+
+
+def _b64_tensor(text: str) -> torch.Tensor:
+    return torch.tensor(list(base64.b64decode(text)), dtype=torch.uint8)
+
+
+def capture_rng_state() -> dict[str, Any]:
+    """The process's global random generators as JSON: Python, torch CPU/CUDA, NumPy if loaded.
+
+    relaxtrio itself draws from none of them during a run (the trainer has its own seeded RNG,
+    sampling seeds are per request), but user hooks (custom reward or advantage functions) may.
+    """
+    version, internal, gauss = random.getstate()
+    state: dict[str, Any] = {"python": [version, list(internal), gauss],
+                             "torch": _tensor_b64(torch.get_rng_state())}
+    if torch.cuda.is_available() and torch.cuda.is_initialized():
+        state["cuda"] = [_tensor_b64(t) for t in torch.cuda.get_rng_state_all()]
+    numpy = sys.modules.get("numpy")
+    if numpy is not None:
+        name, keys, pos, has_gauss, cached = numpy.random.get_state()
+        state["numpy"] = [name, [int(k) for k in keys], int(pos), int(has_gauss), float(cached)]
+    return state
+
+
+def restore_rng_state(state: Mapping[str, Any]) -> None:
+    """Restores what :func:`capture_rng_state` captured (generators it did not capture are left)."""
+    version, internal, gauss = state["python"]
+    random.setstate((version, tuple(internal), gauss))
+    torch.set_rng_state(_b64_tensor(state["torch"]))
+    if "cuda" in state and torch.cuda.is_available():
+        torch.cuda.set_rng_state_all([_b64_tensor(t) for t in state["cuda"]])
+    if "numpy" in state:
+        import numpy
+
+        name, keys, pos, has_gauss, cached = state["numpy"]
+        numpy.random.set_state((name, numpy.asarray(keys, dtype=numpy.uint32), pos, has_gauss, cached))

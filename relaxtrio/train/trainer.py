@@ -27,8 +27,9 @@ from __future__ import annotations
 import math
 import random
 import time
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from pathlib import Path
+from typing import Any
 
 import attrs
 import torch
@@ -325,6 +326,32 @@ class Trainer:
             weights_only=True,
         )
         self.optimizer.load_state_dict(state["optimizer"])
+        self.num_optimizer_steps = int(state["num_optimizer_steps"])
+
+    def resume_state(self) -> dict[str, Any]:
+        """JSON state a resumed run needs besides weights and optimizer (``state.json["trainer"]``).
+
+        Holds the optimizer step count, the minibatch-shuffling RNG and the learning rate (it is
+        constant: there is no LR scheduler whose state would need saving).
+        """
+        version, internal, gauss = self._rng.getstate()
+        return {"num_optimizer_steps": self.num_optimizer_steps, "lr": self.config.lr,
+                "lr_scheduler": None, "shuffle_rng": [version, list(internal), gauss]}
+
+    def load_resume_state(self, checkpoint_dir: Path, state: Mapping[str, Any]) -> None:
+        """Restores the optimizer (``optimizer.pt``) and :meth:`resume_state` from a run checkpoint.
+
+        Args:
+            checkpoint_dir: the checkpoint directory (its weights are loaded by the caller,
+                e.g. :meth:`from_pretrained` on the same directory).
+            state: ``state.json["trainer"]`` of that checkpoint.
+
+        Raises:
+            FileNotFoundError: the checkpoint has no ``optimizer.pt``.
+        """
+        self.load_optimizer_state(checkpoint_dir)
+        version, internal, gauss = state["shuffle_rng"]
+        self._rng.setstate((version, tuple(internal), gauss))
         self.num_optimizer_steps = int(state["num_optimizer_steps"])
 
 

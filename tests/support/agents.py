@@ -75,7 +75,12 @@ elif mode == "garbage_output":
     open(out, "w").write("{{{ not json")
 else:
     reward = os.environ.get("AGENT_REWARD", "1.0")
-    reward = float(hash(os.environ["RELAX_SESSION_ID"]) % 1000) / 1000 if reward == "random" else float(reward)
+    if reward == "random":
+        reward = float(hash(os.environ["RELAX_SESSION_ID"]) % 1000) / 1000
+    elif reward == "content":  # deterministic: a function of the model's last reply only
+        reward = float(sum(map(ord, messages[-1].get("content") or "")) % 101) / 100
+    else:
+        reward = float(reward)
     open(out, "w").write(json.dumps({"reward": reward, "metadata": {
         "mode": mode, "rollout_mode": os.environ["RELAX_ROLLOUT_MODE"],
         "group_id": os.environ["RELAX_GROUP_ID"]}}))

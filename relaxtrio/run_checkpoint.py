@@ -1,0 +1,277 @@
+"""Checkpoint and resume of a training run: ``--save DIR``, ``--save-interval N``, ``--load DIR``.
+
+The files and how they are written (atomically: temp dir, fsync, rename, then the ``latest``
+pointer) are described in :mod:`relaxtrio.train.checkpoint`. This module decides what a
+checkpoint holds and puts it back. A checkpoint is taken between steps, after step ``k - 1``'s
+update, weight push, eval and metrics row (``iter_<k>``), and holds:
+
+- the policy weights, the AdamW state and the trainer's own state (step count, minibatch
+  shuffling RNG; the LR is constant, so there is no scheduler state) and the process's global
+  RNG states (Python, torch, NumPy when loaded);
+- ``rollout``: the next rollout id ``k``, the prompt stream's cursor (epoch, the rest of the
+  epoch's order, requeued prompts) and the Groups that were resident (see
+  :mod:`relaxtrio.rollout.resume`: dropped on resume with a logged count and the
+  ``resume_dropped_groups`` / ``resume_dropped_sessions`` metrics, prompts rerun);
+- ``weight_version``: the version last pushed to the engines (None: the initial weights);
+- ``metrics``: every metrics row written so far;
+- ``run``: the output directory, the prompt file's path and SHA-256, ``num_rollout``.
+
+Resuming (``--load DIR``):
+
+1. the checkpoint is :func:`~relaxtrio.train.checkpoint.find_run_checkpoint` of ``DIR``; when
+   there is none, the run starts from the beginning (a warning), so ``--save D --load D`` can
+   be passed from the very first run;
+2. without ``--output-dir`` the run continues in the checkpointed run's output directory;
+3. the trainer loads the checkpoint's weights, optimizer and RNG states;
+4. ``metrics.jsonl`` is rewritten to exactly the saved rows (rows the interrupted run wrote
+   after the checkpoint are removed, and the steps run again), then appended to;
+5. the prompt stream continues at the saved cursor, with the held Groups' prompts first;
+6. before step ``k`` the engines load the checkpoint's weights under the saved weight version;
+7. the loop runs steps ``k .. num_rollout - 1``.
+
+Rollouts repeat exactly only when sampling is seeded per Session
+(``--sglang-enable-deterministic-inference``: ``sampling_seed = rollout_seed + sample index``;
+external SGLang servers must also run with ``--enable-deterministic-inference``) and the agent
+and reward are deterministic; unseeded requests draw their seeds from the OS, which no checkpoint
+can replay.
+
+May import: config, rollout, train (torch), trio. Used by :mod:`relaxtrio.driver`.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import logging
+import time
+from collections.abc import Mapping
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+import attrs
+import trio
+
+from ._errors import InvalidRequestError
+from .config import TrainRunConfig
+from .rollout.dataset import PromptStream
+from .rollout.metrics import MetricsLog
+from .rollout.resume import RolloutCheckpoint, capture_rollout, restore_rollout
+from .train import Trainer
+from .train.checkpoint import (
+    find_run_checkpoint,
+    read_run_state,
+    restore_rng_state,
+    save_run_checkpoint,
+)
+
+if TYPE_CHECKING:
+    from .rollout.pipeline import RolloutPipeline
+
+log = logging.getLogger(__name__)
+
+__all__ = ["ResumePoint", "RunCheckpointer", "find_resume_point", "weight_version_name"]
+
+
+def weight_version_name(rollout_id: int) -> str:
+    """The weight version pushed to the engines after step ``rollout_id``'s update."""
+    return f"step-{rollout_id + 1}"
+
+
+def _sha256(path: Path) -> str:
+    digest = hashlib.sha256()
+    with Path(path).open("rb") as f:
+        for block in iter(lambda: f.read(1 << 20), b""):
+            digest.update(block)
+    return digest.hexdigest()
+
+
+@attrs.frozen(kw_only=True)
+class ResumePoint:
+    """A run checkpoint found by ``--load``.
+
+    Attributes:
+        checkpoint_dir: the ``iter_*`` directory (weights, optimizer, ``state.json``).
+        state: its ``state.json``.
+    """
+
+    checkpoint_dir: Path
+    state: Mapping[str, Any]
+
+    @property
+    def steps_done(self) -> int:
+        """Completed steps: the resumed run starts at this rollout id."""
+        return int(self.state["steps_done"])
+
+    @property
+    def output_dir(self) -> Path | None:
+        """The output directory of the run that wrote the checkpoint."""
+        value = self.state.get("run", {}).get("output_dir")
+        return Path(value) if value else None
+
+
+def find_resume_point(load_dir: Path | None) -> ResumePoint | None:
+    """The checkpoint ``--load load_dir`` resumes from; None for no flag or no checkpoint there.
+
+    Raises:
+        InvalidRequestError: the checkpoint found is unreadable or of an unknown format.
+    """
+    if load_dir is None:
+        return None
+    checkpoint = find_run_checkpoint(load_dir)
+    if checkpoint is None:
+        log.warning("--load %s holds no run checkpoint; starting from the beginning", load_dir)
+        return None
+    try:
+        state = read_run_state(checkpoint)
+    except (OSError, ValueError) as exc:
+        raise InvalidRequestError(f"--load {str(checkpoint)!r}: {exc}", param="load") from exc
+    return ResumePoint(checkpoint_dir=checkpoint, state=state)
+
+
+@attrs.define(eq=False, kw_only=True)
+class RunCheckpointer:
+    """The driver's checkpoint/resume steps, in the order the driver calls them.
+
+    Attributes:
+        config: the run configuration (``save_dir``, ``save_interval``, ``load_dir``).
+        resume: the checkpoint this run resumes from, or None for a fresh start.
+        weight_version: the version the engines hold (the last pushed, or the resumed one).
+    """
+
+    config: TrainRunConfig
+    resume: ResumePoint | None = None
+    weight_version: str | None = None
+    _first_row_extra: dict[str, float] = attrs.field(factory=dict)
+
+    @classmethod
+    def open(cls, config: TrainRunConfig) -> RunCheckpointer:
+        """Finds the resume point of ``config.load_dir`` (if any).
+
+        Raises:
+            InvalidRequestError: as :func:`find_resume_point`.
+        """
+        resume = find_resume_point(config.load_dir)
+        if resume is not None:
+            log.info("resuming from %s at rollout %d", resume.checkpoint_dir, resume.steps_done)
+            if config.generation.seed is None or not config.generation.seed_per_sample:
+                log.warning("resume: sampling is not seeded per Session (pass "
+                            "--sglang-enable-deterministic-inference), so rollouts after the "
+                            "resume differ from those of an uninterrupted run")
+        return cls(config=config, resume=resume,
+                   weight_version=resume.state.get("weight_version") if resume else None)
+
+    @property
+    def first_rollout_id(self) -> int:
+        """The rollout id the loop starts with."""
+        return self.resume.steps_done if self.resume is not None else 0
+
+    def open_metrics(self, path: Path) -> MetricsLog:
+        """A fresh metrics log, or the resumed run's rows rewritten to ``path`` and continued."""
+        if self.resume is None:
+            return MetricsLog.fresh(path)
+        rows = list(self.resume.state.get("metrics", ()))
+        if path.is_file():
+            extra = sum(1 for line in path.read_text(encoding="utf-8").splitlines() if line.strip())
+            if extra > len(rows):
+                log.info("resume: %s: removing %d rows written after the checkpoint (those steps "
+                         "run again)", path, extra - len(rows))
+        return MetricsLog.resumed(path, rows)
+
+    def restore_prompts(self, prompts: PromptStream) -> None:
+        """Moves the prompt stream to the checkpoint's cursor (no-op on a fresh start).
+
+        Raises:
+            InvalidRequestError: the prompt file has a different number of prompts.
+        """
+        if self.resume is None:
+            return
+        saved = self.resume.state.get("run", {}).get("prompt_data_sha256")
+        if saved is not None and saved != _sha256(self.config.prompt_data):
+            log.warning("resume: %s changed since the checkpoint was written; the saved cursor "
+                        "indexes the new file's rows", self.config.prompt_data)
+        checkpoint = RolloutCheckpoint.from_json(self.resume.state["rollout"])
+        self._first_row_extra = restore_rollout(prompts, checkpoint)
+
+    def load_trainer(self, model_dir: Path) -> Trainer:
+        """The trainer: from ``model_dir``, or the checkpoint's weights, optimizer and RNG states.
+
+        Blocking (torch); call it through ``trio.to_thread.run_sync``.
+        """
+        if self.resume is None:
+            return Trainer.from_pretrained(model_dir, self.config.train)
+        trainer = Trainer.from_pretrained(self.resume.checkpoint_dir, self.config.train)
+        trainer.load_resume_state(self.resume.checkpoint_dir, self.resume.state["trainer"])
+        restore_rng_state(self.resume.state["rng"])
+        return trainer
+
+    def note_step(self, rollout_id: int, row: dict[str, Any]) -> None:
+        """Records the step's weight push and adds the resume metrics to the first resumed row."""
+        if "loss" in row:
+            self.weight_version = weight_version_name(rollout_id)
+        row.update(self._first_row_extra)
+        self._first_row_extra = {}
+
+    def save_due(self, rollout_id: int) -> bool:
+        """Whether a checkpoint is written after step ``rollout_id``: every ``save_interval``
+        steps, and after the last step, when ``--save`` is set."""
+        cfg = self.config
+        if cfg.save_dir is None:
+            return False
+        interval = cfg.save_interval
+        return rollout_id == cfg.num_rollout - 1 or bool(interval and (rollout_id + 1) % interval == 0)
+
+    async def save(
+        self,
+        rollout_id: int,
+        *,
+        trainer: Trainer,
+        pipeline: RolloutPipeline,
+        metrics: MetricsLog,
+        tokenizer_dir: Path | None,
+    ) -> Path:
+        """Writes the checkpoint taken after step ``rollout_id`` to ``save_dir/iter_<id + 1>``.
+
+        Args:
+            rollout_id: the step just finished (its metrics row already appended).
+            trainer: the trainer (not used by anything else meanwhile).
+            pipeline: the rollout pipeline, for its prompt stream and held Groups.
+            metrics: the metrics log so far.
+            tokenizer_dir: copied into the checkpoint so it is a complete model directory.
+
+        Returns:
+            The checkpoint directory.
+
+        Cancellation:
+            The rollout state is captured on the trio thread first; the files are written in
+            a worker thread, which a cancel waits for. An interrupted write leaves only a
+            temporary directory; the previous checkpoint stays the ``latest``.
+        """
+        cfg = self.config
+        assert cfg.save_dir is not None
+        steps_done = rollout_id + 1
+        rollout = capture_rollout(pipeline.prompts, pipeline.held_groups, next_rollout_id=steps_done)
+        state = {
+            "rollout": rollout.to_json(),
+            "weight_version": self.weight_version,
+            "metrics": [dict(row) for row in metrics.rows],
+            "run": {"output_dir": str(cfg.output_dir.resolve()),
+                    "prompt_data": str(cfg.prompt_data.resolve()),
+                    "prompt_data_sha256": await trio.to_thread.run_sync(_sha256, cfg.prompt_data),
+                    "num_rollout": cfg.num_rollout},
+        }
+
+        def write() -> Path:
+            return save_run_checkpoint(
+                cfg.save_dir, steps_done, trainer.model,
+                optimizer_state={"optimizer": trainer.optimizer.state_dict(),
+                                 "num_optimizer_steps": trainer.num_optimizer_steps},
+                state={**state, "trainer": trainer.resume_state()},
+                tokenizer_dir=tokenizer_dir, keep=cfg.keep_checkpoints,
+            )
+
+        start = time.monotonic()
+        path = await trio.to_thread.run_sync(write)
+        size = sum(p.stat().st_size for p in path.rglob("*") if p.is_file())
+        log.info("checkpoint %s written in %.2f s (%.1f MB)%s", path, time.monotonic() - start,
+                 size / 1e6, f"; {rollout.held_groups} resident Groups cannot be saved and are "
+                 "rerun on resume" if rollout.held_groups else "")
+        return path

@@ -1,0 +1,181 @@
+"""Checkpoint and resume of a real run: SIGKILL during step 1 of 3, ``--load``, same result.
+
+Every run here is a real ``python -m relaxtrio train`` subprocess with the tiny model, the
+embedded engine and the httpx agent (one turn, reward a function of the reply text only), with
+sampling seeded per Session (``--sglang-enable-deterministic-inference``). Rollouts are then
+bit-identical across processes: the resumed run is compared with an uninterrupted run on the
+prompts of every step, the rewards and the final weights, not on recorded samples.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+from safetensors.torch import load_file
+from support.agents import write_httpx_agent
+from support.procs import alive
+
+import relaxtrio
+from relaxtrio._errors import RelaxError
+from relaxtrio._train_args import add_train_parser, train_config
+
+REPO = Path(relaxtrio.__file__).resolve().parent.parent
+RUN_TIMEOUT_S = 240.0
+
+
+def _command(tmp_path: Path, model_dir: Path, *extra: str) -> list[str]:
+    agent_dir = tmp_path / "agent"
+    return [
+        sys.executable, "-m", "relaxtrio", "train",
+        "--hf-checkpoint", str(model_dir), "--prompt-data", str(tmp_path / "prompts.jsonl"),
+        "--agent-cwd", str(agent_dir), "--agent-command", f"{write_httpx_agent(agent_dir)} ok",
+        "--agent-env", "AGENT_REWARD=content",
+        # 2 prompts, 1 Group per step: step 2 starts the second epoch (reshuffled).
+        "--num-rollout", "3", "--n-samples-per-prompt", "3", "--rollout-batch-size", "1",
+        "--rollout-max-response-len", "8", "--lr", "1e-2", "--agent-timeout", "120",
+        "--sglang-enable-deterministic-inference", "--engine-max-running-requests", "4",
+        *extra,
+    ]
+
+
+def _env() -> dict[str, str]:
+    env = dict(os.environ)
+    env["PYTHONPATH"] = os.pathsep.join(p for p in (str(REPO), env.get("PYTHONPATH")) if p)
+    env["PYTHONUNBUFFERED"] = "1"
+    return env
+
+
+def _rows(run_dir: Path) -> list[dict]:
+    return [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
+
+
+def _agents_left(agent_dir: Path) -> list[int]:
+    """Live processes whose working directory is the test's agent directory."""
+    pids = []
+    for proc in Path("/proc").iterdir():
+        if not proc.name.isdigit():
+            continue
+        try:
+            if Path(os.readlink(proc / "cwd")) == agent_dir and alive(int(proc.name)):
+                pids.append(int(proc.name))
+        except OSError:
+            continue
+    return pids
+
+
+def _run_and_kill_during_step_1(cmd: list[str], log_path: Path) -> str:
+    """Starts the run in its own process group and SIGKILLs the group during step 1."""
+    with log_path.open("wb") as log_file:
+        proc = subprocess.Popen(cmd, cwd=REPO, env=_env(), stdin=subprocess.DEVNULL,
+                                stdout=log_file, stderr=subprocess.STDOUT, start_new_session=True)
+    try:
+        deadline = time.monotonic() + RUN_TIMEOUT_S
+        while "event=accounting_start rollout=1" not in log_path.read_text(errors="replace"):
+            assert proc.poll() is None, log_path.read_text(errors="replace")[-3000:]
+            assert time.monotonic() < deadline, "step 1 never started"
+            time.sleep(0.05)
+        time.sleep(0.3)  # the step's agents are starting: well inside step 1 (which takes > 1 s)
+    finally:
+        # The whole process group: the driver and its embedded engine, as a node failure would.
+        os.killpg(proc.pid, signal.SIGKILL)
+        proc.wait()
+    return log_path.read_text(errors="replace")
+
+
+def _config(*argv: str):
+    parser = argparse.ArgumentParser()
+    add_train_parser(parser.add_subparsers(dest="command"))
+    return train_config(parser.parse_args(["train", *argv]))
+
+
+def test_checkpoint_flags(tmp_path: Path) -> None:
+    with pytest.raises(RelaxError, match="--save-interval needs --save DIR"):
+        _config("--save-interval", "2")
+    with pytest.raises(RelaxError, match="--save-interval must be >= 1"):
+        _config("--save", str(tmp_path), "--save-interval", "0")
+    config = _config("--save", str(tmp_path / "ckpt"), "--output-dir", str(tmp_path / "out"))
+    assert (config.save_dir, config.save_interval, config.load_dir) == (tmp_path / "ckpt", None, None)
+    assert config.generation.sampling_seed(1) is None  # unseeded unless asked for
+    seeded = _config("--sglang-enable-deterministic-inference", "--rollout-seed", "9").generation
+    assert [seeded.sampling_seed(i) for i in range(3)] == [9, 10, 11]
+    # --load without --output-dir continues in the checkpointed run's directory ...
+    checkpoint = tmp_path / "ckpt" / "iter_0000001"
+    checkpoint.mkdir(parents=True)
+    (checkpoint / "state.json").write_text(json.dumps(
+        {"format": 1, "steps_done": 1, "run": {"output_dir": str(tmp_path / "first-run")}}))
+    (tmp_path / "ckpt" / "latest").write_text("iter_0000001\n")
+    config = _config("--load", str(tmp_path / "ckpt"))
+    assert (config.load_dir, config.output_dir) == (tmp_path / "ckpt", tmp_path / "first-run")
+    assert _config("--load", str(tmp_path / "ckpt"), "--output-dir", "x").output_dir == Path("x")
+    # ... and an empty --load directory is a fresh start (so --save D --load D always works).
+    empty = _config("--load", str(tmp_path / "empty"))
+    assert empty.load_dir == tmp_path / "empty" and empty.output_dir.parent == Path("runs")
+
+
+@pytest.mark.slow
+def test_sigkill_during_step_1_then_load_matches_an_uninterrupted_run(
+    tiny_model_dir: Path, tmp_path: Path
+) -> None:
+    agent_dir = tmp_path / "agent"
+    agent_dir.mkdir()
+    (tmp_path / "prompts.jsonl").write_text("".join(
+        json.dumps({"input": f"Question {i}: name a colour.", "metadata": {"id": i}}) + "\n"
+        for i in range(2)))
+    started = time.monotonic()
+
+    # The reference: three steps, never interrupted.
+    ref_dir = tmp_path / "ref"
+    ref = subprocess.run(_command(tmp_path, tiny_model_dir, "--output-dir", str(ref_dir)),
+                         cwd=REPO, env=_env(), stdin=subprocess.DEVNULL, capture_output=True,
+                         text=True, timeout=RUN_TIMEOUT_S, check=False)
+    assert ref.returncode == 0, ref.stderr[-3000:]
+
+    # The same run with a checkpoint after every step, killed while step 1 runs.
+    run_dir, save_dir = tmp_path / "run", tmp_path / "run" / "ckpt"
+    saving = ("--save", str(save_dir), "--save-interval", "1")
+    killed_log = _run_and_kill_during_step_1(
+        _command(tmp_path, tiny_model_dir, "--output-dir", str(run_dir), *saving),
+        tmp_path / "killed.log")
+    assert "event=accounting_end rollout=1" not in killed_log  # it died inside step 1
+    assert (save_dir / "latest").read_text().strip() == "iter_0000001"
+    assert [r["step"] for r in _rows(run_dir)] == [0]
+    # Its agents lose the API server and exit on their own.
+    deadline = time.monotonic() + 30
+    while _agents_left(agent_dir) and time.monotonic() < deadline:
+        time.sleep(0.1)
+    assert not _agents_left(agent_dir)
+
+    # Resume: no --output-dir, so it continues in the killed run's directory.
+    resumed = subprocess.run(_command(tmp_path, tiny_model_dir, "--load", str(save_dir), *saving),
+                             cwd=REPO, env=_env(), stdin=subprocess.DEVNULL, capture_output=True,
+                             text=True, timeout=RUN_TIMEOUT_S, check=False)
+    assert resumed.returncode == 0, resumed.stderr[-3000:]
+    assert f"resuming from {save_dir / 'iter_0000001'} at rollout 1" in resumed.stderr
+
+    want, got = _rows(ref_dir), _rows(run_dir)
+    assert [r["step"] for r in got] == [0, 1, 2]  # appended, each step once
+    # Exactly the prompts of the uninterrupted run, step by step (both epochs: none skipped or
+    # repeated), and the same rollouts (rewards are a function of the sampled text).
+    assert [r["prompt_indices"] for r in got] == [r["prompt_indices"] for r in want]
+    assert sorted(i for r in got[:2] for i in r["prompt_indices"]) == [0, 1]
+    for key in ("reward_mean", "reward_std", "response_length_mean", "grad_norm", "loss"):
+        assert [r[key] for r in got] == pytest.approx([r[key] for r in want], abs=1e-6), key
+    assert got[1]["resume_dropped_groups"] == 0 and "resume_dropped_groups" not in got[2]
+    assert any(r["grad_norm"] > 0 for r in want)  # the weights really moved
+    ref_weights = load_file(ref_dir / "checkpoint" / "model.safetensors")
+    run_weights = load_file(run_dir / "checkpoint" / "model.safetensors")
+    assert ref_weights.keys() == run_weights.keys()
+    for name, tensor in ref_weights.items():
+        assert (run_weights[name] - tensor).abs().max().item() <= 1e-5, name
+    # The last two checkpoints are kept; latest is the final one.
+    assert (save_dir / "latest").read_text().strip() == "iter_0000003"
+    assert sorted(p.name for p in save_dir.iterdir()) == ["iter_0000002", "iter_0000003", "latest"]
+    print(f"resume e2e: {time.monotonic() - started:.1f} s")

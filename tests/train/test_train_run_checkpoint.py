@@ -1,0 +1,138 @@
+"""Run checkpoints: layout, the latest pointer, crash safety, pruning, RNG and trainer state."""
+
+from __future__ import annotations
+
+import json
+import random
+from pathlib import Path
+
+import numpy
+import pytest
+import torch
+from train_helpers import make_samples
+
+from relaxtrio.train import TrainConfig, Trainer
+from relaxtrio.train.checkpoint import (
+    LATEST_FILE,
+    OPTIMIZER_FILE,
+    RUN_STATE_FILE,
+    capture_rng_state,
+    find_run_checkpoint,
+    read_run_state,
+    restore_rng_state,
+    save_run_checkpoint,
+)
+
+
+def _save(trainer: Trainer, save_dir: Path, steps: int, **kwargs: object) -> Path:
+    return save_run_checkpoint(
+        save_dir, steps, trainer.model,
+        optimizer_state={"optimizer": trainer.optimizer.state_dict(),
+                         "num_optimizer_steps": trainer.num_optimizer_steps},
+        state={"trainer": trainer.resume_state(), "note": f"after {steps}"}, **kwargs)
+
+
+def _weights(trainer: Trainer) -> dict[str, torch.Tensor]:
+    return {k: v.detach().clone() for k, v in trainer.model.state_dict().items()}
+
+
+def test_layout_pointer_and_pruning(tiny_model_dir: Path, tmp_path: Path) -> None:
+    trainer = Trainer.from_pretrained(tiny_model_dir, TrainConfig(lr=1e-3))
+    save_dir = tmp_path / "ckpt"
+    for steps in (1, 2, 3):
+        path = _save(trainer, save_dir, steps)
+        assert path == save_dir / f"iter_{steps:07d}"
+        assert (save_dir / LATEST_FILE).read_text() == f"iter_{steps:07d}\n"
+    # The newest two are kept; no temporary or trash directory is left behind.
+    assert sorted(p.name for p in save_dir.iterdir()) == ["iter_0000002", "iter_0000003", LATEST_FILE]
+    assert {p.name for p in path.iterdir()} >= {"model.safetensors", "config.json", OPTIMIZER_FILE,
+                                                 RUN_STATE_FILE}
+    assert find_run_checkpoint(save_dir) == path
+    assert find_run_checkpoint(path) == path  # a checkpoint directory itself
+    assert find_run_checkpoint(tmp_path / "nothing-here") is None
+    state = read_run_state(path)
+    assert state["steps_done"] == 3 and state["note"] == "after 3" and state["format"] == 1
+    assert set(state["rng"]) >= {"python", "torch", "numpy"}
+    # Saving the same step again (a resumed run) replaces it as a whole.
+    again = _save(trainer, save_dir, 3, keep=1)
+    assert sorted(p.name for p in save_dir.iterdir()) == ["iter_0000003", LATEST_FILE]
+    assert read_run_state(again)["steps_done"] == 3
+
+
+def test_a_failed_write_leaves_the_previous_checkpoint(tiny_model_dir: Path, tmp_path: Path) -> None:
+    trainer = Trainer.from_pretrained(tiny_model_dir, TrainConfig(lr=1e-3))
+    save_dir = tmp_path / "ckpt"
+    first = _save(trainer, save_dir, 1)
+    before = sorted(p.name for p in first.iterdir())
+    empty = tmp_path / "no-tokenizer"
+    empty.mkdir()
+    with pytest.raises(FileNotFoundError, match="holds no tokenizer files"):
+        _save(trainer, save_dir, 2, tokenizer_dir=empty)  # fails after the weights were written
+    with pytest.raises(TypeError):
+        save_run_checkpoint(save_dir, 2, trainer.model, optimizer_state={}, state={"x": object()})
+    assert sorted(p.name for p in save_dir.iterdir()) == ["iter_0000001", LATEST_FILE]
+    assert sorted(p.name for p in first.iterdir()) == before
+    assert find_run_checkpoint(save_dir) == first
+
+
+def test_crash_leftovers_are_ignored_and_a_dangling_pointer_falls_back(
+    tiny_model_dir: Path, tmp_path: Path
+) -> None:
+    trainer = Trainer.from_pretrained(tiny_model_dir, TrainConfig(lr=1e-3))
+    save_dir = tmp_path / "ckpt"
+    _save(trainer, save_dir, 1)
+    second = _save(trainer, save_dir, 2)
+    # A write killed before its rename: a temporary directory with partial files (even a state
+    # file), and a later iter directory without a state file.
+    partial = save_dir / ".iter_0000003.tmp-crashed"
+    partial.mkdir()
+    (partial / RUN_STATE_FILE).write_text("{")
+    (save_dir / "iter_0000004").mkdir()
+    assert find_run_checkpoint(save_dir) == second
+    # Killed between the rename and the pointer update, or the pointer lost.
+    (save_dir / LATEST_FILE).write_text("iter_0000009\n")
+    assert find_run_checkpoint(save_dir) == second
+    (save_dir / LATEST_FILE).unlink()
+    assert find_run_checkpoint(save_dir) == second
+    # The next successful write removes the temporary.
+    _save(trainer, save_dir, 3)
+    assert not partial.exists()
+
+
+def test_rng_state_round_trip() -> None:
+    state = json.loads(json.dumps(capture_rng_state()))  # what state.json stores
+    expected = (random.random(), torch.rand(3), numpy.random.rand(2))
+    random.seed(99)
+    torch.manual_seed(99)
+    numpy.random.seed(99)
+    restore_rng_state(state)
+    got = (random.random(), torch.rand(3), numpy.random.rand(2))
+    assert got[0] == expected[0]
+    assert torch.equal(got[1], expected[1])
+    assert numpy.array_equal(got[2], expected[2])
+
+
+def test_trainer_resumed_from_a_checkpoint_trains_the_same_weights(
+    tiny_model_dir: Path, tmp_path: Path
+) -> None:
+    """Two steps in one trainer equal one step, a checkpoint, a new trainer and one more step.
+
+    Two minibatches per step, so the shuffling RNG and AdamW's moments both matter.
+    """
+    config = TrainConfig(lr=1e-2, num_minibatches=2, micro_batch_size=2, seed=5)
+    steps = [(make_samples(6, seed=s), [1.0, -1.0, 0.5, -0.5, 2.0, -2.0]) for s in (1, 2)]
+    straight = Trainer.from_pretrained(tiny_model_dir, config)
+    for samples, advantages in steps:
+        straight.train_step(samples, advantages)
+
+    first = Trainer.from_pretrained(tiny_model_dir, config)
+    first.train_step(*steps[0])
+    checkpoint = _save(first, tmp_path / "ckpt", 1)
+    resumed = Trainer.from_pretrained(checkpoint, config)
+    resumed.load_resume_state(checkpoint, read_run_state(checkpoint)["trainer"])
+    assert resumed.num_optimizer_steps == 2
+    resumed.train_step(*steps[1])
+    assert resumed.num_optimizer_steps == straight.num_optimizer_steps == 4
+    want, got = _weights(straight), _weights(resumed)
+    for name, tensor in want.items():
+        assert torch.equal(got[name], tensor), name
