@@ -31,19 +31,40 @@ REPO = Path(relaxtrio.__file__).resolve().parent.parent
 RUN_TIMEOUT_S = 240.0
 
 
-def _command(tmp_path: Path, model_dir: Path, *extra: str) -> list[str]:
-    agent_dir = tmp_path / "agent"
+def _command(tmp_path: Path, model_dir: Path, name: str, *extra: str) -> list[str]:
+    """The run's command; each run has its own agent directory (to find its agent processes)."""
+    agent_dir = tmp_path / f"agent-{name}"
+    agent_dir.mkdir(exist_ok=True)
     return [
         sys.executable, "-m", "relaxtrio", "train",
         "--hf-checkpoint", str(model_dir), "--prompt-data", str(tmp_path / "prompts.jsonl"),
         "--agent-cwd", str(agent_dir), "--agent-command", f"{write_httpx_agent(agent_dir)} ok",
         "--agent-env", "AGENT_REWARD=content",
         # 2 prompts, 1 Group per step: step 2 starts the second epoch (reshuffled).
-        "--num-rollout", "3", "--n-samples-per-prompt", "3", "--rollout-batch-size", "1",
+        "--num-rollout", "3", "--n-samples-per-prompt", "2", "--rollout-batch-size", "1",
         "--rollout-max-response-len", "8", "--lr", "1e-2", "--agent-timeout", "120",
         "--sglang-enable-deterministic-inference", "--engine-max-running-requests", "4",
         *extra,
     ]
+
+
+def _start(cmd: list[str], log_path: Path) -> subprocess.Popen:
+    """Starts a run in its own process group, output to ``log_path``."""
+    with log_path.open("wb") as log_file:
+        return subprocess.Popen(cmd, cwd=REPO, env=_env(), stdin=subprocess.DEVNULL,
+                                stdout=log_file, stderr=subprocess.STDOUT, start_new_session=True)
+
+
+def _finish(proc: subprocess.Popen, log_path: Path) -> str:
+    try:
+        proc.wait(timeout=RUN_TIMEOUT_S)
+    finally:
+        if proc.poll() is None:
+            os.killpg(proc.pid, signal.SIGKILL)
+            proc.wait()
+    text = log_path.read_text(errors="replace")
+    assert proc.returncode == 0, text[-3000:]
+    return text
 
 
 def _env() -> dict[str, str]:
@@ -72,10 +93,8 @@ def _agents_left(agent_dir: Path) -> list[int]:
 
 
 def _run_and_kill_during_step_1(cmd: list[str], log_path: Path) -> str:
-    """Starts the run in its own process group and SIGKILLs the group during step 1."""
-    with log_path.open("wb") as log_file:
-        proc = subprocess.Popen(cmd, cwd=REPO, env=_env(), stdin=subprocess.DEVNULL,
-                                stdout=log_file, stderr=subprocess.STDOUT, start_new_session=True)
+    """Starts the run and SIGKILLs its process group while step 1 runs."""
+    proc = _start(cmd, log_path)
     try:
         deadline = time.monotonic() + RUN_TIMEOUT_S
         while "event=accounting_start rollout=1" not in log_path.read_text(errors="replace"):
@@ -124,41 +143,36 @@ def test_checkpoint_flags(tmp_path: Path) -> None:
 def test_sigkill_during_step_1_then_load_matches_an_uninterrupted_run(
     tiny_model_dir: Path, tmp_path: Path
 ) -> None:
-    agent_dir = tmp_path / "agent"
-    agent_dir.mkdir()
     (tmp_path / "prompts.jsonl").write_text("".join(
         json.dumps({"input": f"Question {i}: name a colour.", "metadata": {"id": i}}) + "\n"
         for i in range(2)))
     started = time.monotonic()
-
-    # The reference: three steps, never interrupted.
+    # The reference: three steps, never interrupted (it runs while the next one is killed).
     ref_dir = tmp_path / "ref"
-    ref = subprocess.run(_command(tmp_path, tiny_model_dir, "--output-dir", str(ref_dir)),
-                         cwd=REPO, env=_env(), stdin=subprocess.DEVNULL, capture_output=True,
-                         text=True, timeout=RUN_TIMEOUT_S, check=False)
-    assert ref.returncode == 0, ref.stderr[-3000:]
-
-    # The same run with a checkpoint after every step, killed while step 1 runs.
-    run_dir, save_dir = tmp_path / "run", tmp_path / "run" / "ckpt"
-    saving = ("--save", str(save_dir), "--save-interval", "1")
-    killed_log = _run_and_kill_during_step_1(
-        _command(tmp_path, tiny_model_dir, "--output-dir", str(run_dir), *saving),
-        tmp_path / "killed.log")
+    ref = _start(_command(tmp_path, tiny_model_dir, "ref", "--output-dir", str(ref_dir)),
+                 tmp_path / "ref.log")
+    try:
+        # The same run with a checkpoint after every step, killed while step 1 runs.
+        run_dir, save_dir = tmp_path / "run", tmp_path / "run" / "ckpt"
+        saving = ("--save", str(save_dir), "--save-interval", "1")
+        killed_log = _run_and_kill_during_step_1(
+            _command(tmp_path, tiny_model_dir, "killed", "--output-dir", str(run_dir), *saving),
+            tmp_path / "killed.log")
+    finally:
+        _finish(ref, tmp_path / "ref.log")
     assert "event=accounting_end rollout=1" not in killed_log  # it died inside step 1
     assert (save_dir / "latest").read_text().strip() == "iter_0000001"
     assert [r["step"] for r in _rows(run_dir)] == [0]
     # Its agents lose the API server and exit on their own.
     deadline = time.monotonic() + 30
-    while _agents_left(agent_dir) and time.monotonic() < deadline:
+    while _agents_left(tmp_path / "agent-killed") and time.monotonic() < deadline:
         time.sleep(0.1)
-    assert not _agents_left(agent_dir)
+    assert not _agents_left(tmp_path / "agent-killed")
 
     # Resume: no --output-dir, so it continues in the killed run's directory.
-    resumed = subprocess.run(_command(tmp_path, tiny_model_dir, "--load", str(save_dir), *saving),
-                             cwd=REPO, env=_env(), stdin=subprocess.DEVNULL, capture_output=True,
-                             text=True, timeout=RUN_TIMEOUT_S, check=False)
-    assert resumed.returncode == 0, resumed.stderr[-3000:]
-    assert f"resuming from {save_dir / 'iter_0000001'} at rollout 1" in resumed.stderr
+    resumed = _finish(_start(_command(tmp_path, tiny_model_dir, "resumed", "--load", str(save_dir),
+                                      *saving), tmp_path / "resumed.log"), tmp_path / "resumed.log")
+    assert f"resuming from {save_dir / 'iter_0000001'} at rollout 1" in resumed
 
     want, got = _rows(ref_dir), _rows(run_dir)
     assert [r["step"] for r in got] == [0, 1, 2]  # appended, each step once
