@@ -92,16 +92,17 @@ def _agents_left(agent_dir: Path) -> list[int]:
     return pids
 
 
-def _run_and_kill_during_step_1(cmd: list[str], log_path: Path) -> str:
-    """Starts the run and SIGKILLs its process group while step 1 runs."""
+def _run_and_kill_during_step_1(cmd: list[str], log_path: Path, agent_dir: Path) -> str:
+    """Starts the run and SIGKILLs its process group once a step-1 agent is running."""
     proc = _start(cmd, log_path)
     try:
         deadline = time.monotonic() + RUN_TIMEOUT_S
-        while "event=accounting_start rollout=1" not in log_path.read_text(errors="replace"):
+        # Step 0's agents have exited when step 1 starts, so a live agent now is one of step 1's.
+        while ("event=accounting_start rollout=1" not in log_path.read_text(errors="replace")
+               or not _agents_left(agent_dir)):
             assert proc.poll() is None, log_path.read_text(errors="replace")[-3000:]
-            assert time.monotonic() < deadline, "step 1 never started"
-            time.sleep(0.05)
-        time.sleep(0.3)  # the step's agents are starting: well inside step 1 (which takes > 1 s)
+            assert time.monotonic() < deadline, "step 1 never started its agents"
+            time.sleep(0.02)
     finally:
         # The whole process group: the driver and its embedded engine, as a node failure would.
         os.killpg(proc.pid, signal.SIGKILL)
@@ -157,7 +158,7 @@ def test_sigkill_during_step_1_then_load_matches_an_uninterrupted_run(
         saving = ("--save", str(save_dir), "--save-interval", "1")
         killed_log = _run_and_kill_during_step_1(
             _command(tmp_path, tiny_model_dir, "killed", "--output-dir", str(run_dir), *saving),
-            tmp_path / "killed.log")
+            tmp_path / "killed.log", tmp_path / "agent-killed")
     finally:
         _finish(ref, tmp_path / "ref.log")
     assert "event=accounting_end rollout=1" not in killed_log  # it died inside step 1
