@@ -183,7 +183,7 @@ def _with_checkpoint_flags(config: Any, args: argparse.Namespace) -> Any:
     if args.load is not None and args.output_dir is None:
         from .run_checkpoint import find_resume_point
 
-        resume = find_resume_point(args.load)
+        resume = find_resume_point(args.load, log_missing=False)  # the driver logs it
         if resume is not None and resume.output_dir is not None:
             output_dir = resume.output_dir
     generation = config.generation

@@ -108,8 +108,12 @@ class ResumePoint:
         return Path(value) if value else None
 
 
-def find_resume_point(load_dir: Path | None) -> ResumePoint | None:
+def find_resume_point(load_dir: Path | None, *, log_missing: bool = True) -> ResumePoint | None:
     """The checkpoint ``--load load_dir`` resumes from; None for no flag or no checkpoint there.
+
+    Args:
+        load_dir: the ``--load`` directory, or None.
+        log_missing: log a warning when ``load_dir`` holds no checkpoint (a fresh start).
 
     Raises:
         InvalidRequestError: the checkpoint found is unreadable or of an unknown format.
@@ -118,7 +122,9 @@ def find_resume_point(load_dir: Path | None) -> ResumePoint | None:
         return None
     checkpoint = find_run_checkpoint(load_dir)
     if checkpoint is None:
-        log.warning("--load %s holds no run checkpoint; starting from the beginning", load_dir)
+        if log_missing:
+            log.warning("--load %s holds no run checkpoint; starting from the beginning",
+                        load_dir)
         return None
     try:
         state = read_run_state(checkpoint)
@@ -141,6 +147,7 @@ class RunCheckpointer:
     resume: ResumePoint | None = None
     weight_version: str | None = None
     _first_row_extra: dict[str, float] = attrs.field(factory=dict)
+    _prompt_data_sha256: str | None = None
 
     @classmethod
     def open(cls, config: TrainRunConfig) -> RunCheckpointer:
@@ -249,13 +256,15 @@ class RunCheckpointer:
         assert cfg.save_dir is not None
         steps_done = rollout_id + 1
         rollout = capture_rollout(pipeline.prompts, pipeline.held_groups, next_rollout_id=steps_done)
+        if self._prompt_data_sha256 is None:
+            self._prompt_data_sha256 = await trio.to_thread.run_sync(_sha256, cfg.prompt_data)
         state = {
             "rollout": rollout.to_json(),
             "weight_version": self.weight_version,
             "metrics": [dict(row) for row in metrics.rows],
             "run": {"output_dir": str(cfg.output_dir.resolve()),
                     "prompt_data": str(cfg.prompt_data.resolve()),
-                    "prompt_data_sha256": await trio.to_thread.run_sync(_sha256, cfg.prompt_data),
+                    "prompt_data_sha256": self._prompt_data_sha256,
                     "num_rollout": cfg.num_rollout},
         }
 

@@ -26,6 +26,7 @@ from support.procs import alive
 import relaxtrio
 from relaxtrio._errors import RelaxError
 from relaxtrio._train_args import add_train_parser, train_config
+from relaxtrio.run_checkpoint import RunCheckpointer
 
 REPO = Path(relaxtrio.__file__).resolve().parent.parent
 RUN_TIMEOUT_S = 240.0
@@ -51,7 +52,7 @@ def _command(tmp_path: Path, model_dir: Path, name: str, *extra: str) -> list[st
 def _start(cmd: list[str], log_path: Path) -> subprocess.Popen:
     """Starts a run in its own process group, output to ``log_path``."""
     with log_path.open("wb") as log_file:
-        return subprocess.Popen(cmd, cwd=REPO, env=_env(), stdin=subprocess.DEVNULL,
+        return subprocess.Popen(cmd, cwd=REPO, env=_env(log_path.parent), stdin=subprocess.DEVNULL,
                                 stdout=log_file, stderr=subprocess.STDOUT, start_new_session=True)
 
 
@@ -67,8 +68,9 @@ def _finish(proc: subprocess.Popen, log_path: Path) -> str:
     return text
 
 
-def _env() -> dict[str, str]:
+def _env(tmp_path: Path) -> dict[str, str]:
     env = dict(os.environ)
+    env["MPLCONFIGDIR"] = str(tmp_path / "matplotlib")  # the font cache is built once, not per run
     env["PYTHONPATH"] = os.pathsep.join(p for p in (str(REPO), env.get("PYTHONPATH")) if p)
     env["PYTHONUNBUFFERED"] = "1"
     return env
@@ -126,6 +128,13 @@ def test_checkpoint_flags(tmp_path: Path) -> None:
     assert config.generation.sampling_seed(1) is None  # unseeded unless asked for
     seeded = _config("--sglang-enable-deterministic-inference", "--rollout-seed", "9").generation
     assert [seeded.sampling_seed(i) for i in range(3)] == [9, 10, 11]
+    def saved_after(*argv: str) -> list[int]:
+        checkpointer = RunCheckpointer(config=_config("--num-rollout", "5", *argv))
+        return [step for step in range(5) if checkpointer.save_due(step)]
+
+    assert saved_after() == []
+    assert saved_after("--save", str(tmp_path)) == [4]  # the end only
+    assert saved_after("--save", str(tmp_path), "--save-interval", "2") == [1, 3, 4]
     # --load without --output-dir continues in the checkpointed run's directory ...
     checkpoint = tmp_path / "ckpt" / "iter_0000001"
     checkpoint.mkdir(parents=True)
