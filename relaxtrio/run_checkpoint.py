@@ -192,7 +192,8 @@ class RunCheckpointer:
         if self.resume is None:
             return
         saved = self.resume.state.get("run", {}).get("prompt_data_sha256")
-        if saved is not None and saved != _sha256(self.config.prompt_data):
+        self._prompt_data_sha256 = _sha256(self.config.prompt_data)
+        if saved is not None and saved != self._prompt_data_sha256:
             log.warning("resume: %s changed since the checkpoint was written; the saved cursor "
                         "indexes the new file's rows", self.config.prompt_data)
         checkpoint = RolloutCheckpoint.from_json(self.resume.state["rollout"])
