@@ -264,7 +264,7 @@ class GenerationConfig:
         stop_token_ids: extra stop token ids for every turn (EOS ids are always included).
         seed: base sampling seed, or None (every request draws its own seed from the OS).
         seed_per_sample: with ``seed`` set, Session ``i`` of a Group samples with ``seed + i``
-            instead of every Session using ``seed`` (Relax's deterministic inference:
+            instead of every Session using ``seed`` (``--sglang-enable-deterministic-inference``:
             ``rollout_seed + sample position``), so a Group's samples differ and a rerun repeats.
         tool_call_parser: tool-call parser name (used only when the request has tools).
         reasoning_parser: reasoning parser name, or None.
