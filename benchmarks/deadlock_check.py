@@ -28,7 +28,7 @@ from pathlib import Path
 
 import trio
 
-from relaxtrio import InvalidRequestError
+from relaxtrio import ConfigError
 from relaxtrio.api.app import create_app, serve_api
 from relaxtrio.chat.compiler import ChatCompiler
 from relaxtrio.config import AgentConfig, GenerationConfig, RolloutConfig
@@ -105,7 +105,7 @@ async def run_case(model_dir: Path, work: Path, row: tuple, slots: int) -> dict:
     try:
         check_external_slots(plan, slots)
         case["capacity_check"] = "ok"
-    except InvalidRequestError as exc:
+    except ConfigError as exc:
         case["capacity_check"] = "refused"
         case["refusal"] = str(exc).split(". With")[0]
     (work / "agent.py").write_text(SLOT_AGENT)

@@ -11,7 +11,10 @@ from ._errors import AuthenticationError as AuthenticationError
 from ._errors import BackendError as BackendError
 from ._errors import BackendTimeoutError as BackendTimeoutError
 from ._errors import ClientDisconnectError as ClientDisconnectError
+from ._errors import ConfigError as ConfigError
 from ._errors import ContextLengthExceededError as ContextLengthExceededError
+from ._errors import EngineRejectedError as EngineRejectedError
+from ._errors import EngineUnavailableError as EngineUnavailableError
 from ._errors import ExportError as ExportError
 from ._errors import InternalError as InternalError
 from ._errors import InvalidRequestError as InvalidRequestError
@@ -28,7 +31,10 @@ __all__ = [
     "BackendError",
     "BackendTimeoutError",
     "ClientDisconnectError",
+    "ConfigError",
     "ContextLengthExceededError",
+    "EngineRejectedError",
+    "EngineUnavailableError",
     "ExportError",
     "InternalError",
     "InvalidRequestError",

@@ -10,20 +10,34 @@
     ├── SessionAbortedError                      404 the Session ended while a request waited
     ├── ClientDisconnectError                    499 client_disconnect
     ├── BackendError                             500 the generation engine failed
-    │   └── BackendTimeoutError                  500 the engine did not answer in time
+    │   ├── EngineUnavailableError               the engine is broken: unreachable, 5xx, or broke
+    │   │   │                                    the protocol (carries ``engine_url``, ``status_code``)
+    │   │   └── BackendTimeoutError              the engine did not answer in time
+    │   └── EngineRejectedError                  the engine refused this one request with a 4xx
+    │                                            (carries ``engine_url``, ``status_code``)
     ├── OverloadedError                          503 (OpenAI) / 529 overloaded_error (Anthropic)
     ├── InternalError                            500 a bug; never reveals details to clients
     ├── AgentExecutionError                      an agent process timed out, crashed or wrote bad output
-    └── ExportError                              a Session's output cannot become training samples
+    ├── ExportError                              a Session's output cannot become training samples
+    │                                            (carries ``num_leaves`` for implicit export)
+    └── ConfigError(RelaxError, ValueError)      a bad flag, config field or dataset row; the command
+                                                 line exits with status 2 (never an HTTP answer)
 
 Each class declares ``http_status``, ``openai_type``, ``anthropic_type`` and ``code`` (the
 openai-python pattern), so the API layer renders any of them without a lookup table. Errors carry
-data: ``param`` (the request field path, e.g. ``messages[3].content``) and ``session_id``.
+data, never text to be parsed back: ``param`` (the request field path, e.g.
+``messages[3].content``, or the config field), ``session_id``, and per class the fields above.
+An error built with :meth:`RelaxError.at` also keeps its ``problem`` (the message after the path),
+so :meth:`RelaxError.at_param` can report it at another path (a protocol's own field path, a
+command-line flag) without rewriting text.
+
+Callers tell errors apart by type: a turn that sees :class:`EngineUnavailableError` stops the run
+(the engine is gone); :class:`EngineRejectedError` fails only that turn.
 """
 
 from __future__ import annotations
 
-from typing import ClassVar
+from typing import Any, ClassVar, Self
 
 
 class RelaxError(Exception):
@@ -40,6 +54,11 @@ class RelaxError(Exception):
     anthropic_type: ClassVar[str] = "api_error"
     code: ClassVar[str | None] = None
 
+    problem: str | None = None
+    """The message after the path when the error was built with :meth:`at`, else None."""
+    subpath: str = ""
+    """The part of the message's path below ``param`` (see :meth:`at`)."""
+
     def __init__(self, message: str, *, param: str | None = None, session_id: str | None = None):
         super().__init__(message)
         self.message = message
@@ -48,6 +67,36 @@ class RelaxError(Exception):
 
     def __str__(self) -> str:
         return self.message
+
+    @classmethod
+    def at(cls, param: str, problem: str, *, subpath: str = "", **fields: Any) -> Self:
+        """The error ``"<param><subpath> <problem>"`` with ``param`` set and the parts kept.
+
+        Args:
+            param: the field path the error belongs to.
+            problem: the rest of the message, e.g. ``"must be an object, got string"``.
+            subpath: a path inside the field's value that the message names (``.a.b`` for a
+                bad value deep inside a JSON-string field), or empty.
+            **fields: the class's other keyword arguments (``session_id``, ...).
+        """
+        error = cls(f"{param}{subpath} {problem}", param=param, **fields)
+        error.problem = problem
+        error.subpath = subpath
+        return error
+
+    def at_param(self, param: str) -> Self:
+        """A copy of this error reported at ``param``.
+
+        The message is rebuilt as ``"<param><subpath> <problem>"`` when the error was made by
+        :meth:`at`; otherwise it is kept and only ``param`` changes. Every other field is kept.
+        """
+        moved = type(self).__new__(type(self), *self.args)
+        moved.__dict__.update(self.__dict__)
+        moved.param = param
+        if self.problem is not None:
+            moved.message = f"{param}{self.subpath} {self.problem}"
+            moved.args = (moved.message,)
+        return moved
 
 
 class InvalidRequestError(RelaxError, ValueError):
@@ -109,8 +158,43 @@ class BackendError(RelaxError):
     code = "internal_error"
 
 
-class BackendTimeoutError(BackendError):
+class EngineUnavailableError(BackendError):
+    """The engine itself is broken: unreachable, a 5xx after retries, or a protocol violation.
+
+    Every later turn would fail the same way, so the rollout stops the run on the first one.
+
+    Attributes:
+        engine_url: base URL of the engine, when known.
+        status_code: the HTTP status it answered, or None (transport failure, bad body).
+    """
+
+    def __init__(self, message: str, *, engine_url: str | None = None, status_code: int | None = None,
+                 param: str | None = None, session_id: str | None = None):
+        super().__init__(message, param=param, session_id=session_id)
+        self.engine_url = engine_url
+        self.status_code = status_code
+
+
+class BackendTimeoutError(EngineUnavailableError):
     """The generation engine did not answer within its bounded wait."""
+
+
+class EngineRejectedError(BackendError):
+    """The engine refused this one request (an HTTP 4xx other than context length).
+
+    The request was at fault (e.g. an image the model cannot take), not the engine: only this
+    turn fails.
+
+    Attributes:
+        engine_url: base URL of the engine that answered.
+        status_code: the HTTP status (or the status of a ``success: false`` answer).
+    """
+
+    def __init__(self, message: str, *, engine_url: str, status_code: int,
+                 param: str | None = None, session_id: str | None = None):
+        super().__init__(message, param=param, session_id=session_id)
+        self.engine_url = engine_url
+        self.status_code = status_code
 
 
 class OverloadedError(RelaxError):
@@ -138,4 +222,24 @@ class AgentExecutionError(RelaxError):
 
 
 class ExportError(RelaxError):
-    """A Session's output cannot be turned into training samples (the Session is dropped)."""
+    """A Session's output cannot be turned into training samples (the Session is dropped).
+
+    Attributes:
+        num_leaves: for "implicit export requires one committed leaf", how many committed
+            leaves with a response the forest had (0: the agent got no answer; > 1: several
+            separate conversations); None for every other export failure.
+    """
+
+    def __init__(self, message: str, *, num_leaves: int | None = None, param: str | None = None,
+                 session_id: str | None = None):
+        super().__init__(message, param=param, session_id=session_id)
+        self.num_leaves = num_leaves
+
+
+class ConfigError(RelaxError, ValueError):
+    """A bad command-line flag, config field or dataset row (the CLI exits with status 2).
+
+    Raised before or between steps, never answered over HTTP: a client mistake in a request is
+    an :class:`InvalidRequestError` instead. A ``ValueError``, so attrs validators may raise it.
+    ``param`` names the field or flag (``micro_batch_size``, ``--agent-env``).
+    """

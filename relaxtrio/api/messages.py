@@ -35,6 +35,7 @@ from collections.abc import Mapping
 from typing import Any, Final
 
 from .._errors import InvalidRequestError, RelaxError
+from .._validate import require_object
 from ..nursery.turns import TurnRequest, TurnResult
 from .errors import anthropic_error_body
 from .fields import (
@@ -65,17 +66,14 @@ def _blocks_text(value: Any, path: str, *, separator: str, allow_empty_string: b
     texts = []
     for index, block in enumerate(value):
         block_path = f"{path}[{index}]"
-        if not isinstance(block, dict):
-            raise InvalidRequestError(f"{block_path} must be an object", param=block_path)
+        require_object(block, block_path)
         if block.get("type") == "text":
             texts.append(non_empty_str(block.get("text"), f"{block_path}.text"))
     return separator.join(texts) if texts else None
 
 
 def _image_url(block: Mapping[str, Any], path: str) -> str:
-    source = block.get("source")
-    if not isinstance(source, dict):
-        raise InvalidRequestError(f"{path}.source must be an object", param=f"{path}.source")
+    source = require_object(block.get("source"), f"{path}.source")
     kind = source.get("type")
     if kind == "base64":
         media_type = source.get("media_type")
@@ -97,8 +95,7 @@ def _assistant_blocks(blocks: list[Any], path: str, proj: Projection) -> None:
     content_path: str | None = None
     for index, block in enumerate(blocks):
         block_path = f"{path}.content[{index}]"
-        if not isinstance(block, dict):
-            raise InvalidRequestError(f"{block_path} must be an object", param=block_path)
+        require_object(block, block_path)
         kind = block.get("type")
         if kind == "text":
             texts.append(non_empty_str(block.get("text"), f"{block_path}.text"))
@@ -112,9 +109,7 @@ def _assistant_blocks(blocks: list[Any], path: str, proj: Projection) -> None:
         elif kind == "tool_use":
             call_id = non_empty_str(block.get("id"), f"{block_path}.id")
             name = non_empty_str(block.get("name"), f"{block_path}.name")
-            arguments = block.get("input")
-            if not isinstance(arguments, dict):
-                raise InvalidRequestError(f"{block_path}.input must be an object", param=f"{block_path}.input")
+            arguments = require_object(block.get("input"), f"{block_path}.input")
             calls.append({"id": call_id, "type": "function", "function": {"name": name, "arguments": arguments}})
             call_sources.append(call_source(block_path, id_key="id", name_key="name", arguments_key="input"))
     message: dict[str, Any] = {"role": "assistant", "content": "".join(texts)}
@@ -146,8 +141,7 @@ def _user_blocks(blocks: list[Any], path: str, proj: Projection) -> None:
 
     for index, block in enumerate(blocks):
         block_path = f"{path}.content[{index}]"
-        if not isinstance(block, dict):
-            raise InvalidRequestError(f"{block_path} must be an object", param=block_path)
+        require_object(block, block_path)
         kind = block.get("type")
         if kind == "text":
             parts.append({"type": "text", "text": non_empty_str(block.get("text"), f"{block_path}.text")})
@@ -175,8 +169,7 @@ def _project_messages(messages: Any, proj: Projection) -> None:
         raise InvalidRequestError("messages is required and must be a list", param="messages")
     for index, message in enumerate(messages):
         path = f"messages[{index}]"
-        if not isinstance(message, dict):
-            raise InvalidRequestError(f"{path} must be an object", param=path)
+        require_object(message, path)
         role = message.get("role")
         if role not in ("user", "assistant"):
             continue  # other roles are dropped (docs/client-quirks.md#unknown-roles-and-items-are-dropped)

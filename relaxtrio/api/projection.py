@@ -4,8 +4,10 @@ The Responses and Messages normalizers build Chat-shaped messages and tools here
 :meth:`Projection.conversation` hands them to :meth:`Conversation.from_wire`, which owns every
 canonical rule (system merge, argument canonicalization, content checks). When the forest
 rejects something it names the Chat-shaped path (``messages[2].tool_calls[0].function.arguments``);
-each projected message remembers which request field it came from, so the error is rewritten to
-the path the client actually sent (``input[5].arguments``).
+each projected message remembers which request field it came from, so the error is reported at
+the path the client actually sent (``input[5].arguments``) with
+:meth:`~relaxtrio.RelaxError.at_param`: the forest's errors keep their path and problem apart,
+so no message text is rewritten.
 """
 
 from __future__ import annotations
@@ -17,6 +19,7 @@ from typing import Any, Final
 import attrs
 
 from .._errors import InvalidRequestError
+from .._validate import require_list, require_object
 from ..forest import Conversation
 from .fields import non_empty_str
 
@@ -130,10 +133,7 @@ class Projection:
             new_param = self.messages_field
         if new_param is None:
             return exc
-        message = exc.message
-        if param and message.startswith(param):
-            message = new_param + message[len(param):]
-        return type(exc)(message, param=new_param, session_id=exc.session_id)
+        return exc.at_param(new_param)
 
 
 def project_flat_tools(
@@ -159,12 +159,10 @@ def project_flat_tools(
     """
     if tools is None:
         return
-    if not isinstance(tools, list):
-        raise InvalidRequestError("tools must be a list", param="tools")
+    require_list(tools, "tools")
     for index, tool in enumerate(tools):
         path = f"tools[{index}]"
-        if not isinstance(tool, dict):
-            raise InvalidRequestError(f"{path} must be an object", param=path)
+        require_object(tool, path)
         if tool.get("type") not in function_types:
             continue  # server tools (bash, web_search, ...) are not function tools
         name = non_empty_str(tool.get("name"), f"{path}.name")

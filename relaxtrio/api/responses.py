@@ -42,6 +42,7 @@ from collections.abc import Mapping
 from typing import Any, Final
 
 from .._errors import InvalidRequestError, RelaxError
+from .._validate import require_object
 from ..nursery.turns import TurnRequest, TurnResult
 from .errors import openai_error_body
 from .fields import non_empty_str, optional_bool, optional_object, optional_positive_int, optional_str, thinking_switch
@@ -105,8 +106,7 @@ def _message_content(content: Any, role: str, path: str) -> tuple[Any, tuple[str
     paths: list[str] = []
     for index, part in enumerate(content):
         part_path = f"{path}[{index}]"
-        if not isinstance(part, dict):
-            raise InvalidRequestError(f"{part_path} must be an object", param=part_path)
+        require_object(part, part_path)
         kind = part.get("type")
         if kind in ("input_text", "output_text"):
             text = _text_part(part, part_path, allow_empty=role == "assistant")
@@ -141,8 +141,7 @@ def _call_output(output: Any, path: str) -> str:
         texts = []
         for index, part in enumerate(output):
             part_path = f"{path}[{index}]"
-            if not isinstance(part, dict):
-                raise InvalidRequestError(f"{part_path} must be an object", param=part_path)
+            require_object(part, part_path)
             if part.get("type") == "input_text":
                 texts.append(_text_part(part, part_path, allow_empty=False))
         if texts:
@@ -155,8 +154,7 @@ def _project_items(items: list[Any], proj: Projection) -> None:
     pending = _Assistant()
     for index, item in enumerate(items):
         path = f"input[{index}]"
-        if not isinstance(item, dict):
-            raise InvalidRequestError(f"{path} must be an object", param=path)
+        require_object(item, path)
         kind = item.get("type")
         if kind is None or kind == "message":
             role = _MESSAGE_ROLES.get(item["role"]) if isinstance(item.get("role"), str) else None

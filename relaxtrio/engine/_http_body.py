@@ -16,6 +16,7 @@ from typing import Any, Final
 
 import attrs
 
+from .._validate import is_int
 from ..sglang.wire import RequestError, SamplingParams, SchemaError, parse_sampling_params
 
 __all__ = [
@@ -75,7 +76,7 @@ def _field(body: dict[str, Any], key: str, kind: type, default: Any) -> Any:
     value = body.get(key)
     if value is None:
         return default
-    if kind is int and (isinstance(value, bool) or not isinstance(value, int)):
+    if kind is int and not is_int(value):
         raise SchemaError(f"invalid type for field `{key}`: expected an integer")
     if kind is not int and not isinstance(value, kind):
         raise SchemaError(f"invalid type for field `{key}`: expected {kind.__name__}")
@@ -134,7 +135,7 @@ def parse_generate_body(raw: bytes, encode: Callable[[str], list[int]]) -> Gener
         if input_ids and all(isinstance(x, list) for x in input_ids):
             raise RequestError("The batch form of /generate is not supported by the relaxtrio "
                                "embedded engine; send one request per prompt.")
-        if any(isinstance(x, bool) or not isinstance(x, int) for x in input_ids):
+        if not all(is_int(x) for x in input_ids):
             raise SchemaError("invalid type for field `input_ids`: expected integers")
         ids = tuple(input_ids)
     else:

@@ -1,6 +1,7 @@
 """relaxtrio.forest: canonical conversations, the SessionForest, and export to TrainingSamples.
 
-Pure and synchronous; imports only the standard library, attrs and ``relaxtrio._errors``.
+Pure and synchronous; imports only the standard library, attrs, ``relaxtrio._errors`` and
+``relaxtrio._validate`` (the shared validation vocabulary, itself stdlib + attrs + errors).
 
 * :class:`Conversation` canonicalizes a request's messages, tools and chat-template kwargs;
   :func:`state_hash` identifies a conversation state.

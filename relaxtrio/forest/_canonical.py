@@ -51,7 +51,8 @@ from typing import Any, Final
 import attrs
 
 from .._errors import InvalidRequestError
-from ._json import canonical_arguments, copy_json, dumps, type_name
+from .._validate import require_list, require_object, type_name
+from ._json import canonical_arguments, copy_json, dumps
 
 ROLES: Final = frozenset({"assistant", "system", "tool", "user"})
 RESERVED_TEMPLATE_KWARGS: Final = frozenset({"add_generation_prompt", "tokenize", "tools"})
@@ -75,8 +76,7 @@ def canonical_messages(messages: Any, *, param: str = "messages") -> tuple[dict[
     """
     if messages is None:
         return ()
-    if not isinstance(messages, (list, tuple)):
-        raise InvalidRequestError(f"{param} must be a list, got {type_name(messages)}", param=param)
+    require_list(messages, param)
     system_chunks: list[str] = []
     out: list[dict[str, Any]] = []
     for index, message in enumerate(messages):
@@ -97,56 +97,47 @@ def canonical_message(message: Any, *, param: str = "message") -> dict[str, Any]
     chunks: list[str] = []
     canonical = _canonical_message(message, param, chunks)
     if canonical is None:
-        raise InvalidRequestError(f"{param}.role must not be system here", param=f"{param}.role")
+        raise InvalidRequestError.at(f"{param}.role", "must not be system here")
     return canonical
 
 
 def _canonical_message(message: Any, where: str, system_chunks: list[str]) -> dict[str, Any] | None:
     """One message; a system message adds its text to ``system_chunks`` and returns None."""
-    if not isinstance(message, dict):
-        raise InvalidRequestError(f"{where} must be a dict, got {type_name(message)}", param=where)
+    require_object(message, where)
     if "role" not in message:
         raise InvalidRequestError(f"{where} must include role", param=f"{where}.role")
     role = message["role"]
     if not isinstance(role, str):
-        raise InvalidRequestError(
-            f"{where}.role must be a string, got {type_name(role)}", param=f"{where}.role"
-        )
+        raise InvalidRequestError.at(f"{where}.role", f"must be a string, got {type_name(role)}")
     if role not in ROLES:
-        raise InvalidRequestError(
-            f"{where}.role must be one of: {', '.join(sorted(ROLES))}", param=f"{where}.role"
-        )
+        raise InvalidRequestError.at(f"{where}.role", f"must be one of: {', '.join(sorted(ROLES))}")
     tool_calls = _canonical_tool_calls(message.get("tool_calls"), where) if role == "assistant" else []
     reasoning = message.get("reasoning_content")
     if reasoning is not None and not isinstance(reasoning, str):
-        raise InvalidRequestError(
-            f"{where}.reasoning_content must be a string, got {type_name(reasoning)}",
-            param=f"{where}.reasoning_content",
+        raise InvalidRequestError.at(
+            f"{where}.reasoning_content", f"must be a string, got {type_name(reasoning)}"
         )
     empty_content_ok = role == "assistant" and bool(tool_calls or reasoning)
     tool_call_id = None
     if role == "tool" and "tool_call_id" in message:
         tool_call_id = message["tool_call_id"]
         if not isinstance(tool_call_id, str) or not tool_call_id:
-            raise InvalidRequestError(
-                f"{where}.tool_call_id must be a non-empty string", param=f"{where}.tool_call_id"
-            )
+            raise InvalidRequestError.at(f"{where}.tool_call_id", "must be a non-empty string")
     if "content" not in message and not empty_content_ok:
         raise InvalidRequestError(f"{where} must include content", param=f"{where}.content")
     content = message.get("content")
     if content is None:
         if not empty_content_ok:
-            raise InvalidRequestError(f"{where}.content must not be empty", param=f"{where}.content")
+            raise InvalidRequestError.at(f"{where}.content", "must not be empty")
         content = ""
     elif isinstance(content, str):
         if not content and role != "tool" and not empty_content_ok:
-            raise InvalidRequestError(f"{where}.content must not be empty", param=f"{where}.content")
+            raise InvalidRequestError.at(f"{where}.content", "must not be empty")
     elif isinstance(content, (list, tuple)):
         content = _canonical_parts(content, f"{where}.content")
     else:
-        raise InvalidRequestError(
-            f"{where}.content must be a list, string, or None, got {type_name(content)}",
-            param=f"{where}.content",
+        raise InvalidRequestError.at(
+            f"{where}.content", f"must be a list, string, or None, got {type_name(content)}"
         )
     if role == "system":
         if isinstance(content, str):
@@ -166,14 +157,13 @@ def _canonical_message(message: Any, where: str, system_chunks: list[str]) -> di
 
 def _canonical_parts(parts: list[Any] | tuple[Any, ...], where: str) -> list[dict[str, Any]]:
     if not parts:
-        raise InvalidRequestError(f"{where} must not be empty", param=where)
+        raise InvalidRequestError.at(where, "must not be empty")
     out = []
     for index, part in enumerate(parts):
         path = f"{where}[{index}]"
-        if not isinstance(part, dict):
-            raise InvalidRequestError(f"{path} must be a dict, got {type_name(part)}", param=path)
+        require_object(part, path)
         if part.get("type") == "text" and part.get("text") == "":
-            raise InvalidRequestError(f"{path}.text must not be empty", param=f"{path}.text")
+            raise InvalidRequestError.at(f"{path}.text", "must not be empty")
         out.append(copy_json(part, path))
     return out
 
@@ -181,37 +171,28 @@ def _canonical_parts(parts: list[Any] | tuple[Any, ...], where: str) -> list[dic
 def _canonical_tool_calls(tool_calls: Any, where: str) -> list[dict[str, Any]]:
     if tool_calls is None:
         return []
-    if not isinstance(tool_calls, (list, tuple)):
-        raise InvalidRequestError(
-            f"{where}.tool_calls must be a list, got {type_name(tool_calls)}", param=f"{where}.tool_calls"
-        )
+    require_list(tool_calls, f"{where}.tool_calls")
     out = []
     for index, call in enumerate(tool_calls):
         path = f"{where}.tool_calls[{index}]"
-        if not isinstance(call, dict):
-            raise InvalidRequestError(f"{path} must be a dict, got {type_name(call)}", param=path)
+        require_object(call, path)
         canonical: dict[str, Any] = {}
         call_id = call.get("id")
         if call_id is not None:
             if not isinstance(call_id, str) or not call_id:
-                raise InvalidRequestError(f"{path}.id must be a non-empty string", param=f"{path}.id")
+                raise InvalidRequestError.at(f"{path}.id", "must be a non-empty string")
             canonical["id"] = call_id
         call_type = call.get("type")
         if call_type is not None and call_type != "function":
-            raise InvalidRequestError(f'{path}.type must be "function"', param=f"{path}.type")
+            raise InvalidRequestError.at(f"{path}.type", 'must be "function"')
         canonical["type"] = "function"
-        function = call.get("function")
-        if not isinstance(function, dict):
-            raise InvalidRequestError(
-                f"{path}.function must be a dict, got {type_name(function)}", param=f"{path}.function"
-            )
+        function = require_object(call.get("function"), f"{path}.function")
         canonical_function: dict[str, Any] = {}
         name = function.get("name")
         if name is not None:
             if not isinstance(name, str):
-                raise InvalidRequestError(
-                    f"{path}.function.name must be a string, got {type_name(name)}",
-                    param=f"{path}.function.name",
+                raise InvalidRequestError.at(
+                    f"{path}.function.name", f"must be a string, got {type_name(name)}"
                 )
             canonical_function["name"] = name
         args_path = f"{path}.function.arguments"
@@ -231,17 +212,15 @@ def canonical_tools(tools: Any, *, param: str = "tools") -> tuple[dict[str, Any]
         ``({"type": "function", "function": {"name", "parameters", "description"?}}, ...)``.
 
     Raises:
-        InvalidRequestError: not a list, an entry that is not a dict, or non-JSON values.
+        InvalidRequestError: not a list, an entry that is not an object, or non-JSON values.
     """
     if tools is None:
         return ()
-    if not isinstance(tools, (list, tuple)):
-        raise InvalidRequestError(f"{param} must be a list, got {type_name(tools)}", param=param)
+    require_list(tools, param)
     out = []
     for index, tool in enumerate(tools):
         path = f"{param}[{index}]"
-        if not isinstance(tool, dict):
-            raise InvalidRequestError(f"{path} must be a dict, got {type_name(tool)}", param=path)
+        require_object(tool, path)
         function = tool.get("function")
         if tool.get("type") != "function" or not isinstance(function, dict):
             continue
@@ -269,18 +248,16 @@ def canonical_template_kwargs(
         A fresh dict whose keys (recursively) are sorted.
 
     Raises:
-        InvalidRequestError: not a dict, a reserved key, or a non-JSON value.
+        InvalidRequestError: not an object, a reserved key, or a non-JSON value.
     """
     merged: dict[str, Any] = {}
     for value in (base, template_kwargs):
         if value is None:
             continue
-        if not isinstance(value, dict):
-            raise InvalidRequestError(f"{param} must be a dict, got {type_name(value)}", param=param)
-        merged.update(value)
+        merged.update(require_object(value, param))
     reserved = sorted(RESERVED_TEMPLATE_KWARGS.intersection(merged))
     if reserved:
-        raise InvalidRequestError(f"{param} cannot set reserved keys: {', '.join(reserved)}", param=param)
+        raise InvalidRequestError.at(param, f"cannot set reserved keys: {', '.join(reserved)}")
     return _sorted_keys(copy_json(merged, param))
 
 
@@ -296,9 +273,9 @@ def _encode(value: Any, param: str) -> bytes:
     try:
         return dumps(value).encode("utf-8")
     except UnicodeEncodeError:
-        raise InvalidRequestError(f"{param} must be valid UTF-8 text", param=param) from None
+        raise InvalidRequestError.at(param, "must be valid UTF-8 text") from None
     except (TypeError, ValueError) as exc:
-        raise InvalidRequestError(f"{param} must contain only JSON values ({exc})", param=param) from None
+        raise InvalidRequestError.at(param, f"must contain only JSON values ({exc})") from None
 
 
 @attrs.frozen

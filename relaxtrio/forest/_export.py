@@ -114,7 +114,8 @@ def export_samples(
         The samples, one per exported context.
 
     Raises:
-        ExportError: ``implicit export requires one committed leaf, found N``;
+        ExportError: ``implicit export requires one committed leaf, found N`` (with
+            ``num_leaves == N``);
             ``explicit export does not match a committed Forest state``; ``export leaf has no
             committed response``; invalid server template kwargs.
     """
@@ -124,6 +125,7 @@ def export_samples(
         if len(candidates) != 1:
             raise ExportError(
                 f"implicit export requires one committed leaf, found {len(candidates)}",
+                num_leaves=len(candidates),
                 session_id=forest.session_id,
             )
         return [

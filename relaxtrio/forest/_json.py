@@ -12,26 +12,10 @@ import math
 from typing import Any, Final
 
 from .._errors import InvalidRequestError
+from .._validate import type_name
 
 MAX_SAFE_INTEGER: Final = 2**53 - 1
 """Largest integral float turned into an int (JavaScript's ``Number.MAX_SAFE_INTEGER``)."""
-
-_JSON_TYPE_NAMES: Final = {
-    dict: "object",
-    list: "array",
-    tuple: "array",
-    str: "string",
-    bool: "boolean",
-    int: "integer",
-    float: "number",
-    type(None): "null",
-}
-
-
-def type_name(value: Any) -> str:
-    """The JSON name of ``value``'s type (``object``, ``string``...), else its Python type name."""
-    return _JSON_TYPE_NAMES.get(type(value), type(value).__name__)
-
 
 _ENCODER: Final = json.JSONEncoder(ensure_ascii=False, separators=(",", ":"), sort_keys=True, allow_nan=False)
 
@@ -110,8 +94,7 @@ def copy_json(value: Any, param: str, *, integral_to_int: bool = False) -> Any:
     try:
         return _copy(value, integral_to_int)
     except _BadJson as exc:
-        path = param + "".join(reversed(exc.path))
-        raise InvalidRequestError(f"{path} {exc.reason}", param=path) from None
+        raise InvalidRequestError.at(param + "".join(reversed(exc.path)), exc.reason) from None
 
 
 def canonical_arguments(arguments: Any, *, param: str) -> str:
@@ -138,25 +121,24 @@ def canonical_arguments(arguments: Any, *, param: str) -> str:
             parsed: dict[str, Any] = {}
             for key, item in pairs:
                 if key in parsed:
-                    raise InvalidRequestError(f"{param} contains duplicate key: {key}", param=param)
+                    raise InvalidRequestError.at(param, f"contains duplicate key: {key}")
                 parsed[key] = item
             return parsed
 
         def reject_constant(name: str) -> None:
-            raise InvalidRequestError(f"{param} contains non-finite number: {name}", param=param)
+            raise InvalidRequestError.at(param, f"contains non-finite number: {name}")
 
         try:
             arguments = json.loads(
                 arguments, object_pairs_hook=reject_duplicates, parse_constant=reject_constant
             )
         except json.JSONDecodeError:
-            raise InvalidRequestError(f"{param} must be valid JSON", param=param) from None
+            raise InvalidRequestError.at(param, "must be valid JSON") from None
     if not isinstance(arguments, dict):
-        raise InvalidRequestError(
-            f"{param} must be a JSON object or a JSON string encoding an object, got {type_name(arguments)}",
-            param=param,
+        raise InvalidRequestError.at(
+            param, f"must be a JSON object or a JSON string encoding an object, got {type_name(arguments)}"
         )
     try:
-        return dumps(copy_json(arguments, param, integral_to_int=True))
-    except InvalidRequestError as exc:  # the path inside the JSON text is not a request field
-        raise InvalidRequestError(exc.message, param=param) from None
+        return dumps(_copy(arguments, True))
+    except _BadJson as exc:  # the path inside the JSON text is not a request field
+        raise InvalidRequestError.at(param, exc.reason, subpath="".join(reversed(exc.path))) from None

@@ -27,8 +27,9 @@ from typing import Any
 import attrs
 
 from .._errors import ExportError, InvalidRequestError
+from .._validate import is_number, type_name
 from ._canonical import canonical_messages, canonical_template_kwargs, canonical_tools
-from ._json import copy_json, type_name
+from ._json import copy_json
 
 log = logging.getLogger(__name__)
 
@@ -187,7 +188,7 @@ def _reward(value: Any, what: str) -> Reward:
     """Validates a reward: None, a finite number (not a bool) or an object of finite numbers."""
     if value is None:
         return None
-    if isinstance(value, bool) or not isinstance(value, (int, float, dict)):
+    if not (is_number(value) or isinstance(value, dict)):
         raise ExportError(f"{what} must be null, number, or JSON object, got {type_name(value)}")
     if isinstance(value, dict):
         try:

@@ -39,7 +39,7 @@ from typing import Final, Literal
 import attrs
 import trio
 
-from .._errors import AgentExecutionError, InvalidRequestError
+from .._errors import AgentExecutionError, ConfigError
 from ..config import RESERVED_ENV_PREFIX, TERM_GRACE_S, AgentConfig
 
 log = logging.getLogger(__name__)
@@ -60,17 +60,17 @@ def parse_agent_env(entries: list[str] | tuple[str, ...] | None) -> dict[str, st
     """Parses ``--agent-env KEY=VALUE ...`` entries (the last duplicate wins).
 
     Raises:
-        InvalidRequestError: an entry without ``=``, an empty key, or a reserved ``RELAX_`` key.
+        ConfigError: an entry without ``=``, an empty key, or a reserved ``RELAX_`` key.
     """
     env: dict[str, str] = {}
     for entry in entries or ():
         key, sep, value = entry.partition("=")
         if not sep or not key.strip():
-            raise InvalidRequestError(
+            raise ConfigError(
                 f"--agent-env entries must look like KEY=VALUE, got {entry!r}.", param="agent_env"
             )
         if key.startswith(RESERVED_ENV_PREFIX):
-            raise InvalidRequestError(
+            raise ConfigError(
                 f"--agent-env does not allow reserved key {key!r}.", param="agent_env"
             )
         env[key] = value

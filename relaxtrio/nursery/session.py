@@ -218,17 +218,15 @@ class SessionRegistry:
         return len(self._sessions)
 
 
-def _export_hint(message: str) -> str:
-    """Plain words for the implicit-export failures users hit most."""
-    marker = "implicit export requires one committed leaf, found "
-    if marker not in message:
+def _export_hint(exc: ExportError) -> str:
+    """Plain words for the implicit-export failures users hit most (from ``num_leaves``)."""
+    if exc.num_leaves is None:
         return ""
-    found = message.split(marker, 1)[1].split()[0].rstrip(".,")
-    if found == "0":
+    if exc.num_leaves == 0:
         return (" (the agent got no model answer: it made no request, or every request failed or "
                 "was abandoned before the reply)")
-    return (f" (the agent's requests formed {found} separate conversations; write explicit JSONL "
-            "records to RELAX_OUTPUT_JSON naming the contexts to train)")
+    return (f" (the agent's requests formed {exc.num_leaves} separate conversations; write explicit "
+            "JSONL records to RELAX_OUTPUT_JSON naming the contexts to train)")
 
 
 async def run_session(
@@ -290,7 +288,7 @@ async def run_session(
             server_template_kwargs=server_template_kwargs,
         )
     except ExportError as exc:
-        session.fail(f"Session export failed: {exc}{_export_hint(str(exc))}")
+        session.fail(f"Session export failed: {exc}{_export_hint(exc)}")
         session.group.session_failed(session)
         return
     session.status = "completed"

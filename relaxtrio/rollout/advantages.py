@@ -22,7 +22,8 @@ from __future__ import annotations
 import math
 from collections.abc import Mapping, Sequence
 
-from .._errors import InvalidRequestError
+from .._errors import ExportError
+from .._validate import is_real, require_real
 
 __all__ = ["grpo_advantages", "scalar_reward"]
 
@@ -48,15 +49,10 @@ def grpo_advantages(
         ValueError: a reward is not a finite real number (``nan``, ``inf``, a bool or a
             non-number), or ``eps`` is negative.
     """
-    if eps < 0 or not math.isfinite(eps):
+    if not (is_real(eps) and eps >= 0):
         raise ValueError(f"eps must be a finite number >= 0, got {eps!r}")
-    values: list[float] = []
-    for index, reward in enumerate(rewards):
-        if isinstance(reward, bool) or not isinstance(reward, (int, float)):
-            raise ValueError(f"rewards[{index}] must be a number, got {type(reward).__name__}")
-        if not math.isfinite(reward):
-            raise ValueError(f"rewards[{index}] must be finite, got {reward!r}")
-        values.append(float(reward))
+    values = [require_real(reward, f"rewards[{index}]", error=ValueError)
+              for index, reward in enumerate(rewards)]
     if not values or min(values) == max(values):
         # Exactly equal rewards carry no relative signal; don't let rounding of the mean leak in.
         return [0.0] * len(values)
@@ -85,12 +81,12 @@ def scalar_reward(reward: float | Mapping[str, object] | None, reward_key: str |
         The primary reward as a finite float.
 
     Raises:
-        InvalidRequestError: (a ``ValueError``) with ``param`` naming the field: the reward is
-            missing (None), is a mapping but ``reward_key`` is None or absent from it, or the
-            chosen value is not a finite number (bools are rejected, too).
+        ExportError: with ``param`` naming the field (a reward is agent output, not a request):
+            the reward is missing (None), is a mapping but ``reward_key`` is None or absent from
+            it, or the chosen value is not a finite number (bools are rejected, too).
     """
     if reward is None:
-        raise InvalidRequestError(
+        raise ExportError(
             "reward is missing: write a numeric reward (or a reward object with the key chosen by "
             "reward_key) in the Session output, or configure a reward model",
             param="reward",
@@ -98,26 +94,16 @@ def scalar_reward(reward: float | Mapping[str, object] | None, reward_key: str |
     if isinstance(reward, Mapping):
         if reward_key is None:
             keys = ", ".join(sorted(map(str, reward))) or "none"
-            raise InvalidRequestError(
+            raise ExportError(
                 f"reward is an object (keys: {keys}); configure reward_key to choose its primary "
                 "value",
                 param="reward",
             )
         if reward_key not in reward:
             keys = ", ".join(sorted(map(str, reward))) or "none"
-            raise InvalidRequestError(
+            raise ExportError(
                 f"reward object has no key {reward_key!r} (keys: {keys})",
                 param=f"reward.{reward_key}",
             )
-        return _finite(reward[reward_key], param=f"reward.{reward_key}")
-    return _finite(reward, param="reward")
-
-
-def _finite(value: object, *, param: str) -> float:
-    if isinstance(value, bool) or not isinstance(value, (int, float)):
-        raise InvalidRequestError(
-            f"{param} must be a number, got {type(value).__name__}", param=param
-        )
-    if not math.isfinite(value):
-        raise InvalidRequestError(f"{param} must be finite, got {value!r}", param=param)
-    return float(value)
+        return require_real(reward[reward_key], f"reward.{reward_key}", error=ExportError)
+    return require_real(reward, "reward", error=ExportError)

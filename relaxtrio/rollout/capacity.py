@@ -26,7 +26,7 @@ from collections.abc import Sequence
 
 import attrs
 
-from .._errors import InvalidRequestError
+from .._errors import ConfigError
 
 
 @attrs.frozen(kw_only=True)
@@ -101,12 +101,12 @@ def check_external_slots(plan: CapacityPlan, external_slots: int | None) -> None
     """Refuses a run whose external executor has too few slots.
 
     Raises:
-        InvalidRequestError: ``external_slots < plan.required`` (the message names the row and
+        ConfigError: ``external_slots < plan.required`` (the message names the row and
             every number; fewer slots can deadlock Group startup at the first-request barrier).
     """
     if external_slots is None or external_slots >= plan.required:
         return
-    raise InvalidRequestError(
+    raise ConfigError(
         f"--agent-external-slots {external_slots} is too small: {plan.describe()}. With fewer "
         "slots, Groups can deadlock at the first-request barrier. Raise the executor's limit or "
         "lower --agentic-concurrency / --agentic-eval-concurrency / --n-samples-per-prompt.",

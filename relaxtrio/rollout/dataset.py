@@ -13,6 +13,12 @@ counts). Local paths are checked and made absolute at load time (relative paths 
 next to the dataset file first, then in the working directory); ``data:`` and ``http(s)://``
 URLs are kept as they are and never fetched here.
 
+Errors: a row that cannot be used is a :class:`~relaxtrio.ConfigError` at load time (the run
+refuses to start, exit status 2), naming ``file:line``. The one check left for later, an image
+file that disappears after loading, raises the media layer's
+:class:`~relaxtrio.InvalidRequestError` from :meth:`Prompt.session_input`; the pipeline drops that
+prompt's Group.
+
 :meth:`Prompt.session_input` then converts every internal image part to OpenAI ``image_url``
 content before the agent starts: URLs are kept, a path / bytes / PIL image becomes an RGB PNG
 ``data:`` URL. The conversion runs per call (decoding and PNG-encoding the row's images), so large
@@ -29,7 +35,7 @@ from typing import Any, Final
 
 import attrs
 
-from .._errors import InvalidRequestError
+from .._errors import ConfigError, InvalidRequestError
 from ..forest import Conversation
 from ..media.images import image_content_part, is_kept_url, resolve_image_path, to_image_url
 
@@ -78,13 +84,13 @@ def _messages_of(value: Any, where: str) -> tuple[dict, ...]:
     elif isinstance(value, dict):
         value = [value]
     if not isinstance(value, list):
-        raise InvalidRequestError(f"{where} must be a string, a message or a list of messages")
+        raise ConfigError(f"{where} must be a string, a message or a list of messages")
     if not value:
         return ()
     try:
         return Conversation.from_wire(value).messages
     except InvalidRequestError as exc:
-        raise InvalidRequestError(f"{where}: {exc}", param=exc.param) from exc
+        raise ConfigError(f"{where}: {exc}", param=exc.param) from exc
 
 
 def _with_image_urls(message: dict, *, where: str) -> dict:
@@ -105,11 +111,11 @@ def _image_key(multimodal_keys: Mapping[str, str] | None) -> str | None:
         return None
     for modality, field in multimodal_keys.items():
         if modality not in SUPPORTED_MODALITIES:
-            raise InvalidRequestError(
+            raise ConfigError(
                 f"--multimodal-keys: modality {modality!r} is not supported (supported: "
                 f"{', '.join(SUPPORTED_MODALITIES)})", param="multimodal_keys")
         if not isinstance(field, str) or not field:
-            raise InvalidRequestError(
+            raise ConfigError(
                 f"--multimodal-keys: the field of {modality!r} must be a non-empty string",
                 param="multimodal_keys")
     return multimodal_keys.get("image")
@@ -123,14 +129,17 @@ def _checked_image(value: Any, where: str, base_dir: Path | None) -> Any:
                 return _checked_image(value[key], where, base_dir)
         if value.get("bytes") is not None:
             return value
-        raise InvalidRequestError(f"{where} must have a non-empty 'path' or 'url'")
+        raise ConfigError(f"{where} must have a non-empty 'path' or 'url'")
     if isinstance(value, str):
         if is_kept_url(value):
             return value
-        return str(resolve_image_path(value, where=where, base_dir=base_dir))
+        try:
+            return str(resolve_image_path(value, where=where, base_dir=base_dir))
+        except InvalidRequestError as exc:
+            raise ConfigError(exc.message, param=exc.param) from exc
     if isinstance(value, (bytes, bytearray)) or hasattr(value, "convert"):  # bytes or a PIL image
         return value
-    raise InvalidRequestError(f"{where} must be a path or URL string, got {type(value).__name__}")
+    raise ConfigError(f"{where} must be a path or URL string, got {type(value).__name__}")
 
 
 def join_images(
@@ -156,14 +165,14 @@ def join_images(
         a placeholder).
 
     Raises:
-        InvalidRequestError: the placeholder count differs from the image count, a placeholder
+        ConfigError: the placeholder count differs from the image count, a placeholder
             sits in a system message, or an image value is unusable (missing file, bad type).
     """
     values = [] if images is None else list(images) if isinstance(images, (list, tuple)) else [images]
     values = [_checked_image(v, f"{where}: {field}[{k}]", base_dir) for k, v in enumerate(values)]
     found = sum(_count_placeholders(m) for m in messages)
     if found != len(values):
-        raise InvalidRequestError(
+        raise ConfigError(
             f"{where}: the prompt has {found} {IMAGE_PLACEHOLDER} placeholder(s) but {field!r} has "
             f"{len(values)} image(s); each image needs exactly one placeholder"
         )
@@ -176,7 +185,7 @@ def join_images(
             out.append(message)
             continue
         if message["role"] == "system":
-            raise InvalidRequestError(f"{where}: messages[{i}] is a system message; images must be in "
+            raise ConfigError(f"{where}: messages[{i}] is a system message; images must be in "
                                       "user, assistant or tool messages")
         content = message["content"]
         parts = [{"type": "text", "text": content}] if isinstance(content, str) else content
@@ -222,7 +231,7 @@ def load_prompts(
             (``--multimodal-keys``); only ``image`` is supported.
 
     Raises:
-        InvalidRequestError: unreadable JSON, a non-object row, a row with neither field, an
+        ConfigError: unreadable JSON, a non-object row, a row with neither field, an
             unsupported modality, or a row whose placeholders and images do not match.
         FileNotFoundError: no such file.
     """
@@ -236,21 +245,21 @@ def load_prompts(
             try:
                 row = json.loads(line)
             except json.JSONDecodeError as exc:
-                raise InvalidRequestError(f"{where}: invalid JSON ({exc})") from exc
+                raise ConfigError(f"{where}: invalid JSON ({exc})") from exc
             if not isinstance(row, dict):
-                raise InvalidRequestError(f"{where}: each line must be a JSON object")
+                raise ConfigError(f"{where}: each line must be a JSON object")
             if input_key not in row and metadata_key not in row:
-                raise InvalidRequestError(f"{where}: row has neither {input_key!r} nor {metadata_key!r}")
+                raise ConfigError(f"{where}: row has neither {input_key!r} nor {metadata_key!r}")
             metadata = row.get(metadata_key) or {}
             if not isinstance(metadata, dict):
-                raise InvalidRequestError(f"{where}: {metadata_key!r} must be a JSON object")
+                raise ConfigError(f"{where}: {metadata_key!r} must be a JSON object")
             messages = _messages_of(row.get(input_key), where)
             if image_key is not None:
                 messages = join_images(messages, row.get(image_key), where=where, field=image_key,
                                        base_dir=Path(path).parent)
             prompts.append(Prompt(index=len(prompts), messages=messages, metadata=metadata))
     if not prompts:
-        raise InvalidRequestError(f"{path}: no prompts")
+        raise ConfigError(f"{path}: no prompts")
     return prompts
 
 

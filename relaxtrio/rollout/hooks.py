@@ -15,11 +15,11 @@ from __future__ import annotations
 
 import copy
 import importlib
-import math
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
-from .._errors import ExportError, InvalidRequestError
+from .._errors import ConfigError, ExportError
+from .._validate import is_real
 
 CustomAdvantage = Callable[[list[dict[str | None, dict[str, Any]]]], Any]
 
@@ -28,19 +28,18 @@ def load_function(path: str, *, flag: str) -> Callable[..., Any]:
     """Imports ``pkg.module.function`` (or ``pkg.module:function``).
 
     Raises:
-        InvalidRequestError: malformed path, missing module or attribute, or not callable.
+        ConfigError: malformed path, missing module or attribute, or not callable.
     """
     module_name, sep, attr = path.replace(":", ".").rpartition(".")
     if not sep or not module_name or not attr:
-        raise InvalidRequestError(f"{flag} must look like package.module.function, got {path!r}",
-                                  param=flag)
+        raise ConfigError.at(flag, f"must look like package.module.function, got {path!r}")
     try:
         module = importlib.import_module(module_name)
     except ImportError as exc:
-        raise InvalidRequestError(f"{flag}: cannot import {module_name!r}: {exc}", param=flag) from exc
+        raise ConfigError(f"{flag}: cannot import {module_name!r}: {exc}", param=flag) from exc
     fn = getattr(module, attr, None)
     if not callable(fn):
-        raise InvalidRequestError(f"{flag}: {path!r} is not a callable", param=flag)
+        raise ConfigError(f"{flag}: {path!r} is not a callable", param=flag)
     return fn
 
 
@@ -82,7 +81,7 @@ def custom_advantages(
                 raise ExportError(f"custom advantage for session {index} has no value for "
                                   f"context {name!r}")
             value = mapping[name]
-            if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value):
+            if not is_real(value):
                 raise ExportError(f"custom advantage for session {index} context {name!r} must be "
                                   f"a finite number, got {value!r}")
             row.append(float(value))

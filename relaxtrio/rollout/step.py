@@ -8,7 +8,7 @@ from typing import Any
 
 import attrs
 
-from .._errors import ExportError, InvalidRequestError
+from .._errors import ExportError
 from ..config import RolloutConfig
 from ..forest import TrainingSample
 from ..nursery.group import Group
@@ -47,8 +47,8 @@ class ScoredGroup:
 def _reward_of(sample: TrainingSample, session_index: int, config: RolloutConfig) -> float:
     try:
         value = scalar_reward(sample.reward, config.reward_key)
-    except (ValueError, InvalidRequestError) as exc:
-        raise ExportError(f"session {session_index}: {exc}") from exc
+    except ExportError as exc:
+        raise ExportError(f"session {session_index}: {exc}", param=exc.param) from exc
     if not math.isfinite(value):
         raise ExportError(f"session {session_index}: reward is not finite")
     return value

@@ -29,7 +29,7 @@ from typing import Final
 import attrs
 import trio
 
-from .._errors import BackendError, ContextLengthExceededError, InvalidRequestError
+from .._errors import BackendError, ContextLengthExceededError, EngineUnavailableError, InvalidRequestError
 from ..chat.compiler import ChatCompiler, RenderedObservation
 from ..chat.parsers import build_assistant_message, effective_finish_type
 from ..config import GenerationConfig
@@ -66,15 +66,17 @@ class EngineTurnHandler:
         compiler: chat-template compiler of the policy's tokenizer.
         config: rollout sampling settings.
         rollout_id: the current rollout step, recorded on response nodes.
-        fatal_error: the first engine failure (unreachable, timed out, 5xx after retries); the
-            rollout pipeline stops the run on it instead of dropping Group after Group.
+        fatal_error: the first :class:`~relaxtrio.EngineUnavailableError` (unreachable, timed
+            out, 5xx after retries, protocol violation); the rollout pipeline stops the run on it
+            instead of dropping Group after Group. An
+            :class:`~relaxtrio.EngineRejectedError` (a 4xx about one request) only fails its turn.
     """
 
     client: EngineClient
     compiler: ChatCompiler
     config: GenerationConfig
     rollout_id: int = 0
-    fatal_error: BackendError | None = None
+    fatal_error: EngineUnavailableError | None = None
     _seq: int = 0
 
     def _merge_kwargs(self, conv: Conversation) -> Conversation:
@@ -273,8 +275,8 @@ class EngineTurnHandler:
             result = await self.client.generate(input_ids, sampling, rid=rid, return_logprob=True, **extra)
             finished = True
             return result
-        except BackendError as exc:
-            if _is_engine_failure(exc) and self.fatal_error is None:
+        except EngineUnavailableError as exc:
+            if self.fatal_error is None:
                 self.fatal_error = exc
             raise
         finally:
@@ -285,16 +287,6 @@ class EngineTurnHandler:
                         await self.client.abort(rid)
                     except BackendError as exc:
                         log.warning("abort of %s failed: %s", rid, exc)
-
-
-def _is_engine_failure(exc: BackendError) -> bool:
-    """Whether an engine error means the engine itself is broken (not this one request).
-
-    Transport failures and 5xx answers (after the client's retries) are; a 4xx answer is about
-    the request (e.g. an image the model cannot take) and only fails that turn.
-    """
-    status = getattr(exc, "status_code", None)
-    return status is None or status >= 500
 
 
 def lineage_image_urls(

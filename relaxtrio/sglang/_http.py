@@ -13,7 +13,7 @@ import attrs
 import httpx
 import trio
 
-from .._errors import BackendError, BackendTimeoutError
+from .._errors import BackendTimeoutError, EngineUnavailableError
 
 __all__ = ["EngineClientConfig", "json_object", "send_with_retries"]
 
@@ -68,7 +68,7 @@ async def send_with_retries(
 
     Raises:
         BackendTimeoutError: every attempt timed out (the last one is the ``__cause__``).
-        BackendError: every attempt failed at the transport level.
+        EngineUnavailableError: every attempt failed at the transport level.
 
     Cancellation:
         A checkpoint; cancelling drops the request in flight (the engine sees a disconnect).
@@ -80,12 +80,14 @@ async def send_with_retries(
         except httpx.TimeoutException as exc:
             if attempt == attempts:
                 raise BackendTimeoutError(
-                    f"engine {url}{path} did not answer in time after {attempts} attempts"
+                    f"engine {url}{path} did not answer in time after {attempts} attempts",
+                    engine_url=url,
                 ) from exc
         except httpx.TransportError as exc:
             if attempt == attempts:
-                raise BackendError(
-                    f"engine {url}{path} unreachable after {attempts} attempts: {exc!r}"
+                raise EngineUnavailableError(
+                    f"engine {url}{path} unreachable after {attempts} attempts: {exc!r}",
+                    engine_url=url,
                 ) from exc
         else:
             status = response.status_code
@@ -99,12 +101,13 @@ def json_object(response: httpx.Response, url: str) -> dict[str, Any]:
     """The response body as a JSON object.
 
     Raises:
-        BackendError: the body is not JSON or not an object.
+        EngineUnavailableError: the body is not JSON or not an object.
     """
     try:
         payload = response.json()
     except ValueError as exc:
-        raise BackendError(f"engine {url} sent invalid JSON") from exc
+        raise EngineUnavailableError(f"engine {url} sent invalid JSON", engine_url=url) from exc
     if not isinstance(payload, dict):
-        raise BackendError(f"engine {url} sent {type(payload).__name__}, expected an object")
+        raise EngineUnavailableError(f"engine {url} sent {type(payload).__name__}, expected an object",
+                                     engine_url=url)
     return payload

@@ -4,7 +4,8 @@ Engine responses are read leniently (docs/client-quirks.md#lenient-engine-replie
 ignored and optional keys may be missing. Three things are strict, because training depends on them
 (docs/client-quirks.md#logprob-and-id-counts): ``output_ids`` must be integers, every output id
 needs exactly one finite logprob when logprobs were requested, and a ``finish_reason`` must be
-present. A violation is a :class:`~relaxtrio.BackendError`; nothing is ever padded.
+present. A violation is an :class:`~relaxtrio.EngineUnavailableError` (an engine that breaks the
+protocol is broken); nothing is ever padded.
 """
 
 from __future__ import annotations
@@ -15,12 +16,12 @@ from typing import Any, Final, Literal
 
 import attrs
 
-from .._errors import BackendError, ContextLengthExceededError
+from .._errors import ContextLengthExceededError, EngineRejectedError, EngineUnavailableError
+from .._validate import is_int, is_number
 from ..forest import WeightSpan
 
 __all__ = [
     "CONTEXT_LENGTH_MARKERS",
-    "EngineStatusError",
     "GenerateResult",
     "error_from_response",
     "error_message",
@@ -39,20 +40,6 @@ CONTEXT_LENGTH_MARKERS: Final = (
 _MAX_MESSAGE_CHARS: Final = 2000
 
 FinishType = Literal["stop", "length", "abort"]
-
-
-class EngineStatusError(BackendError):
-    """An engine answered with an HTTP error status other than a context-length 400.
-
-    Attributes:
-        status_code: the HTTP status.
-        engine_url: base URL of the engine that answered.
-    """
-
-    def __init__(self, message: str, *, status_code: int, engine_url: str):
-        super().__init__(message)
-        self.status_code = status_code
-        self.engine_url = engine_url
 
 
 @attrs.frozen(kw_only=True)
@@ -88,10 +75,6 @@ class GenerateResult:
     meta_info: dict[str, Any] = attrs.field(eq=False, repr=False)
 
 
-def _is_int(value: Any) -> bool:
-    return isinstance(value, int) and not isinstance(value, bool)
-
-
 def error_message(content: bytes) -> str:
     """Extract the message of any of SGLang's three error envelopes, else the raw text.
 
@@ -117,20 +100,26 @@ def error_message(content: bytes) -> str:
 
 def error_from_response(
     status_code: int, content: bytes, *, engine_url: str, path: str
-) -> ContextLengthExceededError | EngineStatusError:
-    """Map an HTTP error answer to ContextLengthExceededError (400 + marker) or EngineStatusError."""
+) -> ContextLengthExceededError | EngineRejectedError | EngineUnavailableError:
+    """Map an HTTP error answer (status >= 400) to the error type that says whose fault it is.
+
+    Returns:
+        :class:`~relaxtrio.ContextLengthExceededError` for a 400 carrying one of the
+        context-length texts; :class:`~relaxtrio.EngineRejectedError` for any other 4xx (this
+        request was refused); :class:`~relaxtrio.EngineUnavailableError` for a 5xx (the engine
+        failed). Both engine errors carry ``engine_url`` and ``status_code``.
+    """
     message = error_message(content)
     if status_code == 400 and any(marker in message for marker in CONTEXT_LENGTH_MARKERS):
         return ContextLengthExceededError(message)
-    return EngineStatusError(
-        f"engine {engine_url}{path} answered HTTP {status_code}: {message}",
-        status_code=status_code,
-        engine_url=engine_url,
-    )
+    text = f"engine {engine_url}{path} answered HTTP {status_code}: {message}"
+    if status_code < 500:
+        return EngineRejectedError(text, engine_url=engine_url, status_code=status_code)
+    return EngineUnavailableError(text, engine_url=engine_url, status_code=status_code)
 
 
-def _bad(reason: str) -> BackendError:
-    return BackendError(f"malformed /generate response from the engine: {reason}")
+def _bad(reason: str) -> EngineUnavailableError:
+    return EngineUnavailableError(f"malformed /generate response from the engine: {reason}")
 
 
 def _finish(meta: dict[str, Any]) -> tuple[FinishType, int | str | None]:
@@ -140,12 +129,12 @@ def _finish(meta: dict[str, Any]) -> tuple[FinishType, int | str | None]:
     kind = reason.get("type")
     if kind == "stop":
         matched = reason.get("matched")
-        if isinstance(matched, list) and matched and all(_is_int(m) for m in matched):
+        if isinstance(matched, list) and matched and all(is_int(m) for m in matched):
             matched = matched[-1]
-        return "stop", matched if _is_int(matched) or isinstance(matched, str) else None
+        return "stop", matched if is_int(matched) or isinstance(matched, str) else None
     if kind == "length":
         length = reason.get("length")
-        return "length", length if _is_int(length) else None
+        return "length", length if is_int(length) else None
     if kind == "abort":
         return "abort", None
     raise _bad(f"unknown finish_reason type {kind!r}")
@@ -167,7 +156,7 @@ def _logprobs(meta: dict[str, Any], output_ids: list[int]) -> list[float]:
         value, row_id = row[0], row[1]
         if row_id != token_id:
             raise _bad(f"output_token_logprobs[{index}] is for id {row_id}, output id {token_id}")
-        if isinstance(value, bool) or not isinstance(value, int | float) or math.isnan(value):
+        if not is_number(value) or math.isnan(value):  # -inf is a valid logprob
             raise _bad(f"output_token_logprobs[{index}] has no logprob ({value!r})")
         logprobs.append(float(value))
     return logprobs
@@ -182,7 +171,7 @@ def _spans(meta: dict[str, Any], num_ids: int, version: str) -> list[WeightSpan]
         if not isinstance(item, dict):
             raise _bad("weight_versions entries must be objects")
         start, end = item.get("start"), item.get("end")
-        if not (_is_int(start) and _is_int(end) and 0 <= start <= end <= num_ids):
+        if not (is_int(start) and is_int(end) and 0 <= start <= end <= num_ids):
             raise _bad(f"weight_versions span {item!r} is outside the {num_ids} output ids")
         spans.append(WeightSpan(str(item.get("version", version)), start, end))
     return spans
@@ -196,7 +185,7 @@ def parse_generate_response(body: Any, *, return_logprob: bool) -> GenerateResul
         return_logprob: whether logprobs were requested (then they are required).
 
     Raises:
-        BackendError: the response breaks the protocol (see the module docstring).
+        EngineUnavailableError: the response breaks the protocol (see the module docstring).
     """
     if not isinstance(body, dict):
         raise _bad("expected a JSON object (single-form request)")
@@ -204,7 +193,7 @@ def parse_generate_response(body: Any, *, return_logprob: bool) -> GenerateResul
     if not isinstance(meta, dict):
         raise _bad("meta_info is missing")
     output_ids = body.get("output_ids")
-    if not isinstance(output_ids, list) or not all(_is_int(t) for t in output_ids):
+    if not isinstance(output_ids, list) or not all(is_int(t) for t in output_ids):
         raise _bad("output_ids must be a list of integers")
     finish_type, matched = _finish(meta)
     logprobs = _logprobs(meta, output_ids) if return_logprob else []
@@ -221,9 +210,9 @@ def parse_generate_response(body: Any, *, return_logprob: bool) -> GenerateResul
         output_logprobs=logprobs,
         finish_type=finish_type,
         finish_matched=matched,
-        prompt_tokens=prompt_tokens if _is_int(prompt_tokens) else None,
-        completion_tokens=completion_tokens if _is_int(completion_tokens) else len(output_ids),
-        cached_tokens=cached_tokens if _is_int(cached_tokens) else None,
+        prompt_tokens=prompt_tokens if is_int(prompt_tokens) else None,
+        completion_tokens=completion_tokens if is_int(completion_tokens) else len(output_ids),
+        cached_tokens=cached_tokens if is_int(cached_tokens) else None,
         weight_version=str(version_value),
         weight_versions=spans,
         text=text if isinstance(text, str) else "",

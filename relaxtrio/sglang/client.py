@@ -21,11 +21,13 @@ Design points:
   updates and ``close_session`` go to every engine URL, because an abort must reach the engine that
   holds the rid, and the router has no abort route. Aborting a rid an engine does not hold is a
   harmless no-op there.
-- **Errors**: a 400 whose text matches one of the six context-length messages
-  (docs/client-quirks.md#context-length-error-texts) becomes
-  :class:`~relaxtrio.ContextLengthExceededError`; other HTTP errors :class:`EngineStatusError` (a
-  :class:`~relaxtrio.BackendError` with ``status_code``); timeouts
-  :class:`~relaxtrio.BackendTimeoutError`; transport failures :class:`~relaxtrio.BackendError`.
+- **Errors** say whose fault a failure is, by type: a 400 whose text matches one of the six
+  context-length messages (docs/client-quirks.md#context-length-error-texts) becomes
+  :class:`~relaxtrio.ContextLengthExceededError`; any other 4xx
+  :class:`~relaxtrio.EngineRejectedError` (this request was refused); a 5xx, a transport failure
+  or a response that breaks the protocol :class:`~relaxtrio.EngineUnavailableError` (the engine is
+  broken), with timeouts as its subclass :class:`~relaxtrio.BackendTimeoutError`. Both engine
+  errors carry ``engine_url`` and ``status_code``.
 """
 
 from __future__ import annotations
@@ -39,11 +41,10 @@ import attrs
 import httpx
 import trio
 
-from .._errors import BackendError, RelaxError
+from .._errors import EngineRejectedError, EngineUnavailableError, RelaxError
 from ._http import EngineClientConfig, json_object, send_with_retries
 from ._replies import (
     CONTEXT_LENGTH_MARKERS,
-    EngineStatusError,
     GenerateResult,
     error_from_response,
     parse_generate_response,
@@ -54,7 +55,6 @@ __all__ = [
     "CONTEXT_LENGTH_MARKERS",
     "EngineClient",
     "EngineClientConfig",
-    "EngineStatusError",
     "GenerateResult",
     "SamplingParams",
     "open_engine_client",
@@ -103,7 +103,12 @@ class EngineClient:
         method: str = "POST",
         slow: bool = False,
     ) -> httpx.Response:
-        """A control call; raises on an HTTP error status (see :func:`error_from_response`)."""
+        """A control call; raises on an HTTP error status (see :func:`error_from_response`).
+
+        Raises:
+            EngineRejectedError: a 4xx answer. EngineUnavailableError: a 5xx answer after
+                retries, or the engine could not be reached.
+        """
         timeout = httpx.Timeout(
             self.config.weight_update_timeout_s if slow else self.config.control_timeout_s,
             connect=self.config.connect_timeout_s,
@@ -172,9 +177,10 @@ class EngineClient:
 
         Raises:
             ContextLengthExceededError: the engine refused the prompt / budget as too long.
-            EngineStatusError: any other HTTP error status.
+            EngineRejectedError: any other 4xx answer (this request was refused).
             BackendTimeoutError: connecting timed out on every attempt.
-            BackendError: transport failures, or a response that breaks the protocol.
+            EngineUnavailableError: a 5xx answer after retries, a transport failure, or a
+                response that breaks the protocol.
 
         Cancellation:
             A checkpoint. Cancelling drops the HTTP request; SGLang notices the disconnect and
@@ -208,7 +214,8 @@ class EngineClient:
         try:
             payload = response.json()
         except ValueError as exc:
-            raise BackendError(f"engine {url}/generate sent invalid JSON") from exc
+            raise EngineUnavailableError(f"engine {url}/generate sent invalid JSON",
+                                         engine_url=url) from exc
         return parse_generate_response(payload, return_logprob=return_logprob)
 
     # ------------------------------------------------------------------ control (fan-out)
@@ -283,9 +290,9 @@ class EngineClient:
             flush_cache: flush the prefix cache after loading.
 
         Raises:
-            EngineStatusError: an engine answered ``success: false`` (HTTP 400). On SGLang the
-                weights may already be loaded when only the cache flush failed.
-            BackendError: an engine could not be reached.
+            EngineRejectedError: an engine answered ``success: false`` (HTTP 400). On SGLang
+                the weights may already be loaded when only the cache flush failed.
+            EngineUnavailableError: an engine failed or could not be reached.
 
         Cancellation:
             A checkpoint; engines that already started loading finish doing so.
@@ -302,10 +309,10 @@ class EngineClient:
             response = await self._call(url, "/update_weights_from_disk", body, slow=True)
             payload = json_object(response, url)
             if payload.get("success") is not True:
-                raise EngineStatusError(
+                raise EngineRejectedError(
                     f"engine {url} failed to update weights: {payload.get('message')}",
-                    status_code=response.status_code,
                     engine_url=url,
+                    status_code=response.status_code,
                 )
 
         await self._fan_out(one)
@@ -341,8 +348,8 @@ class EngineClient:
         """Flush the prefix cache on every engine.
 
         Raises:
-            EngineStatusError: an engine refused (requests still running).
-            BackendError: an engine could not be reached.
+            EngineRejectedError: an engine refused (requests still running).
+            EngineUnavailableError: an engine failed or could not be reached.
 
         Cancellation:
             A checkpoint.

@@ -20,6 +20,8 @@ from typing import Any, Final, Literal
 
 import attrs
 
+from .._validate import is_int, is_number, is_real
+
 __all__ = [
     "SAMPLING_PARAM_KEYS",
     "RequestError",
@@ -188,20 +190,16 @@ def _invalid_type(key: str, value: Any, expected: str) -> SchemaError:
     return SchemaError(f"invalid type: {_type_name(value)}, expected {expected} (field `{key}`)")
 
 
-def _is_int(value: Any) -> bool:
-    return isinstance(value, int) and not isinstance(value, bool)
-
-
 def _check_kind(key: str, kind: _Kind, value: Any) -> Any:
     """Check one non-null value against its JSON kind; return it in SamplingParams form."""
     if kind == "int":
-        if not _is_int(value):
+        if not is_int(value):
             raise _invalid_type(key, value, "an integer")
         if key == "sampling_seed" and not -(2**63) <= value < 2**63:
             raise SchemaError(f"invalid value: integer `{value}`, expected i64 (field `{key}`)")
         return value
     if kind == "float":
-        if isinstance(value, bool) or not isinstance(value, int | float):
+        if not is_number(value):
             raise _invalid_type(key, value, "a number")
         return float(value)
     if kind == "bool":
@@ -219,7 +217,7 @@ def _check_kind(key: str, kind: _Kind, value: Any) -> Any:
             return tuple(value)
         raise _invalid_type(key, value, "a string or a sequence of strings")
     if kind == "int_list":
-        if isinstance(value, list) and all(_is_int(v) for v in value):
+        if isinstance(value, list) and all(is_int(v) for v in value):
             return tuple(value)
         raise _invalid_type(key, value, "a sequence of integers")
     if not isinstance(value, dict):
@@ -324,7 +322,7 @@ def validate_sampling_values(params: SamplingParams, *, vocab_size: int) -> None
     for key, bias in (p.logit_bias or {}).items():
         if not key.lstrip("-").isdigit() or not 0 <= int(key) < vocab_size:
             raise RequestError(f"logit_bias key {key!r} is not a token id in [0, {vocab_size}).")
-        if isinstance(bias, bool) or not isinstance(bias, int | float) or not math.isfinite(bias):
+        if not is_real(bias):
             raise RequestError(f"logit_bias value for {key} must be a finite number, got {bias!r}.")
     if any(not 0 <= t < vocab_size for t in p.stop_token_ids or ()):
         raise RequestError(f"stop_token_ids must be token ids in [0, {vocab_size}).")

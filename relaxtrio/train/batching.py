@@ -7,7 +7,6 @@ vision-language model also carries ``multimodal_inputs`` (see :mod:`relaxtrio.tr
 
 from __future__ import annotations
 
-import math
 import random
 from collections.abc import Sequence
 from typing import Protocol
@@ -16,6 +15,7 @@ import attrs
 import torch
 from torch import Tensor
 
+from .._validate import require_real
 from .multimodal import multimodal_model_inputs
 
 __all__ = ["MicroBatch", "SampleLike", "collate", "plan_micro_batches", "split_minibatches"]
@@ -96,9 +96,7 @@ def validate_samples(samples: Sequence[SampleLike], advantages: Sequence[float] 
         if sample.loss_mask[0]:
             raise ValueError(f"samples[{i}].loss_mask[0] must be 0: token 0 has no context")
         if advantages is not None:
-            adv = advantages[i]
-            if isinstance(adv, bool) or not isinstance(adv, (int, float)) or not math.isfinite(adv):
-                raise ValueError(f"advantages[{i}] must be a finite number, got {adv!r}")
+            require_real(advantages[i], f"advantages[{i}]", error=ValueError)
 
 
 def split_minibatches(

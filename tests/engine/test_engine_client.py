@@ -10,14 +10,18 @@ import httpx
 import pytest
 import trio
 
-from relaxtrio import BackendError, BackendTimeoutError, ContextLengthExceededError
+from relaxtrio import (
+    BackendTimeoutError,
+    ContextLengthExceededError,
+    EngineRejectedError,
+    EngineUnavailableError,
+)
 from relaxtrio.engine.scheduler import Scheduler
 from relaxtrio.engine.server import EngineConfig, serve_engine
 from relaxtrio.forest import WeightSpan
 from relaxtrio.sglang.client import (
     CONTEXT_LENGTH_MARKERS,
     EngineClientConfig,
-    EngineStatusError,
     SamplingParams,
     open_engine_client,
 )
@@ -64,12 +68,12 @@ async def test_engine_errors_are_mapped(nursery: trio.Nursery, tiny_model_dir: P
             await client.generate([5] * 50, SamplingParams(max_new_tokens=20), rid="x2")
         with pytest.raises(ContextLengthExceededError, match="exceeds the maximum allowed length"):
             await client.generate([5] * 60, SamplingParams(), rid="x3")
-        with pytest.raises(EngineStatusError, match="n > 1") as info:
+        with pytest.raises(EngineRejectedError, match="n > 1") as info:
             await client.generate([5, 6], SamplingParams(n=2), rid="x4")
         assert info.value.status_code == 400 and info.value.engine_url == url
-        with pytest.raises(EngineStatusError, match="top_p must be in"):
+        with pytest.raises(EngineRejectedError, match="top_p must be in"):
             await client.generate([5, 6], SamplingParams(top_p=0.0), rid="x5")
-        with pytest.raises(EngineStatusError) as info:
+        with pytest.raises(EngineRejectedError) as info:
             await client.update_weights_from_disk("/nonexistent/dir", weight_version="v9")
         assert info.value.status_code == 400
 
@@ -174,10 +178,10 @@ async def test_retries_are_bounded(autojump_clock: trio.testing.MockClock) -> No
 
     config = EngineClientConfig(retry_sleep_s=1.0, max_attempts=4)
     async with open_engine_client(["http://engine"], config=config, transport=_mock(handler)) as c:
-        with pytest.raises(EngineStatusError, match="HTTP 500") as info:
+        with pytest.raises(EngineUnavailableError, match="HTTP 500") as info:
             await c.abort("r1")
     assert len(calls) == 4 and trio.current_time() == 3.0
-    assert info.value.status_code == 500
+    assert info.value.status_code == 500 and info.value.engine_url == "http://engine"
 
 
 async def test_client_errors_are_not_retried(autojump_clock: trio.testing.MockClock) -> None:
@@ -188,15 +192,15 @@ async def test_client_errors_are_not_retried(autojump_clock: trio.testing.MockCl
         return httpx.Response(404, json={"detail": "Not Found"})
 
     async with open_engine_client(["http://e"], config=FAST, transport=_mock(handler)) as c:
-        with pytest.raises(EngineStatusError, match="Not Found"):
+        with pytest.raises(EngineRejectedError, match="Not Found"):
             await c.server_info()
     assert len(calls) == 1
 
 
 @pytest.mark.parametrize(
     ("exc", "expected"),
-    [(httpx.ConnectError("refused"), BackendError),
-     (httpx.RemoteProtocolError("reset"), BackendError),
+    [(httpx.ConnectError("refused"), EngineUnavailableError),
+     (httpx.RemoteProtocolError("reset"), EngineUnavailableError),
      (httpx.ReadTimeout("slow"), BackendTimeoutError)],
 )
 async def test_transport_failures(
@@ -229,7 +233,7 @@ async def test_all_error_envelopes_are_read(body: dict) -> None:
         return httpx.Response(400, json=body)
 
     async with open_engine_client(["http://e"], config=FAST, transport=_mock(handler)) as c:
-        with pytest.raises(EngineStatusError) as info:
+        with pytest.raises(EngineRejectedError) as info:
             await c.generate([1], SamplingParams(), rid="r")
     message = body["error"] if isinstance(body.get("error"), str) else "some message"
     assert message in str(info.value)
@@ -273,7 +277,7 @@ async def test_malformed_responses_fail_loudly(mutate: Callable[[dict], object],
         return httpx.Response(200, json=body)
 
     async with open_engine_client(["http://e"], config=FAST, transport=_mock(handler)) as c:
-        with pytest.raises(BackendError, match=match):
+        with pytest.raises(EngineUnavailableError, match=match):
             await c.generate([1], SamplingParams(), rid="r")
 
 

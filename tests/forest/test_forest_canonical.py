@@ -271,7 +271,7 @@ def test_canonical_message_rejects_system() -> None:
 
 MESSAGE_ERRORS = [
     ("x", "messages must be a list, got string", "messages"),
-    (["x"], "messages[0] must be a dict, got string", "messages[0]"),
+    (["x"], "messages[0] must be an object, got string", "messages[0]"),
     ([{"content": "x"}], "messages[0] must include role", "messages[0].role"),
     ([{"role": 1, "content": "x"}], "messages[0].role must be a string, got integer", "messages[0].role"),
     (
@@ -291,7 +291,7 @@ MESSAGE_ERRORS = [
     ),
     (
         [{"role": "user", "content": [{"type": "text", "text": "a"}, "b"]}],
-        "messages[0].content[1] must be a dict, got string",
+        "messages[0].content[1] must be an object, got string",
         "messages[0].content[1]",
     ),
     (
@@ -329,8 +329,8 @@ MESSAGE_ERRORS = [
 
 CALL = "messages[1].tool_calls[0]"
 TOOL_CALL_ERRORS = [
-    ({"id": "c"}, f"{CALL}.function must be a dict, got null", f"{CALL}.function"),
-    ("call", f"{CALL} must be a dict, got string", CALL),
+    ({"id": "c"}, f"{CALL}.function must be an object, got null", f"{CALL}.function"),
+    ("call", f"{CALL} must be an object, got string", CALL),
     ({"id": "", "function": {"arguments": "{}"}}, f"{CALL}.id must be a non-empty string", f"{CALL}.id"),
     ({"type": "custom", "function": {"arguments": "{}"}}, f'{CALL}.type must be "function"', f"{CALL}.type"),
     (
@@ -410,7 +410,7 @@ def test_tool_calls_must_be_a_list() -> None:
     ("tools", "message", "param"),
     [
         ({"type": "function"}, "tools must be a list, got object", "tools"),
-        (["search"], "tools[0] must be a dict, got string", "tools[0]"),
+        (["search"], "tools[0] must be an object, got string", "tools[0]"),
         (
             [{"type": "function", "function": {"name": "f", "parameters": {"maximum": math.inf}}}],
             "tools[0].function.parameters.maximum numbers must be finite",
@@ -425,8 +425,8 @@ def test_tool_rejections(tools, message: str, param: str) -> None:
 @pytest.mark.parametrize(
     ("kwargs", "message", "param"),
     [
-        ([], "chat_template_kwargs must be a dict, got array", "chat_template_kwargs"),
-        ("", "chat_template_kwargs must be a dict, got string", "chat_template_kwargs"),
+        ([], "chat_template_kwargs must be an object, got array", "chat_template_kwargs"),
+        ("", "chat_template_kwargs must be an object, got string", "chat_template_kwargs"),
         (
             {"tools": [], "add_generation_prompt": True, "ok": 1},
             "chat_template_kwargs cannot set reserved keys: add_generation_prompt, tools",

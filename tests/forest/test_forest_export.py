@@ -70,8 +70,9 @@ def test_multi_agent_session_exports_three_contexts_through_jsonl() -> None:
     main.append(_sdk_echo(final.message))
 
     assert len(forest.leaves()) == 3
-    with pytest.raises(ExportError, match=r"^implicit export requires one committed leaf, found 3$"):
+    with pytest.raises(ExportError, match=r"^implicit export requires one committed leaf, found 3$") as caught:
         export_samples(forest, parse_session_output(None))
+    assert caught.value.num_leaves == 3
 
     lines = [
         json.dumps(
@@ -216,8 +217,9 @@ def test_observation_leaf_exports_truncated_with_trailing_ids_masked() -> None:
 def test_implicit_export_counts_only_leaves_with_a_response() -> None:
     forest = SessionForest("s")
     drive = Driver(forest)
-    with pytest.raises(ExportError, match=r"^implicit export requires one committed leaf, found 0$"):
+    with pytest.raises(ExportError, match=r"^implicit export requires one committed leaf, found 0$") as caught:
         export_samples(forest, SessionOutput())
+    assert caught.value.num_leaves == 0
     drive.observe([user("only an observation")])
     with pytest.raises(ExportError, match=r"^implicit export requires one committed leaf, found 0$"):
         export_samples(forest, SessionOutput())
@@ -225,8 +227,9 @@ def test_implicit_export_counts_only_leaves_with_a_response() -> None:
     (sample,) = export_samples(forest, SessionOutput())
     assert sample.status == "completed"
     drive.turn([user("q")], assistant("b"))  # a retry: a second branch
-    with pytest.raises(ExportError, match=r"^implicit export requires one committed leaf, found 2$"):
+    with pytest.raises(ExportError, match=r"^implicit export requires one committed leaf, found 2$") as caught:
         export_samples(forest, SessionOutput())
+    assert caught.value.num_leaves == 2
 
 
 def test_duplicated_identical_responses_collapse_into_one_leaf() -> None:

@@ -1,4 +1,6 @@
-"""relaxtrio.forest stays at the bottom of the package graph: stdlib, attrs and relaxtrio._errors only."""
+"""relaxtrio.forest stays at the bottom of the package graph: stdlib, attrs, and relaxtrio's two
+shared leaf modules (``_errors``, the error hierarchy, and ``_validate``, the validation vocabulary),
+which themselves import nothing but the stdlib and attrs."""
 
 from __future__ import annotations
 
@@ -6,24 +8,32 @@ import json
 import subprocess
 import sys
 
+import pytest
+
 import relaxtrio.forest
 
 _PROBE = """
 import json, sys
 before = set(sys.modules)
-import relaxtrio.forest
+import {module}
 print(json.dumps(sorted(set(sys.modules) - before)))
 """
 
 ALLOWED_THIRD_PARTY = {"attr", "attrs"}
+SHARED_LEAVES = {"relaxtrio._errors", "relaxtrio._validate"}
+
+
+def _loaded_by(module: str) -> list[str]:
+    done = subprocess.run(
+        [sys.executable, "-c", _PROBE.format(module=module)], capture_output=True, text=True,
+        timeout=60, check=True,
+    )
+    return json.loads(done.stdout)
 
 
 def test_forest_imports_only_stdlib_attrs_and_errors() -> None:
     """Stricter than tests/test_layering.py: nothing outside the stdlib but attrs may load."""
-    done = subprocess.run(
-        [sys.executable, "-c", _PROBE], capture_output=True, text=True, timeout=60, check=True
-    )
-    loaded = json.loads(done.stdout)
+    loaded = _loaded_by("relaxtrio.forest")
     foreign = sorted(
         name
         for name in loaded
@@ -31,9 +41,22 @@ def test_forest_imports_only_stdlib_attrs_and_errors() -> None:
     )
     assert not foreign, foreign
     ours = {name for name in loaded if name.startswith("relaxtrio.")}
-    assert all(name == "relaxtrio._errors" or name.startswith("relaxtrio.forest") for name in ours), sorted(
+    assert all(name in SHARED_LEAVES or name.startswith("relaxtrio.forest") for name in ours), sorted(
         ours
     )
+
+
+@pytest.mark.parametrize("module", sorted(SHARED_LEAVES))
+def test_shared_leaf_modules_import_only_stdlib_attrs_and_errors(module: str) -> None:
+    loaded = _loaded_by(module)
+    foreign = sorted(
+        name
+        for name in loaded
+        if name.split(".")[0] not in sys.stdlib_module_names | ALLOWED_THIRD_PARTY | {"relaxtrio"}
+    )
+    assert not foreign, foreign
+    ours = {name for name in loaded if name.startswith("relaxtrio.")}
+    assert ours <= {module, "relaxtrio._errors"}, sorted(ours)
 
 
 def test_public_names_are_exported_explicitly() -> None:

@@ -10,7 +10,7 @@ import numpy as np
 import pytest
 from mm_helpers import data_url, decode_data_url, make_image, png_bytes
 
-from relaxtrio import InvalidRequestError
+from relaxtrio import ConfigError, InvalidRequestError
 from relaxtrio.media.images import decode_image_url, image_parts, to_image_url
 from relaxtrio.rollout.dataset import load_prompts
 
@@ -83,14 +83,14 @@ def test_placeholders_join_images_in_order_and_become_image_urls(tmp_path: Path)
 )
 def test_mismatches_and_bad_images_are_clear_errors(tmp_path: Path, row: dict, message: str) -> None:
     data = _write(tmp_path / "data.jsonl", row)
-    with pytest.raises(InvalidRequestError) as caught:
+    with pytest.raises(ConfigError) as caught:
         load_prompts(data, multimodal_keys=KEYS)
     assert message in str(caught.value)
 
 
 def test_unsupported_modality_and_plain_text_without_keys(tmp_path: Path) -> None:
     data = _write(tmp_path / "data.jsonl", {"input": "keep <image> as text", "images": ["x.png"]})
-    with pytest.raises(InvalidRequestError, match="modality 'video' is not supported"):
+    with pytest.raises(ConfigError, match="modality 'video' is not supported"):
         load_prompts(data, multimodal_keys={"video": "videos"})
     [prompt] = load_prompts(data)  # without --multimodal-keys the row is plain text, as before
     assert prompt.session_input() == {"messages": [{"role": "user", "content": "keep <image> as text"}]}

@@ -9,9 +9,10 @@ import pytest
 import trio
 from mm_helpers import data_url, full_forward_logprobs
 
+from relaxtrio import EngineRejectedError
 from relaxtrio.chat.compiler import ChatCompiler
 from relaxtrio.engine.server import EngineConfig, serve_engine
-from relaxtrio.sglang.client import EngineStatusError, SamplingParams, open_engine_client
+from relaxtrio.sglang.client import SamplingParams, open_engine_client
 
 
 @pytest.fixture(scope="module")
@@ -109,7 +110,7 @@ async def test_client_sends_image_data(vlm_url: str, vlm_compiler: ChatCompiler)
             assert result.prompt_tokens == len(obs.token_ids)
             assert len(result.output_ids) == len(result.output_logprobs) == 3
             # Without the images, the placeholder has nothing to stand for: a clear 400.
-            with pytest.raises(EngineStatusError) as caught:
+            with pytest.raises(EngineRejectedError) as caught:
                 await client.generate(obs.rollout_token_ids, params, rid="mm-client-2")
     assert caught.value.status_code == 400
     assert "1 image placeholder token(s) but image_data is empty" in str(caught.value)

@@ -11,7 +11,7 @@ import trio
 import trio.testing
 from support.procs import alive
 
-from relaxtrio import AgentExecutionError, InvalidRequestError
+from relaxtrio import AgentExecutionError, ConfigError
 from relaxtrio.config import AgentConfig
 from relaxtrio.nursery.agent import ActiveBudget, SessionEnv, parse_agent_env, process_group_alive, run_agent
 
@@ -169,17 +169,17 @@ async def test_active_budget_pauses_and_resumes(autojump_clock: trio.testing.Moc
 
 def test_agent_env_validation(tmp_path: Path) -> None:
     assert parse_agent_env(["A=1", "B=x=y", "A=2"]) == {"A": "2", "B": "x=y"}
-    with pytest.raises(InvalidRequestError, match="reserved key 'RELAX_SESSION_ID'"):
+    with pytest.raises(ConfigError, match="reserved key 'RELAX_SESSION_ID'"):
         parse_agent_env(["RELAX_SESSION_ID=x"])
-    with pytest.raises(InvalidRequestError, match="KEY=VALUE"):
+    with pytest.raises(ConfigError, match="KEY=VALUE"):
         parse_agent_env(["novalue"])
-    with pytest.raises(InvalidRequestError, match="reserved key"):
+    with pytest.raises(ConfigError, match="reserved key"):
         AgentConfig(command="true", cwd=tmp_path, env={"RELAX_X": "1"})
-    with pytest.raises(InvalidRequestError, match="not an existing directory"):
+    with pytest.raises(ConfigError, match="not an existing directory"):
         AgentConfig(command="true", cwd=tmp_path / "missing")
-    with pytest.raises(InvalidRequestError, match="blank"):
+    with pytest.raises(ConfigError, match="blank"):
         AgentConfig(command="  ", cwd=tmp_path)
-    with pytest.raises(InvalidRequestError, match="positive"):
+    with pytest.raises(ConfigError, match="positive"):
         AgentConfig(command="true", cwd=tmp_path, timeout_s=0)
 
 

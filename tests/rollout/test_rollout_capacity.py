@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from relaxtrio import InvalidRequestError
+from relaxtrio import ConfigError
 from relaxtrio.rollout.capacity import check_external_slots, plan_capacity
 
 
@@ -36,7 +36,7 @@ def test_check_refuses_too_few_slots_naming_row_and_numbers() -> None:
                          eval_group_sizes=[("math", 2)], prelaunch=True)
     check_external_slots(plan, plan.required)
     check_external_slots(plan, None)
-    with pytest.raises(InvalidRequestError) as info:
+    with pytest.raises(ConfigError) as info:
         check_external_slots(plan, plan.required - 1)
     message = str(info.value)
     assert "--agent-external-slots 15 is too small" in message

@@ -8,7 +8,7 @@ import pytest
 import trio
 from support.pipeline import open_test_pipeline, prompts
 
-from relaxtrio import InvalidRequestError
+from relaxtrio import ConfigError
 from relaxtrio.config import RolloutConfig
 from relaxtrio.models import load_tokenizer
 from relaxtrio.rollout.hooks import load_function
@@ -57,9 +57,9 @@ async def test_invalid_credit_drops_the_group_with_a_clear_reason(
 
 
 def test_load_function_errors() -> None:
-    with pytest.raises(InvalidRequestError, match="package.module.function"):
+    with pytest.raises(ConfigError, match="package.module.function"):
         load_function("nodots", flag="--x")
-    with pytest.raises(InvalidRequestError, match="cannot import"):
+    with pytest.raises(ConfigError, match="cannot import"):
         load_function("no_such_module_xyz.fn", flag="--x")
-    with pytest.raises(InvalidRequestError, match="not a callable"):
+    with pytest.raises(ConfigError, match="not a callable"):
         load_function("support.credit.__doc__", flag="--x")

@@ -279,10 +279,10 @@ async def test_unusable_prompt_is_dropped_without_starting_agents(tokenizer, tmp
 
 
 async def test_engine_failure_stops_the_step_loudly(tokenizer, tmp_path: Path) -> None:
-    from relaxtrio import BackendError
+    from relaxtrio import BackendError, EngineUnavailableError
 
     def replies(ids):
-        raise BackendError("engine http://127.0.0.1:1/generate unreachable after 6 attempts")
+        raise EngineUnavailableError("engine http://127.0.0.1:1/generate unreachable after 6 attempts")
 
     config = RolloutConfig(n_samples_per_prompt=2, rollout_batch_size=2, show_progress=False)
     with trio.fail_after(60), pytest.RaisesGroup(pytest.RaisesExc(

@@ -73,3 +73,43 @@ async def test_unmatched_assistant_message_is_logged_as_a_new_branch(
         await handler.complete(session, TurnRequest(conversation=Conversation.from_wire(edited)))
     assert "matches no committed response (matched 1 of 3 messages)" in caplog.text
     assert len(session.forest.leaves()) == 2 and first.message["content"] == "four"
+
+
+async def test_only_an_unavailable_engine_is_fatal(tiny_model_dir: Path) -> None:
+    """A 4xx refusal fails its turn; an unavailable engine is recorded as the run's fatal error."""
+    import pytest
+
+    from relaxtrio import EngineRejectedError, EngineUnavailableError
+    from relaxtrio.config import GenerationConfig
+    from relaxtrio.forest import Conversation, SessionForest
+    from relaxtrio.nursery.agent import ActiveBudget
+    from relaxtrio.nursery.group import Group
+    from relaxtrio.nursery.session import Session
+    from relaxtrio.nursery.turns import TurnRequest
+    from relaxtrio.rollout.turns import EngineTurnHandler
+    from relaxtrio.testing.scripted_engine import ScriptedEngine
+
+    tok = load_tokenizer(tiny_model_dir)
+    failures = [EngineRejectedError("engine http://e/generate answered HTTP 400: bad image",
+                                    engine_url="http://e", status_code=400),
+                EngineUnavailableError("engine http://e/generate answered HTTP 502: down",
+                                       engine_url="http://e", status_code=502)]
+
+    def replies(ids):
+        raise failures.pop(0)
+
+    engine = ScriptedEngine(tokenizer=tok, eos_id=tok.eos_token_id, replies=replies)
+    handler = EngineTurnHandler(client=engine, compiler=ChatCompiler(tok), config=GenerationConfig())
+    group = Group(group_id="g")
+    session = Session(session_id="s", group=group, index=0, input_payload={},
+                      forest=SessionForest("s"), budget=ActiveBudget(total_s=10))
+    group.sessions.append(session)
+    group.lease()
+    group.note_request(session)
+    request = TurnRequest(conversation=Conversation.from_wire([{"role": "user", "content": "hi"}]))
+    with pytest.raises(EngineRejectedError):
+        await handler.complete(session, request)
+    assert handler.fatal_error is None
+    with pytest.raises(EngineUnavailableError) as caught:
+        await handler.complete(session, request)
+    assert handler.fatal_error is caught.value and handler.fatal_error.status_code == 502

@@ -6,7 +6,7 @@ import math
 
 import pytest
 
-from relaxtrio._errors import InvalidRequestError
+from relaxtrio._errors import ExportError, InvalidRequestError
 from relaxtrio.rollout.advantages import grpo_advantages, scalar_reward
 
 
@@ -66,29 +66,29 @@ def test_scalar_reward_number_and_object() -> None:
 
 
 def test_scalar_reward_missing_reward() -> None:
-    with pytest.raises(InvalidRequestError, match="reward is missing") as info:
+    with pytest.raises(ExportError, match="reward is missing") as info:
         scalar_reward(None, "score")
     assert info.value.param == "reward"
-    assert isinstance(info.value, ValueError)
+    assert not isinstance(info.value, InvalidRequestError)  # agent output, not a 400
 
 
 def test_scalar_reward_object_without_key_configured() -> None:
-    with pytest.raises(InvalidRequestError, match="configure reward_key") as info:
+    with pytest.raises(ExportError, match="configure reward_key") as info:
         scalar_reward({"score": 1.0}, None)
     assert "score" in str(info.value)
 
 
 def test_scalar_reward_key_absent_lists_keys() -> None:
-    with pytest.raises(InvalidRequestError, match=r"no key 'acc' \(keys: len, score\)") as info:
+    with pytest.raises(ExportError, match=r"no key 'acc' \(keys: len, score\)") as info:
         scalar_reward({"score": 1.0, "len": 3}, "acc")
     assert info.value.param == "reward.acc"
 
 
 @pytest.mark.parametrize("bad", [math.nan, -math.inf, "1", True, None, [1.0]])
 def test_scalar_reward_value_must_be_finite_number(bad: object) -> None:
-    with pytest.raises(InvalidRequestError) as info:
+    with pytest.raises(ExportError) as info:
         scalar_reward({"score": bad}, "score")
     assert info.value.param == "reward.score"
     if bad is not None and not isinstance(bad, (str, list)):
-        with pytest.raises(InvalidRequestError):
+        with pytest.raises(ExportError):
             scalar_reward(bad, None)  # type: ignore[arg-type]

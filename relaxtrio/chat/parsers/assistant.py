@@ -27,6 +27,7 @@ from typing import Any, Literal, Protocol
 import attrs
 
 from ..._errors import BackendError, InternalError
+from ..._validate import is_int
 from .reasoning import UnclosedThinkPolicy, parse_reasoning
 from .tool_calls import RejectedToolCall, parse_tool_calls_detailed, tool_call_id
 
@@ -135,7 +136,7 @@ def decode_assistant(
         raise InternalError("an aborted generation cannot be turned into an assistant message; resume it first")
 
     stops = set(stop_token_ids)
-    if isinstance(matched_stop, int) and not isinstance(matched_stop, bool):
+    if is_int(matched_stop):
         stops.add(matched_stop)
     text = compiler.decode(ids[:-1] if ids[-1] in stops else ids)
     if isinstance(matched_stop, str) and matched_stop and text.endswith(matched_stop):
