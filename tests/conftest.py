@@ -1,4 +1,10 @@
-"""Fixtures shared by every test directory."""
+"""Fixtures shared by every test directory.
+
+One meaning per fixture name across the suite: ``tiny_model_dir`` is the tiny random chat model
+(trained tokenizer, ChatML + tools template) and ``tokenizer`` its tokenizer; the trainer's
+tokenizer-less model is ``tiny_llama_dir`` (tests/train), the vision model ``tiny_vlm_dir``
+(tests/multimodal). Shared helpers (Sessions, Groups, served apps, agents) are in tests/support.
+"""
 
 from __future__ import annotations
 
@@ -9,6 +15,7 @@ from pathlib import Path
 
 import pytest
 
+from relaxtrio.models import load_tokenizer
 from relaxtrio.testing.tiny_models import build_tiny_model
 
 _saved_env: dict[str, str | None] = {}
@@ -40,3 +47,9 @@ def pytest_unconfigure(config: pytest.Config) -> None:
 def tiny_model_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
     """A tiny random Llama with an offline-trained tokenizer and the ChatML+tools template."""
     return build_tiny_model(tmp_path_factory.mktemp("tiny-model"), seed=0)
+
+
+@pytest.fixture(scope="session")
+def tokenizer(tiny_model_dir: Path):
+    """The tokenizer of :func:`tiny_model_dir`."""
+    return load_tokenizer(tiny_model_dir)

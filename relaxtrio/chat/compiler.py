@@ -36,10 +36,10 @@ observation delta, with no re-rendering of the assistant turn. A generation stop
 *string* or by length has no end-of-turn id, and none is inserted
 (docs/client-quirks.md#turns-ended-by-a-stop-string).
 
-Images (docs/canonical-contract.md#images): :meth:`ChatCompiler.encode_observation`
-renders an observation into two id views. The **rollout ids** are the tokenizer ids of the
-template text, with one image placeholder per ``image_url`` part (what an SGLang server takes next
-to ``image_data``); the **training ids** expand each placeholder to the image's feature count and
+Images (docs/canonical-contract.md#images): :meth:`ChatCompiler.observation_ids` and
+:meth:`ChatCompiler.attach_images` render an observation into two id views. The **rollout ids**
+are the tokenizer ids of the template text, with one image placeholder per ``image_url`` part
+(what an SGLang server takes next to ``image_data``); the **training ids** expand each placeholder to the image's feature count and
 come with the processor's training inputs (:class:`~relaxtrio.media.vision.MultimodalPayload`).
 The dummy prefix has no images, so trimming it from the rollout ids and then expanding equals
 expanding the whole render and trimming the same number of ids: both views get the same trim.
@@ -250,63 +250,6 @@ class ChatCompiler:
             )
         delta = ids[len(trim) :]
         return EncodedPrompt(delta, text, render_s, encode_s, time.perf_counter() - start)
-
-    def encode_full(
-        self,
-        messages: Sequence[Mapping[str, Any]],
-        tools: Sequence[Mapping[str, Any]] = (),
-        template_kwargs: Mapping[str, Any] | None = None,
-    ) -> tuple[int, ...]:
-        """Prompt ids of a subtree root: a full render with the generation prompt.
-
-        Raises:
-            InvalidRequestError: as :meth:`render`.
-        """
-        return self.render(messages, tools, template_kwargs).token_ids
-
-    def encode_delta(
-        self,
-        delta_messages: Sequence[Mapping[str, Any]],
-        tools: Sequence[Mapping[str, Any]] = (),
-        template_kwargs: Mapping[str, Any] | None = None,
-    ) -> tuple[int, ...]:
-        """Ids of an observation below a subtree root, ending with the generation prompt.
-
-        Raises:
-            InvalidRequestError: as :meth:`render`.
-            InternalError: as :meth:`render_delta`.
-        """
-        return self.render_delta(delta_messages, tools, template_kwargs).token_ids
-
-    def encode_observation(
-        self,
-        messages: Sequence[Mapping[str, Any]],
-        tools: Sequence[Mapping[str, Any]] = (),
-        template_kwargs: Mapping[str, Any] | None = None,
-        *,
-        delta: bool,
-        message_offset: int = 0,
-    ) -> RenderedObservation:
-        """Both id views of an observation: a full render (subtree root) or a dummy-prefix delta.
-
-        :meth:`observation_ids` then :meth:`attach_images` (the second step uses no tokenizer,
-        so callers may run it in a worker thread).
-
-        Args:
-            messages: the whole conversation (``delta=False``) or the new messages (``delta=True``).
-            tools: the subtree's tools.
-            template_kwargs: the subtree's template kwargs.
-            delta: render with the dummy prefix (an observation below a subtree root).
-            message_offset: index of ``messages[0]`` in the request, for error paths.
-
-        Raises:
-            InvalidRequestError: as :meth:`observation_ids` and :meth:`attach_images`.
-            InternalError: as :meth:`render_delta`.
-        """
-        ids, images = self.observation_ids(
-            messages, tools, template_kwargs, delta=delta, message_offset=message_offset
-        )
-        return self.attach_images(ids, images)
 
     def observation_ids(
         self,

@@ -69,11 +69,6 @@ class DecodeBatch(Generic[RowT]):
         return len(self.rows)
 
     @property
-    def kv_length(self) -> int:
-        """Padded sequence length of the shared cache, in tokens (0 when empty)."""
-        return 0 if self._mask is None else int(self._mask.shape[1])
-
-    @property
     def num_cached_tokens(self) -> int:
         """Real (non-pad) tokens held in the cache over all rows."""
         return 0 if self._mask is None else int(self._mask.sum())

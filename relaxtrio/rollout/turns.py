@@ -12,7 +12,8 @@ gate to reopen, and the next attempt sends lineage ids + partial ids with the re
 budget. The agent's HTTP request stays open the whole time.
 
 Images (docs/canonical-contract.md#images): an observation with ``image_url`` parts is
-rendered into two views (:meth:`~relaxtrio.chat.compiler.ChatCompiler.encode_observation`).
+rendered into two views (:meth:`~relaxtrio.chat.compiler.ChatCompiler.observation_ids`, then
+:meth:`~relaxtrio.chat.compiler.ChatCompiler.attach_images`).
 Its node stores the processor-expanded training ids, the rollout ids with one placeholder per
 image, and the images plus training inputs as its ``multimodal`` payload. Every generation sends
 the lineage's rollout ids together with all images of the lineage's observations, in lineage
@@ -31,7 +32,7 @@ import trio
 
 from .._errors import BackendError, ContextLengthExceededError, EngineUnavailableError, InvalidRequestError
 from ..chat.compiler import ChatCompiler, RenderedObservation
-from ..chat.parsers import build_assistant_message, effective_finish_type
+from ..chat.parsers import decode_assistant, effective_finish_type
 from ..config import GenerationConfig
 from ..forest import (
     Conversation,
@@ -205,7 +206,7 @@ class EngineTurnHandler:
                 )
             log.debug("request %s aborted after %d tokens; parked", request_id, len(tokens))
 
-        message, finish_reason = build_assistant_message(
+        decoded = decode_assistant(
             tuple(tokens),
             finish,
             compiler=self.compiler,
@@ -219,10 +220,10 @@ class EngineTurnHandler:
         )
         node = forest.add_response(
             parent,
-            message,
+            dict(decoded.message),
             token_ids=tokens,
             rollout_logprobs=logprobs,
-            finish_reason=finish_reason,
+            finish_reason=decoded.finish_reason,
             weight_versions=spans,
             abort_count=abort_count,
             request_id=request_id,
@@ -236,7 +237,7 @@ class EngineTurnHandler:
                                               node.message.get("content") or "")
         return TurnResult(
             message=node.message,
-            finish_reason=finish_reason,
+            finish_reason=decoded.finish_reason,
             prompt_tokens=forest.train_token_count(parent),
             completion_tokens=len(tokens),
             request_id=request_id,
@@ -251,7 +252,8 @@ class EngineTurnHandler:
         decoded and processed in a worker thread (CPU work that never touches the tokenizer).
 
         Raises:
-            InvalidRequestError: as :meth:`ChatCompiler.encode_observation`.
+            InvalidRequestError: as :meth:`ChatCompiler.observation_ids` and
+                :meth:`ChatCompiler.attach_images`.
 
         Cancellation:
             A checkpoint only with images; a cancel waits for the worker thread, and nothing

@@ -1,11 +1,10 @@
-"""Helpers for API tests: live Sessions, a scripted turn handler, the real turn pipeline on a
-scripted engine, request and SSE helpers."""
+"""Helpers for API tests: a scripted turn handler, the real turn pipeline on a scripted engine,
+request and SSE helpers. Live Sessions and served apps are shared: tests/support."""
 
 from __future__ import annotations
 
 import json
-from collections.abc import AsyncIterator, Callable, Sequence
-from contextlib import asynccontextmanager
+from collections.abc import Callable, Sequence
 from typing import Any
 
 import attrs
@@ -13,10 +12,8 @@ import trio
 
 from relaxtrio.chat.compiler import ChatCompiler
 from relaxtrio.config import GenerationConfig
-from relaxtrio.forest import ResponseNode, SessionForest, export_samples
-from relaxtrio.nursery.agent import ActiveBudget
-from relaxtrio.nursery.group import Group
-from relaxtrio.nursery.session import Session, SessionRegistry, new_session_id
+from relaxtrio.forest import ResponseNode, export_samples
+from relaxtrio.nursery.session import Session
 from relaxtrio.nursery.turns import TurnRequest, TurnResult
 from relaxtrio.rollout.turns import EngineTurnHandler
 from relaxtrio.testing.scripted_engine import Reply, ScriptedEngine
@@ -63,25 +60,6 @@ class ScriptedHandler:
             request_id=f"{session.session_id}:t1",
             state_hash="0" * 64,
         )
-
-
-@asynccontextmanager
-async def open_session(registry: SessionRegistry, *, max_context_tokens: int | None = None) -> AsyncIterator[Session]:
-    """A registered, leased Session that accepts turns while the context is open."""
-    group = Group(group_id="train:group_test")
-    session_id = new_session_id()
-    session = Session(session_id=session_id, group=group, index=0, input_payload={},
-                      forest=SessionForest(session_id, max_context_tokens=max_context_tokens),
-                      budget=ActiveBudget(total_s=60))
-    group.sessions.append(session)
-    registry.add(session)
-    try:
-        async with session.serving():
-            group.lease()
-            group.note_request(session)
-            yield session
-    finally:
-        registry.discard(session)
 
 
 def scripted_pipeline(

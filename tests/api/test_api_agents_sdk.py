@@ -9,9 +9,11 @@ import sys
 from pathlib import Path
 
 import trio
-from api_helpers import open_session, scripted_pipeline, tool_call_text
+from api_helpers import scripted_pipeline, tool_call_text
+from support.apps import serve_app
+from support.sessions import open_session
 
-from relaxtrio.api.app import create_app, serve_api
+from relaxtrio.api.app import create_app
 from relaxtrio.chat.compiler import ChatCompiler
 from relaxtrio.forest import ResponseNode
 from relaxtrio.nursery.session import SessionRegistry
@@ -29,13 +31,11 @@ async def test_agents_sdk_agent_with_a_function_tool(registry: SessionRegistry, 
     ])
     app = create_app(registry, handler)
     with trio.fail_after(120):
-        async with trio.open_nursery() as nursery, open_session(registry) as session:
-            base_url = await nursery.start(serve_api, app)
+        async with serve_app(app) as base_url, open_session(registry) as session:
             env = {**os.environ, "RELAX_BASE_URL": base_url, "RELAX_SESSION_ID": session.session_id,
                    "OPENAI_AGENTS_DISABLE_TRACING": "1", "OPENAI_API_KEY": "unused"}
             done = await trio.run_process([sys.executable, str(AGENT_SCRIPT)], env=env, capture_stdout=True,
                                           capture_stderr=True, check=False)
-            nursery.cancel_scope.cancel()
     assert done.returncode == 0, done.stderr.decode()[-4000:]
     report = json.loads(done.stdout.decode().strip().splitlines()[-1])
     assert report == {"outputs": {"responses": "Paris is sunny.", "chat": "Rome is sunny."},

@@ -7,10 +7,12 @@ import json
 
 import httpx
 import trio
+from api_helpers import ScriptedHandler
+from support.apps import serve_app
+from support.sessions import open_session
 
-from relaxtrio.api.app import create_app, serve_api
+from relaxtrio.api.app import create_app
 from relaxtrio.nursery.session import SessionRegistry
-from api_helpers import ScriptedHandler, open_session
 
 CHAT = "/agentic_api/v1/chat/completions"
 USER = {"role": "user", "content": "hi"}
@@ -124,8 +126,7 @@ async def test_client_disconnect_does_not_cancel_the_turn(registry: SessionRegis
     handler = ScriptedHandler(gate=gate)
     app = create_app(registry, handler)
     with trio.fail_after(20):
-        async with trio.open_nursery() as nursery, open_session(registry) as session:
-            base_url = await nursery.start(serve_api, app)
+        async with serve_app(app) as base_url, open_session(registry) as session:
             async with httpx.AsyncClient(timeout=30) as client, trio.open_nursery() as client_tasks:
                 client_tasks.start_soon(functools.partial(
                     client.post, base_url + "v1/chat/completions", json={"messages": [USER]},
@@ -136,7 +137,6 @@ async def test_client_disconnect_does_not_cancel_the_turn(registry: SessionRegis
             gate.set()
             await handler.first_completion.wait()
             assert handler.completed == [session.session_id]
-            nursery.cancel_scope.cancel()
 
 
 async def test_session_end_answers_waiting_request_with_404(registry: SessionRegistry) -> None:
@@ -145,8 +145,7 @@ async def test_session_end_answers_waiting_request_with_404(registry: SessionReg
     results = []
     answered = trio.Event()
     with trio.fail_after(20):
-        async with trio.open_nursery() as nursery:
-            base_url = await nursery.start(serve_api, app)
+        async with serve_app(app) as base_url, trio.open_nursery() as nursery:
 
             async def call(token: str) -> None:
                 async with httpx.AsyncClient(timeout=30) as client:
@@ -159,6 +158,5 @@ async def test_session_end_answers_waiting_request_with_404(registry: SessionReg
                 nursery.start_soon(call, session.session_id)
                 await handler.first_request.wait()
             await answered.wait()
-            nursery.cancel_scope.cancel()
     assert results[0].status_code == 404
     assert results[0].json()["error"]["code"] == "session_discarded"

@@ -13,9 +13,9 @@ import anthropic
 import openai
 import pytest
 import trio
-from api_helpers import open_session
+from support.apps import serve_agent_api
+from support.sessions import open_session
 
-from relaxtrio.api.app import create_app, serve_api
 from relaxtrio.chat.compiler import ChatCompiler
 from relaxtrio.config import GenerationConfig
 from relaxtrio.engine.server import EngineConfig, serve_engine
@@ -29,17 +29,16 @@ pytestmark = pytest.mark.filterwarnings(
 
 
 async def test_plain_turns_on_the_tiny_model(registry: SessionRegistry, compiler: ChatCompiler,
-                                             api_model_dir: Path) -> None:
+                                             tiny_model_dir: Path) -> None:
     config = GenerationConfig(max_response_tokens=6, seed=7, tool_call_parser=None, reasoning_parser=None)
     with trio.fail_after(120):
         async with trio.open_nursery() as nursery:
-            engine_url = await nursery.start(serve_engine, EngineConfig(model_path=api_model_dir,
+            engine_url = await nursery.start(serve_engine, EngineConfig(model_path=tiny_model_dir,
                                                                         max_running_requests=4))
             async with open_engine_client([engine_url]) as engine:
                 handler = EngineTurnHandler(client=engine, compiler=compiler, config=config)
-                app = create_app(registry, handler, model_name="tiny")
-                base_url = await nursery.start(serve_api, app)
-                async with open_session(registry) as session:
+                async with (serve_agent_api(registry, handler, model_name="tiny") as base_url,
+                            open_session(registry) as session):
                     oai = openai.AsyncOpenAI(base_url=base_url, api_key=session.session_id, max_retries=0)
                     claude = anthropic.AsyncAnthropic(base_url=base_url, api_key=session.session_id, max_retries=0)
                     models = await oai.models.list()

@@ -7,7 +7,9 @@ import json
 import httpx
 import pytest
 import trio
-from api_helpers import ENDPOINTS, ScriptedHandler, open_session, post
+from api_helpers import ENDPOINTS, ScriptedHandler, post
+from support.apps import serve_app
+from support.sessions import open_session
 
 from relaxtrio import (
     BackendError,
@@ -16,7 +18,7 @@ from relaxtrio import (
     OverloadedError,
     SessionAbortedError,
 )
-from relaxtrio.api.app import create_app, serve_api
+from relaxtrio.api.app import create_app
 from relaxtrio.api.errors import error_body, error_response, http_status, should_retry
 from relaxtrio.config import ApiConfig
 from relaxtrio.nursery.session import SessionRegistry
@@ -129,8 +131,8 @@ async def test_unknown_routes_and_methods_are_json(registry: SessionRegistry) ->
 async def test_malformed_http_gets_no_html(registry: SessionRegistry) -> None:
     app = create_app(registry, ScriptedHandler())
     with trio.fail_after(20):
-        async with trio.open_nursery() as nursery:
-            url = httpx.URL(await nursery.start(serve_api, app))
+        async with serve_app(app) as base_url:
+            url = httpx.URL(base_url)
             for garbage in (b"NOT HTTP AT ALL\r\n\r\n", b"POST /agentic_api/v1/messages HTTP/1.1\r\n\x00\x01\r\n\r\n",
                             b"POST /x HTTP/1.1\r\nContent-Length: nope\r\n\r\n"):
                 async with await trio.open_tcp_stream(url.host, url.port) as sock:
@@ -141,7 +143,6 @@ async def test_malformed_http_gets_no_html(registry: SessionRegistry) -> None:
                 head, _, payload = received.partition(b"\r\n\r\n")
                 assert head.startswith(b"HTTP/1.1 400"), received[:80]
                 assert b"<html" not in received.lower() and payload == b""
-            nursery.cancel_scope.cancel()
 
 
 def test_envelope_table() -> None:

@@ -14,10 +14,12 @@ from typing import Any
 import openai
 import pytest
 import trio
-from api_helpers import ScriptedHandler, assert_one_lineage, open_session, scripted_pipeline, tool_call_text
+from api_helpers import ScriptedHandler, assert_one_lineage, scripted_pipeline, tool_call_text
+from support.apps import serve_app
+from support.sessions import open_session
 
 from relaxtrio import ContextLengthExceededError
-from relaxtrio.api.app import create_app, serve_api
+from relaxtrio.api.app import create_app
 from relaxtrio.chat.compiler import ChatCompiler
 from relaxtrio.nursery.session import Session, SessionRegistry
 from relaxtrio.testing.scripted_engine import Reply
@@ -37,14 +39,12 @@ RESPONSES_TOOLS = [{"type": "function", "name": "get_weather", "description": "W
 async def served(registry: SessionRegistry, handler: Any) -> AsyncIterator[tuple[openai.AsyncOpenAI, Session]]:
     app = create_app(registry, handler)
     with trio.fail_after(30):
-        async with trio.open_nursery() as nursery, open_session(registry) as session:
-            base_url = await nursery.start(serve_api, app)
+        async with serve_app(app) as base_url, open_session(registry) as session:
             client = openai.AsyncOpenAI(base_url=base_url, api_key=session.session_id, max_retries=0)
             try:
                 yield client, session
             finally:
                 await client.close()
-                nursery.cancel_scope.cancel()
 
 
 async def test_chat_json_tools_multi_turn(registry: SessionRegistry, compiler: ChatCompiler) -> None:

@@ -16,15 +16,16 @@ from api_helpers import (
     ENDPOINTS,
     ScriptedHandler,
     events,
-    open_session,
     parse_sse,
     post,
     scripted_pipeline,
     tool_call_text,
 )
+from support.apps import serve_app
+from support.sessions import open_session
 
 from relaxtrio import BackendError, ContextLengthExceededError
-from relaxtrio.api.app import create_app, serve_api
+from relaxtrio.api.app import create_app
 from relaxtrio.chat.compiler import ChatCompiler
 from relaxtrio.config import ApiConfig
 from relaxtrio.forest import ResponseNode, export_samples
@@ -327,8 +328,7 @@ async def test_disconnect_does_not_lose_the_generation(stream: bool, registry: S
     watch = CommitWatch(handler)
     app = create_app(registry, watch)
     with trio.fail_after(20):
-        async with trio.open_nursery() as nursery, open_session(registry) as session:
-            base_url = await nursery.start(serve_api, app)
+        async with serve_app(app) as base_url, open_session(registry) as session:
             if stream:  # a raw socket: read the connection frame, then hang up mid-stream
                 url = httpx.URL(base_url)
                 payload = json.dumps(body_for("messages", stream=True)).encode()
@@ -356,4 +356,3 @@ async def test_disconnect_does_not_lose_the_generation(stream: bool, registry: S
             assert any(isinstance(n, ResponseNode) for n in session.forest.leaves())
             [leaf] = session.forest.leaves()
             assert leaf.message["content"] == "Finished anyway." and engine.aborted == []
-            nursery.cancel_scope.cancel()

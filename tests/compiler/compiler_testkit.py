@@ -317,7 +317,7 @@ def lineage_ids(
     turn, then for each assistant turn its sampled ids followed by the compiler's observation delta."""
     kwargs = case.template_kwargs
     first = next(i for i, m in enumerate(messages) if m["role"] == "assistant")
-    ids = list(compiler.encode_full(messages[:first], tools, kwargs))
+    ids = list(compiler.render(messages[:first], tools, kwargs).token_ids)
     i = first
     while i < len(messages):
         if generated is not None:
@@ -330,6 +330,6 @@ def lineage_ids(
         while j < len(messages) and messages[j]["role"] != "assistant":
             j += 1
         if j > i + 1:
-            ids.extend(compiler.encode_delta(messages[i + 1 : j], tools, kwargs))
+            ids.extend(compiler.render_delta(messages[i + 1 : j], tools, kwargs).token_ids)
         i = j
     return tuple(ids)

@@ -1,4 +1,4 @@
-"""build_assistant_message / decode_assistant: decode rules (docs/canonical-contract.md#decoding-a-reply)."""
+"""decode_assistant: decode rules (docs/canonical-contract.md#decoding-a-reply)."""
 
 from __future__ import annotations
 
@@ -8,7 +8,6 @@ from compiler_testkit import TOOLS
 from relaxtrio import BackendError, InternalError
 from relaxtrio.chat.compiler import ChatCompiler
 from relaxtrio.chat.parsers import (
-    build_assistant_message,
     decode_assistant,
     effective_finish_type,
     tool_call_id,
@@ -29,10 +28,12 @@ def ids_of(compiler: ChatCompiler, text: str, *, eos: bool = True) -> tuple[int,
 
 
 def build(compiler: ChatCompiler, ids: tuple[int, ...], finish: str = "stop", **kwargs: object) -> tuple[dict, str]:
+    """``(message, finish_reason)`` of :func:`decode_assistant`, what a turn commits."""
     options = {"reasoning_parser": "qwen3", "tool_call_parser": "qwen25", "tools": TOOLS} | kwargs
-    return build_assistant_message(
+    decoded = decode_assistant(
         ids, finish, compiler=compiler, parent_state_hash=PARENT, stop_token_ids=compiler.stop_token_ids, **options
     )
+    return dict(decoded.message), decoded.finish_reason
 
 
 def test_plain_answer_without_eos_text(qwen: ChatCompiler) -> None:
@@ -61,10 +62,10 @@ def test_reasoning_and_parallel_calls(qwen: ChatCompiler) -> None:
     }
     again, _ = build(qwen, ids)
     assert again == message  # call ids are deterministic
-    other, _ = build_assistant_message(
+    other = decode_assistant(
         ids, "stop", compiler=qwen, parent_state_hash="1" * 64, stop_token_ids=qwen.stop_token_ids,
         tool_call_parser="qwen25", reasoning_parser="qwen3", tools=TOOLS,
-    )
+    ).message
     assert other["tool_calls"][0]["id"] != message["tool_calls"][0]["id"]
 
 

@@ -31,14 +31,14 @@ def test_exactly_one_bos_when_the_template_writes_it(compilers: dict[str, ChatCo
     # The trap is real with this tokenizer: encoding with special tokens doubles the BOS.
     assert compiler.tokenizer.encode(prompt.text, add_special_tokens=True).count(bos) == 2
     # A delta never carries a BOS (the dummy prefix's BOS is trimmed off).
-    assert bos not in compiler.encode_delta([{"role": "user", "content": "more"}])
+    assert bos not in compiler.render_delta([{"role": "user", "content": "more"}]).token_ids
 
 
 def test_chatml_delta_starts_with_the_newline_after_im_end(compilers: dict[str, ChatCompiler]) -> None:
     """The delta begins with the "\\n" the template writes after the sampled <|im_end|>
     (docs/client-quirks.md#turn-separator-in-a-delta)."""
     compiler = compilers["smollm2_chatml"]
-    delta = compiler.encode_delta([tool("call_1", '{"temp":"20C"}')], TOOLS)
+    delta = compiler.render_delta([tool("call_1", '{"temp":"20C"}')], TOOLS).token_ids
     text = compiler.decode(delta)
     assert text == (
         '\n<|im_start|>user\n<tool_response>\n{"temp":"20C"}\n</tool_response><|im_end|>\n<|im_start|>assistant\n'
@@ -50,7 +50,7 @@ def test_consecutive_tool_results_share_one_user_turn(compilers: dict[str, ChatC
     """Two results (one of them empty) render as one user turn with two <tool_response> blocks
     (docs/client-quirks.md#grouped-tool-results)."""
     compiler = compilers[case_name]
-    text = compiler.decode(compiler.encode_delta([tool("a", "A"), tool("b", "")], TOOLS))
+    text = compiler.decode(compiler.render_delta([tool("a", "A"), tool("b", "")], TOOLS).token_ids)
     assert text.count("<|im_start|>user") == 1
     assert text.count("<tool_response>") == 2
     assert "<tool_response>\nA\n</tool_response>\n<tool_response>\n\n</tool_response><|im_end|>" in text
@@ -110,13 +110,13 @@ def test_invalid_arguments_name_the_field(compilers: dict[str, ChatCompiler], ar
 )
 def test_reserved_template_kwargs_are_rejected(compilers: dict[str, ChatCompiler], key: str) -> None:
     with pytest.raises(InvalidRequestError, match="reserved") as info:
-        compilers["qwen3_thinking"].encode_full([USER], (), {key: True})
+        compilers["qwen3_thinking"].render([USER], (), {key: True}).token_ids
     assert info.value.param == f"chat_template_kwargs.{key}"
 
 
 def test_template_errors_are_client_errors(compilers: dict[str, ChatCompiler]) -> None:
     with pytest.raises(InvalidRequestError) as info:
-        compilers["qwen2_5"].encode_full([])
+        compilers["qwen2_5"].render([]).token_ids
     assert info.value.param == "messages"
 
 
@@ -134,16 +134,16 @@ def test_a_template_that_rewrites_the_dummy_prefix_is_refused() -> None:
     dummy prefix renders differently once a delta follows it: no silently wrong ids."""
     compiler = qwen_compiler(MOVING_TOOLS_TEMPLATE)
     with pytest.raises(InternalError, match="not prefix-stable"):
-        compiler.encode_delta([{"role": "user", "content": "next"}], TOOLS)
+        compiler.render_delta([{"role": "user", "content": "next"}], TOOLS).token_ids
     # Without tools nothing moves and the delta is fine.
-    assert compiler.decode(compiler.encode_delta([{"role": "user", "content": "next"}])) == (
+    assert compiler.decode(compiler.render_delta([{"role": "user", "content": "next"}]).token_ids) == (
         "\n<|im_start|>user\nnext<|im_end|>\n<|im_start|>assistant\n"
     )
 
 
 def test_empty_delta_is_a_caller_bug(compilers: dict[str, ChatCompiler]) -> None:
     with pytest.raises(InternalError):
-        compilers["qwen2_5"].encode_delta([])
+        compilers["qwen2_5"].render_delta([]).token_ids
 
 
 @pytest.mark.parametrize(
@@ -191,9 +191,9 @@ def test_decode_keeps_special_tokens_and_spacing(compilers: dict[str, ChatCompil
 
 
 def test_prompt_opens_think(compilers: dict[str, ChatCompiler]) -> None:
-    assert compilers["deepseek_r1"].prompt_opens_think(compilers["deepseek_r1"].encode_full([USER]))
-    assert not compilers["qwen3_thinking"].prompt_opens_think(compilers["qwen3_thinking"].encode_full([USER]))
-    no_think = compilers["qwen3_no_thinking"].encode_full([USER], (), {"enable_thinking": False})
+    assert compilers["deepseek_r1"].prompt_opens_think(compilers["deepseek_r1"].render([USER]).token_ids)
+    assert not compilers["qwen3_thinking"].prompt_opens_think(compilers["qwen3_thinking"].render([USER]).token_ids)
+    no_think = compilers["qwen3_no_thinking"].render([USER], (), {"enable_thinking": False}).token_ids
     assert compilers["qwen3_no_thinking"].decode(no_think).endswith("<think>\n\n</think>\n\n")
     assert not compilers["qwen3_no_thinking"].prompt_opens_think(no_think)
 
@@ -213,7 +213,7 @@ def test_inputs_are_not_mutated_and_timings_are_reported(compilers: dict[str, Ch
 
 def test_delta_depends_on_template_kwargs(compilers: dict[str, ChatCompiler]) -> None:
     compiler = compilers["qwen3_thinking"]
-    on = compiler.decode(compiler.encode_delta([USER]))
-    off = compiler.decode(compiler.encode_delta([USER], (), {"enable_thinking": False}))
+    on = compiler.decode(compiler.render_delta([USER]).token_ids)
+    off = compiler.decode(compiler.render_delta([USER], (), {"enable_thinking": False}).token_ids)
     assert on == "\n<|im_start|>user\nhi<|im_end|>\n<|im_start|>assistant\n"
     assert off == on + "<think>\n\n</think>\n\n"

@@ -6,7 +6,7 @@ including its end-of-turn id) followed by the compiler's dummy-prefix delta for 
 observation. Here the sampled ids are simulated as the ids a full render places after the
 generation prompt (or, where the template cannot show the turn, the text the model writes plus
 EOS). A template is *prefix-stable* for a conversation when the lineage equals
-``encode_full(conversation)``.
+``render(conversation).token_ids``.
 
 Templates are offline reproductions (tests/compiler/templates/, checked render-for-render against
 the public templates), tokenizers are small offline BPE models with each family's markers.
@@ -84,7 +84,7 @@ def test_lineage_against_full_render(
     lineage = lineage_ids(compiler, case, messages, tools)
     if outcome == "full_render_rejects":
         with pytest.raises(InvalidRequestError, match="single tool-calls") as info:
-            compiler.encode_full(messages, tools, case.template_kwargs)
+            compiler.render(messages, tools, case.template_kwargs).token_ids
         assert info.value.param == "messages"
         # ... while the lineage went on: sampled parallel calls, then one ipython turn per result.
         text = compiler.decode(lineage)
@@ -92,7 +92,7 @@ def test_lineage_against_full_render(
         assert '<|start_header_id|>ipython<|end_header_id|>\n\n"A"<|eot_id|>' in text
         assert text.count("<|start_header_id|>ipython<|end_header_id|>") == 3
         return
-    full = compiler.encode_full(messages, tools, case.template_kwargs)
+    full = compiler.render(messages, tools, case.template_kwargs).token_ids
     if outcome == "stable":
         assert lineage == full
         return
@@ -141,7 +141,7 @@ def test_sampled_turns_parse_back_to_the_conversation(
         prompt = (
             lineage_ids(compiler, case, messages[:index], tools)
             if earlier_turns
-            else compiler.encode_full(messages[:index], tools, case.template_kwargs)
+            else compiler.render(messages[:index], tools, case.template_kwargs).token_ids
         )
         decoded = decode_assistant(
             turn,
@@ -170,8 +170,8 @@ def test_qwen3_is_stable_inside_one_tool_loop_but_not_across_user_turns(compiler
     case, compiler = CASES["qwen3_thinking"], compilers["qwen3_thinking"]
     messages, tools = scenario(case, "tool_round_then_user")
     loop_only = messages[:4]  # system, user, assistant(call), tool → next prompt
-    assert lineage_ids(compiler, case, loop_only, tools) == compiler.encode_full(loop_only, tools)
-    assert lineage_ids(compiler, case, messages, tools) != compiler.encode_full(messages, tools)
+    assert lineage_ids(compiler, case, loop_only, tools) == compiler.render(loop_only, tools).token_ids
+    assert lineage_ids(compiler, case, messages, tools) != compiler.render(messages, tools).token_ids
 
 
 def test_llama3_trims_text_and_drops_text_next_to_a_call(compilers: dict[str, ChatCompiler]) -> None:
@@ -185,12 +185,12 @@ def test_llama3_trims_text_and_drops_text_next_to_a_call(compilers: dict[str, Ch
         return padded if index == 4 else rendered_turn_ids(compiler, messages, index, tools, {}) or ()
 
     lineage = lineage_ids(compiler, case, messages, tools, generated=sampled)
-    full = compiler.encode_full(messages, tools)
+    full = compiler.render(messages, tools).token_ids
     assert lineage != full
     assert compiler.decode(full) == compiler.decode(lineage).replace("  It is 20C in Paris.\n", "It is 20C in Paris.")
     # Text before a call: the parsed message keeps it, the template does not render it.
     with_text = [*messages[:2], {**messages[2], "content": "Let me check."}]
-    rendered = compiler.decode(compiler.encode_full([*with_text, messages[3]], tools))
+    rendered = compiler.decode(compiler.render([*with_text, messages[3]], tools).token_ids)
     assert "Let me check." not in rendered
     assert '{"name": "get_weather", "parameters": {"city": "Paris"}}<|eot_id|>' in rendered
 
@@ -198,7 +198,7 @@ def test_llama3_trims_text_and_drops_text_next_to_a_call(compilers: dict[str, Ch
 def test_deepseek_r1_ignores_tools_and_canonical_calls(compilers: dict[str, ChatCompiler]) -> None:
     case, compiler = CASES["deepseek_r1"], compilers["deepseek_r1"]
     messages, tools = scenario(case, "tool_round_then_user")
-    text = compiler.decode(compiler.encode_full(messages[:4], tools))
+    text = compiler.decode(compiler.render(messages[:4], tools).token_ids)
     assert "get_weather" not in text  # neither the tool list nor the call
     assert text.endswith("<｜tool▁outputs▁end｜>")  # and no generation prompt after tool outputs
-    assert compiler.prompt_opens_think(compiler.encode_full(messages[:2], tools))
+    assert compiler.prompt_opens_think(compiler.render(messages[:2], tools).token_ids)

@@ -7,15 +7,15 @@ from pathlib import Path
 
 import torch
 import trio
+from support.apps import serve_agent_api
+from support.sessions import make_group
 
-from relaxtrio.api.app import create_app, serve_api
 from relaxtrio.chat.compiler import ChatCompiler
 from relaxtrio.config import AgentConfig, GenerationConfig
-from relaxtrio.forest import ObservationNode, ResponseNode, SessionForest
+from relaxtrio.forest import ObservationNode, ResponseNode
 from relaxtrio.models import load_model, load_tokenizer
-from relaxtrio.nursery.agent import ActiveBudget
-from relaxtrio.nursery.group import Group, run_group
-from relaxtrio.nursery.session import Session, SessionRegistry, new_session_id
+from relaxtrio.nursery.group import run_group
+from relaxtrio.nursery.session import SessionRegistry
 from relaxtrio.rollout.turns import EngineTurnHandler
 from relaxtrio.sglang.client import open_engine_client
 from relaxtrio.sglang.launch import open_embedded_engine
@@ -41,37 +41,27 @@ asyncio.run(main())
 '''
 
 
-def _session(group: Group, index: int) -> Session:
-    session_id = new_session_id()
-    return Session(session_id=session_id, group=group, index=index,
-                   input_payload={"messages": [{"role": "user", "content": "What is 2 + 2?"}]},
-                   dataset_metadata={"answer": "4"},
-                   forest=SessionForest(session_id, max_context_tokens=4096),
-                   budget=ActiveBudget(total_s=300))
-
-
 async def test_two_turn_openai_agent_exports_exact_tokens(tiny_model_dir: Path, tmp_path: Path) -> None:
     (tmp_path / "agent.py").write_text(OPENAI_AGENT)
     tokenizer = load_tokenizer(tiny_model_dir)
     compiler = ChatCompiler(tokenizer)
-    group = Group(group_id="train:group_e2e")
-    group.sessions.extend(_session(group, i) for i in range(2))
+    group = make_group(2, group_id="train:group_e2e",
+                       input_payload={"messages": [{"role": "user", "content": "What is 2 + 2?"}]},
+                       dataset_metadata={"answer": "4"}, max_context_tokens=4096, budget_s=300)
     registry = SessionRegistry()
     with trio.fail_after(180):
         async with (
             open_embedded_engine(tiny_model_dir, log_path=tmp_path / "engine.log") as engine_url,
             open_engine_client([engine_url]) as client,
-            trio.open_nursery() as nursery,
         ):
             handler = EngineTurnHandler(
                 client=client, compiler=compiler,
                 config=GenerationConfig(max_response_tokens=12, temperature=1.0, seed=1234),
             )
-            base_url = await nursery.start(serve_api, create_app(registry, handler))
-            await run_group(group, agent=AgentConfig(command=f"{sys.executable} agent.py", cwd=tmp_path,
-                                                     timeout_s=120),
-                            base_url=base_url, registry=registry)
-            nursery.cancel_scope.cancel()
+            async with serve_agent_api(registry, handler) as base_url:
+                await run_group(group, agent=AgentConfig(command=f"{sys.executable} agent.py", cwd=tmp_path,
+                                                         timeout_s=120),
+                                base_url=base_url, registry=registry)
     assert not group.dropped, group.dropped_reason
     assert len(registry) == 0
 
@@ -85,9 +75,9 @@ async def test_two_turn_openai_agent_exports_exact_tokens(tiny_model_dir: Path, 
         assert kinds == [ObservationNode, ResponseNode, ObservationNode, ResponseNode]
         obs1, resp1, obs2, resp2 = lineage
         # Observations are exactly what the compiler renders: a full render, then a delta.
-        assert obs1.token_ids == compiler.encode_full(
-            [{"role": "user", "content": "What is 2 + 2?"}], (), {})
-        assert obs2.token_ids == compiler.encode_delta([{"role": "user", "content": "Tell me more."}], (), {})
+        assert obs1.token_ids == compiler.render(
+            [{"role": "user", "content": "What is 2 + 2?"}], (), {}).token_ids
+        assert obs2.token_ids == compiler.render_delta([{"role": "user", "content": "Tell me more."}], (), {}).token_ids
         assert 1 <= len(resp2.token_ids) <= 6
         # token ids = prompt ids + generated + observation + generated; mask 1 only on generated.
         assert sample.token_ids == obs1.token_ids + resp1.token_ids + obs2.token_ids + resp2.token_ids

@@ -14,17 +14,12 @@ import trio
 from relaxtrio.engine._info import EngineState
 from relaxtrio.engine.scheduler import Scheduler
 from relaxtrio.engine.server import EngineConfig, load_engine, serve_engine_state
-from relaxtrio.models import load_model, load_tokenizer
+from relaxtrio.models import load_model
 
 
 @pytest.fixture(scope="session")
 def tiny_model(tiny_model_dir: Path) -> torch.nn.Module:
     return load_model(tiny_model_dir)
-
-
-@pytest.fixture(scope="session")
-def tiny_tokenizer(tiny_model_dir: Path):
-    return load_tokenizer(tiny_model_dir)
 
 
 @pytest.fixture(scope="session")

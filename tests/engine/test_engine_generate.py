@@ -37,9 +37,9 @@ def _ids_and_logprobs(body: dict) -> tuple[list[int], list[float]]:
 
 
 @pytest.fixture(scope="module")
-def eos_prompt(tiny_model: torch.nn.Module, tiny_tokenizer) -> list[int]:
+def eos_prompt(tiny_model: torch.nn.Module, tokenizer) -> list[int]:
     """A prompt whose greedy continuation is one ordinary token and then EOS (found by search)."""
-    eos = tiny_tokenizer.eos_token_id
+    eos = tokenizer.eos_token_id
     vocab = tiny_model.config.vocab_size
     for k in range(1, len(PROMPT)):
         prefix = torch.tensor(PROMPT[:k]).repeat(vocab, 1)  # (V, k)
@@ -80,13 +80,13 @@ async def test_without_logprobs_has_no_logprob_keys(http: httpx.AsyncClient) -> 
 
 
 async def test_eos_is_in_output_ids_and_trimmed_from_text(
-    http: httpx.AsyncClient, eos_prompt: list[int], tiny_tokenizer
+    http: httpx.AsyncClient, eos_prompt: list[int], tokenizer
 ) -> None:
-    eos = tiny_tokenizer.eos_token_id
+    eos = tokenizer.eos_token_id
     body = await generate(http, eos_prompt, max_new_tokens=10, temperature=0.0)
     assert body["meta_info"]["finish_reason"] == {"type": "stop", "matched": eos}
     assert len(body["output_ids"]) == 2 and body["output_ids"][-1] == eos
-    assert body["text"] == tiny_tokenizer.decode(body["output_ids"][:1])
+    assert body["text"] == tokenizer.decode(body["output_ids"][:1])
     kept = await generate(http, eos_prompt, max_new_tokens=10, temperature=0.0,
                           no_stop_trim=True, skip_special_tokens=False)
     assert kept["text"].endswith("<|im_end|>")
@@ -101,7 +101,7 @@ async def test_eos_is_in_output_ids_and_trimmed_from_text(
     assert eos not in masked["output_ids"][:3]
 
 
-async def test_stop_token_ids_and_stop_strings(http: httpx.AsyncClient, tiny_tokenizer) -> None:
+async def test_stop_token_ids_and_stop_strings(http: httpx.AsyncClient, tokenizer) -> None:
     free = await generate(http, PROMPT, max_new_tokens=12, temperature=0.0, ignore_eos=True)
     ids = free["output_ids"]
     k = next(i for i in range(3, 12) if ids[i] not in ids[:i])
@@ -109,14 +109,14 @@ async def test_stop_token_ids_and_stop_strings(http: httpx.AsyncClient, tiny_tok
     assert by_id["output_ids"] == ids[: k + 1]
     assert by_id["meta_info"]["finish_reason"] == {"type": "stop", "matched": ids[k]}
 
-    text = tiny_tokenizer.decode(ids)
+    text = tokenizer.decode(ids)
     stop = text[len(text) // 2 : len(text) // 2 + 3]
     assert stop and stop not in text[: len(text) // 2]
     by_str = await generate(http, PROMPT, max_new_tokens=12, temperature=0.0, stop=[stop, "\u00a7\u00a7"])
     assert by_str["meta_info"]["finish_reason"] == {"type": "stop", "matched": stop}
     out = by_str["output_ids"]
     assert out == ids[: len(out)]
-    assert stop in tiny_tokenizer.decode(out) and stop not in tiny_tokenizer.decode(out[:-1])
+    assert stop in tokenizer.decode(out) and stop not in tokenizer.decode(out[:-1])
     assert by_str["text"] == text[: text.index(stop)]
     untrimmed = await generate(http, PROMPT, max_new_tokens=12, temperature=0.0, stop=stop,
                                no_stop_trim=True)
@@ -185,7 +185,7 @@ async def test_truncation_and_bias_options(http: httpx.AsyncClient) -> None:
     assert penalized["output_ids"][0] == 77
 
 
-async def test_text_prompt_and_logprob_extras(http: httpx.AsyncClient, tiny_tokenizer) -> None:
+async def test_text_prompt_and_logprob_extras(http: httpx.AsyncClient, tokenizer) -> None:
     r = await http.post("/generate", json={
         "text": "hello world", "sampling_params": {"max_new_tokens": 3, "temperature": 0},
         "return_logprob": True, "top_logprobs_num": 2, "return_text_in_logprobs": True,
@@ -193,11 +193,11 @@ async def test_text_prompt_and_logprob_extras(http: httpx.AsyncClient, tiny_toke
     })
     assert r.status_code == 200, r.text
     body = r.json()
-    assert body["prompt_token_ids"] == tiny_tokenizer.encode("hello world")
+    assert body["prompt_token_ids"] == tokenizer.encode("hello world")
     meta = body["meta_info"]
     assert meta["prompt_tokens"] == len(body["prompt_token_ids"])
     for row, top in zip(meta["output_token_logprobs"], meta["output_top_logprobs"], strict=True):
-        assert row[2] == tiny_tokenizer.decode([row[1]])
+        assert row[2] == tokenizer.decode([row[1]])
         assert len(top) == 2 and top[0][1] == row[1] and top[0][0] == pytest.approx(row[0])
 
 

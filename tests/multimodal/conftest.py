@@ -6,6 +6,7 @@ from pathlib import Path
 
 import pytest
 
+from relaxtrio.chat.compiler import ChatCompiler
 from relaxtrio.media.vision import VisionProcessor
 from relaxtrio.models import load_model, load_tokenizer
 from relaxtrio.testing.tiny_models import build_tiny_vlm
@@ -32,3 +33,9 @@ def vlm_vision(tiny_vlm_dir: Path) -> VisionProcessor:
     vision = VisionProcessor.from_pretrained(tiny_vlm_dir)
     assert vision is not None
     return vision
+
+
+@pytest.fixture(scope="session")
+def vlm_compiler(tiny_vlm_dir: Path) -> ChatCompiler:
+    """The tiny VLM's compiler with its own template and vision processor."""
+    return ChatCompiler.from_pretrained(tiny_vlm_dir)

@@ -11,6 +11,7 @@ from types import SimpleNamespace
 import numpy as np
 import pytest
 from mm_helpers import data_url
+from support.chat import observation
 from transformers import Qwen2VLProcessor
 
 from relaxtrio import InvalidRequestError
@@ -38,7 +39,8 @@ def _user(*parts: object) -> dict:
 
 
 @pytest.fixture(scope="module", params=["chatml_tools_vision", "qwen2_vl_style"])
-def compiler(request: pytest.FixtureRequest, tiny_vlm_dir: Path, vlm_vision) -> ChatCompiler:
+def vision_compiler(request: pytest.FixtureRequest, tiny_vlm_dir: Path, vlm_vision) -> ChatCompiler:
+    """The tiny VLM's compiler under each vision template (the bundled one, a Qwen2-VL-style one)."""
     tokenizer = load_tokenizer(tiny_vlm_dir)
     if request.param == "qwen2_vl_style":
         tokenizer = copy.deepcopy(tokenizer)
@@ -60,19 +62,19 @@ def _processor_expansion(compiler: ChatCompiler, text: str, urls: list[str]) -> 
     return compiler.tokenizer.encode(out, add_special_tokens=False)
 
 
-def test_full_render_views_match_the_processor(compiler: ChatCompiler) -> None:
+def test_full_render_views_match_the_processor(vision_compiler: ChatCompiler) -> None:
     messages = [{"role": "system", "content": "Look closely."}, _user(IMG_A, "What is this?", IMG_B)]
-    obs = compiler.encode_observation(messages, delta=False)
-    pad = compiler.vision.image_token_id
-    assert obs.rollout_token_ids == compiler.encode_full(messages)  # the tokenizer ids of the render
+    obs = observation(vision_compiler, messages, delta=False)
+    pad = vision_compiler.vision.image_token_id
+    assert obs.rollout_token_ids == vision_compiler.render(messages).token_ids  # the tokenizer ids of the render
     assert obs.rollout_token_ids.count(pad) == 2  # one placeholder per image
-    text = compiler.render(messages).text
-    assert list(obs.token_ids) == _processor_expansion(compiler, text, [IMG_A, IMG_B])
+    text = vision_compiler.render(messages).text
+    assert list(obs.token_ids) == _processor_expansion(vision_compiler, text, [IMG_A, IMG_B])
     assert obs.token_ids.count(pad) == sum(obs.multimodal.num_image_tokens) == 6 + 2
     payload = obs.multimodal
     assert payload.image_urls == (IMG_A, IMG_B)
-    expected = compiler.vision.image_processor(images=[decode_image_url(IMG_A), decode_image_url(IMG_B)],
-                                               return_tensors="np")
+    expected = vision_compiler.vision.image_processor(images=[decode_image_url(IMG_A), decode_image_url(IMG_B)],
+                                                      return_tensors="np")
     assert np.array_equal(payload.pixel_values, expected["pixel_values"])
     assert payload.image_grid_thw.tolist() == [[1, 6, 4], [1, 4, 2]]
     assert payload.train_inputs["pixel_values"].shape == (24 + 8, 3 * 2 * 14 * 14)
@@ -81,64 +83,64 @@ def test_full_render_views_match_the_processor(compiler: ChatCompiler) -> None:
     assert clone.image_urls == payload.image_urls and np.array_equal(clone.pixel_values, payload.pixel_values)
 
 
-def test_delta_views_apply_the_dummy_trim_to_both(compiler: ChatCompiler) -> None:
+def test_delta_views_apply_the_dummy_trim_to_both(vision_compiler: ChatCompiler) -> None:
     delta = [{"role": "tool", "tool_call_id": "c1", "content": [{"type": "text", "text": "crop:"},
                                                                  {"type": "image_url", "image_url": {"url": IMG_C}}]},
              _user("and this one?", IMG_A)]
-    obs = compiler.encode_observation(delta, delta=True, message_offset=3)
-    assert obs.rollout_token_ids == compiler.encode_delta(delta)
-    rendered = compiler.render_delta(delta)
-    full_expanded = _processor_expansion(compiler, rendered.text, [IMG_C, IMG_A])
-    trim = len(compiler.tokenizer.encode(rendered.text, add_special_tokens=False)) - len(obs.rollout_token_ids)
+    obs = observation(vision_compiler, delta, delta=True, message_offset=3)
+    assert obs.rollout_token_ids == vision_compiler.render_delta(delta).token_ids
+    rendered = vision_compiler.render_delta(delta)
+    full_expanded = _processor_expansion(vision_compiler, rendered.text, [IMG_C, IMG_A])
+    trim = len(vision_compiler.tokenizer.encode(rendered.text, add_special_tokens=False)) - len(obs.rollout_token_ids)
     assert list(obs.token_ids) == full_expanded[trim:]  # expanding after the trim == trimming after it
     assert obs.multimodal.image_urls == (IMG_C, IMG_A)
     assert obs.multimodal.num_image_tokens == (9, 6)
 
 
-def test_delta_matches_the_full_render_of_a_prefix_stable_template(compiler: ChatCompiler) -> None:
+def test_delta_matches_the_full_render_of_a_prefix_stable_template(vision_compiler: ChatCompiler) -> None:
     first = [_user(IMG_A, "What is in the image?")]
     reply = {"role": "assistant", "content": "A cat."}
     second = _user("And here?", IMG_B)
-    turn1 = compiler.encode_observation(first, delta=False)
-    closed = compiler.render([*first, reply], add_generation_prompt=False).text
+    turn1 = observation(vision_compiler, first, delta=False)
+    closed = vision_compiler.render([*first, reply], add_generation_prompt=False).text
     assert closed.endswith("<|im_end|>\n")
-    reply_ids = compiler.tokenizer.encode(closed[:-1], add_special_tokens=False)[len(turn1.rollout_token_ids):]
-    turn2 = compiler.encode_observation([second], delta=True, message_offset=2)
-    full = compiler.encode_observation([*first, reply, second], delta=False)
+    reply_ids = vision_compiler.tokenizer.encode(closed[:-1], add_special_tokens=False)[len(turn1.rollout_token_ids):]
+    turn2 = observation(vision_compiler, [second], delta=True, message_offset=2)
+    full = observation(vision_compiler, [*first, reply, second], delta=False)
     assert turn1.rollout_token_ids + tuple(reply_ids) + turn2.rollout_token_ids == full.rollout_token_ids
     assert turn1.token_ids + tuple(reply_ids) + turn2.token_ids == full.token_ids
     # Turn 1's image is expanded once, in turn 1's node; turn 2 adds only its own image
     # (docs/client-quirks.md#images-expanded-twice).
     assert turn2.multimodal.image_urls == (IMG_B,)
-    assert turn1.token_ids.count(compiler.vision.image_token_id) + turn2.token_ids.count(
-        compiler.vision.image_token_id) == full.token_ids.count(compiler.vision.image_token_id) == 6 + 2
+    pad = vision_compiler.vision.image_token_id
+    assert turn1.token_ids.count(pad) + turn2.token_ids.count(pad) == full.token_ids.count(pad) == 6 + 2
 
 
-def test_text_observations_are_unchanged(compiler: ChatCompiler) -> None:
+def test_text_observations_are_unchanged(vision_compiler: ChatCompiler) -> None:
     messages = [{"role": "user", "content": "plain text"}]
-    full = compiler.encode_observation(messages, delta=False)
-    assert full.token_ids == full.rollout_token_ids == compiler.encode_full(messages)
+    full = observation(vision_compiler, messages, delta=False)
+    assert full.token_ids == full.rollout_token_ids == vision_compiler.render(messages).token_ids
     assert full.multimodal is None
-    delta = compiler.encode_observation(messages, delta=True)
-    assert delta.token_ids == delta.rollout_token_ids == compiler.encode_delta(messages)
+    delta = observation(vision_compiler, messages, delta=True)
+    assert delta.token_ids == delta.rollout_token_ids == vision_compiler.render_delta(messages).token_ids
 
 
-def test_unusable_images_are_client_errors(compiler: ChatCompiler, tiny_model_dir: Path) -> None:
+def test_unusable_images_are_client_errors(vision_compiler: ChatCompiler, tiny_model_dir: Path) -> None:
     remote = [{"role": "user", "content": [{"type": "image_url", "image_url": {"url": "https://x.org/a.png"}}]}]
     with pytest.raises(InvalidRequestError, match="remote image URLs are not fetched") as caught:
-        compiler.encode_observation(remote, delta=True, message_offset=4)
+        observation(vision_compiler, remote, delta=True, message_offset=4)
     assert caught.value.param == "messages[4].content[0].image_url.url"
     # A literal placeholder in text would smuggle an image token without an image.
     with pytest.raises(InvalidRequestError, match="image placeholder text but no image_url part"):
-        compiler.encode_observation([_user("<|image_pad|>")], delta=False)
+        observation(vision_compiler, [_user("<|image_pad|>")], delta=False)
     with pytest.raises(InvalidRequestError, match="2 image placeholder token\\(s\\) for 1 image\\(s\\)"):
-        compiler.encode_observation([_user("<|image_pad|>", IMG_A)], delta=False)
+        observation(vision_compiler, [_user("<|image_pad|>", IMG_A)], delta=False)
     with pytest.raises(InvalidRequestError, match="url must be a non-empty string"):
-        compiler.encode_observation([{"role": "user", "content": [{"type": "image_url", "image_url": {}}]}],
-                                    delta=False)
+        observation(vision_compiler, [{"role": "user", "content": [{"type": "image_url", "image_url": {}}]}],
+                    delta=False)
     text_only = ChatCompiler(load_tokenizer(tiny_model_dir))
     with pytest.raises(InvalidRequestError, match="text-only and cannot take image input") as caught:
-        text_only.encode_observation([_user("hi", IMG_A)], delta=False)
+        observation(text_only, [_user("hi", IMG_A)], delta=False)
     assert caught.value.param == "messages[0].content[1].image_url.url"
 
 

@@ -10,15 +10,16 @@ from pathlib import Path
 
 import trio
 from mm_helpers import data_url, full_forward_logprobs, make_image
+from support.apps import serve_agent_api
+from support.chat import observation
+from support.sessions import add_session, make_group
 
-from relaxtrio.api.app import create_app, serve_api
 from relaxtrio.chat.compiler import ChatCompiler
 from relaxtrio.config import AgentConfig, GenerationConfig
 from relaxtrio.engine.server import EngineConfig, serve_engine
-from relaxtrio.forest import ObservationNode, ResponseNode, SessionForest
-from relaxtrio.nursery.agent import ActiveBudget
-from relaxtrio.nursery.group import Group, run_group
-from relaxtrio.nursery.session import Session, SessionRegistry, new_session_id
+from relaxtrio.forest import ObservationNode, ResponseNode
+from relaxtrio.nursery.group import run_group
+from relaxtrio.nursery.session import SessionRegistry
 from relaxtrio.rollout.dataset import load_prompts
 from relaxtrio.rollout.turns import EngineTurnHandler, lineage_image_urls
 from relaxtrio.sglang.client import SamplingParams, open_engine_client
@@ -67,12 +68,9 @@ async def test_image_agent_end_to_end(tiny_vlm_dir: Path, vlm_model, vlm_vision,
     (tmp_path / "agent.py").write_text(IMAGE_AGENT)
 
     compiler = ChatCompiler.from_pretrained(tiny_vlm_dir)
-    group = Group(group_id="train:group_mm")
-    session_id = new_session_id()
-    session = Session(session_id=session_id, group=group, index=0, input_payload=prompt.session_input(),
-                      dataset_metadata=dict(prompt.metadata),
-                      forest=SessionForest(session_id, max_context_tokens=4096), budget=ActiveBudget(total_s=120))
-    group.sessions.append(session)
+    group = make_group(group_id="train:group_mm")
+    session = add_session(group, input_payload=prompt.session_input(), dataset_metadata=prompt.metadata,
+                          max_context_tokens=4096, budget_s=120)
     registry = SessionRegistry()
     trainer = Trainer.from_pretrained(tiny_vlm_dir, TrainConfig(lr=1e-3))
     with trio.fail_after(120):
@@ -81,10 +79,10 @@ async def test_image_agent_end_to_end(tiny_vlm_dir: Path, vlm_model, vlm_vision,
             async with open_engine_client([engine_url]) as client:
                 handler = EngineTurnHandler(client=client, compiler=compiler,
                                             config=GenerationConfig(max_response_tokens=6, seed=4321))
-                base_url = await nursery.start(serve_api, create_app(registry, handler))
-                await run_group(group, agent=AgentConfig(command=f"{sys.executable} agent.py", cwd=tmp_path,
-                                                         timeout_s=90),
-                                base_url=base_url, registry=registry)
+                async with serve_agent_api(registry, handler) as base_url:
+                    await run_group(group, agent=AgentConfig(command=f"{sys.executable} agent.py", cwd=tmp_path,
+                                                             timeout_s=90),
+                                    base_url=base_url, registry=registry)
                 assert not group.dropped, group.dropped_reason
                 [sample] = session.samples
                 _check_sample(session, sample, compiler, later, vlm_model, vlm_vision)
@@ -125,9 +123,9 @@ def _check_sample(session, sample, compiler, later, vlm_model, vlm_vision) -> No
     assert [n.multimodal.image_urls for n in observations] == [(dataset_url,), (later[0],), (later[1],)]
     # Each observation node holds both views of exactly what the compiler renders.
     messages = forest.messages(leaf)
-    expected = [compiler.encode_observation(messages[:1], delta=False),
-                compiler.encode_observation(messages[2:3], delta=True),
-                compiler.encode_observation(messages[4:5], delta=True)]
+    expected = [observation(compiler, messages[:1], delta=False),
+                observation(compiler, messages[2:3], delta=True),
+                observation(compiler, messages[4:5], delta=True)]
     for node, obs in zip(observations, expected, strict=True):
         assert node.token_ids == obs.token_ids and node.rollout_token_ids == obs.rollout_token_ids
 

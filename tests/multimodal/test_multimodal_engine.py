@@ -8,16 +8,12 @@ import httpx
 import pytest
 import trio
 from mm_helpers import data_url, full_forward_logprobs
+from support.chat import observation
 
 from relaxtrio import EngineRejectedError
 from relaxtrio.chat.compiler import ChatCompiler
 from relaxtrio.engine.server import EngineConfig, serve_engine
 from relaxtrio.sglang.client import SamplingParams, open_engine_client
-
-
-@pytest.fixture(scope="module")
-def vlm_compiler(tiny_vlm_dir: Path) -> ChatCompiler:
-    return ChatCompiler.from_pretrained(tiny_vlm_dir)
 
 
 @pytest.fixture
@@ -28,7 +24,7 @@ async def vlm_url(nursery: trio.Nursery, tiny_vlm_dir: Path) -> str:
 def _prompt(compiler: ChatCompiler, *urls: str, text: str = "Describe the images."):
     content = [{"type": "image_url", "image_url": {"url": url}} for url in urls]
     content.append({"type": "text", "text": text})
-    return compiler.encode_observation([{"role": "user", "content": content}], delta=False)
+    return observation(compiler, [{"role": "user", "content": content}], delta=False)
 
 
 def _logprobs(body: dict) -> list[float]:
@@ -56,7 +52,7 @@ async def test_engine_generates_from_images_with_full_forward_logprobs(
     obs = _prompt(vlm_compiler, one, two)
     assert obs.multimodal is not None and obs.multimodal.num_image_tokens == (6, 2)
     swapped_obs = _prompt(vlm_compiler, two, one)
-    text_obs = vlm_compiler.encode_observation([{"role": "user", "content": "No image here."}], delta=False)
+    text_obs = observation(vlm_compiler, [{"role": "user", "content": "No image here."}], delta=False)
     async with httpx.AsyncClient(base_url=vlm_url, timeout=60) as http:
         results: dict[str, dict] = {}
 

@@ -10,6 +10,7 @@ import numpy as np
 import pytest
 import torch
 from mm_helpers import data_url, full_forward_logprobs
+from support.chat import observation
 
 from relaxtrio.chat.compiler import ChatCompiler
 from relaxtrio.forest import TrainingSample
@@ -32,7 +33,7 @@ def _sample(compiler: ChatCompiler, model, seed: int, turns: list[dict]) -> Trai
     payloads = []
     prompt_length = None
     for k, message in enumerate(turns):
-        obs = compiler.encode_observation([message], delta=k > 0)
+        obs = observation(compiler, [message], delta=k > 0)
         ids += obs.token_ids
         rollout += obs.rollout_token_ids
         mask += [0] * len(obs.token_ids)

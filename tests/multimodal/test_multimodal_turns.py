@@ -8,15 +8,15 @@ from typing import Any
 import pytest
 import trio
 from mm_helpers import data_url
+from support.chat import observation
+from support.sessions import leased_session
 
 from relaxtrio import ContextLengthExceededError, InvalidRequestError
 from relaxtrio.chat.compiler import ChatCompiler
 from relaxtrio.config import GenerationConfig
-from relaxtrio.forest import Conversation, SessionForest
+from relaxtrio.forest import Conversation
 from relaxtrio.models import load_tokenizer
-from relaxtrio.nursery.agent import ActiveBudget
-from relaxtrio.nursery.group import Group
-from relaxtrio.nursery.session import Session, new_session_id
+from relaxtrio.nursery.session import Session
 from relaxtrio.nursery.turns import TurnRequest
 from relaxtrio.rollout.turns import EngineTurnHandler
 from relaxtrio.testing.scripted_engine import Reply, ScriptedEngine
@@ -35,15 +35,7 @@ class RecordingEngine(ScriptedEngine):
 
 
 def _session(max_context_tokens: int | None) -> Session:
-    group = Group(group_id="train:group_mm_turns")
-    session_id = new_session_id()
-    session = Session(session_id=session_id, group=group, index=0, input_payload={},
-                      forest=SessionForest(session_id, max_context_tokens=max_context_tokens),
-                      budget=ActiveBudget(total_s=60))
-    group.sessions.append(session)
-    group.lease()
-    group.note_request(session)
-    return session
+    return leased_session(group_id="train:group_mm_turns", max_context_tokens=max_context_tokens)
 
 
 def _request(*messages: dict) -> TurnRequest:
@@ -55,11 +47,6 @@ def _user(text: str, *urls: str) -> dict:
                                         *({"type": "image_url", "image_url": {"url": u}} for u in urls)]}
 
 
-@pytest.fixture(scope="module")
-def compiler(tiny_vlm_dir: Path) -> ChatCompiler:
-    return ChatCompiler.from_pretrained(tiny_vlm_dir)
-
-
 def _handler(compiler: ChatCompiler, replies: list[Reply]) -> tuple[EngineTurnHandler, RecordingEngine]:
     engine = RecordingEngine(tokenizer=compiler.tokenizer, eos_id=compiler.tokenizer.eos_token_id, replies=replies)
     handler = EngineTurnHandler(client=engine, compiler=compiler,  # type: ignore[arg-type]
@@ -67,9 +54,9 @@ def _handler(compiler: ChatCompiler, replies: list[Reply]) -> tuple[EngineTurnHa
     return handler, engine
 
 
-async def test_turns_send_lineage_images_and_commit_both_views(compiler: ChatCompiler) -> None:
+async def test_turns_send_lineage_images_and_commit_both_views(vlm_compiler: ChatCompiler) -> None:
     one, two = data_url(56, 84, seed=1), data_url(28, 56, seed=2)
-    handler, engine = _handler(compiler, [Reply(text="A dog."), Reply(text="A cat."), Reply(text="ok")])
+    handler, engine = _handler(vlm_compiler, [Reply(text="A dog."), Reply(text="A cat."), Reply(text="ok")])
     session = _session(4096)
     first = _user("What is this?", one)
     with trio.fail_after(30):
@@ -81,7 +68,7 @@ async def test_turns_send_lineage_images_and_commit_both_views(compiler: ChatCom
     assert engine.image_data == [[one], [one, two], None]  # every image of the lineage, in order
     forest = session.forest
     obs1, resp1, obs2, resp2 = forest.lineage(forest.get(result2.state_hash))
-    pad = compiler.vision.image_token_id
+    pad = vlm_compiler.vision.image_token_id
     assert obs1.rollout_token_ids.count(pad) == 1 and obs1.token_ids.count(pad) == 6
     assert obs2.rollout_token_ids.count(pad) == 1 and obs2.token_ids.count(pad) == 2
     # The engine gets the rollout view; usage counts the training view.
@@ -91,10 +78,10 @@ async def test_turns_send_lineage_images_and_commit_both_views(compiler: ChatCom
     assert text_only.prompt_tokens == len(forest.lineage(forest.get(text_only.state_hash))[0].token_ids)
 
 
-async def test_context_limit_counts_expanded_ids(compiler: ChatCompiler) -> None:
+async def test_context_limit_counts_expanded_ids(vlm_compiler: ChatCompiler) -> None:
     message = _user("Describe.", data_url(84, 84, seed=3))  # 9 image tokens: 8 more than the placeholder
-    obs = compiler.encode_observation([message], delta=False)
-    handler, engine = _handler(compiler, [])
+    obs = observation(vlm_compiler, [message], delta=False)
+    handler, engine = _handler(vlm_compiler, [])
     session = _session(len(obs.rollout_token_ids) + 4)  # the rollout view would fit, the training view not
     with pytest.raises(ContextLengthExceededError) as caught:
         await handler.complete(session, _request(message))
@@ -102,8 +89,8 @@ async def test_context_limit_counts_expanded_ids(compiler: ChatCompiler) -> None
     assert len(session.forest) == 0 and not engine.calls  # nothing committed, nothing generated
 
 
-async def test_unusable_images_are_refused_before_commit(compiler: ChatCompiler, tiny_model_dir: Path) -> None:
-    handler, engine = _handler(compiler, [])
+async def test_unusable_images_are_refused_before_commit(vlm_compiler: ChatCompiler, tiny_model_dir: Path) -> None:
+    handler, engine = _handler(vlm_compiler, [])
     session = _session(None)
     with pytest.raises(InvalidRequestError, match="remote image URLs are not fetched") as caught:
         await handler.complete(session, _request(_user("look", "https://example.com/a.png")))

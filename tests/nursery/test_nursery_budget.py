@@ -4,19 +4,14 @@ from __future__ import annotations
 
 import trio
 import trio.testing
+from support.sessions import make_group
 
-from relaxtrio.forest import SessionForest
-from relaxtrio.nursery.agent import ActiveBudget
 from relaxtrio.nursery.group import Group
 from relaxtrio.nursery.session import Session
 
 
 def _group(n: int, budget_s: float) -> Group:
-    group = Group(group_id="train:group_b")
-    for i in range(n):
-        group.sessions.append(Session(session_id=f"s{i}", group=group, index=i, input_payload={},
-                                      forest=SessionForest(f"s{i}"), budget=ActiveBudget(total_s=budget_s)))
-    return group
+    return make_group(n, group_id="train:group_b", session_ids=lambda i: f"s{i}", budget_s=budget_s)
 
 
 async def _expire_times(group: Group, out: dict[int, float]) -> None:

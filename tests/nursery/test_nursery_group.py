@@ -8,34 +8,21 @@ from pathlib import Path
 import pytest
 import trio
 from support.agents import write_httpx_agent
+from support.apps import serve_agent_api
 from support.procs import alive
+from support.sessions import make_group
 
-from relaxtrio.api.app import create_app, serve_api
 from relaxtrio.chat.compiler import ChatCompiler
 from relaxtrio.config import AgentConfig, GenerationConfig
-from relaxtrio.forest import SessionForest
-from relaxtrio.models import load_tokenizer
-from relaxtrio.nursery.agent import ActiveBudget
 from relaxtrio.nursery.group import Group, run_group
-from relaxtrio.nursery.session import Session, SessionRegistry, new_session_id
+from relaxtrio.nursery.session import SessionRegistry
 from relaxtrio.rollout.turns import EngineTurnHandler
 from relaxtrio.testing.scripted_engine import Reply, ScriptedEngine
 
 
-@pytest.fixture
-def tokenizer(tiny_model_dir: Path):
-    return load_tokenizer(tiny_model_dir)
-
-
 def _group(n: int, timeout_s: float = 60.0) -> Group:
-    group = Group(group_id="train:group_t")
-    for i in range(n):
-        sid = new_session_id()
-        group.sessions.append(Session(
-            session_id=sid, group=group, index=i,
-            input_payload={"messages": [{"role": "user", "content": f"task {i}"}]},
-            forest=SessionForest(sid), budget=ActiveBudget(total_s=timeout_s)))
-    return group
+    return make_group(n, group_id="train:group_t", budget_s=timeout_s,
+                      input_payload=lambda i: {"messages": [{"role": "user", "content": f"task {i}"}]})
 
 
 async def _run(group: Group, commands: list[str], engine: ScriptedEngine, tokenizer, tmp_path: Path,
@@ -48,12 +35,10 @@ async def _run(group: Group, commands: list[str], engine: ScriptedEngine, tokeni
     (tmp_path / "run.sh").write_text(script)
     handler = EngineTurnHandler(client=engine, compiler=ChatCompiler(tokenizer),
                                 config=GenerationConfig(max_response_tokens=16))
-    async with trio.open_nursery() as nursery:
-        base_url = await nursery.start(serve_api, create_app(registry, handler))
+    async with serve_agent_api(registry, handler) as base_url:
         await run_group(group, agent=AgentConfig(command="bash run.sh", cwd=tmp_path, env=env or {},
                                                  timeout_s=timeout_s, term_grace_s=0.5),
                         base_url=base_url, registry=registry)
-        nursery.cancel_scope.cancel()
     return registry
 
 

@@ -12,14 +12,8 @@ from support.pipeline import open_test_pipeline, prompts
 from support.procs import alive
 
 from relaxtrio.config import GenerationConfig, RolloutConfig
-from relaxtrio.models import load_tokenizer
 from relaxtrio.rollout.pipeline import EvalDataset
 from relaxtrio.testing.scripted_engine import Reply, ScriptedEngine
-
-
-@pytest.fixture(scope="module")
-def tokenizer(tiny_model_dir: Path):
-    return load_tokenizer(tiny_model_dir)
 
 
 def _engine(tokenizer, replies=None) -> ScriptedEngine:

@@ -8,6 +8,8 @@ from __future__ import annotations
 
 from pathlib import Path
 
+from support.sessions import leased_session
+
 from relaxtrio.chat.compiler import ChatCompiler
 from relaxtrio.models import load_tokenizer
 from relaxtrio.rollout.client_logprobs import content_logprobs
@@ -46,10 +48,7 @@ async def test_unmatched_assistant_message_is_logged_as_a_new_branch(
     import trio
 
     from relaxtrio.config import GenerationConfig
-    from relaxtrio.forest import Conversation, SessionForest
-    from relaxtrio.nursery.agent import ActiveBudget
-    from relaxtrio.nursery.group import Group
-    from relaxtrio.nursery.session import Session
+    from relaxtrio.forest import Conversation
     from relaxtrio.nursery.turns import TurnRequest
     from relaxtrio.rollout.turns import EngineTurnHandler
     from relaxtrio.testing.scripted_engine import Reply, ScriptedEngine
@@ -59,12 +58,7 @@ async def test_unmatched_assistant_message_is_logged_as_a_new_branch(
     engine = ScriptedEngine(tokenizer=tok, eos_id=tok.eos_token_id,
                             replies=lambda ids: Reply(text="four"))
     handler = EngineTurnHandler(client=engine, compiler=ChatCompiler(tok), config=GenerationConfig())
-    group = Group(group_id="g")
-    session = Session(session_id="s", group=group, index=0, input_payload={},
-                      forest=SessionForest("s"), budget=ActiveBudget(total_s=10))
-    group.sessions.append(session)
-    group.lease()
-    group.note_request(session)
+    session = leased_session(group_id="g", session_id="s", budget_s=10)
     user = {"role": "user", "content": "2+2?"}
     first = await handler.complete(session, TurnRequest(conversation=Conversation.from_wire([user])))
     assert "matches no committed response" not in caplog.text
@@ -81,10 +75,7 @@ async def test_only_an_unavailable_engine_is_fatal(tiny_model_dir: Path) -> None
 
     from relaxtrio import EngineRejectedError, EngineUnavailableError
     from relaxtrio.config import GenerationConfig
-    from relaxtrio.forest import Conversation, SessionForest
-    from relaxtrio.nursery.agent import ActiveBudget
-    from relaxtrio.nursery.group import Group
-    from relaxtrio.nursery.session import Session
+    from relaxtrio.forest import Conversation
     from relaxtrio.nursery.turns import TurnRequest
     from relaxtrio.rollout.turns import EngineTurnHandler
     from relaxtrio.testing.scripted_engine import ScriptedEngine
@@ -100,12 +91,7 @@ async def test_only_an_unavailable_engine_is_fatal(tiny_model_dir: Path) -> None
 
     engine = ScriptedEngine(tokenizer=tok, eos_id=tok.eos_token_id, replies=replies)
     handler = EngineTurnHandler(client=engine, compiler=ChatCompiler(tok), config=GenerationConfig())
-    group = Group(group_id="g")
-    session = Session(session_id="s", group=group, index=0, input_payload={},
-                      forest=SessionForest("s"), budget=ActiveBudget(total_s=10))
-    group.sessions.append(session)
-    group.lease()
-    group.note_request(session)
+    session = leased_session(group_id="g", session_id="s", budget_s=10)
     request = TurnRequest(conversation=Conversation.from_wire([{"role": "user", "content": "hi"}]))
     with pytest.raises(EngineRejectedError):
         await handler.complete(session, request)

@@ -7,9 +7,6 @@ from contextlib import asynccontextmanager
 from pathlib import Path
 from typing import Any
 
-import trio
-
-from relaxtrio.api.app import create_app, serve_api
 from relaxtrio.chat.compiler import ChatCompiler
 from relaxtrio.config import AgentConfig, GenerationConfig, RolloutConfig
 from relaxtrio.nursery.session import SessionRegistry
@@ -17,6 +14,7 @@ from relaxtrio.rollout.dataset import Prompt, PromptStream
 from relaxtrio.rollout.pipeline import RolloutPipeline, open_rollout_pipeline
 from relaxtrio.rollout.turns import EngineTurnHandler
 from support.agents import write_httpx_agent
+from support.apps import serve_agent_api
 
 
 def prompts(metadatas: Sequence[dict[str, Any]]) -> PromptStream:
@@ -46,8 +44,7 @@ async def open_test_pipeline(
     registry = SessionRegistry()
     handler = EngineTurnHandler(client=client, compiler=ChatCompiler(tokenizer),
                                 config=generation or GenerationConfig(max_response_tokens=16))
-    async with trio.open_nursery() as nursery:
-        base_url = await nursery.start(serve_api, create_app(registry, handler))
+    async with serve_agent_api(registry, handler) as base_url:
         async with open_rollout_pipeline(
             config=config,
             agent=AgentConfig(command=f"{command} ok", cwd=agent_dir, env=env or {},
@@ -56,4 +53,3 @@ async def open_test_pipeline(
             eval_concurrency=eval_concurrency,
         ) as pipeline:
             yield pipeline, registry
-        nursery.cancel_scope.cancel()

@@ -129,8 +129,8 @@ def test_shape_mismatch_is_rejected() -> None:
 
 
 @pytest.fixture(scope="module")
-def tiny_model(tiny_model_dir: Path) -> torch.nn.Module:
-    return AutoModelForCausalLM.from_pretrained(tiny_model_dir, dtype=torch.float32).eval()
+def tiny_llama(tiny_llama_dir: Path) -> torch.nn.Module:
+    return AutoModelForCausalLM.from_pretrained(tiny_llama_dir, dtype=torch.float32).eval()
 
 
 def _manual_logprobs(model: torch.nn.Module, ids: list[int]) -> list[float]:
@@ -141,7 +141,7 @@ def _manual_logprobs(model: torch.nn.Module, ids: list[int]) -> list[float]:
         return [0.0] + [logp[t, ids[t + 1]].item() for t in range(len(ids) - 1)]
 
 
-def test_token_logprobs_matches_manual_and_ignores_padding(tiny_model: torch.nn.Module) -> None:
+def test_token_logprobs_matches_manual_and_ignores_padding(tiny_llama: torch.nn.Module) -> None:
     seqs = [[5, 9, 17, 3, 44, 2, 7, 81], [12, 13, 14], [100, 3, 3, 3, 60, 11]]
     T = max(map(len, seqs))
     token_ids = torch.zeros(len(seqs), T, dtype=torch.long)
@@ -150,12 +150,12 @@ def test_token_logprobs_matches_manual_and_ignores_padding(tiny_model: torch.nn.
         token_ids[b, : len(s)] = torch.tensor(s)
         attention_mask[b, : len(s)] = 1
     with torch.no_grad():
-        out = token_logprobs(tiny_model, token_ids, attention_mask)  # (B, T)
-        tiny = token_logprobs(tiny_model, token_ids, attention_mask, chunk_tokens=1)
+        out = token_logprobs(tiny_llama, token_ids, attention_mask)  # (B, T)
+        tiny = token_logprobs(tiny_llama, token_ids, attention_mask, chunk_tokens=1)
     assert out.shape == (3, T) and out.dtype == torch.float32
     torch.testing.assert_close(tiny, out, rtol=0, atol=1e-6)
     for b, s in enumerate(seqs):
-        ref = torch.tensor(_manual_logprobs(tiny_model, s), dtype=torch.float32)
+        ref = torch.tensor(_manual_logprobs(tiny_llama, s), dtype=torch.float32)
         torch.testing.assert_close(out[b, : len(s)], ref, rtol=0, atol=1e-5)
         assert torch.all(out[b, len(s) :] == 0)  # padding positions are 0.0
         assert out[b, 0].item() == 0.0

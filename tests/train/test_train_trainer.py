@@ -35,8 +35,8 @@ def _response_logprob(trainer: Trainer, sample: FakeSample) -> float:
     return sum(lp for lp, m in zip(lps, sample.loss_mask, strict=True) if m)
 
 
-def test_train_step_updates_parameters_and_reports_stats(tiny_model_dir: Path) -> None:
-    trainer = Trainer.from_pretrained(tiny_model_dir, FAST)
+def test_train_step_updates_parameters_and_reports_stats(tiny_llama_dir: Path) -> None:
+    trainer = Trainer.from_pretrained(tiny_llama_dir, FAST)
     samples = _on_policy(trainer, make_samples(6, seed=1))
     before = _params(trainer)
     stats = trainer.train_step(samples, [1.0, -1.0, 0.5, -0.5, 0.0, 2.0])
@@ -57,8 +57,8 @@ def test_train_step_updates_parameters_and_reports_stats(tiny_model_dir: Path) -
     assert changed and all(torch.isfinite(v).all() for v in after.values())
 
 
-def test_positive_advantage_raises_and_negative_lowers_logprob(tiny_model_dir: Path) -> None:
-    trainer = Trainer.from_pretrained(tiny_model_dir, FAST)
+def test_positive_advantage_raises_and_negative_lowers_logprob(tiny_llama_dir: Path) -> None:
+    trainer = Trainer.from_pretrained(tiny_llama_dir, FAST)
     good, bad = _on_policy(trainer, make_samples(2, seed=2, min_len=10))
     good_before, bad_before = _response_logprob(trainer, good), _response_logprob(trainer, bad)
     for _ in range(3):
@@ -67,13 +67,13 @@ def test_positive_advantage_raises_and_negative_lowers_logprob(tiny_model_dir: P
     assert _response_logprob(trainer, bad) < bad_before - 0.05
 
 
-def test_gradient_accumulation_equals_one_big_batch(tiny_model_dir: Path) -> None:
+def test_gradient_accumulation_equals_one_big_batch(tiny_llama_dir: Path) -> None:
     samples = make_samples(5, seed=3)
     advantages = [0.7, -1.2, 0.3, 1.5, -0.4]
     deltas, norms, losses = [], [], []
     for micro_batch_size in (1, 2, 5):
         trainer = Trainer.from_pretrained(
-            tiny_model_dir, TrainConfig(micro_batch_size=micro_batch_size, max_grad_norm=1e9)
+            tiny_llama_dir, TrainConfig(micro_batch_size=micro_batch_size, max_grad_norm=1e9)
         )
         # plain SGD with lr 1 turns the parameter change into exactly -grad
         trainer.optimizer = torch.optim.SGD(trainer.model.parameters(), lr=1.0)
@@ -92,17 +92,17 @@ def test_gradient_accumulation_equals_one_big_batch(tiny_model_dir: Path) -> Non
     assert losses[0] == pytest.approx(losses[2], rel=1e-5, abs=1e-7)
 
 
-def test_zero_advantages_still_count_tokens(tiny_model_dir: Path) -> None:
-    trainer = Trainer.from_pretrained(tiny_model_dir, FAST)
+def test_zero_advantages_still_count_tokens(tiny_llama_dir: Path) -> None:
+    trainer = Trainer.from_pretrained(tiny_llama_dir, FAST)
     samples = make_samples(3, seed=4)
     stats = trainer.train_step(_on_policy(trainer, samples), [0.0, 0.0, 0.0])
     assert stats.loss == 0.0 and stats.grad_norm == 0.0
     assert stats.num_tokens == sum(sum(s.loss_mask) for s in samples)
 
 
-def test_two_minibatches_use_pre_update_old_logprobs(tiny_model_dir: Path) -> None:
+def test_two_minibatches_use_pre_update_old_logprobs(tiny_llama_dir: Path) -> None:
     cfg = attrs.evolve(FAST, num_minibatches=2, micro_batch_size=2, clip_eps_high=0.2)
-    trainer = Trainer.from_pretrained(tiny_model_dir, cfg)
+    trainer = Trainer.from_pretrained(tiny_llama_dir, cfg)
     samples = _on_policy(trainer, make_samples(4, seed=5))
     stats = trainer.train_step(samples, [1.0, -1.0, 1.0, -1.0])
     assert stats.num_optimizer_steps == 2 and trainer.num_optimizer_steps == 2
@@ -112,9 +112,9 @@ def test_two_minibatches_use_pre_update_old_logprobs(tiny_model_dir: Path) -> No
     assert math.isfinite(stats.loss)
 
 
-def test_rollout_logprobs_as_old_measures_and_clips_mismatch(tiny_model_dir: Path) -> None:
+def test_rollout_logprobs_as_old_measures_and_clips_mismatch(tiny_llama_dir: Path) -> None:
     cfg = attrs.evolve(FAST, use_rollout_logprobs_as_old=True, clip_eps_high=0.28)
-    trainer = Trainer.from_pretrained(tiny_model_dir, cfg)
+    trainer = Trainer.from_pretrained(tiny_llama_dir, cfg)
     # the "engine" was 0.5 nats less confident: ratio = e^0.5 ~ 1.65 > 1.28 on every token
     samples = _on_policy(trainer, make_samples(3, seed=6), offset=-0.5)
     stats = trainer.train_step(samples, [1.0, 1.0, 1.0])
@@ -124,8 +124,8 @@ def test_rollout_logprobs_as_old_measures_and_clips_mismatch(tiny_model_dir: Pat
     assert stats.grad_norm == 0.0  # every token clipped: no gradient at all
 
 
-def test_bf16_autocast_step_is_finite(tiny_model_dir: Path) -> None:
-    trainer = Trainer.from_pretrained(tiny_model_dir, attrs.evolve(FAST, bf16_autocast=True))
+def test_bf16_autocast_step_is_finite(tiny_llama_dir: Path) -> None:
+    trainer = Trainer.from_pretrained(tiny_llama_dir, attrs.evolve(FAST, bf16_autocast=True))
     samples = _on_policy(trainer, make_samples(2, seed=7))
     stats = trainer.train_step(samples, [1.0, -1.0])
     assert math.isfinite(stats.loss) and math.isfinite(stats.grad_norm)
@@ -133,12 +133,12 @@ def test_bf16_autocast_step_is_finite(tiny_model_dir: Path) -> None:
     assert next(trainer.model.parameters()).dtype == torch.float32  # master weights stay fp32
 
 
-def test_token_budget_packs_micro_batches(tiny_model_dir: Path) -> None:
+def test_token_budget_packs_micro_batches(tiny_llama_dir: Path) -> None:
     lengths = [10, 10, 30, 5, 5, 5]
     plan = plan_micro_batches(range(6), lengths, micro_batch_size=4, max_tokens_per_micro_batch=20)
     assert plan == [[0, 1], [2], [3, 4, 5]]
     cfg = attrs.evolve(FAST, max_tokens_per_micro_batch=40)
-    trainer = Trainer.from_pretrained(tiny_model_dir, cfg)
+    trainer = Trainer.from_pretrained(tiny_llama_dir, cfg)
     samples = make_samples(4, seed=8, min_len=20, max_len=20)
     stats = trainer.train_step(_on_policy(trainer, samples), [1.0, 0.0, -1.0, 0.5])
     assert stats.num_micro_batches == 2 and stats.num_padded_tokens == 80
@@ -167,17 +167,17 @@ def test_split_minibatches_is_a_seeded_partition() -> None:
     ],
 )
 def test_invalid_inputs_are_rejected(
-    tiny_model_dir: Path, samples: list[FakeSample], advantages: list[float], match: str
+    tiny_llama_dir: Path, samples: list[FakeSample], advantages: list[float], match: str
 ) -> None:
-    trainer = Trainer.from_pretrained(tiny_model_dir, FAST)
+    trainer = Trainer.from_pretrained(tiny_llama_dir, FAST)
     before = _params(trainer)
     with pytest.raises(ValueError, match=match):
         trainer.train_step(samples, advantages)
     assert all(torch.equal(before[k], v) for k, v in _params(trainer).items())
 
 
-def test_save_weights_round_trip(tiny_model_dir: Path, tmp_path: Path) -> None:
-    trainer = Trainer.from_pretrained(tiny_model_dir, FAST)
+def test_save_weights_round_trip(tiny_llama_dir: Path, tmp_path: Path) -> None:
+    trainer = Trainer.from_pretrained(tiny_llama_dir, FAST)
     samples = _on_policy(trainer, make_samples(3, seed=9))
     trainer.train_step(samples, [1.0, -1.0, 0.5])
     out = trainer.save_weights(tmp_path / "weights")
@@ -189,7 +189,7 @@ def test_save_weights_round_trip(tiny_model_dir: Path, tmp_path: Path) -> None:
     assert reloaded.compute_logprobs(samples) == expected  # bit-identical
 
     # An engine that loads the file into its own module: the tied lm_head is stored once.
-    engine_model = AutoModelForCausalLM.from_pretrained(tiny_model_dir, dtype=torch.float32)
+    engine_model = AutoModelForCausalLM.from_pretrained(tiny_llama_dir, dtype=torch.float32)
     result = engine_model.load_state_dict(load_file(out / "model.safetensors"), strict=False)
     assert result.missing_keys == ["lm_head.weight"] and result.unexpected_keys == []
     assert engine_model.lm_head.weight is engine_model.model.embed_tokens.weight
@@ -214,12 +214,12 @@ def _write_tokenizer(directory: Path) -> None:
     tok.save_pretrained(directory)
 
 
-def test_save_checkpoint_with_tokenizer_and_optimizer(tiny_model_dir: Path, tmp_path: Path) -> None:
+def test_save_checkpoint_with_tokenizer_and_optimizer(tiny_llama_dir: Path, tmp_path: Path) -> None:
     from transformers import AutoTokenizer
 
     tokenizer_dir = tmp_path / "tok"
     _write_tokenizer(tokenizer_dir)
-    trainer = Trainer.from_pretrained(tiny_model_dir, FAST)
+    trainer = Trainer.from_pretrained(tiny_llama_dir, FAST)
     samples = _on_policy(trainer, make_samples(3, seed=10))
     trainer.train_step(samples, [1.0, -1.0, 0.5])
     ckpt = tmp_path / "ckpt"
@@ -247,8 +247,8 @@ def test_save_checkpoint_with_tokenizer_and_optimizer(tiny_model_dir: Path, tmp_
         torch.testing.assert_close(a, b, rtol=0, atol=1e-7, msg=name)
 
 
-def test_save_checkpoint_rejects_missing_tokenizer(tiny_model_dir: Path, tmp_path: Path) -> None:
-    trainer = Trainer.from_pretrained(tiny_model_dir, FAST)
+def test_save_checkpoint_rejects_missing_tokenizer(tiny_llama_dir: Path, tmp_path: Path) -> None:
+    trainer = Trainer.from_pretrained(tiny_llama_dir, FAST)
     with pytest.raises(FileNotFoundError, match="tokenizer_dir"):
         trainer.save_checkpoint(tmp_path / "ckpt", tmp_path / "missing")
     assert not (tmp_path / "ckpt").exists()

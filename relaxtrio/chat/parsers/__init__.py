@@ -9,7 +9,6 @@ from .assistant import DecodedAssistant as DecodedAssistant
 from .assistant import FinishReason as FinishReason
 from .assistant import FinishType as FinishType
 from .assistant import TokenDecoder as TokenDecoder
-from .assistant import build_assistant_message as build_assistant_message
 from .assistant import decode_assistant as decode_assistant
 from .assistant import effective_finish_type as effective_finish_type
 from .reasoning import REASONING_PARSERS as REASONING_PARSERS
@@ -35,7 +34,6 @@ __all__ = [
     "TokenDecoder",
     "ToolCallParse",
     "UnclosedThinkPolicy",
-    "build_assistant_message",
     "canonical_arguments",
     "check_tool_call_parser",
     "decode_assistant",

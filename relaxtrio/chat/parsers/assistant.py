@@ -36,7 +36,6 @@ __all__ = [
     "FinishReason",
     "FinishType",
     "TokenDecoder",
-    "build_assistant_message",
     "decode_assistant",
     "effective_finish_type",
 ]
@@ -170,40 +169,3 @@ def decode_assistant(
         ]
     reason: FinishReason = "length" if finish == "length" else "tool_calls" if parse.calls else "stop"
     return DecodedAssistant(message, reason, finish, text, parse.rejected)
-
-
-def build_assistant_message(
-    output_ids: Sequence[int],
-    finish_type: str,
-    *,
-    compiler: TokenDecoder,
-    parent_state_hash: str,
-    stop_token_ids: Sequence[int],
-    reasoning_parser: str | None = None,
-    tool_call_parser: str | None = None,
-    tools: Sequence[Mapping[str, Any]] = (),
-    matched_stop: int | str | None = None,
-    prompt_opened_think: bool = False,
-    unclosed_think: UnclosedThinkPolicy = "content",
-) -> tuple[dict[str, Any], FinishReason]:
-    """``(message, finish_reason)`` of one finished generation; see :func:`decode_assistant`.
-
-    Raises:
-        BackendError: no output ids, or the parsers leave nothing to return.
-        InternalError: the finish type is still ``abort``.
-        ValueError: unknown parser name or finish type.
-    """
-    decoded = decode_assistant(
-        output_ids,
-        finish_type,
-        compiler=compiler,
-        parent_state_hash=parent_state_hash,
-        stop_token_ids=stop_token_ids,
-        reasoning_parser=reasoning_parser,
-        tool_call_parser=tool_call_parser,
-        tools=tools,
-        matched_stop=matched_stop,
-        prompt_opened_think=prompt_opened_think,
-        unclosed_think=unclosed_think,
-    )
-    return dict(decoded.message), decoded.finish_reason
