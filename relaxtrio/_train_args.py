@@ -173,7 +173,7 @@ def _with_checkpoint_flags(config: Any, args: argparse.Namespace) -> Any:
     """``config`` with the checkpoint/resume flags applied.
 
     Raises:
-        RelaxError: ``--save-interval`` below 1 or without ``--save``; an unreadable checkpoint.
+        ConfigError: ``--save-interval`` below 1 or without ``--save``; an unreadable checkpoint.
     """
     import attrs
 
