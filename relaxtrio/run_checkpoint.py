@@ -50,7 +50,7 @@ from typing import TYPE_CHECKING, Any
 import attrs
 import trio
 
-from ._errors import InvalidRequestError
+from ._errors import ConfigError
 from .config import TrainRunConfig
 from .rollout.dataset import PromptStream
 from .rollout.metrics import MetricsLog
@@ -116,7 +116,7 @@ def find_resume_point(load_dir: Path | None, *, log_missing: bool = True) -> Res
         log_missing: log a warning when ``load_dir`` holds no checkpoint (a fresh start).
 
     Raises:
-        InvalidRequestError: the checkpoint found is unreadable or of an unknown format.
+        ConfigError: the checkpoint found is unreadable or of an unknown format.
     """
     if load_dir is None:
         return None
@@ -129,7 +129,7 @@ def find_resume_point(load_dir: Path | None, *, log_missing: bool = True) -> Res
     try:
         state = read_run_state(checkpoint)
     except (OSError, ValueError) as exc:
-        raise InvalidRequestError(f"--load {str(checkpoint)!r}: {exc}", param="load") from exc
+        raise ConfigError(f"--load {str(checkpoint)!r}: {exc}", param="load") from exc
     return ResumePoint(checkpoint_dir=checkpoint, state=state)
 
 
@@ -154,7 +154,7 @@ class RunCheckpointer:
         """Finds the resume point of ``config.load_dir`` (if any).
 
         Raises:
-            InvalidRequestError: as :func:`find_resume_point`.
+            ConfigError: as :func:`find_resume_point`.
         """
         resume = find_resume_point(config.load_dir)
         if resume is not None:
@@ -187,7 +187,7 @@ class RunCheckpointer:
         """Moves the prompt stream to the checkpoint's cursor (no-op on a fresh start).
 
         Raises:
-            InvalidRequestError: the prompt file has a different number of prompts.
+            ConfigError: the prompt file has a different number of prompts.
         """
         if self.resume is None:
             return

@@ -317,11 +317,11 @@ class PromptStream:
         """Continues from a :meth:`cursor` taken on a stream over the same prompts.
 
         Raises:
-            InvalidRequestError: the cursor is for a different number of prompts (another
+            ConfigError: the cursor is for a different number of prompts (another
                 dataset), or names indices this stream does not have.
         """
         if int(cursor["num_prompts"]) != len(self.prompts):
-            raise InvalidRequestError(
+            raise ConfigError(
                 f"the checkpoint's dataset cursor is for {cursor['num_prompts']} prompts, but "
                 f"--prompt-data has {len(self.prompts)}: resume with the same prompt file",
                 param="prompt_data")
@@ -334,5 +334,5 @@ class PromptStream:
     def _check_indices(self, indices: Sequence[int], what: str) -> None:
         for index in indices:
             if not (isinstance(index, int) and 0 <= index < len(self.prompts)):
-                raise InvalidRequestError(f"{what} index {index!r} is not in 0..{len(self.prompts) - 1}",
+                raise ConfigError(f"{what} index {index!r} is not in 0..{len(self.prompts) - 1}",
                                           param="prompt_data")

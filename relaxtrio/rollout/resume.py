@@ -93,7 +93,7 @@ def restore_rollout(prompts: PromptStream, checkpoint: RolloutCheckpoint) -> dic
         ``resume_dropped_sessions``.
 
     Raises:
-        InvalidRequestError: the checkpoint is for a different dataset (prompt count).
+        ConfigError: the checkpoint is for a different dataset (prompt count).
     """
     cursor = checkpoint.stream
     if (cursor.get("seed"), cursor.get("shuffle")) != (prompts.seed, prompts.shuffle):

@@ -10,7 +10,7 @@ import pytest
 import trio
 from support.pipeline import open_test_pipeline, prompts
 
-from relaxtrio._errors import InvalidRequestError
+from relaxtrio._errors import ConfigError
 from relaxtrio.config import RolloutConfig
 from relaxtrio.models import load_tokenizer
 from relaxtrio.rollout.dataset import Prompt, PromptStream
@@ -43,9 +43,9 @@ def test_requeued_prompts_come_first_and_bad_cursors_are_refused() -> None:
     assert next(stream).index == 0
     stream.requeue([3, 2])
     assert [next(stream).index for _ in range(5)] == [3, 2, 1, 2, 3]
-    with pytest.raises(InvalidRequestError, match="is not in 0..3"):
+    with pytest.raises(ConfigError, match="is not in 0..3"):
         stream.requeue([4])
-    with pytest.raises(InvalidRequestError, match="for 4 prompts, but --prompt-data has 6"):
+    with pytest.raises(ConfigError, match="for 4 prompts, but --prompt-data has 6"):
         _stream(6).restore(stream.cursor())
 
 
