@@ -245,11 +245,6 @@ class RolloutConfig:
         """Resident Group permits."""
         return self.agentic_concurrency or self.demand
 
-    @property
-    def keeps_resident(self) -> bool:
-        """Whether unfinished Groups survive step close."""
-        return self.partial_rollout or self.fully_async
-
 
 @attrs.frozen(kw_only=True)
 class GenerationConfig:

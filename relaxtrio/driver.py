@@ -27,8 +27,9 @@ from .config import TrainRunConfig
 from .nursery.session import SessionRegistry
 from .rollout.capacity import check_external_slots, plan_capacity
 from .rollout.dataset import PromptStream, load_prompts
+from .rollout.eval import EvalDataset, run_eval
 from .rollout.metrics import plot_rewards
-from .rollout.pipeline import EvalDataset, RolloutPipeline, open_rollout_pipeline
+from .rollout.pipeline import RolloutPipeline, open_rollout_pipeline
 from .rollout.step import group_metrics
 from .rollout.turns import EngineTurnHandler
 from .run_checkpoint import RunCheckpointer, weight_version_name
@@ -125,7 +126,7 @@ async def _train_step(
         log.warning("rollout %d produced no samples; skipping the update", rollout_id)
     if eval_sets and cfg.eval.interval and (rollout_id + 1) % cfg.eval.interval == 0:
         eval_start = time.monotonic()
-        row.update(await pipeline.run_eval(eval_sets))
+        row.update(await run_eval(pipeline, eval_sets))
         row["eval_s"] = time.monotonic() - eval_start
     row["step_s"] = time.monotonic() - step_start
     return row

@@ -46,7 +46,9 @@ log = logging.getLogger(__name__)
 
 LOG_TAIL_BYTES: Final = 8192
 KILL_GRACE_S: Final = 5.0
-_POLL_S: Final = 0.05
+# Only where pidfds are unavailable (non-Linux, kernels before 5.3): how often to re-check that
+# the agent's processes are gone. On Linux the wait is a pidfd per process, woken by its exit.
+_FALLBACK_POLL_S: Final = 0.05
 # A login shell's profile resets PATH (Debian's /etc/profile does), dropping an activated virtual
 # environment; put its bin directory back in front so `python agent.py` means what the user meant.
 RESTORE_VENV_PATH: Final = (
@@ -215,6 +217,32 @@ def process_group_alive(pgid: int) -> bool:
     return bool(_session_processes(pgid))
 
 
+async def _wait_exited(pids: list[int]) -> None:
+    """Waits until every process in ``pids`` has exited (its pidfd turns readable).
+
+    Processes already gone are skipped. Without pidfd support this sleeps
+    ``_FALLBACK_POLL_S`` instead, and the caller re-checks.
+
+    Cancellation:
+        A checkpoint; the pidfds are closed either way.
+    """
+    fds: list[int] = []
+    try:
+        for pid in pids:
+            try:
+                fds.append(os.pidfd_open(pid))
+            except ProcessLookupError:
+                continue
+            except (AttributeError, OSError):  # pragma: no cover - no pidfd on this system
+                await trio.sleep(_FALLBACK_POLL_S)
+                return
+        for fd in fds:
+            await trio.lowlevel.wait_readable(fd)
+    finally:
+        for fd in fds:
+            os.close(fd)
+
+
 def _signal_all(pgid: int, pids: list[int], sig: signal.Signals) -> None:
     try:
         os.killpg(pgid, sig)
@@ -258,8 +286,8 @@ async def terminate_process_group(
             with trio.move_on_after(grace_s):
                 if process is not None:
                     await process.wait()
-                while _session_processes(pgid, session_id):
-                    await trio.sleep(_POLL_S)
+                while left := _session_processes(pgid, session_id):
+                    await _wait_exited(left)
         if process is not None and process.returncode is None:  # pragma: no cover - defensive
             with trio.move_on_after(1.0):
                 await process.wait()

@@ -12,7 +12,9 @@ its Group
 * is not paused (partial rollout pauses resident Groups at step close).
 
 A *protected* Session (one whose request was aborted ``--partial-rollout-max-aborted-count``
-times) ignores pauses: it keeps generating and its budget keeps running until it finishes.
+times) ignores pauses: it keeps generating and its budget keeps running until it finishes. Each
+Session's pause and protection live in its :class:`~relaxtrio.nursery.partial.PartialRollout`;
+the Group pauses and resumes them together.
 
 Decision (docs/scheduling.md#runtime-lease): a lease may be granted before the barrier passes;
 generation still waits for the barrier. Without prelaunch a Group is leased as soon as it starts,
@@ -22,20 +24,19 @@ capacity forever.
 
 from __future__ import annotations
 
+import copy
 import functools
 import logging
 from collections.abc import Mapping
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import attrs
 import trio
 
 from ..config import AgentConfig
-from .agent import RolloutMode
-
-if TYPE_CHECKING:
-    from ..forest import TrainingSample
-    from .session import Session, SessionRegistry
+from ..forest import SessionForest, TrainingSample
+from .agent import ActiveBudget, RolloutMode
+from .session import Session, SessionRegistry, new_session_id, run_session
 
 log = logging.getLogger(__name__)
 
@@ -83,7 +84,10 @@ class Group:
         leased: whether the Group holds its Runtime lease.
         paused: whether generation is paused (partial rollout between steps).
         started_at: trio clock time the agents were started, or None.
-        rollout_id: the step the Group was leased in (updated on resume).
+        rollout_id: the step the Group generates for: set by the lease, and moved on when a
+            resident Group enters a later step (:meth:`enter_step`); response nodes record it.
+
+    Build one with :meth:`create` (or :meth:`unusable` for a prompt that cannot run).
     """
 
     group_id: str
@@ -94,11 +98,56 @@ class Group:
     leased: bool = False
     paused: bool = False
     started_at: float | None = None
-    rollout_id: int | None = None
+    rollout_id: int = 0
     _cancel_scope: trio.CancelScope = attrs.field(factory=trio.CancelScope)
     _requested: dict[str, float] = attrs.field(factory=dict)
     _gate: Gate = attrs.field(factory=Gate)
+    _barrier: trio.Event = attrs.field(factory=trio.Event)
     _finished: trio.Event = attrs.field(factory=trio.Event)
+
+    @classmethod
+    def create(
+        cls,
+        group_id: str,
+        *,
+        num_sessions: int,
+        input_payload: Mapping[str, Any],
+        timeout_s: float,
+        mode: RolloutMode = "train",
+        prompt_index: int = 0,
+        dataset_metadata: Mapping[str, Any] | None = None,
+        max_context_tokens: int | None = None,
+    ) -> Group:
+        """A Group of ``num_sessions`` fresh Sessions of one prompt, not started.
+
+        Args:
+            group_id: the Group's id (RELAX_GROUP_ID).
+            num_sessions: Sessions in the Group (``n_samples_per_prompt``).
+            input_payload: the JSON object each agent reads (deep-copied per Session).
+            timeout_s: each agent's active-time budget in seconds.
+            mode: ``train`` or ``eval``.
+            prompt_index: the dataset row the Group is built from.
+            dataset_metadata: the row's metadata, copied into every exported sample.
+            max_context_tokens: training-token limit of each Session's lineages, or None.
+        """
+        group = cls(group_id=group_id, mode=mode, prompt_index=prompt_index)
+        for index in range(num_sessions):
+            session_id = new_session_id()
+            group.sessions.append(Session(
+                session_id=session_id, group=group, index=index,
+                input_payload=copy.deepcopy(dict(input_payload)),
+                dataset_metadata=dict(dataset_metadata or {}),
+                forest=SessionForest(session_id, max_context_tokens=max_context_tokens),
+                budget=ActiveBudget(total_s=timeout_s),
+            ))
+        return group
+
+    @classmethod
+    def unusable(cls, group_id: str, reason: str, *, mode: RolloutMode = "train",
+                 prompt_index: int = 0) -> Group:
+        """A Group whose prompt cannot run (e.g. its image file disappeared): no Sessions,
+        already dropped with ``reason``; the caller does not run it."""
+        return cls(group_id=group_id, mode=mode, prompt_index=prompt_index, dropped_reason=reason)
 
     @property
     def dropped(self) -> bool:
@@ -119,20 +168,45 @@ class Group:
         """Sessions that have not sent their first request yet (barrier diagnostics)."""
         return [s for s in self.sessions if s.session_id not in self._requested]
 
+    def _protected_sessions(self) -> list[Session]:
+        return [s for s in self.sessions if s.partial.protected and s.status == "running"]
+
     @property
     def protected(self) -> bool:
         """Whether a still-running Session of this Group is protected from pauses."""
-        return any(s.protected and s.status == "running" for s in self.sessions)
+        return bool(self._protected_sessions())
+
+    async def wait_unprotected(self) -> None:
+        """Waits until no Session of this Group is both protected and still running.
+
+        Cancellation:
+            A plain wait; nothing to clean up.
+        """
+        while protected := self._protected_sessions():
+            await protected[0].wait_ended()
 
     def note_request(self, session: Session) -> None:
         """Records that ``session`` sent a request (first-request barrier)."""
         self._requested.setdefault(session.session_id, trio.current_time())
+        if self.barrier_passed:
+            self._barrier.set()
         self._update_gate()
 
+    async def wait_barrier_passed(self) -> None:
+        """Waits until every Session has sent its first model request.
+
+        Cancellation:
+            A plain wait; nothing to clean up.
+        """
+        if not self.barrier_passed:
+            await self._barrier.wait()
+
     def lease(self, rollout_id: int | None = None) -> None:
-        """Grants the Runtime lease: agent budgets start, held requests may generate."""
+        """Grants the Runtime lease for step ``rollout_id`` (None: keep :attr:`rollout_id`):
+        agent budgets start, held requests may generate."""
         self.leased = True
-        self.rollout_id = rollout_id
+        if rollout_id is not None:
+            self.rollout_id = rollout_id
         if not self.paused:
             for session in self.sessions:
                 session.budget.resume()
@@ -142,7 +216,7 @@ class Group:
         """Closes generation for non-protected Sessions and pauses their budgets."""
         self.paused = True
         for session in self.sessions:
-            if not session.protected:
+            if session.partial.pause():
                 session.budget.pause()
         self._update_gate()
 
@@ -154,13 +228,21 @@ class Group:
         if rollout_id is not None:
             self.rollout_id = rollout_id
         for session in self.sessions:
-            if session.protection_pending:
-                session.protected = True
+            session.partial.resume()
         self.paused = False
         if self.leased:
             for session in self.sessions:
                 session.budget.resume()
         self._update_gate()
+
+    def enter_step(self, rollout_id: int) -> None:
+        """Carries a leased, resident Group into step ``rollout_id``: a paused Group resumes
+        (partial rollout); one still generating (fully async) commits for the new step from now
+        on."""
+        if self.paused:
+            self.resume(rollout_id)
+        else:
+            self.rollout_id = rollout_id
 
     def _update_gate(self) -> None:
         if self.leased and self.barrier_passed and not self.paused:
@@ -177,17 +259,9 @@ class Group:
         while True:
             if self._gate.is_open:
                 return
-            if session.protected and self.leased and self.barrier_passed:
+            if session.partial.protected and self.leased and self.barrier_passed:
                 return
             await self._gate.wait_open()
-
-    async def wait_generation_open(self) -> None:
-        """Waits until the Group's gate is open (lease held, barrier passed, not paused).
-
-        Cancellation:
-            A plain wait; nothing to clean up.
-        """
-        await self._gate.wait_open()
 
     async def wait_finished(self) -> None:
         """Waits until every Session has ended.
@@ -240,8 +314,6 @@ async def run_group(
     Cancellation:
         Cancelling terminates every agent of the Group (shielded, bounded) before returning.
     """
-    from .session import run_session
-
     start = functools.partial(
         run_session,
         agent=agent,

@@ -4,6 +4,12 @@ A Session owns a nursery for its in-flight model turns. The HTTP handler that re
 only *waits* for the turn's result: if the client disconnects, the turn still completes and is
 committed (docs/agent-contract.md#client-disconnects). When the Session ends, every turn still running is cancelled (the
 engine request is aborted) and waiting handlers get a 404 ``session_discarded``.
+
+The turn handler never gets the Session: each turn gets a :class:`SessionTurn`, the
+:class:`~relaxtrio.nursery.turns.TurnContext` of its Session. A Session knows its Group only as a
+:class:`GroupHandle` (what it may read and call there); :mod:`relaxtrio.nursery.group` builds
+Sessions with :meth:`~relaxtrio.nursery.group.Group.create` and imports this module, never the
+other way round.
 """
 
 from __future__ import annotations
@@ -11,8 +17,8 @@ from __future__ import annotations
 import logging
 import secrets
 from collections.abc import AsyncIterator, Mapping
-from contextlib import asynccontextmanager
-from typing import TYPE_CHECKING, Any, Literal
+from contextlib import AbstractContextManager, asynccontextmanager
+from typing import Any, Literal, Protocol
 
 import attrs
 import trio
@@ -28,10 +34,8 @@ from .._errors import (
 from ..config import AgentConfig
 from ..forest import SessionForest, TrainingSample, export_samples, parse_session_output
 from .agent import ActiveBudget, RolloutMode, SessionEnv, run_agent
+from .partial import PartialRollout
 from .turns import TurnHandler, TurnRequest, TurnResult
-
-if TYPE_CHECKING:
-    from .group import Group
 
 log = logging.getLogger(__name__)
 
@@ -41,6 +45,41 @@ SessionStatus = Literal["pending", "running", "completed", "failed", "cancelled"
 def new_session_id() -> str:
     """A fresh, unguessable Session id (also the agent's bearer credential)."""
     return "session-" + secrets.token_hex(16)
+
+
+class GroupHandle(Protocol):
+    """What a Session may read and call on its Group (:class:`~relaxtrio.nursery.group.Group`)."""
+
+    @property
+    def group_id(self) -> str:
+        """The Group's id (RELAX_GROUP_ID)."""
+        ...
+
+    @property
+    def mode(self) -> RolloutMode:
+        """``train`` or ``eval``."""
+        ...
+
+    @property
+    def rollout_id(self) -> int:
+        """The rollout step the Group generates for now."""
+        ...
+
+    def note_request(self, session: Session) -> None:
+        """Records that ``session`` sent a model request (first-request barrier)."""
+        ...
+
+    async def wait_generation_allowed(self, session: Session) -> None:
+        """Waits until ``session`` may generate.
+
+        Cancellation:
+            A plain wait; nothing to clean up.
+        """
+        ...
+
+    def session_failed(self, session: Session) -> None:
+        """Drops the Group because ``session`` failed."""
+        ...
 
 
 @attrs.define(eq=False)
@@ -66,15 +105,13 @@ class Session:
         samples: exported training samples once completed (export order).
         error: why the Session failed, when it did.
         num_requests: model requests received so far.
-        inflight_rids: engine request ids currently generating for this Session.
-        protection_pending: a request reached the abort threshold; protection starts at the
-            next resume (docs/scheduling.md#protection).
-        protected: pauses no longer interrupt this Session.
+        partial: in-flight engine requests, aborts, pause and protection (partial rollout;
+            docs/scheduling.md#protection).
         agent_pgid: process-group id of the running agent, once started.
     """
 
     session_id: str
-    group: Group
+    group: GroupHandle
     index: int
     input_payload: dict[str, Any]
     dataset_metadata: dict[str, Any] = attrs.field(factory=dict)
@@ -84,12 +121,11 @@ class Session:
     samples: list[TrainingSample] = attrs.field(factory=list)
     error: str | None = None
     num_requests: int = 0
-    inflight_rids: set[str] = attrs.field(factory=set)
-    protection_pending: bool = False
-    protected: bool = False
+    partial: PartialRollout = attrs.field(factory=PartialRollout)
     agent_pgid: int | None = None
     _turns: trio.Nursery | None = None
     _closed: bool = False
+    _ended: trio.Event = attrs.field(factory=trio.Event)
 
     @property
     def mode(self) -> RolloutMode:
@@ -100,6 +136,23 @@ class Session:
     def closed(self) -> bool:
         """Whether the Session stopped accepting model requests."""
         return self._closed
+
+    @property
+    def ended(self) -> bool:
+        """Whether :func:`run_session` returned (``status`` is final)."""
+        return self._ended.is_set()
+
+    async def wait_ended(self) -> None:
+        """Waits until :func:`run_session` returned for this Session (``status`` is final).
+
+        Cancellation:
+            A plain wait; nothing to clean up.
+        """
+        await self._ended.wait()
+
+    def turn_context(self) -> SessionTurn:
+        """The context one turn of this Session runs with (what the turn handler receives)."""
+        return SessionTurn(self)
 
     async def run_turn(self, handler: TurnHandler, request: TurnRequest) -> TurnResult:
         """Runs one model turn in the Session's own nursery and waits for its result.
@@ -132,7 +185,7 @@ class Session:
 
     async def _turn_task(self, handler: TurnHandler, request: TurnRequest, cell: _TurnCell) -> None:
         try:
-            cell.result = await handler.complete(self, request)
+            cell.result = await handler.complete(self.turn_context(), request)
         except RelaxError as exc:
             exc.session_id = exc.session_id or self.session_id
             cell.error = exc
@@ -173,6 +226,49 @@ class Session:
         if self.status not in ("failed", "cancelled"):
             self.status = "failed"
             self.error = reason
+
+
+@attrs.frozen
+class SessionTurn:
+    """The :class:`~relaxtrio.nursery.turns.TurnContext` of one Session."""
+
+    _session: Session
+
+    @property
+    def session_id(self) -> str:
+        """The Session's id."""
+        return self._session.session_id
+
+    @property
+    def forest(self) -> SessionForest:
+        """The Session's forest."""
+        return self._session.forest
+
+    @property
+    def session_index(self) -> int:
+        """The Session's position in its Group."""
+        return self._session.index
+
+    @property
+    def rollout_id(self) -> int:
+        """The step the Session's Group generates for now."""
+        return self._session.group.rollout_id
+
+    async def wait_generation_allowed(self) -> None:
+        """Waits until the Session may generate (see :meth:`Session.wait_generation_allowed`).
+
+        Cancellation:
+            A plain wait; nothing to clean up.
+        """
+        await self._session.wait_generation_allowed()
+
+    def track(self, rid: str) -> AbstractContextManager[None]:
+        """Registers ``rid`` as in flight while inside (:meth:`PartialRollout.track`)."""
+        return self._session.partial.track(rid)
+
+    def note_aborted(self, *, protect: bool) -> None:
+        """Records an aborted generation (:meth:`PartialRollout.note_aborted`)."""
+        self._session.partial.note_aborted(protect=protect)
 
 
 @attrs.frozen
@@ -242,12 +338,29 @@ async def run_session(
 
     On success ``session.status == "completed"`` and ``session.samples`` holds the exported
     samples. On an agent or export failure ``session.status == "failed"`` with
-    ``session.error`` set, and the Group is told (it drops itself).
+    ``session.error`` set, and the Group is told (it drops itself). Either way
+    :meth:`Session.wait_ended` returns afterwards.
 
     Cancellation:
         Cancelling terminates the agent's process group (shielded), aborts in-flight turns and
         unregisters the Session; ``status`` becomes ``cancelled``.
     """
+    try:
+        await _run_session(session, agent=agent, base_url=base_url, registry=registry,
+                           server_template_kwargs=server_template_kwargs, task_status=task_status)
+    finally:
+        session._ended.set()
+
+
+async def _run_session(
+    session: Session,
+    *,
+    agent: AgentConfig,
+    base_url: str,
+    registry: SessionRegistry,
+    server_template_kwargs: Mapping[str, Any] | None,
+    task_status: trio.TaskStatus[None],
+) -> None:
     registry.add(session)
     env = SessionEnv(
         session_id=session.session_id,

@@ -2,20 +2,22 @@
 
 The API layer normalizes any protocol into a :class:`TurnRequest`; the Session hands it to a
 :class:`TurnHandler` (implemented in :mod:`relaxtrio.rollout.turns`, which owns the engine
-client, the chat-template compiler and the parsers) and renders the :class:`TurnResult` back in
-the request's protocol.
+client, the chat-template compiler and the parsers) together with a :class:`TurnContext`, and
+renders the :class:`TurnResult` back in the request's protocol.
+
+The handler never sees the Session itself: :class:`TurnContext` is everything a turn may read
+(the Session's id, position and forest, the rollout step) and call (the generation gate, in-flight tracking
+for partial rollout). This module imports nothing else of the nursery.
 """
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Literal, Protocol
+from contextlib import AbstractContextManager
+from typing import Literal, Protocol
 
 import attrs
 
-from ..forest import Conversation
-
-if TYPE_CHECKING:
-    from .session import Session
+from ..forest import Conversation, SessionForest
 
 FinishReason = Literal["stop", "length", "tool_calls"]
 
@@ -73,10 +75,56 @@ class TurnResult:
     logprobs: tuple[TokenLogprob, ...] | None = None
 
 
+class TurnContext(Protocol):
+    """What one turn may read and call on the Session it serves (built by ``Session.run_turn``)."""
+
+    @property
+    def session_id(self) -> str:
+        """The Session's id (request ids and errors name it)."""
+        ...
+
+    @property
+    def forest(self) -> SessionForest:
+        """The Session's forest: the turn matches against it and commits to it."""
+        ...
+
+    @property
+    def session_index(self) -> int:
+        """The Session's position in its Group (per-sample sampling seeds use it)."""
+        ...
+
+    @property
+    def rollout_id(self) -> int:
+        """The rollout step the Session's Group generates for now (read when committing: a turn
+        parked at one step's close and resumed in the next records the next step)."""
+        ...
+
+    async def wait_generation_allowed(self) -> None:
+        """Waits until the Session may generate (Runtime lease, first-request barrier, no pause).
+
+        Cancellation:
+            A plain wait; nothing to clean up.
+        """
+        ...
+
+    def track(self, rid: str) -> AbstractContextManager[None]:
+        """Registers engine request ``rid`` as in flight while inside (step close aborts it).
+
+        Enter it with no checkpoint after :meth:`wait_generation_allowed` returned, so a pause
+        either sees the rid or closed the gate before the turn passed it.
+        """
+        ...
+
+    def note_aborted(self, *, protect: bool) -> None:
+        """Records that a generation came back aborted; ``protect`` makes the Session protected
+        from pauses at the next resume (the request reached the abort limit)."""
+        ...
+
+
 class TurnHandler(Protocol):
     """Generates and commits one turn for a Session (see :mod:`relaxtrio.rollout.turns`)."""
 
-    async def complete(self, session: Session, request: TurnRequest) -> TurnResult:
+    async def complete(self, turn: TurnContext, request: TurnRequest) -> TurnResult:
         """Matches, renders, generates, parses and commits one turn.
 
         Raises:

@@ -13,17 +13,18 @@
   first run to completion). With ``fully_async`` Groups keep generating while the trainer trains.
 * **Prelaunch.** Groups are started while permits are free; their first requests wait for the
   lease and their budgets do not run until then.
-* **Barrier watchdog.** A Group that waits longer than ``barrier_warn_s`` at the first-request
-  barrier is reported, naming the Sessions that have not sent their first request and how long
-  each has run: a deadlock (for example an external executor with too few slots) is a log line,
-  never a silent hang.
+* **Barrier watchdog.** Every Group the pipeline runs is watched by
+  :class:`~relaxtrio.rollout.watchdog.BarrierWatchdog` (stuck first-request barriers are a log
+  line, never a silent hang).
+* **Engine failure.** A turn that sees the engine itself fail wakes the step at once
+  (:meth:`~relaxtrio.rollout.turns.EngineTurnHandler.wait_engine_failed`), which stops the run.
+
+Evaluation runs over the same pipeline in :mod:`relaxtrio.rollout.eval`.
 """
 
 from __future__ import annotations
 
-import copy
 import logging
-import math
 import time
 from collections.abc import AsyncIterator, Sequence
 from contextlib import asynccontextmanager
@@ -35,37 +36,51 @@ from tqdm import tqdm
 
 from .._errors import BackendError, ExportError, InvalidRequestError
 from ..config import AgentConfig, RolloutConfig
-from ..forest import SessionForest
-from ..nursery.agent import ActiveBudget, RolloutMode
-from ..nursery.group import Group, run_group
-from ..nursery.session import Session, SessionRegistry, new_session_id
+from ..nursery.agent import RolloutMode
+from ..nursery.group import Group
+from ..nursery.group import run_group as run_group_sessions
+from ..nursery.partial import PartialRollout
+from ..nursery.session import SessionRegistry
 from .dataset import Prompt, PromptStream
 from .step import ScoredGroup, StepResult, agentic_event, score_group
 from .turns import EngineTurnHandler
+from .watchdog import BarrierWatchdog
 
 log = logging.getLogger(__name__)
 
-_ABORT_RESEND_S = 1.0  # an abort can arrive before its request; re-send at most this often
 
-
-@attrs.frozen(kw_only=True)
-class EvalDataset:
-    """One evaluation dataset.
+@attrs.define(eq=False, kw_only=True)
+class _Step:
+    """Bookkeeping of the step being run.
 
     Attributes:
-        name: metric prefix (``eval/<name>/...``).
-        prompts: its rows.
-        n_samples_per_prompt: Sessions per eval Group (G_d of the capacity formula).
+        rollout_id: the step.
+        target: Groups to accept (``rollout_batch_size``).
+        starts_left: Group leases or starts the step may still make (demand plus refills).
+        started: ``time.monotonic()`` at the step's start.
+        warnings_before: barrier warnings logged before the step.
+        bar: the progress bar of completed Sessions.
+        accepted: scored Groups, in acceptance order.
+        dropped: Groups dropped during the step.
     """
 
-    name: str
-    prompts: tuple[Prompt, ...]
-    n_samples_per_prompt: int = 1
+    rollout_id: int
+    target: int
+    starts_left: int
+    started: float
+    warnings_before: int
+    bar: tqdm
+    accepted: list[ScoredGroup] = attrs.field(factory=list)
+    dropped: list[Group] = attrs.field(factory=list)
 
 
 @attrs.define(eq=False, kw_only=True)
 class RolloutPipeline:
-    """Runs rollout steps and evals over resident Groups. Create with :func:`open_rollout_pipeline`."""
+    """Runs rollout steps over resident Groups. Create with :func:`open_rollout_pipeline`.
+
+    Attributes:
+        watchdog: reports Groups stuck at the first-request barrier.
+    """
 
     config: RolloutConfig
     agent: AgentConfig
@@ -78,17 +93,16 @@ class RolloutPipeline:
     server_template_kwargs: dict[str, Any] = attrs.field(factory=dict)
     eval_concurrency: int | None = None
     rollout_id: int = 0
-    barrier_warnings: int = 0
+    watchdog: BarrierWatchdog = attrs.field(init=False)
     _permits: trio.Semaphore = attrs.field(init=False)
     _resident: list[Group] = attrs.field(factory=list)
-    _eval_groups: list[Group] = attrs.field(factory=list)
     _finished: list[Group] = attrs.field(factory=list)
     _changed: trio.Event = attrs.field(factory=trio.Event)
-    _warned_at: dict[str, float] = attrs.field(factory=dict)
     _group_seq: int = 0
 
     def __attrs_post_init__(self) -> None:
         self._permits = trio.Semaphore(self.config.concurrency)
+        self.watchdog = BarrierWatchdog(warn_s=self.config.barrier_warn_s)
 
     # ------------------------------------------------------------------ bookkeeping
     @property
@@ -101,6 +115,11 @@ class RolloutPipeline:
         """Train Groups holding a prompt no step has accounted for yet: finished after their step
         closed (fully async), then resident; what a run checkpoint cannot save."""
         return (*self._finished, *self._resident)
+
+    @property
+    def barrier_warnings(self) -> int:
+        """Barrier watchdog warnings logged so far."""
+        return self.watchdog.num_warnings
 
     def _notify(self) -> None:
         self._changed.set()
@@ -116,34 +135,36 @@ class RolloutPipeline:
         that is already dropped, with the reason; the caller does not run it.
         """
         self._group_seq += 1
-        group = Group(group_id=f"{mode}:group_{self._group_seq:06d}", mode=mode,
-                      prompt_index=prompt.index)
+        group_id = f"{mode}:group_{self._group_seq:06d}"
         try:
             payload = prompt.session_input()
         except InvalidRequestError as exc:
-            group.dropped_reason = f"prompt {prompt.index} cannot be used: {exc}"
-            return group
-        for i in range(n or self.config.n_samples_per_prompt):
-            session_id = new_session_id()
-            group.sessions.append(Session(
-                session_id=session_id, group=group, index=i,
-                input_payload=copy.deepcopy(payload), dataset_metadata=dict(prompt.metadata),
-                forest=SessionForest(session_id, max_context_tokens=self.max_context_tokens),
-                budget=ActiveBudget(total_s=self.agent.timeout_s),
-            ))
-        return group
+            return Group.unusable(group_id, f"prompt {prompt.index} cannot be used: {exc}",
+                                  mode=mode, prompt_index=prompt.index)
+        return Group.create(
+            group_id, num_sessions=n or self.config.n_samples_per_prompt, input_payload=payload,
+            timeout_s=self.agent.timeout_s, mode=mode, prompt_index=prompt.index,
+            dataset_metadata=prompt.metadata, max_context_tokens=self.max_context_tokens,
+        )
 
-    async def _group_task(self, group: Group, release: trio.Semaphore) -> None:
+    async def run_group(self, group: Group) -> None:
+        """Runs a Group's Sessions to their end under the barrier watchdog (the caller leases).
+
+        Cancellation:
+            Cancelling terminates every agent of the Group (shielded, bounded) before returning.
+        """
+        self.nursery.start_soon(self.watchdog.watch, group)
+        await run_group_sessions(group, agent=self.agent, base_url=self.base_url, registry=self.registry,
+                                 server_template_kwargs=self.server_template_kwargs, lease=False)
+
+    async def _group_task(self, group: Group) -> None:
         try:
-            await run_group(group, agent=self.agent, base_url=self.base_url, registry=self.registry,
-                            server_template_kwargs=self.server_template_kwargs, lease=False)
+            await self.run_group(group)
         finally:
-            release.release()
+            self._permits.release()
             if group in self._resident:
                 self._resident.remove(group)
                 self._finished.append(group)
-            if group in self._eval_groups:
-                self._eval_groups.remove(group)
             self._notify()
 
     def _start_train_group(self, *, leased: bool) -> Group:
@@ -157,7 +178,7 @@ class RolloutPipeline:
         self._resident.append(group)
         if leased:
             group.lease(self.rollout_id)
-        self.nursery.start_soon(self._group_task, group, self._permits)
+        self.nursery.start_soon(self._group_task, group)
         return group
 
     def _prelaunch_fill(self) -> int:
@@ -186,84 +207,111 @@ class RolloutPipeline:
             Cancelling the step leaves resident Groups to the pipeline; closing the pipeline
             terminates every agent.
         """
+        step = self._open_step(rollout_id)
+        try:
+            await self._fill_step(step, last=last)
+        finally:
+            step.bar.close()
+        aborted = await self._close_step(last=last)
+        if self.config.prelaunch and not last:
+            self._prelaunch_fill()
+        return self._step_result(step, aborted)
+
+    def _open_step(self, rollout_id: int) -> _Step:
+        """Starts step bookkeeping and carries the resident Groups into the step."""
         cfg = self.config
         started = time.monotonic()
         self.rollout_id = rollout_id
-        self.handler.rollout_id = rollout_id
-        warnings_before = self.barrier_warnings
         target, demand = cfg.rollout_batch_size, cfg.demand
-        starts_left = demand + (cfg.max_refills if cfg.max_refills is not None else demand)
         log.info(agentic_event("rollout", "accounting_start", rollout=rollout_id,
                                sessions=target * cfg.n_samples_per_prompt, groups=target,
                                resident=len(self._resident)))
-        accepted: list[ScoredGroup] = []
-        dropped: list[Group] = []
         for group in self._resident:
-            if group.paused:
-                group.resume(rollout_id)
+            if group.leased:
+                group.enter_step(rollout_id)
         bar = tqdm(total=target * cfg.n_samples_per_prompt, desc=f"Rollout {rollout_id} generation",
                    unit="session", disable=not cfg.show_progress, leave=False)
-        try:
-            while True:
-                while self._finished and len(accepted) < target:
-                    group = self._finished.pop(0)
-                    if not group.dropped:
-                        try:
-                            accepted.append(score_group(group, cfg))
-                            bar.update(len(group.sessions))
-                            bar.set_postfix(scored=len(accepted) * cfg.n_samples_per_prompt)
-                            continue
-                        except ExportError as exc:
-                            group.dropped_reason = str(exc)
-                            log.warning("Dropped group %s: %s", group.group_id, exc)
-                    dropped.append(group)
-                if len(accepted) >= target:
-                    break
-                leased = [g for g in self._resident if g.leased]
-                gap = demand - len(accepted) - len(leased) - len(self._finished)
-                for group in [g for g in self._resident if not g.leased]:
-                    if gap <= 0 or starts_left <= 0:
-                        break
-                    group.lease(rollout_id)
-                    gap -= 1
-                    starts_left -= 1
-                while gap > 0 and starts_left > 0:
-                    try:
-                        self._permits.acquire_nowait()
-                    except trio.WouldBlock:
-                        break
-                    self._start_train_group(leased=True)
-                    gap -= 1
-                    starts_left -= 1
-                if cfg.prelaunch and not last:
-                    self._prelaunch_fill()
-                if self._finished:
-                    continue  # Groups dropped at creation: account for them at once
-                if not any(g.leased for g in self._resident):
-                    log.warning("rollout %d ends with %d of %d groups: refill budget exhausted",
-                                rollout_id, len(accepted), target)
-                    break
-                with trio.move_on_after(1.0):
-                    await self._wait_change()
-                self._raise_engine_failure()
-        finally:
-            bar.close()
-        aborted = await self._close_step(last=last)
-        if cfg.prelaunch and not last:
-            self._prelaunch_fill()
+        return _Step(
+            rollout_id=rollout_id, target=target, started=started, warnings_before=self.barrier_warnings,
+            starts_left=demand + (cfg.max_refills if cfg.max_refills is not None else demand), bar=bar,
+        )
+
+    async def _fill_step(self, step: _Step, *, last: bool) -> None:
+        """Scores finished Groups and leases or starts new ones until the step has its target.
+
+        Raises:
+            BackendError: the engine failed.
+
+        Cancellation:
+            Waits for Groups to finish; a cancel leaves them running.
+        """
+        while True:
+            self._score_finished(step)
+            if len(step.accepted) >= step.target:
+                return
+            self._lease_or_start(step)
+            if self.config.prelaunch and not last:
+                self._prelaunch_fill()
+            if self._finished:
+                continue  # Groups dropped at creation: account for them at once
+            if not any(g.leased for g in self._resident):
+                log.warning("rollout %d ends with %d of %d groups: refill budget exhausted",
+                            step.rollout_id, len(step.accepted), step.target)
+                return
+            if self.handler.fatal_error is None:
+                await self._wait_change()  # a Group finished, or the engine failed
+            self.raise_if_engine_failed()
+
+    def _score_finished(self, step: _Step) -> None:
+        """Scores finished Groups in finishing order until the target is reached."""
+        cfg = self.config
+        while self._finished and len(step.accepted) < step.target:
+            group = self._finished.pop(0)
+            if not group.dropped:
+                try:
+                    step.accepted.append(score_group(group, cfg))
+                    step.bar.update(len(group.sessions))
+                    step.bar.set_postfix(scored=len(step.accepted) * cfg.n_samples_per_prompt)
+                    continue
+                except ExportError as exc:
+                    group.dropped_reason = str(exc)
+                    log.warning("Dropped group %s: %s", group.group_id, exc)
+            step.dropped.append(group)
+
+    def _lease_or_start(self, step: _Step) -> None:
+        """Leases prelaunched Groups, then starts new ones, up to the step's open demand."""
+        leased = [g for g in self._resident if g.leased]
+        gap = self.config.demand - len(step.accepted) - len(leased) - len(self._finished)
+        for group in [g for g in self._resident if not g.leased]:
+            if gap <= 0 or step.starts_left <= 0:
+                break
+            group.lease(step.rollout_id)
+            gap -= 1
+            step.starts_left -= 1
+        while gap > 0 and step.starts_left > 0:
+            try:
+                self._permits.acquire_nowait()
+            except trio.WouldBlock:
+                break
+            self._start_train_group(leased=True)
+            gap -= 1
+            step.starts_left -= 1
+
+    def _step_result(self, step: _Step, aborted: int) -> StepResult:
         result = StepResult(
-            rollout_id=rollout_id, groups=tuple(accepted), dropped=tuple(dropped),
-            rollout_s=time.monotonic() - started, aborted_requests=aborted,
-            resident_groups=len(self._resident), barrier_warnings=self.barrier_warnings - warnings_before,
+            rollout_id=step.rollout_id, groups=tuple(step.accepted), dropped=tuple(step.dropped),
+            rollout_s=time.monotonic() - step.started, aborted_requests=aborted,
+            resident_groups=len(self._resident),
+            barrier_warnings=self.barrier_warnings - step.warnings_before,
         )
         log.info(agentic_event(
-            "rollout", "accounting_end", rollout=rollout_id, groups=len(result.groups),
-            rows=len(result.samples), debt=max(target - len(result.groups), 0),
-            dropped_groups=len(dropped), resident_groups=len(self._resident),
+            "rollout", "accounting_end", rollout=step.rollout_id, groups=len(result.groups),
+            rows=len(result.samples), debt=max(step.target - len(result.groups), 0),
+            dropped_groups=len(step.dropped), resident_groups=len(self._resident),
             aborted_requests=aborted))
         return result
 
-    def _raise_engine_failure(self) -> None:
+    def raise_if_engine_failed(self) -> None:
         """Stops the run loudly when the engine itself failed (docs/scheduling.md#engine-failures).
 
         Raises:
@@ -273,15 +321,23 @@ class RolloutPipeline:
         if error is not None:
             raise BackendError(f"the generation engine failed; stopping the run: {error}") from error
 
+    async def _watch_engine(self) -> None:
+        """Wakes the running step when a turn sees the engine fail.
+
+        Cancellation:
+            Runs until the engine fails or the pipeline closes.
+        """
+        await self.handler.wait_engine_failed()
+        self._notify()
+
     async def _close_step(self, *, last: bool) -> int:
         cfg = self.config
         if cfg.fully_async and not last:
             return 0
         if cfg.partial_rollout and not last:
             # Protected Sessions are not interrupted: let them finish first (docs/scheduling.md#protection).
-            while any(g.leased and g.protected for g in self._resident):
-                with trio.move_on_after(0.5):
-                    await self._wait_change()
+            for group in [g for g in self._resident if g.leased]:
+                await group.wait_unprotected()
             leased = [g for g in self._resident if g.leased]
             for group in leased:
                 group.pause()
@@ -295,105 +351,32 @@ class RolloutPipeline:
         return 0
 
     async def _abort_inflight(self, groups: Sequence[Group]) -> int:
-        """Aborts the engine requests of paused Sessions and waits for them to come back.
+        """Aborts the in-flight generations of the paused Sessions and waits for them to return.
 
-        An abort is done only when the original generate call returned (SGLang acknowledges an
-        abort before it happens, and may not know a rid whose request is still on the wire), so
-        aborts are re-sent until every generation returned or ``abort_wait_s`` passed.
+        Each Session's :meth:`~relaxtrio.nursery.partial.PartialRollout.abort_all` re-sends its
+        aborts until its generations returned; all of them together get ``abort_wait_s``.
+
+        Raises:
+            BackendError: generations still in flight after ``abort_wait_s``, or an abort could
+                not reach the engine.
         """
-        sessions = [s for g in groups for s in g.sessions if not s.protected]
-        aborted: set[str] = set()
-        last_sent: dict[str, float] = {}
-        deadline = trio.current_time() + self.config.abort_wait_s
-        while True:
-            rids = {rid for s in sessions for rid in s.inflight_rids}
-            if not rids:
-                return len(aborted)
-            now = trio.current_time()
-            if now > deadline:
-                raise BackendError(
-                    f"engine did not return {len(rids)} aborted generations within "
-                    f"{self.config.abort_wait_s:g} s: {sorted(rids)[:4]}"
-                )
-            for rid in sorted(rids):
-                if now - last_sent.get(rid, -math.inf) >= _ABORT_RESEND_S:
-                    last_sent[rid] = now
-                    await self.handler.client.abort(rid)
-            aborted |= rids
-            await trio.sleep(0.05)
+        sessions = [s for g in groups for s in g.sessions if s.partial.paused]
+        counts: list[int] = []
 
-    # ------------------------------------------------------------------ eval
-    async def run_eval(self, datasets: Sequence[EvalDataset]) -> dict[str, float]:
-        """Runs each eval dataset in turn (datasets serially, Groups concurrently).
+        async def abort_session(partial: PartialRollout) -> None:
+            counts.append(await partial.abort_all(self.handler.abort))
 
-        Per dataset d, at most ``C_d = agentic_eval_concurrency or ceil(T / G_d)`` eval Groups
-        run at once (T = agentic_concurrency × n_samples_per_prompt). Train Groups stay as they
-        are: paused (partial rollout), generating (fully async) or prelaunched.
-
-        Returns:
-            ``eval/<name>/reward_mean``, ``.../num_samples`` and ``.../dropped_groups`` per dataset.
-        """
-        total_train = self.config.concurrency * self.config.n_samples_per_prompt
-        metrics: dict[str, float] = {}
-        for dataset in datasets:
-            g = dataset.n_samples_per_prompt
-            limit = trio.Semaphore(self.eval_concurrency or max(math.ceil(total_train / g), 1))
-            groups: list[Group] = []
+        with trio.move_on_after(self.config.abort_wait_s):
             async with trio.open_nursery() as nursery:
-                for prompt in dataset.prompts:
-                    await limit.acquire()
-                    group = self.make_group(prompt, "eval", g)
-                    groups.append(group)
-                    if group.dropped:
-                        limit.release()
-                        continue
-                    self._eval_groups.append(group)
-                    group.lease(self.rollout_id)
-                    nursery.start_soon(self._group_task, group, limit)
-            self._raise_engine_failure()
-            rewards: list[float] = []
-            dropped = 0
-            for group in groups:
-                try:
-                    rewards.extend(score_group(group, self.config).rewards if not group.dropped else ())
-                    dropped += group.dropped
-                except ExportError as exc:
-                    log.warning("eval group %s not scored: %s", group.group_id, exc)
-                    dropped += 1
-            prefix = f"eval/{dataset.name}"
-            metrics[f"{prefix}/reward_mean"] = sum(rewards) / len(rewards) if rewards else float("nan")
-            metrics[f"{prefix}/num_samples"] = float(len(rewards))
-            metrics[f"{prefix}/dropped_groups"] = float(dropped)
-        return metrics
-
-    # ------------------------------------------------------------------ watchdog
-    async def watch_barriers(self) -> None:
-        """Logs Groups stuck at the first-request barrier longer than ``barrier_warn_s``.
-
-        Cancellation:
-            Runs until cancelled (with the pipeline).
-        """
-        warn_s = self.config.barrier_warn_s
-        period = min(max(warn_s / 4, 0.05), 5.0)
-        while True:
-            await trio.sleep(period)
-            now = trio.current_time()
-            for group in [*self._resident, *self._eval_groups]:
-                if group.finished or group.barrier_passed or group.started_at is None:
-                    continue
-                waited = now - group.started_at
-                last = self._warned_at.get(group.group_id)
-                if waited < warn_s or (last is not None and now - last < warn_s):
-                    continue
-                self._warned_at[group.group_id] = now
-                self.barrier_warnings += 1
-                missing = ", ".join(
-                    f"session {s.index} {s.session_id} (running {waited:.1f} s, no request yet)"
-                    for s in group.missing_first_requests()
-                )
-                log.warning(agentic_event(
-                    "rollout", "barrier_wait", group=group.group_id, mode=group.mode,
-                    waited_s=f"{waited:.1f}", leased=group.leased) + f" missing: {missing}")
+                for session in sessions:
+                    nursery.start_soon(abort_session, session.partial)
+        left = sorted(rid for s in sessions for rid in s.partial.statistics().inflight_rids)
+        if left:
+            raise BackendError(
+                f"engine did not return {len(left)} aborted generations within "
+                f"{self.config.abort_wait_s:g} s: {left[:4]}"
+            )
+        return sum(counts)
 
 
 @asynccontextmanager
@@ -409,7 +392,7 @@ async def open_rollout_pipeline(**kwargs: Any) -> AsyncIterator[RolloutPipeline]
     """
     async with trio.open_nursery() as nursery:
         pipeline = RolloutPipeline(nursery=nursery, **kwargs)
-        nursery.start_soon(pipeline.watch_barriers)
+        nursery.start_soon(pipeline._watch_engine)
         try:
             yield pipeline
         finally:

@@ -9,7 +9,13 @@ dummy-prefix delta below it).
 Partial rollout: when the engine answers ``finish_reason.type == "abort"`` (a pause aborted the
 request), the partial ids and logprobs are kept, the request waits for the Group's generation
 gate to reopen, and the next attempt sends lineage ids + partial ids with the remaining token
-budget. The agent's HTTP request stays open the whole time.
+budget. The agent's HTTP request stays open the whole time. The handler sees the Session only
+through its :class:`~relaxtrio.nursery.turns.TurnContext`: in-flight rids and aborts are recorded
+there, and the rollout step a response records is read from it at commit.
+
+One turn is four steps: *attach* (match the request to the forest, commit the new observation),
+*budget* (the turn's token limit), *sample* (the abort-resume loop, giving a frozen
+:class:`SampledTurn`) and *commit* (parse the assistant message, add the response node).
 
 Images (docs/canonical-contract.md#images): an observation with ``image_url`` parts is
 rendered into two views (:meth:`~relaxtrio.chat.compiler.ChatCompiler.observation_ids`, then
@@ -45,8 +51,7 @@ from ..forest import (
     canonical_template_kwargs,
     context_length_message,
 )
-from ..nursery.session import Session
-from ..nursery.turns import TurnRequest, TurnResult
+from ..nursery.turns import TurnContext, TurnRequest, TurnResult
 from ..sglang.client import EngineClient, SamplingParams
 from .client_logprobs import content_logprobs
 
@@ -55,7 +60,32 @@ log = logging.getLogger(__name__)
 ABORT_GRACE_S: Final = 5.0
 MAX_EMPTY_ABORTS: Final = 8
 
+_Node = RootNode | ObservationNode | ResponseNode
 
+
+@attrs.frozen(kw_only=True)
+class SampledTurn:
+    """What the abort-resume loop generated for one turn, all attempts together.
+
+    Attributes:
+        request_id: relaxtrio's id of the turn (each attempt's rid is ``<request_id>:a<n>#``).
+        token_ids: ``[t]`` generated ids, partial attempts first.
+        rollout_logprobs: ``[t]`` engine logprobs, ``len(rollout_logprobs) == len(token_ids)``.
+        weight_versions: weight-version spans over ``token_ids``.
+        finish: the effective finish type of the last attempt (never ``abort``).
+        matched_stop: the stop string that ended the turn, or None.
+        abort_count: attempts that came back aborted.
+        generation_s: seconds spent in engine calls (trio clock).
+    """
+
+    request_id: str
+    token_ids: tuple[int, ...] = attrs.field(converter=tuple)
+    rollout_logprobs: tuple[float, ...] = attrs.field(converter=tuple)
+    weight_versions: tuple[WeightSpan, ...] = attrs.field(converter=tuple)
+    finish: str
+    matched_stop: str | None
+    abort_count: int
+    generation_s: float
 
 
 @attrs.define(eq=False, kw_only=True)
@@ -66,7 +96,6 @@ class EngineTurnHandler:
         client: the engine client (SGLang servers or the embedded engine).
         compiler: chat-template compiler of the policy's tokenizer.
         config: rollout sampling settings.
-        rollout_id: the current rollout step, recorded on response nodes.
         fatal_error: the first :class:`~relaxtrio.EngineUnavailableError` (unreachable, timed
             out, 5xx after retries, protocol violation); the rollout pipeline stops the run on it
             instead of dropping Group after Group. An
@@ -76,9 +105,41 @@ class EngineTurnHandler:
     client: EngineClient
     compiler: ChatCompiler
     config: GenerationConfig
-    rollout_id: int = 0
-    fatal_error: EngineUnavailableError | None = None
     _seq: int = 0
+    _fatal_error: EngineUnavailableError | None = attrs.field(default=None, init=False)
+    _engine_failed: trio.Event = attrs.field(factory=trio.Event, init=False)
+
+    @property
+    def fatal_error(self) -> EngineUnavailableError | None:
+        """The first engine failure (unreachable, timed out, 5xx after retries), or None; the
+        rollout pipeline stops the run on it instead of dropping Group after Group."""
+        return self._fatal_error
+
+    @fatal_error.setter
+    def fatal_error(self, error: EngineUnavailableError) -> None:
+        self._fatal_error = error
+        self._engine_failed.set()
+
+    async def wait_engine_failed(self) -> EngineUnavailableError:
+        """Waits until a turn saw the engine itself fail; returns that first failure.
+
+        Cancellation:
+            A plain wait; nothing to clean up.
+        """
+        await self._engine_failed.wait()
+        assert self._fatal_error is not None
+        return self._fatal_error
+
+    async def abort(self, rid: str) -> None:
+        """Asks the engine to stop generating ``rid`` (done when its generate call returns).
+
+        Raises:
+            BackendError: the engine could not be reached.
+
+        Cancellation:
+            A checkpoint; an abort already sent stays sent.
+        """
+        await self.client.abort(rid)
 
     def _merge_kwargs(self, conv: Conversation) -> Conversation:
         if not self.config.template_kwargs:
@@ -88,7 +149,10 @@ class EngineTurnHandler:
         kwargs = canonical_template_kwargs(conv.template_kwargs, base=self.config.template_kwargs)
         return Conversation(messages=conv.messages, tools=conv.tools, template_kwargs=kwargs)
 
-    async def complete(self, session: Session, request: TurnRequest) -> TurnResult:
+    def _stop_ids(self) -> tuple[int, ...]:
+        return tuple(dict.fromkeys(self.compiler.stop_token_ids + self.config.stop_token_ids))
+
+    async def complete(self, turn: TurnContext, request: TurnRequest) -> TurnResult:
         """Matches, renders, generates, parses and commits one turn.
 
         Raises:
@@ -103,12 +167,33 @@ class EngineTurnHandler:
             committed. An observation committed before the cancel stays (it was a valid state).
         """
         wall_start = trio.current_time()
-        forest = session.forest
         conv = self._merge_kwargs(request.conversation)
+        parent = await self._attach(turn, conv)
+        prompt_ids = turn.forest.rollout_token_ids(parent)
+        images = lineage_image_urls(turn.forest, parent)
+        budget = self._token_budget(turn.forest, parent, request)
+        self._seq += 1
+        request_id = f"{turn.session_id}:t{self._seq:05d}"
+        sampled = await self._sample(turn, request, request_id, prompt_ids, images, budget)
+        return self._commit(turn, request, conv, parent, prompt_ids, sampled, wall_start)
+
+    async def _attach(self, turn: TurnContext, conv: Conversation) -> _Node:
+        """Matches ``conv`` against the forest and commits its unmatched suffix as an observation.
+
+        Returns:
+            The node the generation continues: the new observation, or the matched state.
+
+        Raises:
+            InvalidRequestError: no messages, or the observation cannot be rendered.
+            ContextLengthExceededError: the observation itself does not fit (nothing committed).
+
+        Cancellation:
+            A checkpoint only with images (see :meth:`_render_observation`).
+        """
         if not conv.messages:
             raise InvalidRequestError("messages projected to zero supported messages", param="messages")
+        forest = turn.forest
         match = forest.match(conv)
-        parent = match.parent
         if any(m.get("role") == "assistant" for m in match.delta):
             # A replayed assistant message that matches no committed
             # response (edited text, dropped reasoning_content or tool calls, compacted history)
@@ -119,16 +204,23 @@ class EngineTurnHandler:
                 "committed response (matched %d of %d messages); it becomes an observation on a "
                 "new branch. Replay assistant messages exactly as returned (with reasoning_content "
                 "and tool_calls), or export the contexts explicitly.",
-                session.session_id, len(conv.messages) - len(match.delta), len(conv.messages),
+                turn.session_id, len(conv.messages) - len(match.delta), len(conv.messages),
             )
-        if match.delta:
-            obs = await self._render_observation(conv, match)
-            parent = forest.add_observation(
-                match, token_ids=obs.token_ids, rollout_token_ids=obs.rollout_token_ids,
-                multimodal=obs.multimodal,
-            )
-        prompt_ids = forest.rollout_token_ids(parent)
-        images = lineage_image_urls(forest, parent)
+        if not match.delta:
+            return match.parent
+        obs = await self._render_observation(conv, match)
+        return forest.add_observation(
+            match, token_ids=obs.token_ids, rollout_token_ids=obs.rollout_token_ids,
+            multimodal=obs.multimodal,
+        )
+
+    def _token_budget(self, forest: SessionForest, parent: _Node, request: TurnRequest) -> int:
+        """Tokens the turn may generate: the configured cap, the request's own limit, and the
+        room the context limit leaves after the lineage.
+
+        Raises:
+            ContextLengthExceededError: the lineage leaves no room.
+        """
         budget = self.config.max_response_tokens
         if request.max_new_tokens is not None:
             budget = min(budget, request.max_new_tokens)
@@ -140,107 +232,148 @@ class EngineTurnHandler:
                     context_length_message(forest.max_context_tokens, used), param="messages"
                 )
             budget = min(budget, room)
+        return budget
 
-        self._seq += 1
-        request_id = f"{session.session_id}:t{self._seq:05d}"
-        tokens: list[int] = []
+    def _sampling_params(self, turn: TurnContext, request: TurnRequest, max_new_tokens: int,
+                         stop_ids: tuple[int, ...]) -> SamplingParams:
+        return SamplingParams(
+            max_new_tokens=max_new_tokens,
+            temperature=self.config.temperature,
+            top_p=self.config.top_p,
+            top_k=self.config.top_k,
+            stop=list(self.config.stop + request.stop) or None,
+            stop_token_ids=list(stop_ids) or None,
+            skip_special_tokens=False,
+            spaces_between_special_tokens=False,
+            no_stop_trim=True,
+            sampling_seed=(request.seed if request.seed is not None
+                           else self.config.sampling_seed(turn.session_index)),
+            ignore_eos=self.config.ignore_eos or None,
+        )
+
+    async def _sample(
+        self,
+        turn: TurnContext,
+        request: TurnRequest,
+        request_id: str,
+        prompt_ids: tuple[int, ...],
+        images: Sequence[str],
+        budget: int,
+    ) -> SampledTurn:
+        """The abort-resume loop: generate until the engine finishes for a reason other than an
+        abort, or the token budget is spent.
+
+        Each attempt waits at the generation gate, then sends the lineage ids plus every id
+        generated so far with the remaining budget. An aborted attempt (a pause at step close)
+        keeps its partial ids and logprobs and is recorded on the turn context.
+
+        Raises:
+            BackendError: the engine failed, or aborted the request ``MAX_EMPTY_ABORTS`` times
+                in a row without progress.
+
+        Cancellation:
+            Waits at the gate and in the engine; a cancel aborts the engine request (shielded,
+            bounded by ``ABORT_GRACE_S``) and nothing is committed.
+        """
+        token_ids: list[int] = []
         logprobs: list[float] = []
         spans: list[WeightSpan] = []
-        abort_count = 0
-        empty_aborts = 0
+        abort_count = empty_aborts = 0
         generation_s = 0.0
-        stop_ids = tuple(dict.fromkeys(self.compiler.stop_token_ids + self.config.stop_token_ids))
-        finish = "length"
-        matched_stop: str | None = None
+        stop_ids = self._stop_ids()
+        limit = self.config.partial_rollout_max_aborted_count
+
+        def sampled(finish: str, matched_stop: str | None = None) -> SampledTurn:
+            return SampledTurn(request_id=request_id, token_ids=token_ids, rollout_logprobs=logprobs,
+                               weight_versions=spans, finish=finish, matched_stop=matched_stop,
+                               abort_count=abort_count, generation_s=generation_s)
+
         while True:
-            await session.wait_generation_allowed()
-            remaining = budget - len(tokens)
+            await turn.wait_generation_allowed()
+            remaining = budget - len(token_ids)
             if remaining <= 0:
-                finish = "length"
-                break
-            sampling = SamplingParams(
-                max_new_tokens=remaining,
-                temperature=self.config.temperature,
-                top_p=self.config.top_p,
-                top_k=self.config.top_k,
-                stop=list(self.config.stop + request.stop) or None,
-                stop_token_ids=list(stop_ids) or None,
-                skip_special_tokens=False,
-                spaces_between_special_tokens=False,
-                no_stop_trim=True,
-                sampling_seed=(request.seed if request.seed is not None
-                               else self.config.sampling_seed(session.index)),
-                ignore_eos=self.config.ignore_eos or None,
-            )
+                return sampled("length")
+            sampling = self._sampling_params(turn, request, remaining, stop_ids)
             rid = f"{request_id}:a{abort_count}#"
             attempt_start = trio.current_time()
-            # Registered with no checkpoint after the gate check, so a pause either sees this
-            # rid (and aborts it) or closed the gate before we passed it.
-            session.inflight_rids.add(rid)
-            try:
-                result = await self._generate(prompt_ids + tuple(tokens), sampling, rid, images)
-            finally:
-                session.inflight_rids.discard(rid)
+            # Tracked with no checkpoint after the gate check, so a pause either sees this rid
+            # (and aborts it) or closed the gate before we passed it.
+            with turn.track(rid):
+                result = await self._generate(prompt_ids + tuple(token_ids), sampling, rid, images)
             generation_s += trio.current_time() - attempt_start
-            offset = len(tokens)
-            tokens.extend(result.output_ids)
+            offset = len(token_ids)
+            token_ids.extend(result.output_ids)
             logprobs.extend(result.output_logprobs)
             spans.extend(
                 WeightSpan(version=s.version, start=s.start + offset, end=s.end + offset)
                 for s in result.weight_versions
             )
-            finish = effective_finish_type(tokens, result.finish_type, stop_ids)
+            finish = effective_finish_type(token_ids, result.finish_type, stop_ids)
             if finish != "abort":
-                if isinstance(result.finish_matched, str):
-                    matched_stop = result.finish_matched
-                break
+                matched = result.finish_matched
+                return sampled(finish, matched if isinstance(matched, str) else None)
             abort_count += 1
-            limit = self.config.partial_rollout_max_aborted_count
-            if limit is not None and abort_count >= limit:
-                session.protection_pending = True
+            turn.note_aborted(protect=limit is not None and abort_count >= limit)
             empty_aborts = empty_aborts + 1 if not result.output_ids else 0
             if empty_aborts >= MAX_EMPTY_ABORTS:
                 raise BackendError(
                     f"engine aborted request {request_id} {empty_aborts} times without progress",
-                    session_id=session.session_id,
+                    session_id=turn.session_id,
                 )
-            log.debug("request %s aborted after %d tokens; parked", request_id, len(tokens))
+            log.debug("request %s aborted after %d tokens; parked", request_id, len(token_ids))
 
+    def _commit(
+        self,
+        turn: TurnContext,
+        request: TurnRequest,
+        conv: Conversation,
+        parent: _Node,
+        prompt_ids: tuple[int, ...],
+        sampled: SampledTurn,
+        wall_start: float,
+    ) -> TurnResult:
+        """Parses the assistant message and commits it as a response node under ``parent``.
+
+        Raises:
+            BackendError: no output ids, or the parsers leave nothing to return.
+        """
+        forest = turn.forest
         decoded = decode_assistant(
-            tuple(tokens),
-            finish,
+            sampled.token_ids,
+            sampled.finish,
             compiler=self.compiler,
             reasoning_parser=self.config.reasoning_parser,
             tool_call_parser=self.config.tool_call_parser if conv.tools else None,
             tools=conv.tools,
             parent_state_hash=parent.state_hash,
-            stop_token_ids=stop_ids,
-            matched_stop=matched_stop,
+            stop_token_ids=self._stop_ids(),
+            matched_stop=sampled.matched_stop,
             prompt_opened_think=self.compiler.prompt_opens_think(prompt_ids),
         )
         node = forest.add_response(
             parent,
             dict(decoded.message),
-            token_ids=tokens,
-            rollout_logprobs=logprobs,
+            token_ids=list(sampled.token_ids),
+            rollout_logprobs=list(sampled.rollout_logprobs),
             finish_reason=decoded.finish_reason,
-            weight_versions=spans,
-            abort_count=abort_count,
-            request_id=request_id,
-            rollout_id=self.rollout_id,
+            weight_versions=list(sampled.weight_versions),
+            abort_count=sampled.abort_count,
+            request_id=sampled.request_id,
+            rollout_id=turn.rollout_id,
             wall_s=trio.current_time() - wall_start,
-            generation_s=generation_s,
+            generation_s=sampled.generation_s,
         )
         token_logprobs = None
         if request.logprobs:
-            token_logprobs = content_logprobs(self.compiler, tokens, logprobs,
+            token_logprobs = content_logprobs(self.compiler, list(sampled.token_ids),
+                                              list(sampled.rollout_logprobs),
                                               node.message.get("content") or "")
         return TurnResult(
             message=node.message,
             finish_reason=decoded.finish_reason,
             prompt_tokens=forest.train_token_count(parent),
-            completion_tokens=len(tokens),
-            request_id=request_id,
+            completion_tokens=len(sampled.token_ids),
+            request_id=sampled.request_id,
             state_hash=node.state_hash,
             logprobs=token_logprobs,
         )

@@ -15,6 +15,7 @@ from relaxtrio.config import GenerationConfig
 from relaxtrio.forest import ResponseNode, export_samples
 from relaxtrio.nursery.session import Session
 from relaxtrio.nursery.turns import TurnRequest, TurnResult
+from relaxtrio.nursery.turns import TurnContext
 from relaxtrio.rollout.turns import EngineTurnHandler
 from relaxtrio.testing.scripted_engine import Reply, ScriptedEngine
 
@@ -41,7 +42,7 @@ class ScriptedHandler:
     first_request: trio.Event = attrs.field(factory=trio.Event)
     first_completion: trio.Event = attrs.field(factory=trio.Event)
 
-    async def complete(self, session: Session, request: TurnRequest) -> TurnResult:
+    async def complete(self, turn: TurnContext, request: TurnRequest) -> TurnResult:
         self.requests.append(request)
         self.first_request.set()
         if self.gate is not None:
@@ -49,7 +50,7 @@ class ScriptedHandler:
         if self.error is not None:
             raise self.error
         message = self.reply(request)
-        self.completed.append(session.session_id)
+        self.completed.append(turn.session_id)
         self.first_completion.set()
         finish = self.finish_reason or ("tool_calls" if message.get("tool_calls") else "stop")
         return TurnResult(
@@ -57,7 +58,7 @@ class ScriptedHandler:
             finish_reason=finish,
             prompt_tokens=7,
             completion_tokens=3,
-            request_id=f"{session.session_id}:t1",
+            request_id=f"{turn.session_id}:t1",
             state_hash="0" * 64,
         )
 

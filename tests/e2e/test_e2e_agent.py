@@ -8,13 +8,13 @@ from pathlib import Path
 import torch
 import trio
 from support.apps import serve_agent_api
-from support.sessions import make_group
 
 from relaxtrio.chat.compiler import ChatCompiler
 from relaxtrio.config import AgentConfig, GenerationConfig
 from relaxtrio.forest import ObservationNode, ResponseNode
 from relaxtrio.models import load_model, load_tokenizer
 from relaxtrio.nursery.group import run_group
+from relaxtrio.nursery.group import Group
 from relaxtrio.nursery.session import SessionRegistry
 from relaxtrio.rollout.turns import EngineTurnHandler
 from relaxtrio.sglang.client import open_engine_client
@@ -45,9 +45,9 @@ async def test_two_turn_openai_agent_exports_exact_tokens(tiny_model_dir: Path, 
     (tmp_path / "agent.py").write_text(OPENAI_AGENT)
     tokenizer = load_tokenizer(tiny_model_dir)
     compiler = ChatCompiler(tokenizer)
-    group = make_group(2, group_id="train:group_e2e",
-                       input_payload={"messages": [{"role": "user", "content": "What is 2 + 2?"}]},
-                       dataset_metadata={"answer": "4"}, max_context_tokens=4096, budget_s=300)
+    group = Group.create("train:group_e2e", num_sessions=2,
+                         input_payload={"messages": [{"role": "user", "content": "What is 2 + 2?"}]},
+                         dataset_metadata={"answer": "4"}, max_context_tokens=4096, timeout_s=300)
     registry = SessionRegistry()
     with trio.fail_after(180):
         async with (

@@ -12,13 +12,13 @@ import trio
 from mm_helpers import data_url, full_forward_logprobs, make_image
 from support.apps import serve_agent_api
 from support.chat import observation
-from support.sessions import add_session, make_group
 
 from relaxtrio.chat.compiler import ChatCompiler
 from relaxtrio.config import AgentConfig, GenerationConfig
 from relaxtrio.engine.server import EngineConfig, serve_engine
 from relaxtrio.forest import ObservationNode, ResponseNode
 from relaxtrio.nursery.group import run_group
+from relaxtrio.nursery.group import Group
 from relaxtrio.nursery.session import SessionRegistry
 from relaxtrio.rollout.dataset import load_prompts
 from relaxtrio.rollout.turns import EngineTurnHandler, lineage_image_urls
@@ -68,9 +68,9 @@ async def test_image_agent_end_to_end(tiny_vlm_dir: Path, vlm_model, vlm_vision,
     (tmp_path / "agent.py").write_text(IMAGE_AGENT)
 
     compiler = ChatCompiler.from_pretrained(tiny_vlm_dir)
-    group = make_group(group_id="train:group_mm")
-    session = add_session(group, input_payload=prompt.session_input(), dataset_metadata=prompt.metadata,
-                          max_context_tokens=4096, budget_s=120)
+    group = Group.create("train:group_mm", num_sessions=1, input_payload=prompt.session_input(),
+                         dataset_metadata=prompt.metadata, max_context_tokens=4096, timeout_s=120)
+    [session] = group.sessions
     registry = SessionRegistry()
     trainer = Trainer.from_pretrained(tiny_vlm_dir, TrainConfig(lr=1e-3))
     with trio.fail_after(120):

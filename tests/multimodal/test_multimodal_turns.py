@@ -9,13 +9,13 @@ import pytest
 import trio
 from mm_helpers import data_url
 from support.chat import observation
-from support.sessions import leased_session
 
 from relaxtrio import ContextLengthExceededError, InvalidRequestError
 from relaxtrio.chat.compiler import ChatCompiler
 from relaxtrio.config import GenerationConfig
 from relaxtrio.forest import Conversation
 from relaxtrio.models import load_tokenizer
+from relaxtrio.nursery.group import Group
 from relaxtrio.nursery.session import Session
 from relaxtrio.nursery.turns import TurnRequest
 from relaxtrio.rollout.turns import EngineTurnHandler
@@ -35,7 +35,12 @@ class RecordingEngine(ScriptedEngine):
 
 
 def _session(max_context_tokens: int | None) -> Session:
-    return leased_session(group_id="train:group_mm_turns", max_context_tokens=max_context_tokens)
+    group = Group.create("train:group_mm_turns", num_sessions=1, input_payload={}, timeout_s=60,
+                         max_context_tokens=max_context_tokens)
+    [session] = group.sessions
+    group.lease()
+    group.note_request(session)
+    return session
 
 
 def _request(*messages: dict) -> TurnRequest:
@@ -60,10 +65,10 @@ async def test_turns_send_lineage_images_and_commit_both_views(vlm_compiler: Cha
     session = _session(4096)
     first = _user("What is this?", one)
     with trio.fail_after(30):
-        result1 = await handler.complete(session, _request(first))
+        result1 = await handler.complete(session.turn_context(), _request(first))
         reply1 = {"role": "assistant", "content": "A dog."}
-        result2 = await handler.complete(session, _request(first, reply1, _user("And this?", two)))
-        text_only = await handler.complete(session, _request({"role": "user", "content": "no image"}))
+        result2 = await handler.complete(session.turn_context(), _request(first, reply1, _user("And this?", two)))
+        text_only = await handler.complete(session.turn_context(), _request({"role": "user", "content": "no image"}))
     assert result2.message["content"] == "A cat."
     assert engine.image_data == [[one], [one, two], None]  # every image of the lineage, in order
     forest = session.forest
@@ -84,7 +89,7 @@ async def test_context_limit_counts_expanded_ids(vlm_compiler: ChatCompiler) -> 
     handler, engine = _handler(vlm_compiler, [])
     session = _session(len(obs.rollout_token_ids) + 4)  # the rollout view would fit, the training view not
     with pytest.raises(ContextLengthExceededError) as caught:
-        await handler.complete(session, _request(message))
+        await handler.complete(session.turn_context(), _request(message))
     assert f"resulted in {len(obs.token_ids)} tokens" in caught.value.message
     assert len(session.forest) == 0 and not engine.calls  # nothing committed, nothing generated
 
@@ -93,10 +98,10 @@ async def test_unusable_images_are_refused_before_commit(vlm_compiler: ChatCompi
     handler, engine = _handler(vlm_compiler, [])
     session = _session(None)
     with pytest.raises(InvalidRequestError, match="remote image URLs are not fetched") as caught:
-        await handler.complete(session, _request(_user("look", "https://example.com/a.png")))
+        await handler.complete(session.turn_context(), _request(_user("look", "https://example.com/a.png")))
     assert caught.value.param == "messages[0].content[1].image_url.url"
     text_compiler = ChatCompiler(load_tokenizer(tiny_model_dir))
     text_handler, _ = _handler(text_compiler, [])
     with pytest.raises(InvalidRequestError, match="text-only"):
-        await text_handler.complete(session, _request(_user("look", data_url(28, 28))))
+        await text_handler.complete(session.turn_context(), _request(_user("look", data_url(28, 28))))
     assert len(session.forest) == 0 and not engine.calls

@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 import trio
 import trio.testing
-from support.procs import alive
+from support.procs import PidPipe, alive
 
 from relaxtrio import AgentExecutionError, ConfigError
 from relaxtrio.config import AgentConfig
@@ -101,13 +101,13 @@ async def test_timeout_terminates_agent_that_ignores_sigterm_and_its_grandchild(
     # Real clock on purpose: the agent is a real process (autojump would expire the bounded
     # waits before the kernel delivers signals). The budget arithmetic itself is tested with
     # MockClock in test_active_budget_pauses_and_resumes.
-    pids = tmp_path / "pids"
+    pipe = PidPipe(tmp_path / "pids")
     script = tmp_path / "stubborn.py"
     script.write_text(
         "import os, signal, subprocess, time, sys\n"
         "signal.signal(signal.SIGTERM, signal.SIG_IGN)\n"
         "child = subprocess.Popen(['sleep', '3600'])\n"
-        f"open({str(pids)!r}, 'w').write(f'{{os.getpid()}} {{child.pid}}')\n"
+        f"open({str(pipe.path)!r}, 'w').write(f'{{os.getpid()}}\\n{{child.pid}}\\n')\n"
         "time.sleep(3600)\n"
     )
     config = AgentConfig(command=f"{PY} stubborn.py", cwd=tmp_path, timeout_s=0.5, term_grace_s=0.5)
@@ -117,29 +117,29 @@ async def test_timeout_terminates_agent_that_ignores_sigterm_and_its_grandchild(
                                              match=r"^Agent timed out after 0.5 s of active time\.")):
         async with trio.open_nursery() as nursery:
             pgid = await nursery.start(run_agent, config, _env(), {}, budget)
-            while not pids.exists() or len(pids.read_text().split()) != 2:
-                await trio.sleep(0.01)
+            pids = await pipe.read_pids(2)  # the agent and its child are up
             start = trio.current_time()
             budget.resume()
+    await pipe.aclose()
     assert trio.current_time() - start >= 0.5
-    for pid in map(int, pids.read_text().split()):
+    for pid in pids:
         assert not alive(pid)
     assert not process_group_alive(pgid)
 
 
 async def test_cancellation_terminates_the_whole_group(tmp_path: Path) -> None:
-    pidfile = tmp_path / "pids"
+    pipe = PidPipe(tmp_path / "pids")
     config = AgentConfig(
-        command=f"sleep 3600 & echo $! > {pidfile}; wait", cwd=tmp_path, timeout_s=3600
+        command=f"sleep 3600 & echo $! > {pipe.path}; wait", cwd=tmp_path, timeout_s=3600
     )
     with trio.fail_after(30):
         async with trio.open_nursery() as nursery:
             pgid = await nursery.start(run_agent, config, _env(), {}, _budget(3600))
-            while not pidfile.exists() or not pidfile.read_text().strip():
-                await trio.sleep(0.02)
+            [grandchild] = await pipe.read_pids(1)
             nursery.cancel_scope.cancel()
+    await pipe.aclose()
     assert not process_group_alive(pgid)
-    assert not alive(int(pidfile.read_text()))
+    assert not alive(grandchild)
 
 
 async def test_agent_killed_by_signal_is_an_error(tmp_path: Path) -> None:

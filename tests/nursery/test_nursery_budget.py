@@ -4,14 +4,13 @@ from __future__ import annotations
 
 import trio
 import trio.testing
-from support.sessions import make_group
 
 from relaxtrio.nursery.group import Group
 from relaxtrio.nursery.session import Session
 
 
 def _group(n: int, budget_s: float) -> Group:
-    return make_group(n, group_id="train:group_b", session_ids=lambda i: f"s{i}", budget_s=budget_s)
+    return Group.create("train:group_b", num_sessions=n, input_payload={}, timeout_s=budget_s)
 
 
 async def _expire_times(group: Group, out: dict[int, float]) -> None:
@@ -45,11 +44,13 @@ async def test_pause_stops_budget_and_protection_keeps_it_running(
         nursery.start_soon(_expire_times, group, expired)
         group.lease()                          # t=0: both budgets run
         await trio.sleep(4)
-        group.sessions[1].protection_pending = True
+        group.sessions[1].partial.note_aborted(protect=True)
         group.pause()                          # t=4: step close; pending protection not yet active
+        assert group.sessions[1].partial.statistics().protection_pending
+        assert group.sessions[1].partial.paused and not group.sessions[1].partial.protected
         await trio.sleep(100)
         group.resume()                         # t=104: session 1 becomes protected
-        assert group.sessions[1].protected
+        assert group.sessions[1].partial.protected
         await trio.sleep(2)
         group.pause()                          # t=106: only session 0 pauses
         await trio.sleep(20)

@@ -3,38 +3,54 @@
 from __future__ import annotations
 
 import os
+from collections.abc import Callable
 from pathlib import Path
 
+import attrs
 import pytest
 import trio
+import trio.testing
 from support.agents import write_httpx_agent
 from support.apps import serve_agent_api
 from support.procs import alive
-from support.sessions import make_group
 
 from relaxtrio.chat.compiler import ChatCompiler
 from relaxtrio.config import AgentConfig, GenerationConfig
 from relaxtrio.nursery.group import Group, run_group
 from relaxtrio.nursery.session import SessionRegistry
+from relaxtrio.nursery.turns import TurnContext, TurnHandler, TurnRequest, TurnResult
 from relaxtrio.rollout.turns import EngineTurnHandler
 from relaxtrio.testing.scripted_engine import Reply, ScriptedEngine
 
 
 def _group(n: int, timeout_s: float = 60.0) -> Group:
-    return make_group(n, group_id="train:group_t", budget_s=timeout_s,
-                      input_payload=lambda i: {"messages": [{"role": "user", "content": f"task {i}"}]})
+    return Group.create("train:group_t", num_sessions=n, timeout_s=timeout_s,
+                        input_payload={"messages": [{"role": "user", "content": "task"}]})
+
+
+@attrs.define
+class _EnteringHandler:
+    """Delegates to ``inner`` after setting ``entered`` (a turn reached the handler)."""
+
+    inner: TurnHandler
+    entered: trio.Event = attrs.field(factory=trio.Event)
+
+    async def complete(self, turn: TurnContext, request: TurnRequest) -> TurnResult:
+        self.entered.set()
+        return await self.inner.complete(turn, request)
 
 
 async def _run(group: Group, commands: list[str], engine: ScriptedEngine, tokenizer, tmp_path: Path,
-               env: dict[str, str] | None = None, timeout_s: float = 60.0) -> SessionRegistry:
+               env: dict[str, str] | None = None, timeout_s: float = 60.0,
+               wrap: Callable[[TurnHandler], TurnHandler] = lambda handler: handler) -> SessionRegistry:
     """Runs ``group`` with per-session commands (a wrapper script dispatches on RELAX_SESSION_ID)."""
     registry = SessionRegistry()
     dispatch = {s.session_id: cmd for s, cmd in zip(group.sessions, commands, strict=True)}
     script = "case \"$RELAX_SESSION_ID\" in\n" + "".join(
         f"  {sid}) exec {cmd} ;;\n" for sid, cmd in dispatch.items()) + "esac\n"
     (tmp_path / "run.sh").write_text(script)
-    handler = EngineTurnHandler(client=engine, compiler=ChatCompiler(tokenizer),
-                                config=GenerationConfig(max_response_tokens=16))
+    handler = wrap(EngineTurnHandler(client=engine, compiler=ChatCompiler(tokenizer),
+                                     config=GenerationConfig(max_response_tokens=16)))
     async with serve_agent_api(registry, handler) as base_url:
         await run_group(group, agent=AgentConfig(command="bash run.sh", cwd=tmp_path, env=env or {},
                                                  timeout_s=timeout_s, term_grace_s=0.5),
@@ -60,16 +76,25 @@ async def test_group_completes_and_exports_in_session_order(tokenizer, tmp_path:
 
 async def test_first_request_barrier_holds_generation(tokenizer, tmp_path: Path) -> None:
     cmd = write_httpx_agent(tmp_path)
-    engine = ScriptedEngine(tokenizer=tokenizer, eos_id=tokenizer.eos_token_id,
-                            replies=lambda ids: Reply(text="fine"))
     group = _group(2)
+    barrier_at_call: list[bool] = []
+
+    def replies(ids) -> Reply:
+        barrier_at_call.append(group.barrier_passed)
+        return Reply(text="fine")
+
+    engine = ScriptedEngine(tokenizer=tokenizer, eos_id=tokenizer.eos_token_id, replies=replies)
     flag = tmp_path / "go"
     seen_before_release = []
+    handler: list[_EnteringHandler] = []
+
+    def wrap(inner: TurnHandler) -> TurnHandler:
+        handler.append(_EnteringHandler(inner=inner))
+        return handler[0]
 
     async def release() -> None:
-        while not group.sessions[0].num_requests:
-            await trio.sleep(0.02)
-        await trio.sleep(0.3)  # session 0 waits at the barrier meanwhile
+        await handler[0].entered.wait()  # session 0's first turn reached the handler...
+        await trio.testing.wait_all_tasks_blocked()  # ...and parked at the closed gate
         seen_before_release.append(len(engine.calls))
         flag.write_text("go")
 
@@ -77,8 +102,9 @@ async def test_first_request_barrier_holds_generation(tokenizer, tmp_path: Path)
         async with trio.open_nursery() as nursery:
             nursery.start_soon(release)
             await _run(group, [f"{cmd} ok", f"{cmd} wait_file"], engine, tokenizer, tmp_path,
-                       env={"AGENT_WAIT_FILE": str(flag)})
+                       env={"AGENT_WAIT_FILE": str(flag)}, wrap=wrap)
     assert seen_before_release == [0], "no generation before every Session sent its first request"
+    assert barrier_at_call == [True, True], "every generation started after the barrier passed"
     assert not group.dropped and len(engine.calls) == 2
 
 
@@ -129,15 +155,19 @@ async def test_timeout_drops_group_and_leaves_no_process(tokenizer, tmp_path: Pa
 async def test_cancelling_the_run_leaves_no_agent(tokenizer, tmp_path: Path) -> None:
     cmd = write_httpx_agent(tmp_path)
     pid_file = tmp_path / "pids"
-    gate = trio.Event()
-    engine = ScriptedEngine(tokenizer=tokenizer, eos_id=tokenizer.eos_token_id,
-                            replies=lambda ids: Reply(text="fine", gate=gate))
+    gate, generating = trio.Event(), trio.Event()
+
+    def replies(ids) -> Reply:
+        if len(engine.calls) >= 2:
+            generating.set()
+        return Reply(text="fine", gate=gate)
+
+    engine = ScriptedEngine(tokenizer=tokenizer, eos_id=tokenizer.eos_token_id, replies=replies)
     group = _group(2)
     with trio.fail_after(60):
         async with trio.open_nursery() as outer:
             async def cancel_when_generating() -> None:
-                while len(engine.calls) < 2:
-                    await trio.sleep(0.02)
+                await generating.wait()
                 outer.cancel_scope.cancel()
             outer.start_soon(cancel_when_generating)
             await _run(group, [f"{cmd} hang", f"{cmd} hang"], engine, tokenizer, tmp_path,
@@ -146,14 +176,18 @@ async def test_cancelling_the_run_leaves_no_agent(tokenizer, tmp_path: Path) -> 
     for session in group.sessions:
         assert session.status == "cancelled"
     # No process of any Session survives (the agents never wrote pids: they were waiting on HTTP).
+    # Only this test's agents count: other test runs on the machine may run the same agent.
     own = os.getpid()
+    tags = {f"RELAX_SESSION_ID={s.session_id}".encode() for s in group.sessions}
     leftovers = []
     for entry in Path("/proc").iterdir():
         if entry.name.isdigit():
             try:
                 cmdline = (entry / "cmdline").read_bytes()
+                environ = set((entry / "environ").read_bytes().split(b"\0"))
             except OSError:
                 continue
-            if b"httpx_agent.py" in cmdline and int(entry.name) != own and alive(int(entry.name)):
+            if (b"httpx_agent.py" in cmdline and tags & environ and int(entry.name) != own
+                    and alive(int(entry.name))):
                 leftovers.append(int(entry.name))
     assert leftovers == []

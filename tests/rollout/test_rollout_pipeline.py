@@ -8,11 +8,12 @@ from pathlib import Path
 
 import pytest
 import trio
+import trio.testing
 from support.pipeline import open_test_pipeline, prompts
 from support.procs import alive
 
 from relaxtrio.config import GenerationConfig, RolloutConfig
-from relaxtrio.rollout.pipeline import EvalDataset
+from relaxtrio.rollout.eval import EvalDataset, run_eval
 from relaxtrio.testing.scripted_engine import Reply, ScriptedEngine
 
 
@@ -155,10 +156,10 @@ async def test_prelaunch_holds_requests_and_budget_until_the_lease(tokenizer, tm
             await pipeline.run_step(0)
             warm = [g for g in pipeline.resident_groups if not g.leased]
             assert warm, "the next step's Group was prelaunched"
-            while not all(g.barrier_passed for g in warm):
-                await trio.sleep(0.02)
             calls_before = len(engine.calls)
-            await trio.sleep(0.2)
+            for group in warm:
+                await group.wait_barrier_passed()  # every first request arrived...
+            await trio.testing.wait_all_tasks_blocked()  # ...and its turn waits at the gate
             assert len(engine.calls) == calls_before, "first requests are held until the lease"
             for group in warm:
                 for session in group.sessions:
@@ -198,7 +199,7 @@ async def test_eval_runs_datasets_serially_in_eval_mode(tokenizer, tmp_path: Pat
         async with open_test_pipeline(tmp_path, tokenizer, engine, prompts([{}] * 3), config=config,
                                       env={"AGENT_REWARD": "0.5"},
                                       eval_concurrency=2) as (pipeline, registry):
-            metrics = await pipeline.run_eval(datasets)
+            metrics = await run_eval(pipeline, datasets)
     assert metrics["eval/a/num_samples"] == 9 and metrics["eval/a/reward_mean"] == 0.5
     assert metrics["eval/b/num_samples"] == 1 and metrics["eval/b/dropped_groups"] == 0
 
@@ -214,8 +215,7 @@ async def test_barrier_watchdog_names_sessions_without_first_request(
     stream = prompts([{"mode": "wait_file"}])
 
     async def release_later(pipeline) -> None:
-        while not pipeline.barrier_warnings:
-            await trio.sleep(0.05)
+        await pipeline.watchdog.wait_warnings(1)
         flag.write_text("go")
 
     with trio.fail_after(60):
@@ -230,8 +230,14 @@ async def test_barrier_watchdog_names_sessions_without_first_request(
 
 
 async def test_cancelling_the_run_terminates_every_agent(tokenizer, tmp_path: Path) -> None:
-    never = trio.Event()
-    engine = _engine(tokenizer, lambda ids: Reply(text="x", gate=never))
+    never, generating = trio.Event(), trio.Event()
+
+    def replies(ids) -> Reply:
+        if len(engine.calls) >= 4:
+            generating.set()
+        return Reply(text="x", gate=never)
+
+    engine = _engine(tokenizer, replies)
     config = RolloutConfig(n_samples_per_prompt=2, rollout_batch_size=2, show_progress=False)
     pgids: list[int] = []
     with trio.fail_after(60):
@@ -239,8 +245,7 @@ async def test_cancelling_the_run_terminates_every_agent(tokenizer, tmp_path: Pa
                                       config=config) as (pipeline, registry):
             async with trio.open_nursery() as nursery:
                 nursery.start_soon(pipeline.run_step, 0)
-                while len(engine.calls) < 4:
-                    await trio.sleep(0.02)
+                await generating.wait()
                 for group in pipeline.resident_groups:
                     for session in group.sessions:
                         pgids.append(session.agent_pgid)
@@ -309,8 +314,8 @@ async def test_parked_train_groups_stay_resident_during_eval(tokenizer, tmp_path
                                       prompts([{}] * 3), config=config) as (pipeline, _):
             await pipeline.run_step(0)
             [parked] = pipeline.resident_groups
-            metrics = await pipeline.run_eval(
-                [EvalDataset(name="e", prompts=tuple(eval_rows), n_samples_per_prompt=2)])
+            metrics = await run_eval(
+                pipeline, [EvalDataset(name="e", prompts=tuple(eval_rows), n_samples_per_prompt=2)])
             assert pipeline.resident_groups == (parked,) and parked.paused
             assert not parked.sessions[0].budget.running
     assert metrics["eval/e/num_samples"] == 4

@@ -49,6 +49,7 @@ async def test_unmatched_assistant_message_is_logged_as_a_new_branch(
 
     from relaxtrio.config import GenerationConfig
     from relaxtrio.forest import Conversation
+    from relaxtrio.nursery.group import Group
     from relaxtrio.nursery.turns import TurnRequest
     from relaxtrio.rollout.turns import EngineTurnHandler
     from relaxtrio.testing.scripted_engine import Reply, ScriptedEngine
@@ -58,13 +59,17 @@ async def test_unmatched_assistant_message_is_logged_as_a_new_branch(
     engine = ScriptedEngine(tokenizer=tok, eos_id=tok.eos_token_id,
                             replies=lambda ids: Reply(text="four"))
     handler = EngineTurnHandler(client=engine, compiler=ChatCompiler(tok), config=GenerationConfig())
-    session = leased_session(group_id="g", session_id="s", budget_s=10)
+    group = Group.create("g", num_sessions=1, input_payload={}, timeout_s=10)
+    [session] = group.sessions
+    group.lease()
+    group.note_request(session)
     user = {"role": "user", "content": "2+2?"}
-    first = await handler.complete(session, TurnRequest(conversation=Conversation.from_wire([user])))
+    turn = session.turn_context()
+    first = await handler.complete(turn, TurnRequest(conversation=Conversation.from_wire([user])))
     assert "matches no committed response" not in caplog.text
     edited = [user, {"role": "assistant", "content": "4 (edited)"}, {"role": "user", "content": "sure?"}]
     with trio.fail_after(10):
-        await handler.complete(session, TurnRequest(conversation=Conversation.from_wire(edited)))
+        await handler.complete(turn, TurnRequest(conversation=Conversation.from_wire(edited)))
     assert "matches no committed response (matched 1 of 3 messages)" in caplog.text
     assert len(session.forest.leaves()) == 2 and first.message["content"] == "four"
 

@@ -1,7 +1,8 @@
-"""Process checks for tests: is a pid still a live (non-zombie) process?"""
+"""Process checks for tests: is a pid still a live (non-zombie) process, and pids an agent reports."""
 
 from __future__ import annotations
 
+import os
 from pathlib import Path
 
 
@@ -12,3 +13,29 @@ def alive(pid: int) -> bool:
     except OSError:
         return False
     return stat[stat.rfind(")") + 2:].split()[0] != "Z"
+
+
+class PidPipe:
+    """A named pipe that a test's agent writes pids into; the test waits for them, without polling.
+
+    The test end is opened read-write, so the pipe always has a writer: reads wait for data
+    instead of seeing end-of-file, and an agent opening it for writing never blocks.
+    """
+
+    def __init__(self, path: Path) -> None:
+        import trio
+
+        os.mkfifo(path)
+        self.path = path
+        self._stream = trio.lowlevel.FdStream(os.open(path, os.O_RDWR | os.O_NONBLOCK))
+        self._buffer = b""
+
+    async def read_pids(self, count: int) -> list[int]:
+        """Waits until ``count`` newline-terminated pids arrived in total; returns all so far."""
+        while self._buffer.count(b"\n") < count:
+            self._buffer += await self._stream.receive_some()
+        return [int(p) for p in self._buffer.split()]
+
+    async def aclose(self) -> None:
+        """Closes the test end."""
+        await self._stream.aclose()
