@@ -295,6 +295,38 @@ async def terminate_process_group(
         log.error("agent processes of group %d survived SIGKILL", pgid)
 
 
+def _agent_env(config: AgentConfig, session: SessionEnv, io_dir: Path) -> dict[str, str]:
+    """The agent's environment: ours, then ``--agent-env``, then the seven ``RELAX_*`` variables."""
+    env = dict(os.environ)
+    env.update(config.env)
+    env.update(
+        RELAX_INPUT_JSON=str(io_dir / "session_input.json"),
+        RELAX_OUTPUT_JSON=str(io_dir / "session_output.json"),
+        RELAX_SESSION_IO_DIR=str(io_dir),
+        RELAX_BASE_URL=session.base_url,
+        RELAX_SESSION_ID=session.session_id,
+        RELAX_ROLLOUT_MODE=session.mode,
+        RELAX_GROUP_ID=session.group_id,
+    )
+    return env
+
+
+def _read_output(output_path: Path, tail: str, session_id: str) -> str | None:
+    """The text the agent wrote to RELAX_OUTPUT_JSON, or None when it wrote nothing.
+
+    Raises:
+        AgentExecutionError: the file is unreadable or not UTF-8.
+    """
+    if not output_path.exists():
+        return None
+    try:
+        return output_path.read_text(encoding="utf-8")
+    except (OSError, UnicodeDecodeError) as exc:
+        raise AgentExecutionError(
+            f"Agent produced invalid output ({exc}).\n{tail}".rstrip(), session_id=session_id,
+        ) from exc
+
+
 async def run_agent(
     config: AgentConfig,
     session: SessionEnv,
@@ -331,22 +363,11 @@ async def run_agent(
         log_path = io_dir / "agent.log"
         input_path.write_text(json.dumps(input_payload, ensure_ascii=False, separators=(",", ":")),
                               encoding="utf-8")
-        env = dict(os.environ)
-        env.update(config.env)
-        env.update(
-            RELAX_INPUT_JSON=str(input_path),
-            RELAX_OUTPUT_JSON=str(output_path),
-            RELAX_SESSION_IO_DIR=str(io_dir),
-            RELAX_BASE_URL=session.base_url,
-            RELAX_SESSION_ID=session.session_id,
-            RELAX_ROLLOUT_MODE=session.mode,
-            RELAX_GROUP_ID=session.group_id,
-        )
         with log_path.open("ab") as log_file:
             process = await trio.lowlevel.open_process(
                 ["bash", "-lc", RESTORE_VENV_PATH + config.command],
                 cwd=str(config.cwd),
-                env=env,
+                env=_agent_env(config, session, io_dir),
                 stdin=subprocess.DEVNULL,
                 stdout=log_file,
                 stderr=subprocess.STDOUT,
@@ -375,15 +396,7 @@ async def run_agent(
             raise AgentExecutionError(
                 f"Agent exited with code {rc}.\n{tail}".rstrip(), session_id=session.session_id
             )
-        output_text = None
-        if output_path.exists():
-            try:
-                output_text = output_path.read_text(encoding="utf-8")
-            except (OSError, UnicodeDecodeError) as exc:
-                raise AgentExecutionError(
-                    f"Agent produced invalid output ({exc}).\n{tail}".rstrip(),
-                    session_id=session.session_id,
-                ) from exc
+        output_text = _read_output(output_path, tail, session.session_id)
         return AgentRun(return_code=rc, output_text=output_text, log_tail=tail, active_s=active_s)
     finally:
         shutil.rmtree(io_dir, ignore_errors=True)

@@ -1,8 +1,9 @@
 """One rollout step end to end.
 
 Owns: dataset rows to Groups, engine-backed turns (match, render, generate, commit), the resident
-rollout pipeline (capacity, runtime lease, prelaunch, partial rollout, fully async, eval), rewards,
-advantages and custom-advantage hooks, capacity planning and metrics.
+rollout pipeline (capacity, runtime lease, prelaunch, partial rollout, fully async), eval over it
+(:mod:`relaxtrio.rollout.eval`), the first-request barrier watchdog, rewards, advantages and
+custom-advantage hooks, capacity planning and metrics.
 
 May import: :mod:`relaxtrio.forest`, :mod:`relaxtrio.nursery`, :mod:`relaxtrio.chat`,
 :mod:`relaxtrio.media`, :mod:`relaxtrio.sglang`, trio. Never quart, torch, or the api/train/engine

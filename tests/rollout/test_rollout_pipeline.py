@@ -146,6 +146,52 @@ async def test_partial_rollout_parks_and_resumes_the_same_request(tokenizer, tmp
     assert sampling.max_new_tokens == 40 - len(partial_ids)
 
 
+async def test_protected_session_finishes_before_the_next_close(tokenizer, tmp_path: Path) -> None:
+    never, long_started, resumed_gate, task2_answered = (trio.Event() for _ in range(4))
+    partial_ids = tokenizer.encode("the first part", add_special_tokens=False)
+
+    def replies(ids):
+        task = _task_index(tokenizer, ids)
+        if task == 1 and tuple(ids[-len(partial_ids):]) == tuple(partial_ids):
+            return Reply(text=" and the rest", gate=resumed_gate)  # protected: never aborted again
+        if task == 1:
+            long_started.set()
+            return Reply(ids=partial_ids + [5, 6, 7], finish="length", gate=never, partial=len(partial_ids))
+        if task == 2:
+            task2_answered.set()
+        return Reply(text="fine", gate=long_started)
+
+    engine = _engine(tokenizer, replies)
+    config = RolloutConfig(n_samples_per_prompt=1, rollout_batch_size=1, over_sampling_batch_size=2,
+                           partial_rollout=True, show_progress=False)
+    generation = GenerationConfig(max_response_tokens=40, partial_rollout_max_aborted_count=1)
+    with trio.fail_after(60):
+        async with open_test_pipeline(tmp_path, tokenizer, engine, prompts([{}] * 4), config=config,
+                                      generation=generation) as (pipeline, _):
+            first = await pipeline.run_step(0)
+            [parked] = pipeline.resident_groups
+            assert first.aborted_requests == 1
+            assert parked.sessions[0].partial.statistics().protection_pending
+
+            async def release_once_step_1_has_its_group() -> None:
+                await task2_answered.wait()
+                [other] = [g for g in pipeline.resident_groups if g.prompt_index == 2]
+                await other.wait_finished()  # step 1 accepts it and closes on the protected Group
+                resumed_gate.set()
+
+            async with trio.open_nursery() as nursery:
+                nursery.start_soon(release_once_step_1_has_its_group)
+                second = await pipeline.run_step(1)
+    assert [g.group.prompt_index for g in second.groups] == [2]
+    assert second.aborted_requests == 0
+    assert parked.finished and not parked.dropped, "step 1 closed only after the protected Session ended"
+    assert parked.sessions[0].partial.protected
+    resumed = [rid for _, _, rid in engine.calls if rid.endswith(":a1#")]
+    assert resumed and not set(resumed) & set(engine.aborted)
+    [leaf] = parked.sessions[0].forest.leaves()
+    assert leaf.abort_count == 1 and leaf.rollout_id == 1  # committed in the step that resumed it
+
+
 async def test_prelaunch_holds_requests_and_budget_until_the_lease(tokenizer, tmp_path: Path) -> None:
     engine = _engine(tokenizer)
     config = RolloutConfig(n_samples_per_prompt=2, rollout_batch_size=1, agentic_concurrency=2,
