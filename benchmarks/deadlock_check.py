@@ -37,7 +37,8 @@ from relaxtrio.models import load_tokenizer
 from relaxtrio.nursery.session import SessionRegistry
 from relaxtrio.rollout.capacity import check_external_slots, plan_capacity
 from relaxtrio.rollout.dataset import Prompt, PromptStream
-from relaxtrio.rollout.pipeline import EvalDataset, open_rollout_pipeline
+from relaxtrio.rollout.eval import EvalDataset, run_eval
+from relaxtrio.rollout.pipeline import open_rollout_pipeline
 from relaxtrio.rollout.turns import EngineTurnHandler
 from relaxtrio.sglang.client import open_engine_client
 from relaxtrio.testing.tiny_models import build_tiny_model
@@ -134,15 +135,14 @@ async def run_case(model_dir: Path, work: Path, row: tuple, slots: int) -> dict:
                 async def run() -> None:
                     await pipeline.run_step(0, last=not eval_g)
                     if eval_g:
-                        await pipeline.run_eval([EvalDataset(name="eval", prompts=tuple(_prompts(2)),
-                                                             n_samples_per_prompt=eval_g)])
+                        await run_eval(pipeline, [EvalDataset(name="eval", prompts=tuple(_prompts(2)),
+                                                              n_samples_per_prompt=eval_g)])
                         await pipeline.run_step(1, last=True)
 
                 with trio.move_on_after(DEADLOCK_LIMIT_S):
                     async with trio.open_nursery() as inner:
                         async def stop_on_watchdog() -> None:
-                            while not pipeline.barrier_warnings:
-                                await trio.sleep(0.05)
+                            await pipeline.watchdog.wait_warnings(1)
                             inner.cancel_scope.cancel()
 
                         inner.start_soon(stop_on_watchdog)
