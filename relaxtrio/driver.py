@@ -28,7 +28,7 @@ from .nursery.session import SessionRegistry
 from .rollout.capacity import check_external_slots, plan_capacity
 from .rollout.dataset import PromptStream, load_prompts
 from .rollout.eval import EvalDataset, run_eval
-from .rollout.metrics import plot_rewards
+from .rollout.metrics import MetricsLog, plot_rewards
 from .rollout.pipeline import RolloutPipeline, open_rollout_pipeline
 from .rollout.step import group_metrics
 from .rollout.turns import EngineTurnHandler
@@ -150,19 +150,8 @@ async def run_training(cfg: TrainRunConfig) -> TrainSummary:
     metrics = checkpointer.open_metrics(out / "metrics.jsonl")
     model_dir = await trio.to_thread.run_sync(_resolve_model, cfg)
     compiler = await trio.to_thread.run_sync(ChatCompiler.from_pretrained, model_dir)
-    keys: dict[str, Any] = {"input_key": cfg.input_key, "metadata_key": cfg.metadata_key}
-    if cfg.multimodal_keys:
-        keys["multimodal_keys"] = cfg.multimodal_keys
-    prompts = PromptStream(
-        prompts=load_prompts(cfg.prompt_data, **keys),
-        shuffle=cfg.rollout_shuffle,
-        seed=cfg.seed,
-    )
+    prompts, eval_sets = _load_datasets(cfg)
     checkpointer.restore_prompts(prompts)
-    eval_sets = tuple(
-        EvalDataset(name=name, n_samples_per_prompt=size, prompts=tuple(load_prompts(path, **keys)))
-        for name, path, size in cfg.eval.datasets
-    )
     log.info("loading trainer model from %s", model_dir)
     trainer: Trainer = await trio.to_thread.run_sync(checkpointer.load_trainer, model_dir)
     weights_dir = out / "weights"
@@ -205,10 +194,39 @@ async def run_training(cfg: TrainRunConfig) -> TrainSummary:
                         await checkpointer.save(rollout_id, trainer=trainer, pipeline=pipeline,
                                                 metrics=metrics, tokenizer_dir=model_dir)
             nursery.cancel_scope.cancel()
+    return await _finish(out, trainer, model_dir, metrics)
 
+
+def _load_datasets(cfg: TrainRunConfig) -> tuple[PromptStream, tuple[EvalDataset, ...]]:
+    """The train prompt stream and the eval datasets.
+
+    Raises:
+        InvalidRequestError: bad prompt data.
+    """
+    keys: dict[str, Any] = {"input_key": cfg.input_key, "metadata_key": cfg.metadata_key}
+    if cfg.multimodal_keys:
+        keys["multimodal_keys"] = cfg.multimodal_keys
+    prompts = PromptStream(
+        prompts=load_prompts(cfg.prompt_data, **keys),
+        shuffle=cfg.rollout_shuffle,
+        seed=cfg.seed,
+    )
+    eval_sets = tuple(
+        EvalDataset(name=name, n_samples_per_prompt=size, prompts=tuple(load_prompts(path, **keys)))
+        for name, path, size in cfg.eval.datasets
+    )
+    return prompts, eval_sets
+
+
+async def _finish(out: Path, trainer: Trainer, model_dir: Path, metrics: MetricsLog) -> TrainSummary:
+    """Writes the final checkpoint and the reward plot; removes the pushed-weights directory.
+
+    Cancellation:
+        A checkpoint while the checkpoint is written in a worker thread (the write completes).
+    """
     checkpoint_dir = out / "checkpoint"
     await trio.to_thread.run_sync(trainer.save_checkpoint, checkpoint_dir, model_dir)
-    shutil.rmtree(weights_dir, ignore_errors=True)
+    shutil.rmtree(out / "weights", ignore_errors=True)
     plot_path = plot_rewards(metrics.rows, out / "reward.png")
     trained = sum(1 for row in metrics.rows if row.get("loss") is not None)
     dropped = sum(int(row.get("dropped_groups") or 0) for row in metrics.rows)

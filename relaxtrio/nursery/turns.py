@@ -6,8 +6,8 @@ client, the chat-template compiler and the parsers) together with a :class:`Turn
 renders the :class:`TurnResult` back in the request's protocol.
 
 The handler never sees the Session itself: :class:`TurnContext` is everything a turn may read
-(the Session's id, position and forest, the rollout step) and call (the generation gate, in-flight tracking
-for partial rollout). This module imports nothing else of the nursery.
+(the Session's id, position and forest, the rollout step) and call (the generation gate,
+in-flight tracking for partial rollout). This module imports nothing else of the nursery.
 """
 
 from __future__ import annotations
