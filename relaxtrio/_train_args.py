@@ -233,6 +233,43 @@ def _check_flags(args: argparse.Namespace) -> None:
               "(no config.json)")
 
 
+def _eval_sets(args: argparse.Namespace) -> tuple[tuple[str, Path, int], ...]:
+    """``(name, path, n_samples_per_eval_prompt)`` per ``--eval-prompt-data`` pair.
+
+    Raises:
+        ConfigError: a missing file, or a bad ``--n-samples-per-eval-prompt`` count.
+    """
+    names_paths = [(args.eval_prompt_data[i], _check_file(Path(args.eval_prompt_data[i + 1]), "--eval-prompt-data"))
+                   for i in range(0, len(args.eval_prompt_data), 2)]
+    sizes = args.n_samples_per_eval_prompt
+    _need(len(sizes) in (1, max(len(names_paths), 1)) and min(sizes) >= 1,
+          "--n-samples-per-eval-prompt takes one value >= 1, or one per eval dataset")
+    return tuple((name, path, sizes[i] if len(sizes) > 1 else sizes[0])
+                 for i, (name, path) in enumerate(names_paths))
+
+
+def _train_section(args: argparse.Namespace) -> Any:
+    """The :class:`~relaxtrio.config.TrainConfig` of the flags (unset flags keep its defaults).
+
+    Raises:
+        ConfigError: a field validator refused a value; ``param`` is the flag the user typed.
+    """
+    from .config import TrainConfig
+
+    overrides = {
+        "lr": args.lr, "clip_eps_low": args.eps_clip, "clip_eps_high": args.eps_clip_high,
+        "micro_batch_size": args.micro_batch_size, "seed": args.seed,
+        "num_minibatches": args.num_steps_per_rollout,
+    }
+    try:
+        return TrainConfig(**{k: v for k, v in overrides.items() if v is not None})
+    except ConfigError as exc:  # the validators name the field; the user typed the flag
+        flag = _TRAIN_FLAGS.get(exc.param or "")
+        if flag is None:
+            raise
+        raise exc.at_param(flag) from exc
+
+
 def train_config(args: argparse.Namespace) -> Any:
     """Validates the flags and builds the :class:`~relaxtrio.config.TrainRunConfig`.
 
@@ -240,31 +277,14 @@ def train_config(args: argparse.Namespace) -> Any:
         ConfigError: any invalid flag, with a message naming it (``param`` is the flag when
             the check belongs to one config field).
     """
-    from .config import EvalConfig, TrainConfig, TrainRunConfig
+    from .config import EvalConfig, TrainRunConfig
 
     _check_flags(args)
     _check_file(args.prompt_data, "--prompt-data")
-    names_paths = [(args.eval_prompt_data[i], _check_file(Path(args.eval_prompt_data[i + 1]), "--eval-prompt-data"))
-                   for i in range(0, len(args.eval_prompt_data), 2)]
-    sizes = args.n_samples_per_eval_prompt
-    _need(len(sizes) in (1, max(len(names_paths), 1)) and min(sizes) >= 1,
-          "--n-samples-per-eval-prompt takes one value >= 1, or one per eval dataset")
-    eval_sets = tuple((name, path, sizes[i] if len(sizes) > 1 else sizes[0])
-                      for i, (name, path) in enumerate(names_paths))
+    eval_sets = _eval_sets(args)
     agent = AgentConfig(command=args.agent_command, cwd=args.agent_cwd.resolve(),
                         env=parse_agent_env(args.agent_env), timeout_s=args.agent_timeout)
-    overrides = {
-        "lr": args.lr, "clip_eps_low": args.eps_clip, "clip_eps_high": args.eps_clip_high,
-        "micro_batch_size": args.micro_batch_size, "seed": args.seed,
-        "num_minibatches": args.num_steps_per_rollout,
-    }
-    try:
-        train = TrainConfig(**{k: v for k, v in overrides.items() if v is not None})
-    except ConfigError as exc:  # the validators name the field; the user typed the flag
-        flag = _TRAIN_FLAGS.get(exc.param or "")
-        if flag is None:
-            raise
-        raise exc.at_param(flag) from exc
+    train = _train_section(args)
     config = TrainRunConfig(
         prompt_data=args.prompt_data,
         input_key=args.input_key,

@@ -218,21 +218,34 @@ def policy_loss(
     else:
         loss = per_token.sum() / max(float(loss_denominator_tokens), 1.0)
 
-    with torch.no_grad():
-        lr_d = log_ratio.detach()
-        ratio_d = torch.exp(lr_d)
-        sums = torch.stack(
-            [
-                per_token.detach().sum(),
-                ((clipped > unclipped) & mask).to(torch.float32).sum(),
-                (-lr_d * maskf).sum(),
-                ((ratio_d - 1.0 - lr_d) * maskf).sum(),
-                (ratio_d * maskf).sum(),
-                num_tokens_t,
-            ]
-        ).tolist()  # one device sync for all stats
-        count = max(sums[-1], 1.0)
-        names = ("pg_loss", "clip_fraction", "ppo_kl", "approx_kl_k3", "ratio_mean")
-        stats = {name: value / count for name, value in zip(names, sums[:-1], strict=True)}
-        stats["num_tokens"] = sums[-1]
-    return loss, stats
+    return loss, _policy_stats(per_token, clipped > unclipped, log_ratio, mask)
+
+
+@torch.no_grad()
+def _policy_stats(per_token: Tensor, clip_active: Tensor, log_ratio: Tensor, mask: Tensor) -> dict[str, float]:
+    """The stats of :func:`policy_loss`, averaged over masked tokens with one device sync.
+
+    Args:
+        per_token: ``(B, T) float32`` masked per-token losses.
+        clip_active: ``(B, T) bool``, where the clipped term is the active one.
+        log_ratio: ``(B, T) float32`` clamped ``logprobs - old_logprobs`` (0 where unmasked).
+        mask: ``(B, T) bool`` trained tokens.
+    """
+    maskf = mask.to(torch.float32)
+    lr_d = log_ratio.detach()
+    ratio_d = torch.exp(lr_d)
+    sums = torch.stack(
+        [
+            per_token.detach().sum(),
+            (clip_active & mask).to(torch.float32).sum(),
+            (-lr_d * maskf).sum(),
+            ((ratio_d - 1.0 - lr_d) * maskf).sum(),
+            (ratio_d * maskf).sum(),
+            maskf.sum(),
+        ]
+    ).tolist()  # one device sync for all stats
+    count = max(sums[-1], 1.0)
+    names = ("pg_loss", "clip_fraction", "ppo_kl", "approx_kl_k3", "ratio_mean")
+    stats = {name: value / count for name, value in zip(names, sums[:-1], strict=True)}
+    stats["num_tokens"] = sums[-1]
+    return stats
