@@ -96,11 +96,11 @@ async def test_only_an_unavailable_engine_is_fatal(tiny_model_dir: Path) -> None
 
     engine = ScriptedEngine(tokenizer=tok, eos_id=tok.eos_token_id, replies=replies)
     handler = EngineTurnHandler(client=engine, compiler=ChatCompiler(tok), config=GenerationConfig())
-    session = leased_session(group_id="g", session_id="s", budget_s=10)
+    turn = leased_session(group_id="g", session_id="s", budget_s=10).turn_context()
     request = TurnRequest(conversation=Conversation.from_wire([{"role": "user", "content": "hi"}]))
     with pytest.raises(EngineRejectedError):
-        await handler.complete(session, request)
+        await handler.complete(turn, request)
     assert handler.fatal_error is None
     with pytest.raises(EngineUnavailableError) as caught:
-        await handler.complete(session, request)
+        await handler.complete(turn, request)
     assert handler.fatal_error is caught.value and handler.fatal_error.status_code == 502
