@@ -46,6 +46,9 @@ FORBIDDEN: dict[str, tuple[str, ...]] = {
     "relaxtrio.train": ("trio", *WEB, "httpx", "relaxtrio.nursery", "relaxtrio.api",
                         "relaxtrio.rollout", "relaxtrio.engine", "relaxtrio.sglang", "relaxtrio.chat",
                         "relaxtrio.driver"),
+    "relaxtrio._serving": ("torch", "transformers", "quart", "quart_trio", "httpx", "relaxtrio.forest",
+                           "relaxtrio.nursery", "relaxtrio.chat", "relaxtrio.sglang", "relaxtrio.engine",
+                           "relaxtrio.config", *UPPER),
     "relaxtrio.engine.server": ("relaxtrio.nursery", "relaxtrio.api", "relaxtrio.rollout",
                                 "relaxtrio.train", "relaxtrio.chat", "relaxtrio.driver"),
 }

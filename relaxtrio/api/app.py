@@ -29,13 +29,13 @@ from typing import Any, Final
 
 import attrs
 import hypercorn.config
-import hypercorn.trio
 import trio
 from quart import Response, current_app, request
 from quart_trio import QuartTrio
 from werkzeug.exceptions import HTTPException
 
 from .._errors import InternalError, InvalidRequestError, RelaxError
+from .._serving import serve_isolated
 from ..config import ApiConfig
 from ..nursery.session import SessionRegistry
 from ..nursery.turns import TurnHandler
@@ -294,7 +294,8 @@ async def serve_api(
 ) -> None:
     """Serves ``app`` with hypercorn until cancelled; reports the agents' base URL when bound.
 
-    This is the one place the API calls hypercorn's trio ``serve``.
+    This is the one place the API starts hypercorn (through :func:`~relaxtrio._serving.serve_isolated`,
+    which keeps a fault inside one connection to that connection).
 
     Args:
         app: the app from :func:`create_app`.
@@ -307,4 +308,4 @@ async def serve_api(
         keep running in their Sessions' nurseries).
     """
     config = _hypercorn_config(host, port)
-    await hypercorn.trio.serve(app, config, task_status=_BaseUrlStatus(task_status))  # type: ignore[arg-type]
+    await serve_isolated(app, config, task_status=_BaseUrlStatus(task_status))  # type: ignore[arg-type]

@@ -32,11 +32,11 @@ from pathlib import Path
 from typing import Final, Literal
 
 import attrs
-import hypercorn.trio
 import trio
 from hypercorn.config import Config as HypercornConfig
 from quart_trio import QuartTrio
 
+from .._serving import serve_isolated
 from ..media.vision import VisionProcessor
 from ..models import eos_token_ids, load_model, load_tokenizer
 from ._info import EngineState
@@ -207,7 +207,8 @@ async def _serve_http(
     *,
     task_status: trio.TaskStatus[list[str]],
 ) -> None:
-    """The engine's HTTP listener: the one place it calls hypercorn's trio ``serve``.
+    """The engine's HTTP listener: the one place it starts hypercorn (through
+    :func:`~relaxtrio._serving.serve_isolated`, which keeps a connection's fault to it).
 
     Reports hypercorn's bind list once listening; when the listener has shut down (the
     trigger fired and connections drained), cancels ``done`` (the scheduler loop's nursery).
@@ -215,5 +216,5 @@ async def _serve_http(
     Cancellation:
         Cancelling closes the listener and open connections at once.
     """
-    await hypercorn.trio.serve(app, hyper, shutdown_trigger=shutdown_trigger, task_status=task_status)
+    await serve_isolated(app, hyper, shutdown_trigger=shutdown_trigger, task_status=task_status)
     done.cancel()  # HTTP has shut down: stop the scheduler loop too

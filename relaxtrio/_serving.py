@@ -1,0 +1,209 @@
+"""Serving an ASGI app on hypercorn's trio backend so that one connection's fault stays its own.
+
+Both servers we run (the agent API, :func:`relaxtrio.api.app.serve_api`, and the embedded engine,
+:func:`relaxtrio.engine.server.serve_engine`) serve through :func:`serve_isolated`. It differs from
+``hypercorn.trio.serve`` (hypercorn 0.18.0) in the connection handler, :class:`IsolatedTCPServer`:
+
+* **One sender at a time.** hypercorn serializes ``send_all`` calls with a per-connection lock,
+  but half-closes the socket (``send_eof``) without it. trio refuses two tasks sending on one
+  stream, so when a protocol error and the app's own reply close the connection at the same time
+  (a body cut short and then half-closed, an illegal chunk header, an HTTP/2 client that goes away
+  with streams open), the loser raised ``trio.BusyResourceError``. Here ``send_eof`` takes the
+  same lock (waiting at most :data:`CLOSE_FLUSH_S` for a send in flight; past that the socket is
+  closed under it, which ends that send with ``trio.ClosedResourceError``, already handled).
+* **A connection's failure ends that connection.** hypercorn lets any exception out of a
+  connection's task group (``BusyResourceError``, a ``KeyError`` on an HTTP/2 stream the server
+  already closed, a protocol-library error it does not expect) reach the nursery that holds every
+  connection, which takes the whole server down: in a training run, the run. Here every
+  ``Exception`` raised inside one connection closes that connection and logs one WARNING line
+  (the traceback goes to DEBUG). Cancellation and ``KeyboardInterrupt`` still propagate.
+* **A wire error is not an app error.** When such a fault surfaces inside the app's own send,
+  hypercorn logs "Error in ASGI Framework" with a traceback; here that is one INFO line when every
+  exception involved is a wire error (:data:`_WIRE_ERRORS`), and still the traceback otherwise.
+
+Upstream shape: hypercorn issue #203 (a connection-level error takes the trio worker down) and
+#225 (a WebSocket handshake with trailing bytes does the same). The trio ``TCPServer.run`` of the
+0.18.0 release catches only ``OSError``, and its ``_close`` half-closes outside the send lock.
+
+:func:`serve_isolated` is hypercorn's trio worker loop reduced to what we use: plain TCP binds
+(no TLS, no QUIC, no ``max_requests``), the ASGI lifespan, a shutdown trigger and graceful close.
+hypercorn hard-wires its handler class into that loop, so the loop is written out here.
+
+May import: trio, hypercorn and its protocol libraries (h11, h2, wsproto, priority); never torch,
+quart or another relaxtrio package.
+"""
+
+from __future__ import annotations
+
+import functools
+import logging
+import sys
+from collections.abc import Awaitable, Callable
+from typing import Any, Final
+
+import h2.exceptions
+import h11
+import priority
+import trio
+import wsproto.utilities
+from hypercorn.config import Config
+from hypercorn.logging import Logger
+from hypercorn.trio.lifespan import Lifespan
+from hypercorn.trio.tcp_server import TCPServer
+from hypercorn.trio.worker_context import WorkerContext
+from hypercorn.typing import ConnectionState
+from hypercorn.utils import repr_socket_addr, wrap_app
+
+__all__ = ["CLOSE_FLUSH_S", "IsolatedTCPServer", "serve_isolated"]
+
+log = logging.getLogger(__name__)
+
+CLOSE_FLUSH_S: Final = 1.0
+"""Seconds a closing connection waits for a send in flight before closing the socket under it."""
+
+
+_WIRE_ERRORS: Final = (
+    h11.ProtocolError,
+    h2.exceptions.H2Error,
+    wsproto.utilities.ProtocolError,
+    priority.PriorityError,
+    trio.BrokenResourceError,
+    trio.ClosedResourceError,
+    trio.BusyResourceError,
+)
+"""What a broken or misbehaving peer raises inside hypercorn (never a bug of the app's own)."""
+
+
+def _leaves(exc: BaseException) -> list[BaseException]:
+    if isinstance(exc, BaseExceptionGroup):
+        return [leaf for sub in exc.exceptions for leaf in _leaves(sub)]
+    return [exc]
+
+
+def _describe(exc: BaseException) -> str:
+    """One line naming every leaf exception of ``exc`` (type and message)."""
+    return "; ".join(f"{type(e).__name__}: {e}" if str(e) else type(e).__name__ for e in _leaves(exc))
+
+
+class _FaultLogger(Logger):
+    """hypercorn's logger, except that an ASGI task ended by a wire error (the peer broke the
+    connection under the app's reply) is one INFO line, not an ERROR traceback blaming the app."""
+
+    async def exception(self, message: str, *args: Any, **kwargs: Any) -> None:
+        exc = sys.exc_info()[1]
+        leaves = [e for e in _leaves(exc) if not isinstance(e, trio.Cancelled)] if exc else []
+        if leaves and all(isinstance(e, _WIRE_ERRORS) for e in leaves):
+            await self.info("an ASGI task ended with its connection: %s", _describe(exc))
+        else:
+            await super().exception(message, *args, **kwargs)
+
+
+class IsolatedTCPServer(TCPServer):
+    """hypercorn's trio connection handler, with its close under the send lock and its failures
+    kept to itself (see the module docstring). Constructed and awaited by trio's
+    ``serve_listeners`` exactly like :class:`hypercorn.trio.tcp_server.TCPServer`."""
+
+    async def run(self) -> None:
+        """Serves one connection until it closes; never raises an ``Exception``.
+
+        Cancellation:
+            Cancelling closes the connection (hypercorn's own ``finally``) and propagates.
+        """
+        peer = _peer_name(self.stream)
+        try:
+            await super().run()
+        except* Exception as group:
+            log.warning("connection from %s closed after a fault: %s", peer, _describe(group))
+            log.debug("connection fault detail", exc_info=group)
+
+    async def _close(self) -> None:
+        """Half-closes (under the send lock) and closes the socket.
+
+        Cancellation:
+            A checkpoint; the socket is closed even when cancelled.
+        """
+        try:
+            if self.send_lock.statistics().owner is not trio.lowlevel.current_task():
+                with trio.move_on_after(CLOSE_FLUSH_S):
+                    async with self.send_lock:
+                        await self.stream.send_eof()
+        except (trio.BrokenResourceError, trio.ClosedResourceError, AttributeError):
+            pass  # the peer is gone already, or a TLS stream (no half-close)
+        finally:
+            await self.stream.aclose()
+
+
+def _peer_name(stream: Any) -> str:
+    sock = getattr(stream, "socket", None)
+    try:
+        return repr_socket_addr(sock.family, sock.getpeername())
+    except (AttributeError, OSError):
+        return "an unknown peer"
+
+
+async def serve_isolated(
+    app: Any,
+    config: Config,
+    *,
+    shutdown_trigger: Callable[[], Awaitable[object]] | None = None,
+    task_status: trio.TaskStatus[list[str]] = trio.TASK_STATUS_IGNORED,
+) -> None:
+    """Serves an ASGI app with :class:`IsolatedTCPServer` connections until cancelled or
+    ``shutdown_trigger`` returns.
+
+    Args:
+        app: the ASGI app (a QuartTrio app).
+        config: hypercorn settings; ``bind``, ``backlog``, ``graceful_timeout``,
+            ``keep_alive_timeout``, the h11/h2 limits and the loggers are honoured. TLS, QUIC and
+            ``max_requests`` are not offered here. Its ``logger_class`` is replaced (set before
+            ``config.log`` is first read) so that wire errors inside ASGI tasks log one line.
+        shutdown_trigger: when it returns, the listeners close, open connections get
+            ``config.graceful_timeout`` seconds to finish, and the function returns.
+        task_status: receives the bound URLs (``["http://127.0.0.1:41234"]``) once listening.
+
+    Raises:
+        ValueError: ``config`` asks for TLS, QUIC or ``max_requests``.
+
+    Cancellation:
+        Cancelling closes the listeners and every connection at once (their ASGI tasks are
+        cancelled with them).
+    """
+    if config.ssl_enabled or config.quic_bind or config.max_requests is not None:
+        raise ValueError("serve_isolated serves plain TCP binds only (no TLS, QUIC or max_requests)")
+    config.logger_class = _FaultLogger
+    asgi = wrap_app(app, config.wsgi_max_body_size, "asgi")
+    lifespan_state: dict[str, Any] = {}
+    lifespan = Lifespan(asgi, config, lifespan_state)
+    context = WorkerContext(None)
+    async with trio.open_nursery() as lifespan_nursery:
+        await lifespan_nursery.start(lifespan.handle_lifespan)
+        await lifespan.wait_for_startup()
+        async with trio.open_nursery() as connections:
+            listeners = []
+            binds = []
+            for sock in config.create_sockets().insecure_sockets:
+                sock.listen(config.backlog)
+                listeners.append(trio.SocketListener(trio.socket.from_stdlib_socket(sock)))
+                binds.append(f"http://{repr_socket_addr(sock.family, sock.getsockname())}")
+            handler = functools.partial(
+                IsolatedTCPServer, asgi, config, context, ConnectionState(lifespan_state.copy())
+            )
+            task_status.started(binds)
+            try:
+                async with trio.open_nursery() as accepting:
+                    accepting.start_soon(
+                        functools.partial(trio.serve_listeners, handler, listeners,
+                                          handler_nursery=connections)
+                    )
+                    if shutdown_trigger is None:
+                        await trio.sleep_forever()
+                    await shutdown_trigger()
+                    accepting.cancel_scope.cancel()
+            finally:
+                with trio.CancelScope(shield=True):
+                    for listener in listeners:  # refuse new connections while the open ones finish
+                        await listener.aclose()
+                await context.terminated.set()  # idle keep-alive connections close now
+                connections.cancel_scope.deadline = trio.current_time() + config.graceful_timeout
+        await lifespan.wait_for_shutdown()
+        lifespan_nursery.cancel_scope.cancel()
