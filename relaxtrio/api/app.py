@@ -30,7 +30,7 @@ from typing import Any, Final
 import attrs
 import hypercorn.config
 import trio
-from quart import Response, current_app, request
+from quart import Response, current_app, has_websocket_context, request, websocket
 from quart_trio import QuartTrio
 from werkzeug.exceptions import HTTPException
 
@@ -195,13 +195,25 @@ async def _health() -> Response:
     return json_response({"ok": True, "active_sessions": len(_api().registry)})
 
 
+def _request_target() -> tuple[str, str]:
+    """``(method, path)`` of what is being answered: an HTTP request, or a WebSocket handshake
+    (which has no ``request`` object; no route serves WebSockets, so it is always refused)."""
+    if has_websocket_context():
+        return "GET", websocket.path
+    return request.method, request.path
+
+
 async def _http_error(exc: HTTPException) -> Response:
     status = exc.code or 500
+    method, path = _request_target()
     err: RelaxError
-    if status == 404:
-        err = RouteNotFoundError(f"No route for {request.method} {request.path}")
+    if has_websocket_context() and status in (400, 404, 405):
+        status = 400  # werkzeug's WebsocketMismatch on a model route, or no route at all
+        err = InvalidRequestError(f"WebSocket is not served at {path}: send HTTP requests")
+    elif status == 404:
+        err = RouteNotFoundError(f"No route for {method} {path}")
     elif status == 405:
-        err = MethodNotAllowedError(f"Method {request.method} is not allowed for {request.path}")
+        err = MethodNotAllowedError(f"Method {method} is not allowed for {path}")
     elif status == 413:
         err = RequestTooLargeError(
             f"Request body is larger than {_api().config.max_body_bytes} bytes", param="body"
@@ -210,14 +222,14 @@ async def _http_error(exc: HTTPException) -> Response:
         err = InternalError(GENERIC_INTERNAL_MESSAGE)
     else:
         err = InvalidRequestError(exc.description or exc.name or "Bad request")
-    response = error_response(err, _protocol_of_path(request.path).name)
+    response = error_response(err, _protocol_of_path(path).name)
     response.status_code = status
     return response
 
 
 async def _unexpected_error(exc: Exception) -> Response:
     log.error("unhandled error outside a model endpoint", exc_info=exc)
-    return error_response(InternalError(GENERIC_INTERNAL_MESSAGE), _protocol_of_path(request.path).name)
+    return error_response(InternalError(GENERIC_INTERNAL_MESSAGE), _protocol_of_path(_request_target()[1]).name)
 
 
 def create_app(
