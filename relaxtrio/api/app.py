@@ -8,6 +8,9 @@ so both the ``/v1`` routes and the unversioned aliases are served:
 * ``POST /v1/chat/completions`` — OpenAI Chat Completions (aliases ``/chat/completions``, ``/``);
 * ``POST /v1/responses`` — OpenAI Responses (alias ``/responses``);
 * ``POST /v1/messages`` — Anthropic Messages (alias ``/messages``);
+* ``POST /v1/messages/count_tokens`` — Anthropic token counting: ``{"input_tokens": N}`` for the
+  prompt that Messages body would generate from, nothing generated or committed (alias
+  ``/messages/count_tokens``);
 * ``GET /v1/models`` — the served model id (alias ``/models``);
 * ``GET /health`` — liveness and the number of live Sessions (also ``/healthz``, and both at the
   server root).
@@ -25,6 +28,7 @@ from __future__ import annotations
 import functools
 import json
 import logging
+from collections.abc import Awaitable, Callable
 from typing import Any, Final
 
 import attrs
@@ -50,7 +54,7 @@ from .errors import (
     client_disconnect,
     error_response,
 )
-from .messages import MESSAGES
+from .messages import MESSAGES, parse_count_tokens_request
 from .responses import RESPONSES
 from .sse import sse_response
 from .wire import ProtocolAdapter, encode_json
@@ -64,6 +68,7 @@ ROUTES: Final = {
     RESPONSES: ("/v1/responses", "/responses"),
     MESSAGES: ("/v1/messages", "/messages"),
 }
+COUNT_TOKENS_ROUTES: Final = ("/v1/messages/count_tokens", "/messages/count_tokens")
 
 
 def json_response(payload: Any, status: int = 200) -> Response:
@@ -99,7 +104,7 @@ async def _read_json_object() -> dict[str, Any]:
 
 
 def _protocol_of_path(path: str) -> ProtocolAdapter:
-    return MESSAGES if path.rstrip("/").endswith("/messages") else CHAT
+    return MESSAGES if path.rstrip("/").endswith(("/messages", "/messages/count_tokens")) else CHAT
 
 
 @attrs.frozen(kw_only=True)
@@ -124,6 +129,9 @@ class _Progress:
 
     session_id: str | None = None
     body_read: bool = False
+
+
+_Responder = Callable[[_ApiState, ProtocolAdapter, _Progress], Awaitable[Response]]
 
 
 async def _model_response(state: _ApiState, adapter: ProtocolAdapter, progress: _Progress) -> Response:
@@ -158,12 +166,33 @@ async def _model_response(state: _ApiState, adapter: ProtocolAdapter, progress: 
     return json_response(payload)
 
 
-async def _dispatch(adapter: ProtocolAdapter) -> Response:
-    """The view of every model route of ``adapter``'s protocol: errors become its envelope."""
+async def _count_tokens_response(state: _ApiState, adapter: ProtocolAdapter, progress: _Progress) -> Response:
+    """``POST /v1/messages/count_tokens``: ``{"input_tokens": N}``, N being the tokens of the
+    prompt a Messages request with this body would generate from (lineage plus rendered new
+    observation). Authenticated like a model request; nothing is generated or committed.
+
+    Raises:
+        RelaxError: authentication (401/404) or validation (400).
+        HTTPException: the body is larger than the configured limit (413).
+
+    Cancellation:
+        Safe at any point (nothing is committed).
+    """
+    session = state.registry.get(session_token(request.headers))
+    progress.session_id = session.session_id
+    body = await _read_json_object()
+    progress.body_read = True
+    num_tokens = await state.handler.count_tokens(session, parse_count_tokens_request(body))
+    return json_response({"input_tokens": num_tokens})
+
+
+async def _dispatch(adapter: ProtocolAdapter, respond: _Responder = _model_response) -> Response:
+    """The view of every model route of ``adapter``'s protocol (``respond`` answers it, by
+    default with a turn): errors become the protocol's envelope."""
     progress = _Progress()
     answered = False
     try:
-        response = await _model_response(_api(), adapter, progress)
+        response = await respond(_api(), adapter, progress)
         answered = True
         return response
     except HTTPException:
@@ -267,6 +296,9 @@ def create_app(
         endpoint = functools.partial(_dispatch, adapter)
         for path in paths:
             app.add_url_rule(ROUTE_PREFIX + path, f"{adapter.name}:{path}", endpoint, methods=["POST"])
+    count_tokens = functools.partial(_dispatch, MESSAGES, _count_tokens_response)
+    for path in COUNT_TOKENS_ROUTES:
+        app.add_url_rule(ROUTE_PREFIX + path, "count_tokens" + path, count_tokens, methods=["POST"])
     for path in ("/v1/models", "/models"):
         app.add_url_rule(ROUTE_PREFIX + path, "models" + path, _models, methods=["GET"])
     for path in ("/health", "/healthz"):

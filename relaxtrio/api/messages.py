@@ -36,6 +36,7 @@ from typing import Any, Final
 
 from .._errors import InvalidRequestError, RelaxError
 from .._validate import require_object
+from ..forest import Conversation
 from ..nursery.turns import TurnRequest, TurnResult
 from .errors import anthropic_error_body
 from .fields import (
@@ -189,12 +190,8 @@ def _project_tools(tools: Any, proj: Projection) -> None:
                        schema_required=True)
 
 
-def parse_messages_request(body: Mapping[str, Any]) -> ParsedRequest:
-    """Normalizes an Anthropic Messages body; never mutates or aliases it.
-
-    Raises:
-        InvalidRequestError: any invalid field, with ``param`` set to its request path.
-    """
+def _conversation(body: Mapping[str, Any]) -> Conversation:
+    """``system``, ``messages``, ``tools`` and ``thinking`` of a Messages body, canonical."""
     proj = Projection(messages_field="messages")
     system = body.get("system")
     if system is not None:
@@ -203,17 +200,38 @@ def parse_messages_request(body: Mapping[str, Any]) -> ParsedRequest:
             proj.add_message({"role": "system", "content": text}, Source("system", fields={".content": "system"}))
     _project_messages(body.get("messages"), proj)
     _project_tools(body.get("tools"), proj)
-    max_tokens = required_positive_int(body, "max_tokens")
     thinking = optional_object(body, "thinking")
     kind = thinking.get("type") if thinking is not None else None
-    kwargs = thinking_switch(kind, "thinking.type", THINKING_TYPES, off="disabled")
+    return proj.conversation(thinking_switch(kind, "thinking.type", THINKING_TYPES, off="disabled"))
+
+
+def parse_messages_request(body: Mapping[str, Any]) -> ParsedRequest:
+    """Normalizes an Anthropic Messages body; never mutates or aliases it.
+
+    Raises:
+        InvalidRequestError: any invalid field, with ``param`` set to its request path.
+    """
+    conversation = _conversation(body)
     turn = TurnRequest(
-        conversation=proj.conversation(kwargs),
-        max_new_tokens=max_tokens,
+        conversation=conversation,
+        max_new_tokens=required_positive_int(body, "max_tokens"),
         stop=stop_strings(body, "stop_sequences", allow_string=False),
         protocol="messages",
     )
     return ParsedRequest(turn=turn, model=optional_str(body, "model"), stream=optional_bool(body, "stream"))
+
+
+def parse_count_tokens_request(body: Mapping[str, Any]) -> TurnRequest:
+    """Normalizes a ``POST /v1/messages/count_tokens`` body
+    (https://docs.anthropic.com/en/api/messages-count-tokens): the conversation fields of a
+    Messages request (``model``, ``system``, ``messages``, ``tools``, ``thinking``); there is no
+    ``max_tokens``, and fields that do not shape the prompt (``tool_choice``) are ignored.
+
+    Raises:
+        InvalidRequestError: any invalid field, with ``param`` set to its request path.
+    """
+    optional_str(body, "model")
+    return TurnRequest(conversation=_conversation(body), protocol="messages")
 
 
 def content_blocks(result: TurnResult) -> list[dict[str, Any]]:

@@ -135,3 +135,15 @@ class TurnHandler(Protocol):
             Cancelling aborts the engine request (shielded, bounded); nothing is committed.
         """
         ...
+
+    async def count_tokens(self, session: Session, request: TurnRequest) -> int:
+        """Tokens of the prompt :meth:`complete` would generate from (the matched lineage plus
+        the rendered new observation); nothing is generated and nothing is committed.
+
+        Raises:
+            InvalidRequestError: a client mistake (a message the template cannot render).
+
+        Cancellation:
+            Safe to cancel at any point: nothing is committed.
+        """
+        ...

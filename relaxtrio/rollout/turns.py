@@ -378,6 +378,27 @@ class EngineTurnHandler:
             logprobs=token_logprobs,
         )
 
+    async def count_tokens(self, session: Session, request: TurnRequest) -> int:
+        """Tokens of the prompt :meth:`complete` would generate from: the training ids of the
+        matched lineage plus those of the rendered new observation (so equal to the
+        ``prompt_tokens`` that turn would report). Nothing is generated, nothing is committed.
+
+        Raises:
+            InvalidRequestError: no messages, a message the template cannot render, or an image
+                the model cannot take.
+
+        Cancellation:
+            A checkpoint only with images (processed in a worker thread); nothing is committed.
+        """
+        conv = self._merge_kwargs(request.conversation)
+        if not conv.messages:
+            raise InvalidRequestError("messages projected to zero supported messages", param="messages")
+        match = session.forest.match(conv)
+        count = session.forest.train_token_count(match.parent)
+        if match.delta:
+            count += len((await self._render_observation(conv, match)).token_ids)
+        return count
+
     async def _render_observation(self, conv: Conversation, match: Match) -> RenderedObservation:
         """Both id views of the unmatched suffix: a full render at a subtree root, else a delta.
 
