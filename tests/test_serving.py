@@ -178,7 +178,7 @@ async def test_websocket_upgrade_is_refused(stack: LiveStack, target: Target, tr
 
 
 async def test_h2c_upgrade_request(stack: LiveStack, target: Target) -> None:
-    """HTTP/1.1 ``Upgrade: h2c`` (RFC 7540 §3.2): switched or refused, never a server fault."""
+    """HTTP/1.1 ``Upgrade: h2c`` (RFC 7540, section 3.2): switched or refused, never a server fault."""
     headers = (("connection", "Upgrade, HTTP2-Settings"), ("upgrade", "h2c"), ("http2-settings", "AAMAAABkAARAAAAA"))
     with trio.fail_after(TEST_LIMIT_S):
         raw = await exchange(target.port, http1_request("GET", "/health", headers), half_close=True)
@@ -250,8 +250,9 @@ async def test_h2_flow_control_stall_then_close(stack: LiveStack, target: Target
         async with open_h2(target.port, {h2.settings.SettingCodes.INITIAL_WINDOW_SIZE: 0}) as client:
             ids = [client.request("POST", target.path, target.headers, target.body) for _ in range(3)]
             await client.flush()
-            await client.read(until=ids, limit_s=2)
-            assert not any(client.responses[sid].body for sid in ids)
+            await client.read(until=ids, headers_only=True)
+            assert [client.responses[sid].status for sid in ids] == [200] * 3
+            assert not any(client.responses[sid].body for sid in ids)  # no window: no DATA frame
             reset_on_close(client.stream)
         await assert_serving(stack)
 

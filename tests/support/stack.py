@@ -13,17 +13,15 @@ import attrs
 import httpx
 import trio
 
-from relaxtrio.api.app import create_app, serve_api
 from relaxtrio.chat.compiler import ChatCompiler
 from relaxtrio.config import GenerationConfig
 from relaxtrio.engine.server import EngineConfig, serve_engine
-from relaxtrio.forest import SessionForest
 from relaxtrio.models import load_tokenizer
-from relaxtrio.nursery.agent import ActiveBudget
-from relaxtrio.nursery.group import Group
-from relaxtrio.nursery.session import Session, SessionRegistry, new_session_id
+from relaxtrio.nursery.session import Session, SessionRegistry
 from relaxtrio.rollout.turns import EngineTurnHandler
 from relaxtrio.sglang.client import open_engine_client
+from support.apps import serve_agent_api
+from support.sessions import open_session
 
 CHAT_PATH = "/agentic_api/v1/chat/completions"
 CHAT_BODY = json.dumps({"model": "tiny", "messages": [{"role": "user", "content": "Say something."}],
@@ -55,7 +53,11 @@ class LiveStack:
 
 @asynccontextmanager
 async def open_live_stack(model_dir: Path) -> AsyncIterator[LiveStack]:
-    """Serves the engine and the API until the context exits (both cancelled then)."""
+    """Serves the engine and the API until the context exits (both cancelled then).
+
+    Cancellation:
+        Exiting closes the Session (turns still running are cancelled) and both servers.
+    """
     compiler = ChatCompiler(load_tokenizer(model_dir))
     config = GenerationConfig(max_response_tokens=4, seed=3, tool_call_parser=None, reasoning_parser=None)
     registry = SessionRegistry()
@@ -63,25 +65,17 @@ async def open_live_stack(model_dir: Path) -> AsyncIterator[LiveStack]:
         engine_url = await nursery.start(serve_engine, EngineConfig(model_path=model_dir, max_running_requests=4))
         async with open_engine_client([engine_url]) as engine:
             handler = EngineTurnHandler(client=engine, compiler=compiler, config=config)
-            api_url = await nursery.start(serve_api, create_app(registry, handler, model_name="tiny"))
-            group = Group(group_id="train:group_serving")
-            session_id = new_session_id()
-            session = Session(session_id=session_id, group=group, index=0, input_payload={},
-                              forest=SessionForest(session_id), budget=ActiveBudget(total_s=600))
-            group.sessions.append(session)
-            registry.add(session)
-            async with session.serving():
-                group.lease()
-                group.note_request(session)
+            async with serve_agent_api(registry, handler, model_name="tiny") as api_url, \
+                    open_session(registry, budget_s=600) as session:
                 yield LiveStack(api_url=api_url.rstrip("/").removesuffix("/agentic_api"),
                                 engine_url=engine_url, token=session.session_id, session=session)
-            nursery.cancel_scope.cancel()
+        nursery.cancel_scope.cancel()
 
 
 async def assert_serving(stack: LiveStack) -> None:
     """Both servers answer ``/health`` on a new connection, a real turn succeeds through the API,
     and a real ``/generate`` succeeds on the engine."""
-    async with httpx.AsyncClient(timeout=30.0) as http:
+    async with httpx.AsyncClient(timeout=60.0) as http:  # a loaded 2-core machine is slow, not dead
         assert (await http.get(stack.api_url + "/health")).status_code == 200
         assert (await http.get(stack.engine_url + "/health")).status_code == 200
         chat = await http.post(stack.api_url + CHAT_PATH, content=CHAT_BODY, headers=dict(stack.auth))

@@ -115,13 +115,19 @@ class H2Client:
             except trio.BrokenResourceError:
                 self.terminated = True
 
-    async def read(self, until: Iterable[int] | None = None, limit_s: float = 10.0) -> None:
-        """Processes server frames until every stream in ``until`` ended (or was reset), the
-        server closed the connection, or ``limit_s`` seconds passed (``until=None``: read until
-        the connection ends or time is up)."""
+    async def read(self, until: Iterable[int] | None = None, limit_s: float = 10.0, *,
+                   headers_only: bool = False) -> None:
+        """Processes server frames until every stream in ``until`` ended (or was reset; with
+        ``headers_only``, until each has its response headers), the server closed the connection,
+        or ``limit_s`` seconds passed (``until=None``: until the connection ends or time is up)."""
         waiting = None if until is None else set(until)
+
+        def pending(sid: int) -> bool:
+            response = self.responses[sid]
+            return response.status is None if headers_only else not (response.ended or response.reset)
+
         with trio.move_on_after(limit_s):
-            while not self.terminated and (waiting is None or any(not self._done(sid) for sid in waiting)):
+            while not self.terminated and (waiting is None or any(pending(sid) for sid in waiting)):
                 await self.read_some()
 
     async def read_some(self) -> None:
@@ -141,10 +147,6 @@ class H2Client:
         for event in events:
             self._on_event(event)
         await self.flush()
-
-    def _done(self, sid: int) -> bool:
-        response = self.responses[sid]
-        return response.ended or response.reset
 
     def _on_event(self, event: h2.events.Event) -> None:
         if isinstance(event, h2.events.ResponseReceived):
