@@ -35,6 +35,7 @@ from ..config import AgentConfig
 from ..forest import SessionForest, TrainingSample, export_samples, parse_session_output
 from .agent import ActiveBudget, RolloutMode, SessionEnv, run_agent
 from .partial import PartialRollout
+from .retries import Generation, RetryKey, RetryLedger
 from .turns import TurnHandler, TurnRequest, TurnResult
 
 log = logging.getLogger(__name__)
@@ -84,9 +85,24 @@ class GroupHandle(Protocol):
 
 @attrs.define(eq=False)
 class _TurnCell:
+    """One model request's wait for its turn, and the generation it is attached to."""
+
     done: trio.Event = attrs.field(factory=trio.Event)
     result: TurnResult | None = None
     error: RelaxError | None = None
+    waiting: bool = True  # the request still waits (its client has not gone away)
+    generation: Generation | None = None
+    owner: bool = False  # this request's turn samples ``generation`` (else it attached)
+
+    def attach(self, generation: Generation, *, owner: bool) -> None:
+        self.generation, self.owner = generation, owner
+        generation.num_waiting += self.waiting
+
+    def leave(self) -> None:
+        """The request stopped waiting (its client went away)."""
+        if self.waiting and self.generation is not None:
+            self.generation.num_waiting -= 1
+        self.waiting = False
 
 
 @attrs.define(eq=False, kw_only=True)
@@ -107,6 +123,7 @@ class Session:
         num_requests: model requests received so far.
         partial: in-flight engine requests, aborts, pause and protection (partial rollout;
             docs/scheduling.md#protection).
+        retries: generations a retried request may attach to (docs/agent-contract.md#retries).
         agent_pgid: process-group id of the running agent, once started.
     """
 
@@ -122,6 +139,7 @@ class Session:
     error: str | None = None
     num_requests: int = 0
     partial: PartialRollout = attrs.field(factory=PartialRollout)
+    retries: RetryLedger = attrs.field(factory=RetryLedger)
     agent_pgid: int | None = None
     _turns: trio.Nursery | None = None
     _closed: bool = False
@@ -150,9 +168,13 @@ class Session:
         """
         await self._ended.wait()
 
-    def turn_context(self) -> SessionTurn:
-        """The context one turn of this Session runs with (what the turn handler receives)."""
-        return SessionTurn(self)
+    def turn_context(self, cell: _TurnCell | None = None) -> SessionTurn:
+        """The context one turn of this Session runs with (what the turn handler receives).
+
+        A turn run through :meth:`run_turn` is bound to its request's wait; one started
+        directly (tests) counts as always awaited, so it is never taken by a retry.
+        """
+        return SessionTurn(self, cell if cell is not None else _TurnCell())
 
     async def run_turn(self, handler: TurnHandler, request: TurnRequest) -> TurnResult:
         """Runs one model turn in the Session's own nursery and waits for its result.
@@ -163,7 +185,8 @@ class Session:
 
         Cancellation:
             Cancelling the *caller* (e.g. a client disconnect) does not cancel the turn: it
-            completes and is committed to the forest. Only the Session's end cancels turns.
+            completes and is committed to the forest, and a retry of the same request gets
+            its answer (docs/agent-contract.md#retries). Only the Session's end cancels turns.
         """
         if self._closed or self._turns is None:
             raise SessionAbortedError(
@@ -174,8 +197,16 @@ class Session:
         self.group.note_request(self)
         cell = _TurnCell()
         self._turns.start_soon(self._turn_task, handler, request, cell)
-        await cell.done.wait()
+        answered = False
+        try:
+            await cell.done.wait()
+            answered = True
+        finally:
+            if not answered:  # the caller was cancelled: its client went away
+                cell.leave()
         if cell.result is not None:
+            if cell.generation is not None:
+                self.retries.deliver(cell.generation)
             return cell.result
         if cell.error is not None:
             raise cell.error
@@ -185,7 +216,7 @@ class Session:
 
     async def _turn_task(self, handler: TurnHandler, request: TurnRequest, cell: _TurnCell) -> None:
         try:
-            cell.result = await handler.complete(self.turn_context(), request)
+            cell.result = await handler.complete(self.turn_context(cell), request)
         except RelaxError as exc:
             exc.session_id = exc.session_id or self.session_id
             cell.error = exc
@@ -195,6 +226,8 @@ class Session:
                 "Internal error while handling agentic request.", session_id=self.session_id
             )
         finally:
+            if cell.owner and cell.generation is not None:
+                self.retries.finish(cell.generation, result=cell.result, error=cell.error)
             cell.done.set()
 
     @asynccontextmanager
@@ -230,9 +263,10 @@ class Session:
 
 @attrs.frozen
 class SessionTurn:
-    """The :class:`~relaxtrio.nursery.turns.TurnContext` of one Session."""
+    """The :class:`~relaxtrio.nursery.turns.TurnContext` of one Session's turn."""
 
     _session: Session
+    _cell: _TurnCell
 
     @property
     def session_id(self) -> str:
@@ -269,6 +303,29 @@ class SessionTurn:
     def note_aborted(self, *, protect: bool) -> None:
         """Records an aborted generation (:meth:`PartialRollout.note_aborted`)."""
         self._session.partial.note_aborted(protect=protect)
+
+    async def join_undelivered(self, parent_hash: str, sampling_digest: str) -> TurnResult | None:
+        """An orphaned generation's answer, or None after registering this turn as the
+        generation of the key (see :mod:`relaxtrio.nursery.retries`).
+
+        Raises:
+            RelaxError: the attached generation failed with it.
+
+        Cancellation:
+            Waits only when attached to a generation still running; that generation goes on.
+        """
+        ledger = self._session.retries
+        key = RetryKey(parent_hash, sampling_digest)
+        earlier = ledger.orphan(key)
+        if earlier is None:
+            self._cell.attach(ledger.open(key), owner=True)
+            return None
+        self._cell.attach(earlier, owner=False)
+        ledger.note_attached()
+        log.info("session %s: a retried request attached to %s (%s)", self._session.session_id,
+                 "its committed answer" if earlier.done.is_set() else "its generation in flight",
+                 parent_hash[:12])
+        return await earlier.wait_result()
 
 
 @attrs.frozen

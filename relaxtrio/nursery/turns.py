@@ -12,6 +12,8 @@ in-flight tracking for partial rollout). This module imports nothing else of the
 
 from __future__ import annotations
 
+import hashlib
+import json
 from contextlib import AbstractContextManager
 from typing import Literal, Protocol
 
@@ -41,6 +43,16 @@ class TurnRequest:
     seed: int | None = None
     logprobs: bool = False
     protocol: Literal["chat", "responses", "messages"] = "chat"
+
+    def sampling_digest(self) -> str:
+        """A digest of what the turn samples with besides its state: token limit, stop
+        strings, seed and whether logprobs are returned (the protocol only shapes the reply).
+
+        Two requests from one state with equal digests ask for the same generation
+        (:mod:`relaxtrio.nursery.retries`).
+        """
+        fields = [self.max_new_tokens, list(self.stop), self.seed, self.logprobs]
+        return hashlib.sha256(json.dumps(fields).encode()).hexdigest()
 
 
 @attrs.frozen(kw_only=True)
@@ -118,6 +130,23 @@ class TurnContext(Protocol):
     def note_aborted(self, *, protect: bool) -> None:
         """Records that a generation came back aborted; ``protect`` makes the Session protected
         from pauses at the next resume (the request reached the abort limit)."""
+        ...
+
+    async def join_undelivered(self, parent_hash: str, sampling_digest: str) -> TurnResult | None:
+        """The answer of an earlier generation from the same state with the same sampling
+        inputs that no client received (an SDK retry), or None: then this turn samples.
+
+        Called by the turn once its state is committed (the *attach* step). When an orphaned
+        generation exists this request attaches to it: the committed answer comes back at
+        once, one still generating is waited for. Otherwise the turn is registered as the
+        generation of that key (docs/agent-contract.md#retries).
+
+        Raises:
+            RelaxError: the attached generation failed with it.
+
+        Cancellation:
+            Waits only when attached to a generation still running; that generation goes on.
+        """
         ...
 
 

@@ -13,8 +13,9 @@ budget. The agent's HTTP request stays open the whole time. The handler sees the
 through its :class:`~relaxtrio.nursery.turns.TurnContext`: in-flight rids and aborts are recorded
 there, and the rollout step a response records is read from it at commit.
 
-One turn is four steps: *attach* (match the request to the forest, commit the new observation),
-*budget* (the turn's token limit), *sample* (the abort-resume loop, giving a frozen
+One turn is four steps: *attach* (match the request to the forest, commit the new observation;
+a retry of a request whose answer never reached its client gets that answer here, see
+:mod:`relaxtrio.nursery.retries`), *budget* (the turn's token limit), *sample* (the abort-resume loop, giving a frozen
 :class:`SampledTurn`) and *commit* (parse the assistant message, add the response node).
 
 Images (docs/canonical-contract.md#images): an observation with ``image_url`` parts is
@@ -162,6 +163,10 @@ class EngineTurnHandler:
                 is committed when the observation itself does not fit).
             BackendError: the engine failed or returned an unusable answer.
 
+        A request with the state and sampling inputs of an earlier one whose client went away
+        (an SDK retry) samples nothing: it gets that turn's answer, waiting for it if it is still
+        generating (:meth:`~relaxtrio.nursery.turns.TurnContext.join_undelivered`).
+
         Cancellation:
             Cancelling aborts the engine request (shielded, bounded by 5 s); no response node is
             committed. An observation committed before the cancel stays (it was a valid state).
@@ -169,6 +174,9 @@ class EngineTurnHandler:
         wall_start = trio.current_time()
         conv = self._merge_kwargs(request.conversation)
         parent = await self._attach(turn, conv)
+        earlier = await turn.join_undelivered(parent.state_hash, request.sampling_digest())
+        if earlier is not None:  # a retry of a request whose client went away
+            return earlier
         prompt_ids = turn.forest.rollout_token_ids(parent)
         images = lineage_image_urls(turn.forest, parent)
         budget = self._token_budget(turn.forest, parent, request)
