@@ -43,6 +43,24 @@ class RetryKey:
     sampling_digest: str
 
 
+@attrs.frozen(kw_only=True)
+class RetryStatistics:
+    """A snapshot of one Session's :class:`RetryLedger`.
+
+    Attributes:
+        num_generating: generations still sampling.
+        num_orphaned: generations no client waits for and none received (still sampling or
+            committed).
+        num_undelivered: committed answers no client received.
+        num_attached: requests answered from an earlier generation instead of a new sample.
+    """
+
+    num_generating: int
+    num_orphaned: int
+    num_undelivered: int
+    num_attached: int
+
+
 @attrs.define(eq=False, kw_only=True)
 class Generation:
     """One sampled turn and the requests waiting for it.
@@ -95,13 +113,15 @@ class RetryLedger:
     _by_key: dict[RetryKey, list[Generation]] = attrs.field(factory=dict)
     _num_attached: int = 0
 
-    @property
-    def num_attached(self) -> int:
-        """Requests answered from an earlier generation instead of a new sample."""
-        return self._num_attached
-
-    def __len__(self) -> int:
-        return sum(len(gens) for gens in self._by_key.values())
+    def statistics(self) -> RetryStatistics:
+        """A snapshot of the ledger."""
+        gens = [g for gens in self._by_key.values() for g in gens]
+        return RetryStatistics(
+            num_generating=sum(not g.done.is_set() for g in gens),
+            num_orphaned=sum(g.orphaned for g in gens),
+            num_undelivered=sum(g.done.is_set() and g.orphaned for g in gens),
+            num_attached=self._num_attached,
+        )
 
     def orphan(self, key: RetryKey) -> Generation | None:
         """The oldest orphaned generation of ``key``, or None."""
