@@ -16,9 +16,11 @@ import anthropic
 import openai
 import pytest
 import trio
-from api_helpers import assert_one_lineage, open_session, scripted_pipeline
+from api_helpers import assert_one_lineage, scripted_pipeline
+from support.apps import serve_app
+from support.sessions import open_session
 
-from relaxtrio.api.app import create_app, serve_api
+from relaxtrio.api.app import create_app
 from relaxtrio.chat.compiler import ChatCompiler
 from relaxtrio.nursery.session import Session, SessionRegistry
 from relaxtrio.testing.scripted_engine import Reply, ScriptedEngine
@@ -34,12 +36,8 @@ MESSAGES = [{"role": "user", "content": "Hello?"}]
 async def served(registry: SessionRegistry, handler) -> AsyncIterator[tuple[str, Session]]:
     app = create_app(registry, handler)
     with trio.fail_after(30):
-        async with trio.open_nursery() as nursery, open_session(registry) as session:
-            base_url = await nursery.start(serve_api, app)
-            try:
-                yield base_url, session
-            finally:
-                nursery.cancel_scope.cancel()
+        async with serve_app(app) as base_url, open_session(registry) as session:
+            yield base_url, session
 
 
 async def wait_until(condition: Callable[[], bool]) -> None:
