@@ -17,6 +17,10 @@ from ._canonical import canonical_messages as canonical_messages
 from ._canonical import canonical_template_kwargs as canonical_template_kwargs
 from ._canonical import canonical_tools as canonical_tools
 from ._canonical import state_hash as state_hash
+from ._dump import forest_to_json as forest_to_json
+from ._dump import sample_from_json as sample_from_json
+from ._dump import sample_leaf_hash as sample_leaf_hash
+from ._dump import sample_to_json as sample_to_json
 from ._export import TrainingSample as TrainingSample
 from ._export import export_samples as export_samples
 from ._forest import SessionForest as SessionForest
@@ -49,6 +53,10 @@ __all__ = [
     "canonical_tools",
     "context_length_message",
     "export_samples",
+    "forest_to_json",
     "parse_session_output",
+    "sample_from_json",
+    "sample_leaf_hash",
+    "sample_to_json",
     "state_hash",
 ]

@@ -288,6 +288,10 @@ class SessionForest:
         """The committed node with this state hash, or None (the root is never returned)."""
         return self._nodes.get(state_hash)
 
+    def nodes(self) -> tuple[Node, ...]:
+        """Every committed node in commit order (a parent always before its children)."""
+        return tuple(self._nodes.values())
+
     def leaves(self) -> tuple[Node, ...]:
         """Committed nodes without children, in commit order."""
         return tuple(self._nodes[h] for h in self._leaves)
