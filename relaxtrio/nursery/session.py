@@ -125,6 +125,9 @@ class Session:
             docs/scheduling.md#protection).
         retries: generations a retried request may attach to (docs/agent-contract.md#retries).
         agent_pgid: process-group id of the running agent, once started.
+        agent_return_code: the agent's exit code once it exited (negative: killed by that
+            signal), else None.
+        agent_active_s: active seconds the agent's budget consumed, once it exited.
     """
 
     session_id: str
@@ -141,6 +144,8 @@ class Session:
     partial: PartialRollout = attrs.field(factory=PartialRollout)
     retries: RetryLedger = attrs.field(factory=RetryLedger)
     agent_pgid: int | None = None
+    agent_return_code: int | None = None
+    agent_active_s: float | None = None
     _turns: trio.Nursery | None = None
     _closed: bool = False
     _ended: trio.Event = attrs.field(factory=trio.Event)
@@ -444,6 +449,7 @@ async def _run_session(
     if run is None:
         session.group.session_failed(session)
         return
+    session.agent_return_code, session.agent_active_s = run.return_code, run.active_s
     try:
         output = parse_session_output(run.output_text)
     except ExportError as exc:
@@ -462,3 +468,31 @@ async def _run_session(
         session.group.session_failed(session)
         return
     session.status = "completed"
+
+
+async def serve_external_session(
+    session: Session,
+    *,
+    registry: SessionRegistry,
+    task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED,
+) -> None:
+    """Serves a Session whose agent runs outside relaxtrio (``python -m relaxtrio serve``).
+
+    The Session is registered and accepts model turns until this task is cancelled; no agent
+    process is started, no budget runs and nothing is exported: the caller reads the forest and
+    exports afterwards. ``status`` is ``running`` while served and stays so on return, for the
+    caller to settle.
+
+    Cancellation:
+        Runs until cancelled; then every turn still running is cancelled (its engine request
+        aborted), the Session is unregistered and :meth:`Session.wait_ended` returns.
+    """
+    registry.add(session)
+    session.status = "running"
+    try:
+        async with session.serving():
+            task_status.started()
+            await trio.sleep_forever()
+    finally:
+        registry.discard(session)
+        session._ended.set()
