@@ -20,6 +20,7 @@ from ._validate import is_real
 from .chat.parsers import REASONING_PARSERS, TOOL_CALL_PARSERS
 from .config import AgentConfig, GenerationConfig, RolloutConfig
 from .nursery.agent import parse_agent_env
+from .rollout.dumps import check_dump_template
 from .rollout.hooks import load_function
 
 EXAMPLE_DIR = Path(__file__).resolve().parent.parent / "examples" / "quiz_feedback"
@@ -40,12 +41,23 @@ def _json_object(text: str) -> dict[str, Any]:
     return value
 
 
-def add_train_parser(sub: argparse._SubParsersAction) -> argparse.ArgumentParser:
-    """Adds the ``train`` sub-command with every flag and its help text."""
-    p = sub.add_parser("train", help="agentic RL training (rollout + GRPO/PPO updates)",
-                       formatter_class=argparse.ArgumentDefaultsHelpFormatter,
-                       description="Train a model through an agent program. With no flags: "
-                                   "SmolLM2-135M-Instruct through examples/quiz_feedback.")
+_ROLLOUT_DESCRIPTION = ("Run the rollout steps of a training run without training: the agents, the "
+                        "engine and the scoring run as in train, and each step's TrainingSamples "
+                        "are written as JSONL (--rollout-samples-path).")
+
+
+def add_train_parser(sub: argparse._SubParsersAction, name: str = "train") -> argparse.ArgumentParser:
+    """Adds the ``train`` sub-command (or, with ``name="rollout"``, the same flags as the
+    rollout-only command) with every flag and its help text."""
+    if name == "rollout":
+        p = sub.add_parser("rollout", help="rollout steps without training; samples as JSONL",
+                           formatter_class=argparse.ArgumentDefaultsHelpFormatter,
+                           description=_ROLLOUT_DESCRIPTION)
+    else:
+        p = sub.add_parser(name, help="agentic RL training (rollout + GRPO/PPO updates)",
+                           formatter_class=argparse.ArgumentDefaultsHelpFormatter,
+                           description="Train a model through an agent program. With no flags: "
+                                       "SmolLM2-135M-Instruct through examples/quiz_feedback.")
     data = p.add_argument_group("data")
     data.add_argument("--prompt-data", type=Path, default=EXAMPLE_DIR / "data" / "train.jsonl",
                       help="JSONL file, one task per line")
@@ -150,6 +162,19 @@ def add_train_parser(sub: argparse._SubParsersAction) -> argparse.ArgumentParser
                      help="run directory (unset: runs/<timestamp>)")
     out.add_argument("--log-level", default="INFO", type=str.upper,
                      choices=["DEBUG", "INFO", "WARNING", "ERROR"], help="console log level")
+    debug = p.add_argument_group("debugging (docs/dumps.md)")
+    debug.add_argument("--save-debug-rollout-data", default=None, metavar="PATH_WITH_{rollout_id}",
+                       help="write one debug dump per step (Sessions, forests, samples, trainer "
+                            "statistics) to this path; it must contain {rollout_id}")
+    if name == "rollout":
+        p.set_defaults(debug_rollout_only=True)
+    else:
+        debug.add_argument("--debug-rollout-only", action="store_true",
+                           help="run the rollout without training and write the samples as JSONL "
+                                "(what `python -m relaxtrio rollout` does)")
+    debug.add_argument("--rollout-samples-path", type=Path, default=None,
+                       help="samples JSONL of a rollout-only run (unset: "
+                            "<output-dir>/rollout_samples.jsonl)")
     return p
 
 
@@ -179,6 +204,8 @@ def _with_checkpoint_flags(config: Any, args: argparse.Namespace) -> Any:
 
     _need(args.save_interval is None or args.save_interval >= 1, "--save-interval must be >= 1")
     _need(args.save_interval is None or args.save is not None, "--save-interval needs --save DIR")
+    _need(not (args.debug_rollout_only and (args.save is not None or args.load is not None)),
+          "--save and --load checkpoint training; a rollout-only run trains nothing to checkpoint")
     output_dir = config.output_dir
     if args.load is not None and args.output_dir is None:
         from .run_checkpoint import find_resume_point
@@ -333,6 +360,10 @@ def train_config(args: argparse.Namespace) -> Any:
         output_dir=args.output_dir or Path("runs") / time.strftime("%Y%m%d-%H%M%S"),
         rollout_shuffle=args.rollout_shuffle,
         seed=args.rollout_seed,
+        rollout_only=args.debug_rollout_only,
+        samples_path=args.rollout_samples_path,
+        debug_rollout_data=(check_dump_template(args.save_debug_rollout_data)
+                            if args.save_debug_rollout_data is not None else None),
     )
     return _with_checkpoint_flags(config, args)
 

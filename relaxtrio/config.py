@@ -325,6 +325,13 @@ class TrainRunConfig:
         load_dir: ``--load``: resume from the newest checkpoint here (a fresh start when it holds
             none), or None.
         keep_checkpoints: run checkpoints kept in ``save_dir`` (the newest ones).
+        rollout_only: run the rollout steps without loading a trainer, training or pushing
+            weights (``python -m relaxtrio rollout``, ``train --debug-rollout-only``); the
+            samples go to ``samples_path``.
+        samples_path: JSONL file the samples of every step are appended to (rollout only;
+            None: ``output_dir / "rollout_samples.jsonl"``).
+        debug_rollout_data: path template with ``{rollout_id}``: one debug dump per step
+            (``--save-debug-rollout-data``), or None.
     """
 
     prompt_data: Path
@@ -349,3 +356,11 @@ class TrainRunConfig:
     save_interval: int | None = attrs.field(default=None, validator=optional_positive_int)
     load_dir: Path | None = None
     keep_checkpoints: int = attrs.field(default=2, validator=positive_int)
+    rollout_only: bool = False
+    samples_path: Path | None = None
+    debug_rollout_data: str | None = None
+
+    @property
+    def rollout_samples_path(self) -> Path:
+        """Where rollout-only runs write their samples."""
+        return self.samples_path or self.output_dir / "rollout_samples.jsonl"

@@ -6,6 +6,12 @@ PPO/GRPO update (torch, off the trio thread) → save weights → on every engin
 still in flight, as with fully async, continue on the new weights and record both versions) →
 metrics line → optional eval → with ``--save``, a run checkpoint when due. At the end: a
 checkpoint and a reward plot. ``--load`` resumes a checkpointed run (:mod:`relaxtrio.run_checkpoint`).
+
+Rollout only (``TrainRunConfig.rollout_only``): no trainer is loaded, nothing is pushed or
+checkpointed; each step's samples are appended to a JSONL file instead. Either way, with
+``debug_rollout_data`` every step also writes a debug dump (:mod:`relaxtrio.rollout.dumps`,
+docs/dumps.md) after its update, so the dump holds the trainer's statistics next to the samples
+it trained on.
 """
 
 from __future__ import annotations
@@ -27,10 +33,11 @@ from .config import TrainRunConfig
 from .nursery.session import SessionRegistry
 from .rollout.capacity import check_external_slots, plan_capacity
 from .rollout.dataset import PromptStream, load_prompts
+from .rollout.dumps import append_samples, dump_path, step_dump, step_samples, write_dump
 from .rollout.eval import EvalDataset, run_eval
 from .rollout.metrics import MetricsLog, plot_rewards
 from .rollout.pipeline import RolloutPipeline, open_rollout_pipeline
-from .rollout.step import group_metrics
+from .rollout.step import StepResult, group_metrics
 from .rollout.turns import EngineTurnHandler
 from .run_checkpoint import RunCheckpointer, weight_version_name
 from .sglang.client import EngineClient, open_engine_client
@@ -42,13 +49,25 @@ log = logging.getLogger(__name__)
 
 @attrs.frozen(kw_only=True)
 class TrainSummary:
-    """Where a finished run left its artifacts, and how many steps actually trained."""
+    """Where a finished run left its artifacts, and how many steps actually trained.
+
+    Attributes:
+        metrics_path: the per-step metrics JSONL.
+        plot_path: the reward plot.
+        checkpoint_dir: the final checkpoint; None for a rollout-only run.
+        rows: the metric rows.
+        trained_steps: steps whose update ran (0 for rollout only).
+        samples_path: the samples JSONL of a rollout-only run, else None.
+        num_samples: samples produced over all steps.
+    """
 
     metrics_path: Path
     plot_path: Path
-    checkpoint_dir: Path
+    checkpoint_dir: Path | None
     rows: tuple[dict[str, Any], ...]
     trained_steps: int
+    samples_path: Path | None = None
+    num_samples: int = 0
 
 
 def check_capacity(cfg: TrainRunConfig) -> None:
@@ -98,20 +117,60 @@ async def push_weights(client: EngineClient, weights_dir: Path, version: str) ->
             await client.continue_generation()
 
 
+@attrs.frozen(kw_only=True)
+class _StepOutputs:
+    """Where a step's samples and dumps go (see :class:`TrainRunConfig`)."""
+
+    model_dir: Path
+    samples_path: Path | None
+    dump_template: str | None
+
+    @classmethod
+    def fresh(cls, cfg: TrainRunConfig, model_dir: Path) -> _StepOutputs:
+        """The run's outputs; a rollout-only samples file starts empty."""
+        samples_path = cfg.rollout_samples_path if cfg.rollout_only else None
+        if samples_path is not None:
+            samples_path.parent.mkdir(parents=True, exist_ok=True)
+            samples_path.write_text("", encoding="utf-8")
+        return cls(model_dir=model_dir, samples_path=samples_path, dump_template=cfg.debug_rollout_data)
+
+    def write(self, cfg: TrainRunConfig, result: StepResult, trainer: Trainer | None,
+              stats: Any) -> None:
+        """Appends the rollout-only samples and writes the step's debug dump (blocking I/O)."""
+        if self.samples_path is not None:
+            append_samples(self.samples_path, result.rollout_id, step_samples(result))
+        if self.dump_template is None:
+            return
+        path = write_dump(dump_path(self.dump_template, result.rollout_id), step_dump(
+            result,
+            model_dir=str(self.model_dir),
+            generation=attrs.asdict(cfg.generation),
+            rollout_config={"n_samples_per_prompt": cfg.rollout.n_samples_per_prompt,
+                            "reward_key": cfg.rollout.reward_key,
+                            "custom_advantage": cfg.rollout.custom_advantage is not None},
+            trainer_config=None if trainer is None else attrs.asdict(trainer.config),
+            train=None if stats is None else attrs.asdict(stats),
+        ))
+        log.info("rollout %d debug dump: %s", result.rollout_id, path)
+
+
 async def _train_step(
     cfg: TrainRunConfig,
     pipeline: RolloutPipeline,
-    trainer: Trainer,
+    trainer: Trainer | None,
     client: EngineClient,
     rollout_id: int,
     eval_sets: tuple[EvalDataset, ...],
     weights_dir: Path,
+    outputs: _StepOutputs,
 ) -> dict[str, Any]:
-    """One rollout step, one update, the weight push and the optional eval; returns metrics."""
+    """One rollout step, one update (none when ``trainer`` is None: rollout only), the weight
+    push, the step's samples/dump files and the optional eval; returns metrics."""
     step_start = time.monotonic()
     result = await pipeline.run_step(rollout_id, last=rollout_id == cfg.num_rollout - 1)
     row: dict[str, Any] = dict(group_metrics(result))
-    if result.samples:
+    stats = None
+    if result.samples and trainer is not None:
         train_start = time.monotonic()
         stats = await trio.to_thread.run_sync(trainer.train_step, result.samples, result.advantages)
         await trio.to_thread.run_sync(trainer.save_weights, weights_dir)
@@ -122,8 +181,9 @@ async def _train_step(
             rollout_logprob_abs_diff=stats.rollout_logprob_abs_diff,
             train_tokens=stats.num_tokens, train_s=time.monotonic() - train_start,
         )
-    else:
+    elif not result.samples:
         log.warning("rollout %d produced no samples; skipping the update", rollout_id)
+    await trio.to_thread.run_sync(outputs.write, cfg, result, trainer, stats)
     if eval_sets and cfg.eval.interval and (rollout_id + 1) % cfg.eval.interval == 0:
         eval_start = time.monotonic()
         row.update(await run_eval(pipeline, eval_sets))
@@ -152,9 +212,12 @@ async def run_training(cfg: TrainRunConfig) -> TrainSummary:
     compiler = await trio.to_thread.run_sync(ChatCompiler.from_pretrained, model_dir)
     prompts, eval_sets = _load_datasets(cfg)
     checkpointer.restore_prompts(prompts)
-    log.info("loading trainer model from %s", model_dir)
-    trainer: Trainer = await trio.to_thread.run_sync(checkpointer.load_trainer, model_dir)
+    trainer: Trainer | None = None
+    if not cfg.rollout_only:
+        log.info("loading trainer model from %s", model_dir)
+        trainer = await trio.to_thread.run_sync(checkpointer.load_trainer, model_dir)
     weights_dir = out / "weights"
+    outputs = _StepOutputs.fresh(cfg, model_dir)
 
     async with AsyncExitStack() as stack:
         urls = list(cfg.engine_urls)
@@ -164,7 +227,7 @@ async def run_training(cfg: TrainRunConfig) -> TrainSummary:
                 open_embedded_engine(model_dir, log_path=out / "engine.log", extra_args=cfg.engine_args)
             )]
         client = await stack.enter_async_context(open_engine_client(urls))
-        if checkpointer.weight_version is not None:  # resumed: the engines get its weights
+        if trainer is not None and checkpointer.weight_version is not None:  # resumed: its weights
             await trio.to_thread.run_sync(trainer.save_weights, weights_dir)
             await push_weights(client, weights_dir, checkpointer.weight_version)
         max_context = cfg.generation.max_context_tokens
@@ -185,16 +248,16 @@ async def run_training(cfg: TrainRunConfig) -> TrainSummary:
             ) as pipeline:
                 for rollout_id in range(checkpointer.first_rollout_id, cfg.num_rollout):
                     row = await _train_step(cfg, pipeline, trainer, client, rollout_id, eval_sets,
-                                            weights_dir)
+                                            weights_dir, outputs)
                     checkpointer.note_step(rollout_id, row)
                     metrics.append(rollout_id, row)
                     log.info("step %d metrics %s", rollout_id,
                              json.dumps(metrics.rows[-1], sort_keys=True))
-                    if checkpointer.save_due(rollout_id):
+                    if trainer is not None and checkpointer.save_due(rollout_id):
                         await checkpointer.save(rollout_id, trainer=trainer, pipeline=pipeline,
                                                 metrics=metrics, tokenizer_dir=model_dir)
             nursery.cancel_scope.cancel()
-    return await _finish(out, trainer, model_dir, metrics)
+    return await _finish(out, trainer, model_dir, metrics, outputs)
 
 
 def _load_datasets(cfg: TrainRunConfig) -> tuple[PromptStream, tuple[EvalDataset, ...]]:
@@ -218,19 +281,26 @@ def _load_datasets(cfg: TrainRunConfig) -> tuple[PromptStream, tuple[EvalDataset
     return prompts, eval_sets
 
 
-async def _finish(out: Path, trainer: Trainer, model_dir: Path, metrics: MetricsLog) -> TrainSummary:
-    """Writes the final checkpoint and the reward plot; removes the pushed-weights directory.
+async def _finish(out: Path, trainer: Trainer | None, model_dir: Path, metrics: MetricsLog,
+                  outputs: _StepOutputs) -> TrainSummary:
+    """Writes the final checkpoint (none for rollout only) and the reward plot; removes the
+    pushed-weights directory.
 
     Cancellation:
         A checkpoint while the checkpoint is written in a worker thread (the write completes).
     """
-    checkpoint_dir = out / "checkpoint"
-    await trio.to_thread.run_sync(trainer.save_checkpoint, checkpoint_dir, model_dir)
+    checkpoint_dir = None
+    if trainer is not None:
+        checkpoint_dir = out / "checkpoint"
+        await trio.to_thread.run_sync(trainer.save_checkpoint, checkpoint_dir, model_dir)
     shutil.rmtree(out / "weights", ignore_errors=True)
     plot_path = plot_rewards(metrics.rows, out / "reward.png")
     trained = sum(1 for row in metrics.rows if row.get("loss") is not None)
     dropped = sum(int(row.get("dropped_groups") or 0) for row in metrics.rows)
-    log.info("finished: %d of %d steps trained, %d Groups dropped", trained, len(metrics.rows), dropped)
+    num_samples = sum(int(row.get("num_samples") or 0) for row in metrics.rows)
+    log.info("finished: %d of %d steps trained, %d samples, %d Groups dropped", trained,
+             len(metrics.rows), num_samples, dropped)
     return TrainSummary(metrics_path=metrics.path, plot_path=plot_path,
                         checkpoint_dir=checkpoint_dir, rows=tuple(metrics.rows),
-                        trained_steps=trained)
+                        trained_steps=trained, samples_path=outputs.samples_path,
+                        num_samples=num_samples)
