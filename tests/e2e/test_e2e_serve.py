@@ -1,0 +1,103 @@
+"""``python -m relaxtrio serve`` + an openai-SDK agent run by hand + Ctrl-C: the dump matches the
+agent's turns."""
+
+from __future__ import annotations
+
+import json
+import os
+import shlex
+import signal
+import subprocess
+import sys
+from pathlib import Path
+
+import trio
+
+from relaxtrio.rollout.dumps import load_dump
+
+# A plain openai-SDK agent: two turns with a growing history; it records what it sent and got.
+SDK_AGENT = r'''
+import json, os
+from openai import OpenAI
+
+client = OpenAI(base_url=os.environ["RELAX_BASE_URL"], api_key=os.environ["RELAX_SESSION_ID"],
+                timeout=600, max_retries=0)
+messages = [{"role": "user", "content": "What is 2 + 2?"}]
+replies = []
+for turn in range(2):
+    reply = client.chat.completions.create(model="m", messages=messages, max_tokens=6)
+    content = reply.choices[0].message.content or ""
+    replies.append(content)
+    messages.append({"role": "assistant", "content": content})
+    if turn == 0:
+        messages.append({"role": "user", "content": "Are you sure?"})
+json.dump({"messages": messages, "replies": replies}, open(os.environ["AGENT_LOG"], "w"))
+json.dump({"reward": 0.75, "metadata": {"by": "hand"}}, open(os.environ["RELAX_OUTPUT_JSON"], "w"))
+'''
+
+
+def _parse_exports(line: str) -> dict[str, str]:
+    words = shlex.split(line.split("#", 1)[0])
+    assert words[0] == "export"
+    return dict(word.split("=", 1) for word in words[1:])
+
+
+async def test_serve_then_ctrl_c_dumps_the_forest_of_a_hand_run_agent(tiny_model_dir: Path,
+                                                                     tmp_path: Path) -> None:
+    out_dir = tmp_path / "serve"
+    cmd = [sys.executable, "-m", "relaxtrio", "serve", "--hf-checkpoint", str(tiny_model_dir),
+           "--sessions", "2", "--output-dir", str(out_dir), "--rollout-max-response-len", "6",
+           "--log-level", "WARNING"]
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join(sys.path)}
+    process = await trio.lowlevel.open_process(cmd, stdout=subprocess.PIPE, env=env)
+    try:
+        with trio.fail_after(180):
+            buffer = b""
+            while b"# serving" not in buffer:
+                chunk = await process.stdout.receive_some()
+                assert chunk, f"serve exited early: {buffer!r}"
+                buffer += chunk
+            lines = [line for line in buffer.decode().splitlines() if line.startswith("export ")]
+            assert len(lines) == 2 and lines[0].endswith("# session 0")
+            exports = [_parse_exports(line) for line in lines]
+            assert exports[0]["RELAX_BASE_URL"].endswith("/agentic_api/")
+            assert exports[0]["RELAX_SESSION_ID"] != exports[1]["RELAX_SESSION_ID"]
+
+            agent_script = tmp_path / "sdk_agent.py"
+            agent_script.write_text(SDK_AGENT)
+            agent_log = tmp_path / "agent_log.json"
+            done = await trio.run_process([sys.executable, str(agent_script)], capture_stderr=True,
+                                          check=False,
+                                          env={**os.environ, **exports[0], "AGENT_LOG": str(agent_log)})
+            assert done.returncode == 0, done.stderr.decode()[-2000:]
+
+            process.send_signal(signal.SIGINT)
+            tail = b""
+            while chunk := await process.stdout.receive_some():
+                tail += chunk
+            assert await process.wait() == 0
+    finally:
+        if process.returncode is None:
+            process.kill()
+            await process.wait()
+    assert b"dump: " in tail
+
+    seen = json.loads(agent_log.read_text())
+    dump = load_dump(out_dir / "serve_dump.json")
+    assert dump.rollout_id == "serve"
+    used = dump.session(exports[0]["RELAX_SESSION_ID"])
+    nodes = used["forest"]["nodes"]
+    assert [n["kind"] for n in nodes] == ["observation", "response", "observation", "response"]
+    # The forest holds exactly the agent's turns: what it sent, and what it was answered.
+    assert [m["content"] for n in nodes for m in n["messages"]] == [m["content"] for m in seen["messages"]]
+    assert [n["messages"][0]["content"] for n in nodes if n["kind"] == "response"] == seen["replies"]
+    assert used["status"] == "completed" and used["turn_count"] == 2 and used["num_requests"] == 2
+    assert used["exported"] == [nodes[-1]["state_hash"]] == used["forest"]["leaves"]
+    [sample] = [d for d in dump.samples if d.sample.session_id == used["session_id"]]
+    assert sample.sample.reward == 0.75 and sample.scalar_reward == 0.75
+    assert sample.sample.metadata["by"] == "hand"
+    assert sum(sample.sample.loss_mask) == sum(n["num_tokens"] for n in nodes if n["kind"] == "response")
+
+    idle = dump.session(exports[1]["RELAX_SESSION_ID"])
+    assert idle["forest"]["nodes"] == [] and idle["turn_count"] == 0
+    assert idle["status"] == "failed" and "found 0" in idle["reason"]
