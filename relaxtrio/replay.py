@@ -9,7 +9,8 @@ replay recomputes, in the order the trainer uses them:
    token (``loss_mask == 1``) with the rollout logprobs the engine reported;
 2. **advantages**: each Group's credits from the recorded scalar rewards with the rollout's own
    advantage function, compared with the credits the trainer received (not recomputed for custom
-   advantage: the hook is user code and its inputs are not all in the dump);
+   advantage, whose hook is user code with inputs not all in the dump, nor for dumps without
+   advantages, such as serve dumps);
 3. **loss**: the step's loss with :meth:`~relaxtrio.train.Trainer.train_step` on a fresh trainer,
    compared with the loss the run recorded (only when the dump has a ``train`` section).
 
@@ -100,6 +101,8 @@ class ReplayReport:
         logprob_mean_abs_diff: its mean over trained tokens (nats).
         num_logprob_divergences: trained tokens outside :data:`LOGPROB_ATOL`.
         advantages_checked: whether advantages were recomputed.
+        advantages_skipped: why not, when they were not (custom advantage, or a dump without
+            advantages such as a serve dump).
         advantage_max_abs_diff: largest advantage difference (None when not checked).
         recorded_loss: the run's step loss, or None.
         recomputed_loss: the replayed step loss, or None.
@@ -113,6 +116,7 @@ class ReplayReport:
     logprob_mean_abs_diff: float
     num_logprob_divergences: int
     advantages_checked: bool
+    advantages_skipped: str | None
     advantage_max_abs_diff: float | None
     recorded_loss: float | None
     recomputed_loss: float | None
@@ -134,7 +138,7 @@ class ReplayReport:
         if self.advantages_checked:
             out.append(f"advantages: recomputed, max |diff| {self.advantage_max_abs_diff:.3g}")
         else:
-            out.append("advantages: not recomputed (custom advantage)")
+            out.append(f"advantages: not recomputed ({self.advantages_skipped})")
         if self.recorded_loss is None:
             out.append("loss: not recorded in the dump (no training step)")
         else:
@@ -264,7 +268,12 @@ def replay_dump(dump: RolloutDump, checkpoint: Path) -> ReplayReport:
     lp_first, count, worst, mean, above = _logprob_check(samples, recomputed_logprobs)
     divergences = [lp_first] if lp_first else []
     rollout = dump.section("rollout_config") or {}
-    checked = not rollout.get("custom_advantage", False)
+    skipped = None
+    if rollout.get("custom_advantage", False):
+        skipped = "custom advantage"
+    elif all(d.advantage is None for d in samples):
+        skipped = "the dump records no advantages"
+    checked = skipped is None
     adv_worst = None
     advantages = [0.0 if d.advantage is None else float(d.advantage) for d in samples]
     if checked:
@@ -283,6 +292,7 @@ def replay_dump(dump: RolloutDump, checkpoint: Path) -> ReplayReport:
     return ReplayReport(
         num_samples=len(samples), num_trained_tokens=count, logprob_max_abs_diff=worst,
         logprob_mean_abs_diff=mean, num_logprob_divergences=above, advantages_checked=checked,
+        advantages_skipped=skipped,
         advantage_max_abs_diff=adv_worst, recorded_loss=recorded_loss, recomputed_loss=recomputed_loss,
         divergences=tuple(divergences), notes=tuple(notes),
     )

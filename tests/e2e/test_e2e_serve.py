@@ -13,6 +13,7 @@ from pathlib import Path
 
 import trio
 
+from relaxtrio.replay import replay_dump
 from relaxtrio.rollout.dumps import load_dump
 
 # A plain openai-SDK agent: two turns with a growing history; it records what it sent and got.
@@ -97,6 +98,11 @@ async def test_serve_then_ctrl_c_dumps_the_forest_of_a_hand_run_agent(tiny_model
     assert sample.sample.reward == 0.75 and sample.scalar_reward == 0.75
     assert sample.sample.metadata["by"] == "hand"
     assert sum(sample.sample.loss_mask) == sum(n["num_tokens"] for n in nodes if n["kind"] == "response")
+
+    # The engine's logprobs of the hand-run turns agree with the trainer's (no advantages here).
+    report = replay_dump(dump, tiny_model_dir)
+    assert report.first is None, report.lines()
+    assert report.num_trained_tokens == sum(sample.sample.loss_mask) and not report.advantages_checked
 
     idle = dump.session(exports[1]["RELAX_SESSION_ID"])
     assert idle["forest"]["nodes"] == [] and idle["turn_count"] == 0
