@@ -15,7 +15,8 @@ Exit codes of train and rollout: 0 trained (rollout: produced samples); 1 ran bu
 :class:`~relaxtrio.ConfigError`: a flag, or a prompt-data row found bad once loading starts); 130
 interrupted (Ctrl-C); 143 terminated (SIGTERM / SIGHUP). In every case agents and the embedded
 engine are stopped before the process exits. ``serve`` exits 0 after Ctrl-C or SIGTERM once its
-dump is written (1 when the engine failed); ``replay`` exits 0 without divergence, 1 with one, 2 on unusable input.
+dump is written (1 when the engine failed); ``replay`` exits 0 without divergence, 1 with one,
+2 on unusable input.
 """
 
 from __future__ import annotations
@@ -146,6 +147,9 @@ def _serve_main(args: argparse.Namespace) -> int:
         return code
     print(f"dump: {summary.dump_path} ({summary.num_sessions} sessions, "
           f"{summary.num_samples} exported contexts, {summary.failed} failed exports)", flush=True)
+    if summary.engine_failed:
+        log.error("serve stopped because %s", summary.stopped_by)
+        return 1
     return 0
 
 

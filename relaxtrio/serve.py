@@ -13,7 +13,8 @@ Run the agent in a shell where that line was pasted. On Ctrl-C (SIGINT) or SIGTE
 Session is closed (turns still generating are aborted), exported from what its agent wrote to
 ``RELAX_OUTPUT_JSON`` (implicit export when nothing was written) and written, forest and
 exports, as one debug dump (docs/dumps.md); then the command exits 0. A Session whose export
-fails is recorded as ``failed`` with the reason, its forest still in the dump.
+fails is recorded as ``failed`` with the reason, its forest still in the dump. When a turn sees
+the engine fail, the serve stops the same way, and the command exits 1.
 """
 
 from __future__ import annotations
@@ -49,7 +50,7 @@ from .rollout.dumps import (
     write_dump,
 )
 from .rollout.turns import EngineTurnHandler
-from .sglang.client import open_engine_client
+from .sglang.client import EngineClient, open_engine_client
 from .sglang.launch import open_embedded_engine
 
 log = logging.getLogger(__name__)
@@ -112,12 +113,19 @@ class ServeSummary:
         num_sessions: Sessions served.
         num_samples: contexts exported over all Sessions.
         failed: Sessions whose export failed.
+        stopped_by: ``SIGINT``, ``SIGTERM``, or ``engine failed: ...``.
     """
 
     dump_path: Path
     num_sessions: int
     num_samples: int
     failed: int
+    stopped_by: str = "SIGINT"
+
+    @property
+    def engine_failed(self) -> bool:
+        """Whether an engine failure, not a signal, ended the serve."""
+        return self.stopped_by.startswith("engine failed")
 
 
 def _announce(line: str) -> None:
@@ -206,41 +214,32 @@ async def _wait_stop(signals: Any, handler: EngineTurnHandler) -> str:
 
 
 async def run_serve(cfg: ServeConfig, *, announce: Callable[[str], None] = _announce) -> ServeSummary:
-    """Serves Sessions until SIGINT or SIGTERM, then writes the dump.
+    """Serves Sessions until SIGINT or SIGTERM (or an engine failure), then writes the dump.
 
     Args:
         cfg: what to serve.
         announce: receives the per-Session export lines and the ready line (default: stdout).
 
     Returns:
-        Where the dump went and what it holds.
+        Where the dump went, what it holds and what stopped the serve.
 
     Raises:
-        BackendError: the embedded engine failed to start.
+        BackendError: the embedded engine failed to start, or its process died.
 
     Cancellation:
         Cancelling (rather than a signal) stops the engine and the API without writing a dump.
     """
     out = cfg.output_dir
     out.mkdir(parents=True, exist_ok=True)
+    task = {} if cfg.input_path is None else json.loads(cfg.input_path.read_text(encoding="utf-8"))
     with trio.open_signal_receiver(signal.SIGINT, signal.SIGTERM) as signals:
         model_dir = await trio.to_thread.run_sync(_resolve_model, cfg)
         compiler = await trio.to_thread.run_sync(ChatCompiler.from_pretrained, model_dir)
         async with AsyncExitStack() as stack:
-            urls = list(cfg.engine_urls)
-            if not urls:
-                log.info("starting the embedded engine (log: %s)", out / "engine.log")
-                urls = [await stack.enter_async_context(
-                    open_embedded_engine(model_dir, log_path=out / "engine.log", extra_args=cfg.engine_args))]
-            client = await stack.enter_async_context(open_engine_client(urls))
-            max_context = cfg.generation.max_context_tokens
-            if max_context is None:
-                info = await client.server_info()
-                max_context = info.get("context_length") or info.get("max_req_input_len")
+            client, max_context = await _open_engine(stack, cfg, model_dir)
             handler = EngineTurnHandler(client=client, compiler=compiler, config=cfg.generation)
             registry = SessionRegistry()
             app = create_app(registry, handler, config=ApiConfig(model_name=model_dir.name))
-            task = {} if cfg.input_path is None else json.loads(cfg.input_path.read_text(encoding="utf-8"))
             groups = [Group.create(f"serve:group_{i:06d}", num_sessions=1, input_payload=task,
                                    timeout_s=math.inf, max_context_tokens=max_context)
                       for i in range(cfg.num_sessions)]
@@ -248,27 +247,57 @@ async def run_serve(cfg: ServeConfig, *, announce: Callable[[str], None] = _anno
                 base_url = await nursery.start(functools.partial(serve_api, app, host=cfg.host, port=cfg.port))
                 async with trio.open_nursery() as sessions:
                     for i, group in enumerate(groups):
-                        io_dir = out / f"session_{i}"
-                        io_dir.mkdir(parents=True, exist_ok=True)
-                        (io_dir / "session_output.json").unlink(missing_ok=True)
-                        if cfg.input_path is not None:
-                            shutil.copyfile(cfg.input_path, io_dir / "session_input.json")
                         await sessions.start(_serve_group, group, registry)
-                        announce(session_line(i, base_url, group.sessions[0], io_dir,
+                        announce(session_line(i, base_url, group.sessions[0], _io_dir(cfg, i),
                                               with_input=cfg.input_path is not None))
                     announce(f"# serving {cfg.num_sessions} sessions at {base_url}; "
                              "Ctrl-C writes the dump and exits")
-                    reason = await _wait_stop(signals, handler)
-                    log.info("stopping (%s): closing %d sessions", reason, cfg.num_sessions)
+                    stopped_by = await _wait_stop(signals, handler)
+                    log.info("stopping (%s): closing %d sessions", stopped_by, cfg.num_sessions)
                     sessions.cancel_scope.cancel()
                 nursery.cancel_scope.cancel()
+    return _finish(cfg, groups, model_dir=model_dir, base_url=base_url, stopped_by=stopped_by)
+
+
+def _io_dir(cfg: ServeConfig, index: int) -> Path:
+    """Session ``index``'s IO directory, fresh (no output file; the task copied in if given)."""
+    io_dir = cfg.output_dir / f"session_{index}"
+    io_dir.mkdir(parents=True, exist_ok=True)
+    (io_dir / "session_output.json").unlink(missing_ok=True)
+    if cfg.input_path is not None:
+        shutil.copyfile(cfg.input_path, io_dir / "session_input.json")
+    return io_dir
+
+
+async def _open_engine(stack: AsyncExitStack, cfg: ServeConfig, model_dir: Path) -> tuple[EngineClient, int | None]:
+    """Starts the embedded engine unless URLs are given; returns the client and the context limit.
+
+    Cancellation:
+        What was entered on ``stack`` is stopped when the stack closes.
+    """
+    urls = list(cfg.engine_urls)
+    if not urls:
+        log.info("starting the embedded engine (log: %s)", cfg.output_dir / "engine.log")
+        urls = [await stack.enter_async_context(open_embedded_engine(
+            model_dir, log_path=cfg.output_dir / "engine.log", extra_args=cfg.engine_args))]
+    client = await stack.enter_async_context(open_engine_client(urls))
+    max_context = cfg.generation.max_context_tokens
+    if max_context is None:
+        info = await client.server_info()
+        max_context = info.get("context_length") or info.get("max_req_input_len")
+    return client, max_context
+
+
+def _finish(cfg: ServeConfig, groups: list[Group], *, model_dir: Path, base_url: str,
+            stopped_by: str) -> ServeSummary:
+    """Exports every served Session and writes the dump."""
     for i, group in enumerate(groups):
-        _export(group.sessions[0], out / f"session_{i}", dict(cfg.generation.template_kwargs))
+        _export(group.sessions[0], cfg.output_dir / f"session_{i}", dict(cfg.generation.template_kwargs))
     path = write_dump(cfg.dump_file, serve_dump(groups, cfg=cfg, model_dir=model_dir, base_url=base_url))
-    sessions_list = [g.sessions[0] for g in groups]
-    summary = ServeSummary(dump_path=path, num_sessions=len(sessions_list),
-                           num_samples=sum(len(s.samples) for s in sessions_list),
-                           failed=sum(1 for s in sessions_list if s.status == "failed"))
+    served = [g.sessions[0] for g in groups]
+    summary = ServeSummary(dump_path=path, num_sessions=len(served),
+                           num_samples=sum(len(s.samples) for s in served),
+                           failed=sum(1 for s in served if s.status == "failed"), stopped_by=stopped_by)
     log.info("serve dump: %s (%d sessions, %d exported contexts, %d failed exports)", path,
              summary.num_sessions, summary.num_samples, summary.failed)
     return summary
