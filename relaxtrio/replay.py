@@ -53,6 +53,10 @@ fp32 torch computation, differing only in reduction order across threads."""
 
 DivergenceKind = Literal["logprob", "advantage", "loss"]
 
+_SHARED_WITH_GENERATION: Final = ("temperature",)
+"""Generation settings a trainer setting of the same name follows (the logprob temperature), for
+dumps that recorded no trainer settings; used only where :class:`TrainConfig` has the field."""
+
 
 @attrs.frozen(kw_only=True)
 class Divergence:
@@ -152,8 +156,8 @@ def train_config_of(dump: RolloutDump, *, device: str = "cpu") -> tuple[TrainCon
 
     Settings the dump recorded but this :class:`TrainConfig` lacks are returned as notes. A dump
     without a ``trainer_config`` (a rollout-only run) gets the defaults, with every
-    :class:`TrainConfig` field named like a recorded ``generation`` setting (the sampling
-    temperature) taken from there.
+    :class:`TrainConfig` field that follows a generation setting (the sampling temperature, where
+    this version's trainer computes logprobs at it) taken from the recorded ``generation``.
 
     Returns:
         ``(config, notes)``; ``config.device`` is ``device``.
@@ -163,7 +167,7 @@ def train_config_of(dump: RolloutDump, *, device: str = "cpu") -> tuple[TrainCon
     notes: list[str] = []
     if recorded is None:
         generation = dump.section("generation") or {}
-        recorded = {k: v for k, v in generation.items() if k in fields}
+        recorded = {k: generation[k] for k in _SHARED_WITH_GENERATION if k in fields and k in generation}
         notes.append("the dump has no trainer settings (rollout only): trainer defaults used")
     unknown = sorted(k for k in recorded if k not in fields)
     if unknown:
