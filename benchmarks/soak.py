@@ -10,10 +10,12 @@ its behaviour from its Session id (so a rerun repeats the mix):
 * ``malformed``: a body that is not JSON first (expects 400), then a plain request;
 * ``disconnect``: a request that announces 50 body bytes, sends 1 and closes (an agent killed
   mid-upload), then a plain request;
+* ``h2``: the request over HTTP/2 (prior knowledge, httpx with ``http2=True``);
+* ``h2abort``: an HTTP/2 connection that opens a request stream, sends part of its body and
+  drops the connection, then a plain request;
 * ``sigkill``: starts a request and SIGKILLs itself while it is in flight (its Group is dropped).
 
 Meanwhile the engine's requests are aborted every ``--abort-every-s`` seconds (the turns resume).
-HTTP/2 clients are not included yet (they need the connection-isolation work, ``_serving.py``).
 
 The API server runs under a supervisor that restarts it on the same port if it dies, and counts
 that. Prints one JSON line: Sessions started (agent processes that ran) = trained + dropped (each
@@ -56,10 +58,11 @@ import hashlib, json, os, signal, socket, sys, threading, time
 import httpx
 
 sid = os.environ["RELAX_SESSION_ID"]
-open(os.environ["SOAK_PID_FILE"], "a").write(f"{os.getpid()}\n")
 roll = int(hashlib.sha256(sid.encode()).hexdigest(), 16) % 100
-mode = ("ok" if roll < 45 else "retry" if roll < 70 else "malformed" if roll < 82
-        else "disconnect" if roll < 94 else "sigkill")
+mode = ("ok" if roll < 35 else "retry" if roll < 55 else "malformed" if roll < 65
+        else "disconnect" if roll < 75 else "h2" if roll < 84 else "h2abort" if roll < 93
+        else "sigkill")
+open(os.environ["SOAK_PID_FILE"], "a").write(f"{os.getpid()} {mode}\n")
 task = json.load(open(os.environ["RELAX_INPUT_JSON"]))
 base = os.environ["RELAX_BASE_URL"].rstrip("/")
 url = base + "/v1/chat/completions"
@@ -85,6 +88,28 @@ elif mode == "disconnect":
     s.sendall(f"POST /agentic_api/v1/chat/completions HTTP/1.1\r\nHost: x\r\nAuthorization: Bearer {sid}"
               "\r\nContent-Type: application/json\r\nContent-Length: 50\r\n\r\n{".encode())
     s.shutdown(socket.SHUT_WR)
+    time.sleep(0.05)
+    s.close()
+    plain()
+elif mode == "h2":
+    with httpx.Client(http1=False, http2=True, timeout=600) as h2client:
+        r = h2client.post(url, json=body, headers=headers)
+    assert r.http_version == "HTTP/2", r.http_version
+    if r.status_code != 200:
+        sys.exit(f"HTTP {r.status_code} {r.text}")
+elif mode == "h2abort":
+    import h2.config, h2.connection
+    host, port = base.split("//")[1].split("/")[0].split(":")
+    path = "/" + url.split("//")[1].split("/", 1)[1]
+    s = socket.create_connection((host, int(port)))
+    conn = h2.connection.H2Connection(h2.config.H2Configuration(client_side=True))
+    conn.initiate_connection()
+    stream = conn.get_next_available_stream_id()
+    conn.send_headers(stream, [(":method", "POST"), (":path", path), (":scheme", "http"),
+                               (":authority", host), ("authorization", "Bearer " + sid),
+                               ("content-type", "application/json")])
+    conn.send_data(stream, b'{"messages": [')
+    s.sendall(conn.data_to_send())
     time.sleep(0.05)
     s.close()
     plain()
@@ -193,7 +218,8 @@ async def soak(args: argparse.Namespace) -> dict:
                         attached += sum(s.retries.statistics().num_attached for s in group.sessions)
         nursery.cancel_scope.cancel()
     await trio.sleep(0.5)  # let the kernel reap what the pipeline terminated
-    pids = [int(p) for p in pid_file.read_text().split()]
+    lines = [line.split() for line in pid_file.read_text().splitlines() if line.strip()]
+    pids = [int(line[0]) for line in lines]
     started = len(pids)
     return {
         "bench": "soak", "minutes": args.minutes, "groups": args.groups, "samples": args.samples,
@@ -202,6 +228,7 @@ async def soak(args: argparse.Namespace) -> dict:
         "unaccounted": started - trained - sum(dropped.values()),
         "orphan_processes": sum(alive(pid) for pid in pids),
         "server_restarts": len(restarts), "server_deaths": restarts[:3],
+        "agent_modes": dict(collections.Counter(line[1] for line in lines)),
         "retries_attached": attached, "engine_abort_alls": aborts[0],
         "rss_start_bytes": rss_start, "rss_after_first_step_bytes": rss_first_step,
         "rss_end_bytes": rss_bytes(),
