@@ -38,6 +38,10 @@ def add_serve_parser(sub: argparse._SubParsersAction) -> argparse.ArgumentParser
                    help="requests the embedded engine decodes together")
     p.add_argument("--host", default="127.0.0.1", help="interface the agent API binds")
     p.add_argument("--port", type=int, default=0, help="agent API port (0: a free one)")
+    p.add_argument("--operator-port", type=int, default=None, metavar="PORT",
+                   help="serve /debug_state and the live /dashboard on 127.0.0.1:PORT (0: a free "
+                        "port) behind a token printed at start-up; unset: not served "
+                        "(docs/dashboard.md)")
     p.add_argument("--rollout-temperature", type=float, default=1.0, help="sampling temperature")
     p.add_argument("--rollout-top-p", type=float, default=1.0, help="nucleus mass in (0, 1]")
     p.add_argument("--rollout-top-k", type=int, default=-1, help="top-k (-1: off)")
@@ -75,6 +79,8 @@ def serve_config(args: argparse.Namespace) -> Any:
     _need(args.rollout_max_response_len >= 1, "--rollout-max-response-len must be >= 1")
     _need(args.engine_max_running_requests >= 1, "--engine-max-running-requests must be >= 1")
     _need(0 <= args.port <= 65535, "--port must be in [0, 65535]")
+    _need(args.operator_port is None or 0 <= args.operator_port <= 65535,
+          "--operator-port must be in [0, 65535]")
     _need(math.isfinite(args.rollout_temperature) and args.rollout_temperature >= 0,
           "--rollout-temperature must be a finite number >= 0")
     _need(0 < args.rollout_top_p <= 1, "--rollout-top-p must be in (0, 1]")
@@ -112,6 +118,7 @@ def serve_config(args: argparse.Namespace) -> Any:
         input_path=args.input,
         host=args.host,
         port=args.port,
+        operator_port=args.operator_port,
         reward_key=args.reward_key,
     )
 

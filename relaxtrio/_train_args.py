@@ -175,6 +175,10 @@ def add_train_parser(sub: argparse._SubParsersAction, name: str = "train") -> ar
     debug.add_argument("--rollout-samples-path", type=Path, default=None,
                        help="samples JSONL of a rollout-only run (unset: "
                             "<output-dir>/rollout_samples.jsonl)")
+    debug.add_argument("--operator-port", type=int, default=None, metavar="PORT",
+                       help="serve /debug_state and the live /dashboard on 127.0.0.1:PORT (0: a "
+                            "free port) behind a token printed at start-up; unset: not served "
+                            "(docs/dashboard.md)")
     return p
 
 
@@ -254,6 +258,8 @@ def _check_flags(args: argparse.Namespace) -> None:
     _need(mm is None or all(isinstance(k, str) and isinstance(v, str) for k, v in mm.items()),
           '--multimodal-keys must map strings to strings, e.g. {"image": "images"}')
     _need(len(args.eval_prompt_data) % 2 == 0, "--eval-prompt-data takes NAME PATH pairs")
+    _need(args.operator_port is None or 0 <= args.operator_port <= 65535,
+          "--operator-port must be in [0, 65535]")
     if args.hf_checkpoint is not None:
         _need((args.hf_checkpoint / "config.json").is_file(),
               f"--hf-checkpoint {str(args.hf_checkpoint)!r} is not a Hugging Face model directory "
@@ -364,6 +370,7 @@ def train_config(args: argparse.Namespace) -> Any:
         samples_path=args.rollout_samples_path,
         debug_rollout_data=(check_dump_template(args.save_debug_rollout_data)
                             if args.save_debug_rollout_data is not None else None),
+        operator_port=args.operator_port,
     )
     return _with_checkpoint_flags(config, args)
 

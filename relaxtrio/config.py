@@ -332,6 +332,9 @@ class TrainRunConfig:
             None: ``output_dir / "rollout_samples.jsonl"``).
         debug_rollout_data: path template with ``{rollout_id}``: one debug dump per step
             (``--save-debug-rollout-data``), or None.
+        operator_port: ``--operator-port``: serve ``/debug_state`` and ``/dashboard`` on
+            127.0.0.1 at this port (0: a free one) behind a token printed at start-up
+            (docs/dashboard.md); None: no operator listener.
     """
 
     prompt_data: Path
@@ -359,6 +362,7 @@ class TrainRunConfig:
     rollout_only: bool = False
     samples_path: Path | None = None
     debug_rollout_data: str | None = None
+    operator_port: int | None = None
 
     @property
     def rollout_samples_path(self) -> Path:

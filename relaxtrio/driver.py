@@ -11,7 +11,8 @@ Rollout only (``TrainRunConfig.rollout_only``): no trainer is loaded, nothing is
 checkpointed; each step's samples are appended to a JSONL file instead. Either way, with
 ``debug_rollout_data`` every step also writes a debug dump (:mod:`relaxtrio.rollout.dumps`,
 docs/dumps.md) after its update, so the dump holds the trainer's statistics next to the samples
-it trained on.
+it trained on. With ``operator_port`` the operator listener (``/debug_state``, ``/dashboard``,
+docs/dashboard.md) shows the run's Groups, Sessions, forests and per-step plots live.
 """
 
 from __future__ import annotations
@@ -28,6 +29,7 @@ import attrs
 import trio
 
 from .api.app import create_app, serve_api
+from .api.operator import start_operator
 from .chat.compiler import ChatCompiler
 from .config import TrainRunConfig
 from .nursery.session import SessionRegistry
@@ -36,6 +38,7 @@ from .rollout.dataset import PromptStream, load_prompts
 from .rollout.dumps import append_samples, dump_path, step_dump, step_samples, write_dump
 from .rollout.eval import EvalDataset, run_eval
 from .rollout.metrics import MetricsLog, plot_rewards
+from .rollout.operator_view import RunView
 from .rollout.pipeline import RolloutPipeline, open_rollout_pipeline
 from .rollout.step import StepResult, group_metrics
 from .rollout.turns import EngineTurnHandler
@@ -92,6 +95,11 @@ def check_capacity(cfg: TrainRunConfig) -> None:
                         "watchdog will report stuck Groups", cfg.agent_external_slots, plan.required)
         return
     check_external_slots(plan, cfg.agent_external_slots)
+
+
+def _announce(line: str) -> None:
+    """Prints a start-up line for the operator (stdout, not the log: it carries the token)."""
+    print(line, flush=True)
 
 
 def _resolve_model(cfg: TrainRunConfig) -> Path:
@@ -163,9 +171,11 @@ async def _train_step(
     eval_sets: tuple[EvalDataset, ...],
     weights_dir: Path,
     outputs: _StepOutputs,
+    view: RunView,
 ) -> dict[str, Any]:
     """One rollout step, one update (none when ``trainer`` is None: rollout only), the weight
-    push, the step's samples/dump files and the optional eval; returns metrics."""
+    push, the step's samples/dump files and the optional eval; returns metrics (and shows the
+    step on the operator dashboard)."""
     step_start = time.monotonic()
     result = await pipeline.run_step(rollout_id, last=rollout_id == cfg.num_rollout - 1)
     row: dict[str, Any] = dict(group_metrics(result))
@@ -189,6 +199,7 @@ async def _train_step(
         row.update(await run_eval(pipeline, eval_sets))
         row["eval_s"] = time.monotonic() - eval_start
     row["step_s"] = time.monotonic() - step_start
+    view.note_step(result, step_s=row["step_s"])
     return row
 
 
@@ -240,15 +251,19 @@ async def run_training(cfg: TrainRunConfig) -> TrainSummary:
         async with trio.open_nursery() as nursery:
             base_url = await nursery.start(serve_api, app)
             log.info("agent API at %s", base_url)
+            view = RunView(kind="rollout" if cfg.rollout_only else "train")
+            if cfg.operator_port is not None:
+                await start_operator(nursery, view, port=cfg.operator_port, announce=_announce)
             async with open_rollout_pipeline(
                 config=cfg.rollout, agent=cfg.agent, registry=registry, handler=handler,
                 base_url=base_url, prompts=prompts, max_context_tokens=max_context,
                 server_template_kwargs=dict(cfg.generation.template_kwargs),
                 eval_concurrency=cfg.eval.agentic_eval_concurrency,
             ) as pipeline:
+                view.attach(pipeline)
                 for rollout_id in range(checkpointer.first_rollout_id, cfg.num_rollout):
                     row = await _train_step(cfg, pipeline, trainer, client, rollout_id, eval_sets,
-                                            weights_dir, outputs)
+                                            weights_dir, outputs, view)
                     checkpointer.note_step(rollout_id, row)
                     metrics.append(rollout_id, row)
                     log.info("step %d metrics %s", rollout_id,

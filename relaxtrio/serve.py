@@ -14,7 +14,9 @@ Session is closed (turns still generating are aborted), exported from what its a
 ``RELAX_OUTPUT_JSON`` (implicit export when nothing was written) and written, forest and
 exports, as one debug dump (docs/dumps.md); then the command exits 0. A Session whose export
 fails is recorded as ``failed`` with the reason, its forest still in the dump. When a turn sees
-the engine fail, the serve stops the same way, and the command exits 1.
+the engine fail, the serve stops the same way, and the command exits 1. With
+``--operator-port`` the operator listener (``/debug_state``, ``/dashboard``, docs/dashboard.md)
+shows the served Sessions and their forests while they run.
 """
 
 from __future__ import annotations
@@ -36,6 +38,7 @@ import trio
 
 from ._errors import ConfigError, ExportError, InvalidRequestError
 from .api.app import create_app, serve_api
+from .api.operator import start_operator
 from .chat.compiler import ChatCompiler
 from .config import ApiConfig, GenerationConfig
 from .forest import export_samples, parse_session_output
@@ -49,6 +52,7 @@ from .rollout.dumps import (
     sample_record,
     write_dump,
 )
+from .rollout.operator_view import RunView
 from .rollout.turns import EngineTurnHandler
 from .sglang.client import EngineClient, open_engine_client
 from .sglang.launch import open_embedded_engine
@@ -76,6 +80,8 @@ class ServeConfig:
             (exported as ``RELAX_INPUT_JSON``), or None.
         host: interface the agent API binds.
         port: its TCP port (0: a free one).
+        operator_port: port of the operator listener (``/debug_state``, ``/dashboard``) on
+            127.0.0.1 (0: a free one), or None for none (docs/dashboard.md).
         reward_key: primary key of object rewards (for the dump's ``scalar_reward``).
     """
 
@@ -89,6 +95,7 @@ class ServeConfig:
     input_path: Path | None = None
     host: str = "127.0.0.1"
     port: int = 0
+    operator_port: int | None = None
     reward_key: str | None = None
 
     @num_sessions.validator
@@ -245,6 +252,10 @@ async def run_serve(cfg: ServeConfig, *, announce: Callable[[str], None] = _anno
                       for i in range(cfg.num_sessions)]
             async with trio.open_nursery() as nursery:
                 base_url = await nursery.start(functools.partial(serve_api, app, host=cfg.host, port=cfg.port))
+                if cfg.operator_port is not None:
+                    view = RunView(kind="serve")
+                    view.watch(groups)
+                    await start_operator(nursery, view, port=cfg.operator_port, announce=announce)
                 async with trio.open_nursery() as sessions:
                     for i, group in enumerate(groups):
                         await sessions.start(_serve_group, group, registry)

@@ -283,7 +283,7 @@ def create_app(
         A QuartTrio app; serve it with :func:`serve_api` (or drive it with ``app.test_client()``).
     """
     config = config or ApiConfig()
-    app = QuartTrio("relaxtrio.api")
+    app = QuartTrio("relaxtrio.api", static_folder=None)  # the dashboard's files: operator listener only
     # Generations can be held for minutes (barrier, partial rollout): no response/body timeouts.
     app.config["RESPONSE_TIMEOUT"] = None
     app.config["BODY_TIMEOUT"] = None
@@ -309,7 +309,9 @@ def create_app(
     return app
 
 
-def _hypercorn_config(host: str, port: int) -> hypercorn.config.Config:
+def hypercorn_config(host: str, port: int) -> hypercorn.config.Config:
+    """hypercorn settings of our listeners (agent API, operator): one bind, no access log,
+    long keep-alive, 1 s graceful close."""
     config = hypercorn.config.Config()
     config.bind = [f"{host}:{port}"]
     config.accesslog = None
@@ -351,5 +353,5 @@ async def serve_api(
         Cancelling stops the server; in-flight requests are cancelled with it (their turns
         keep running in their Sessions' nurseries).
     """
-    config = _hypercorn_config(host, port)
+    config = hypercorn_config(host, port)
     await serve_isolated(app, config, task_status=_BaseUrlStatus(task_status))  # type: ignore[arg-type]
