@@ -53,9 +53,11 @@ function renderState(state) {
   body.replaceChildren();
   for (const group of state.groups) {
     const row = el("tr", { class: "group", "data-group-id": group.group_id });
-    row.append(el("td", { class: "id" }, group.group_id), el("td", {}, group.state),
-      el("td", {}, group.rollout_id), el("td", {}, ""), el("td", {}, ""), el("td", {}, ""),
-      el("td", {}, group.inflight_request_count), el("td", {}, ""),
+    const sum = (key) => group.sessions.reduce((total, s) => total + s[key], 0);
+    row.append(el("td", { class: "id", title: group.dropped_reason || "" }, group.group_id),
+      el("td", {}, group.state), el("td", {}, group.rollout_id), el("td", {}, sum("turn_count")),
+      el("td", {}, sum("num_requests")), el("td", {}, sum("num_aborted")),
+      el("td", {}, group.inflight_request_count), el("td", {}, sum("forest_nodes")),
       el("td", {}, `${group.live_process_count} live`));
     body.append(row);
     for (const s of group.sessions) {
