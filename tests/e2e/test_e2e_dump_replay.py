@@ -144,8 +144,9 @@ def test_a_wrong_advantage_is_reported_with_matching_logprobs(dumped_run: Path, 
     assert report.first is not None and (report.first.kind, report.first.sample) == ("advantage", 2)
 
 
-def test_rollout_only_writes_samples_and_trains_nothing(tiny_model_dir: Path, tmp_path: Path) -> None:
-    config = _config(tmp_path, tiny_model_dir, rollout_only=True,
+def test_rollout_only_writes_samples_and_trains_nothing(tiny_model_dir: Path, tmp_path: Path,
+                                                       capsys: pytest.CaptureFixture[str]) -> None:
+    config = _config(tmp_path, tiny_model_dir, rollout_only=True, operator_port=0,
                      rollout=RolloutConfig(n_samples_per_prompt=2, rollout_batch_size=1, show_progress=False))
 
     async def run() -> None:
@@ -155,6 +156,7 @@ def test_rollout_only_writes_samples_and_trains_nothing(tiny_model_dir: Path, tm
         assert summary.num_samples == 2
 
     trio.run(run)
+    assert "# operator: dashboard http://127.0.0.1:" in capsys.readouterr().out  # --operator-port 0
     records = list(read_samples(config.rollout_samples_path))
     assert len(records) == 2
     for record in records:
