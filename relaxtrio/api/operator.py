@@ -150,10 +150,9 @@ async def _static(name: str) -> Response:
 
 
 async def _http_error(exc: HTTPException) -> Response:
-    status = exc.code or 500
-    err: RelaxError = NotFoundError(f"No operator route for {request.method} {request.path}")
-    response = error_response(err, "chat")
-    response.status_code = status
+    """Unknown routes, wrong methods, WebSocket handshakes: a JSON envelope with the status."""
+    response = error_response(NotFoundError("No such operator route (GET /debug_state, /dashboard)"), "chat")
+    response.status_code = exc.code or 500
     return response
 
 

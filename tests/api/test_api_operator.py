@@ -15,14 +15,18 @@ from typing import Any
 
 import trio
 from api_helpers import CHAT, post, scripted_pipeline
+from support.sessions import open_session
 
 from relaxtrio.api.app import create_app
-from relaxtrio.api.operator import create_operator_app, new_operator_token, operator_line
+from relaxtrio.api.operator import (
+    create_operator_app,
+    new_operator_token,
+    operator_line,
+)
 from relaxtrio.chat.compiler import ChatCompiler
 from relaxtrio.nursery.session import Session, SessionRegistry
 from relaxtrio.rollout.operator_view import RunView
 from relaxtrio.testing.scripted_engine import Reply
-from support.sessions import open_session
 
 SECRET = "zebra-quartz-7781"  # what only the victim Session's conversation contains
 

@@ -183,6 +183,8 @@ async def test_dashboard_in_headless_chromium_shows_groups_and_forest_of_a_live_
                     group_ids = sorted(g["group_id"] for g in state["groups"])
                     sessions = [x["session_id"] for g in state["groups"] for x in g["sessions"]]
                     assert state["totals"]["live_process_count"] == 4
+                    assert state["pipeline"]["runtime_reward_group_count"] == 2
+                    assert state["pipeline"]["resident_group_count"] == 2
                     started = time.monotonic()
                     try:
                         browser = await trio.to_thread.run_sync(_Browser)
