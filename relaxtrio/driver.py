@@ -1,8 +1,9 @@
 """The training driver: one trio loop holding the API server, the rollout pipeline and the trainer.
 
 Per step: run ``rollout_batch_size`` Groups through the user's agent → GRPO advantages → one
-PPO/GRPO update (torch, off the trio thread) → save weights → on every engine:
-``pause_generation(retract)`` → ``update_weights_from_disk`` → ``continue_generation`` (generations
+PPO/GRPO update (torch, off the trio thread) → write the weights (version directory or shared
+memory, :mod:`relaxtrio.inference`) → on every engine of the fleet: ``pause_generation(retract)``
+→ ``update_weights_from_disk`` → check ``/model_info`` → ``continue_generation`` (generations
 still in flight, as with fully async, continue on the new weights and record both versions) →
 metrics line → optional eval → with ``--save``, a run checkpoint when due. At the end: a
 checkpoint and a reward plot. ``--load`` resumes a checkpointed run (:mod:`relaxtrio.run_checkpoint`).
@@ -19,7 +20,6 @@ from __future__ import annotations
 
 import json
 import logging
-import shutil
 import time
 from contextlib import AsyncExitStack
 from pathlib import Path
@@ -32,7 +32,7 @@ from .api.app import create_app, serve_api
 from .api.operator import start_operator
 from .chat.compiler import ChatCompiler
 from .config import TrainRunConfig
-from .nursery.session import SessionRegistry
+from .inference import Inference, LifecycleRegistry, open_inference
 from .rollout.capacity import check_external_slots, plan_capacity
 from .rollout.dataset import PromptStream, load_prompts
 from .rollout.dumps import append_samples, dump_path, step_dump, step_samples, write_dump
@@ -43,8 +43,7 @@ from .rollout.pipeline import RolloutPipeline, open_rollout_pipeline
 from .rollout.step import StepResult, group_metrics
 from .rollout.turns import EngineTurnHandler
 from .run_checkpoint import RunCheckpointer, weight_version_name
-from .sglang.client import EngineClient, open_engine_client
-from .sglang.launch import open_embedded_engine
+from .sglang.client import EngineClient
 from .train import Trainer
 
 log = logging.getLogger(__name__)
@@ -166,10 +165,9 @@ async def _train_step(
     cfg: TrainRunConfig,
     pipeline: RolloutPipeline,
     trainer: Trainer | None,
-    client: EngineClient,
+    inference: Inference,
     rollout_id: int,
     eval_sets: tuple[EvalDataset, ...],
-    weights_dir: Path,
     outputs: _StepOutputs,
     view: RunView,
 ) -> dict[str, Any]:
@@ -183,8 +181,7 @@ async def _train_step(
     if result.samples and trainer is not None:
         train_start = time.monotonic()
         stats = await trio.to_thread.run_sync(trainer.train_step, result.samples, result.advantages)
-        await trio.to_thread.run_sync(trainer.save_weights, weights_dir)
-        await push_weights(client, weights_dir, weight_version_name(rollout_id))
+        row["weight_sync_s"] = await inference.push(trainer.model, weight_version_name(rollout_id))
         row.update(
             loss=stats.loss, clip_fraction=stats.clip_fraction, ppo_kl=stats.ppo_kl,
             grad_norm=stats.grad_norm, entropy=stats.entropy,
@@ -227,26 +224,20 @@ async def run_training(cfg: TrainRunConfig) -> TrainSummary:
     if not cfg.rollout_only:
         log.info("loading trainer model from %s", model_dir)
         trainer = await trio.to_thread.run_sync(checkpointer.load_trainer, model_dir)
-    weights_dir = out / "weights"
     outputs = _StepOutputs.fresh(cfg, model_dir)
 
     async with AsyncExitStack() as stack:
-        urls = list(cfg.engine_urls)
-        if not urls:
-            log.info("starting the embedded engine (log: %s)", out / "engine.log")
-            urls = [await stack.enter_async_context(
-                open_embedded_engine(model_dir, log_path=out / "engine.log", extra_args=cfg.engine_args)
-            )]
-        client = await stack.enter_async_context(open_engine_client(urls))
+        inference = await stack.enter_async_context(
+            open_inference(cfg.fleet, model_dir=model_dir, run_dir=out, engine_args=cfg.engine_args))
+        client = inference.fleet
         if trainer is not None and checkpointer.weight_version is not None:  # resumed: its weights
-            await trio.to_thread.run_sync(trainer.save_weights, weights_dir)
-            await push_weights(client, weights_dir, checkpointer.weight_version)
+            await inference.push(trainer.model, checkpointer.weight_version)
         max_context = cfg.generation.max_context_tokens
         if max_context is None:
             info = await client.server_info()
             max_context = info.get("context_length") or info.get("max_req_input_len")
         handler = EngineTurnHandler(client=client, compiler=compiler, config=cfg.generation)
-        registry = SessionRegistry()
+        registry = LifecycleRegistry(on_end=client.session_ended)
         app = create_app(registry, handler, model_name=model_dir.name)
         async with trio.open_nursery() as nursery:
             base_url = await nursery.start(serve_api, app)
@@ -262,8 +253,8 @@ async def run_training(cfg: TrainRunConfig) -> TrainSummary:
             ) as pipeline:
                 view.attach(pipeline)
                 for rollout_id in range(checkpointer.first_rollout_id, cfg.num_rollout):
-                    row = await _train_step(cfg, pipeline, trainer, client, rollout_id, eval_sets,
-                                            weights_dir, outputs, view)
+                    row = await _train_step(cfg, pipeline, trainer, inference, rollout_id,
+                                            eval_sets, outputs, view)
                     checkpointer.note_step(rollout_id, row)
                     metrics.append(rollout_id, row)
                     log.info("step %d metrics %s", rollout_id,
@@ -298,8 +289,8 @@ def _load_datasets(cfg: TrainRunConfig) -> tuple[PromptStream, tuple[EvalDataset
 
 async def _finish(out: Path, trainer: Trainer | None, model_dir: Path, metrics: MetricsLog,
                   outputs: _StepOutputs) -> TrainSummary:
-    """Writes the final checkpoint (none for rollout only) and the reward plot; removes the
-    pushed-weights directory.
+    """Writes the final checkpoint (none for rollout only) and the reward plot (the weight store
+    removed its files).
 
     Cancellation:
         A checkpoint while the checkpoint is written in a worker thread (the write completes).
@@ -308,7 +299,6 @@ async def _finish(out: Path, trainer: Trainer | None, model_dir: Path, metrics: 
     if trainer is not None:
         checkpoint_dir = out / "checkpoint"
         await trio.to_thread.run_sync(trainer.save_checkpoint, checkpoint_dir, model_dir)
-    shutil.rmtree(out / "weights", ignore_errors=True)
     plot_path = plot_rewards(metrics.rows, out / "reward.png")
     trained = sum(1 for row in metrics.rows if row.get("loss") is not None)
     dropped = sum(int(row.get("dropped_groups") or 0) for row in metrics.rows)

@@ -2,8 +2,10 @@
 
 Used by ``/update_weights_from_disk``. The directory must hold ``model.safetensors`` or a sharded
 ``model.safetensors.index.json`` with the same parameter names and shapes as the running model
-(what ``save_pretrained`` writes). Everything is checked before the first parameter is
-overwritten, so a bad checkpoint leaves the running weights untouched.
+(what ``save_pretrained`` writes); or the path is the ``manifest.json`` of a shared-memory
+mailbox (:mod:`relaxtrio.shm_weights`), whose tensors are copied straight from memory.
+Everything is checked before the first parameter is overwritten, so a bad checkpoint leaves the
+running weights untouched.
 
 Some architectures are saved under other tensor names than their modules use: transformers 5
 writes Qwen2-VL as ``model.embed_tokens...`` / ``visual...`` while the loaded model names them
@@ -21,6 +23,8 @@ from typing import TYPE_CHECKING
 import torch
 from safetensors.torch import load_file
 
+from ..shm_weights import is_shm_manifest, read_shm_weights
+
 if TYPE_CHECKING:
     from transformers import PreTrainedModel
 
@@ -32,6 +36,8 @@ class WeightLoadError(Exception):
 
 
 def _read_checkpoint(path: Path) -> dict[str, torch.Tensor]:
+    if is_shm_manifest(path):  # the trainer's shared-memory mailbox: views, no disk read
+        return read_shm_weights(path)
     if not path.is_dir():
         raise WeightLoadError(f"Model path {str(path)!r} is not a directory.")
     single = path / "model.safetensors"

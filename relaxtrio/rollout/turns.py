@@ -54,6 +54,7 @@ from ..forest import (
 )
 from ..nursery.turns import TurnContext, TurnRequest, TurnResult
 from ..sglang.client import EngineClient, SamplingParams
+from ..sglang.fleet import EngineFleet
 from .client_logprobs import content_logprobs
 
 log = logging.getLogger(__name__)
@@ -94,7 +95,7 @@ class EngineTurnHandler:
     """Generates turns with an SGLang-API engine and commits them to the Session's forest.
 
     Attributes:
-        client: the engine client (SGLang servers or the embedded engine).
+        client: the engine client or fleet (SGLang servers or embedded engines).
         compiler: chat-template compiler of the policy's tokenizer.
         config: rollout sampling settings.
         fatal_error: the first :class:`~relaxtrio.EngineUnavailableError` (unreachable, timed
@@ -103,7 +104,7 @@ class EngineTurnHandler:
             :class:`~relaxtrio.EngineRejectedError` (a 4xx about one request) only fails its turn.
     """
 
-    client: EngineClient
+    client: EngineClient | EngineFleet
     compiler: ChatCompiler
     config: GenerationConfig
     _seq: int = 0
@@ -307,7 +308,8 @@ class EngineTurnHandler:
             # Tracked with no checkpoint after the gate check, so a pause either sees this rid
             # (and aborts it) or closed the gate before we passed it.
             with turn.track(rid):
-                result = await self._generate(prompt_ids + tuple(token_ids), sampling, rid, images)
+                result = await self._generate(prompt_ids + tuple(token_ids), sampling, rid, images,
+                                              routing_key=turn.session_id)
             generation_s += trio.current_time() - attempt_start
             offset = len(token_ids)
             token_ids.extend(result.output_ids)
@@ -432,11 +434,13 @@ class EngineTurnHandler:
         return await trio.to_thread.run_sync(self.compiler.attach_images, ids, images)
 
     async def _generate(self, input_ids: tuple[int, ...], sampling: SamplingParams, rid: str,
-                        images: Sequence[str] = ()):
+                        images: Sequence[str] = (), *, routing_key: str | None = None):
         finished = False
         extra = {"image_data": list(images)} if images else {}
         try:
-            result = await self.client.generate(input_ids, sampling, rid=rid, return_logprob=True, **extra)
+            # The Session id is the routing key: every turn of a Session goes to one worker.
+            result = await self.client.generate(input_ids, sampling, rid=rid, return_logprob=True,
+                                                routing_key=routing_key, **extra)
             finished = True
             return result
         except EngineUnavailableError as exc:

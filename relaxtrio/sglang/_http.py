@@ -54,6 +54,7 @@ async def send_with_retries(
     *,
     httpx_timeout: httpx.Timeout,
     config: EngineClientConfig,
+    headers: dict[str, str] | None = None,
 ) -> httpx.Response:
     """One call with bounded retries; returns the final response (any status).
 
@@ -65,6 +66,7 @@ async def send_with_retries(
         body: JSON body, or None for none.
         httpx_timeout: per-attempt httpx transport timeouts (connect/read), not a cancel scope.
         config: retry policy.
+        headers: extra request headers (e.g. the gateway's routing key), or None.
 
     Raises:
         BackendTimeoutError: every attempt timed out (the last one is the ``__cause__``).
@@ -76,7 +78,9 @@ async def send_with_retries(
     attempts = max(1, config.max_attempts)
     for attempt in range(1, attempts + 1):
         try:
-            response = await client.request(method, url + path, json=body, timeout=httpx_timeout)
+            response = await client.request(
+                method, url + path, json=body, timeout=httpx_timeout, headers=headers
+            )
         except httpx.TimeoutException as exc:
             if attempt == attempts:
                 raise BackendTimeoutError(

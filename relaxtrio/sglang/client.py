@@ -154,6 +154,7 @@ class EngineClient:
         session_id: str | None = None,
         routing_key: str | None = None,
         image_data: Sequence[str] | None = None,
+        headers: dict[str, str] | None = None,
     ) -> GenerateResult:
         """Generate from token ids on one engine (``POST /generate``, single form).
 
@@ -169,6 +170,7 @@ class EngineClient:
                 the engine with the fewest in-flight generations from this client is used.
             image_data: the prompt's images in placeholder order (``data:`` URLs), sent as
                 SGLang's ``image_data``; None or empty sends none.
+            headers: extra HTTP headers of this request (the gateway's routing key), or None.
 
         Returns:
             The normalized result; ``len(output_logprobs) == len(output_ids)`` when
@@ -203,7 +205,7 @@ class EngineClient:
         try:
             response = await send_with_retries(
                 self._generation, "POST", url, "/generate", body,
-                httpx_timeout=timeout, config=self.config,
+                httpx_timeout=timeout, config=self.config, headers=headers,
             )
         finally:
             self._in_flight[url] -= 1
