@@ -70,6 +70,7 @@ class GenerateInput:
     return_text_in_logprobs: bool
     return_prompt_token_ids: bool
     image_data: tuple[str, ...] = ()
+    session_id: str | None = None
 
 
 def _field(body: dict[str, Any], key: str, kind: type, default: Any) -> Any:
@@ -160,7 +161,6 @@ def parse_generate_body(raw: bytes, encode: Callable[[str], list[int]]) -> Gener
     if top_logprobs_num < 0:
         raise RequestError(f"top_logprobs_num must be at least 0, got {top_logprobs_num}.")
     rid = _field(body, "rid", str, None)
-    _field(body, "session_id", str, None)  # accepted; the embedded engine has no session cache
     return GenerateInput(
         input_ids=ids,
         sampling_params=params,
@@ -170,6 +170,7 @@ def parse_generate_body(raw: bytes, encode: Callable[[str], list[int]]) -> Gener
         return_text_in_logprobs=_field(body, "return_text_in_logprobs", bool, False),
         return_prompt_token_ids=_field(body, "return_prompt_token_ids", bool, False),
         image_data=_image_data(body.get("image_data")),
+        session_id=_field(body, "session_id", str, None),
     )
 
 

@@ -30,6 +30,9 @@ class EngineState:
     model_type: str
     architectures: list[str]
     vision: VisionProcessor | None = None  # set for a vision-language model
+    # Session ids seen in /generate and not yet closed: the embedded engine has no session
+    # cache, but tracks what SGLang's session radix cache would hold until /close_session.
+    open_sessions: set[str] = attrs.field(factory=set)
 
 
 def model_info_json(state: EngineState) -> dict[str, Any]:
@@ -71,6 +74,7 @@ def server_info_json(state: EngineState) -> dict[str, Any]:
         "status": "ready",
         "startup_time": state.started_at,
         "internal_states": [stats],
+        "num_open_sessions": len(state.open_sessions),
         "version": f"relaxtrio-embedded-{__version__}",
         "frontend": "relaxtrio",
     }

@@ -121,6 +121,8 @@ async def _generate() -> Response:
     try:
         gen = parse_generate_body(raw, scheduler.tokenizer.encode)
         input_ids, media = await _model_inputs(state.vision, gen)
+        if gen.session_id is not None:
+            state.open_sessions.add(gen.session_id)
         req = await scheduler.generate(
             input_ids,
             gen.sampling_params,
@@ -212,6 +214,7 @@ async def _update_weight_version(state: EngineState, body: dict[str, Any]) -> Re
 
 
 async def _close_session(state: EngineState, body: dict[str, Any]) -> Response:
+    state.open_sessions.discard(body_field(body, "session_id", str, default=""))
     return _empty()
 
 

@@ -1,0 +1,28 @@
+"""Helpers of the fleet tests."""
+
+from __future__ import annotations
+
+import httpx
+import trio
+
+from relaxtrio.sglang.wire import SamplingParams
+
+
+def long_sampling() -> SamplingParams:
+    """A generation long enough to be caught running (the tiny model never stops by itself)."""
+    return SamplingParams(max_new_tokens=3000, temperature=1.0, ignore_eos=True)
+
+
+async def wait_running(url: str, num_running: int, *, timeout_s: float = 60.0) -> None:
+    """Wait until the engine at ``url`` decodes at least ``num_running`` requests and has
+    generated a few tokens since this call."""
+    async with httpx.AsyncClient() as http:
+        with trio.fail_after(timeout_s):
+            start = None
+            while True:
+                state = (await http.get(f"{url}/server_info")).json()["internal_states"][0]
+                start = state["num_generated_tokens"] if start is None else start
+                if (state["num_running_reqs"] >= num_running
+                        and state["num_generated_tokens"] >= start + 2 * num_running):
+                    return
+                await trio.sleep(0.05)
