@@ -218,6 +218,8 @@ class EngineFleet:
         self.weights_lock = trio.Lock()
         self._fatal: BackendError | None = None
         self._restarting: set[str] = set()
+        self._restartable: set[str] = set()
+        self.on_remove: Callable[[str, str], None] | None = None
         self._membership = trio.Event()
         self.weights: tuple[str, str] | None = None
         for url in worker_urls:
@@ -272,12 +274,14 @@ class EngineFleet:
             restarting: its launcher restarts it and will :meth:`readmit` it; generations with
                 no other worker wait for it.
         """
-        if restarting:
+        if restarting or url in self._restartable:
             self._restarting.add(url)
         worker = self._live.pop(url, None)
         if worker is None:
             return
         self._removed[url] = reason
+        if self.on_remove is not None:
+            self.on_remove(url, reason)
         self._joining.pop(url, None)
         log.warning("fleet: worker %s removed: %s (%d healthy left)", url, reason, len(self._live))
         for flight in list(self._flights.values()):
@@ -295,8 +299,17 @@ class EngineFleet:
         self._update_quorum()
         self._notify()
 
+    def set_restartable(self, url: str, restartable: bool) -> None:
+        """Whether a launcher restarts ``url`` when it dies (then its removal waits for the
+        restart, see :meth:`remove`)."""
+        if restartable:
+            self._restartable.add(url.rstrip("/"))
+        else:
+            self._restartable.discard(url.rstrip("/"))
+
     def restart_failed(self, url: str, reason: str) -> None:
         """The launcher gave up restarting ``url``: it no longer counts towards the quorum."""
+        self._restartable.discard(url)
         self._restarting.discard(url)
         self._removed[url] = reason
         self._update_quorum()
@@ -407,7 +420,6 @@ class EngineFleet:
         for url in [u for u in self._live if u not in listed]:
             if now - self._joining.get(url, -math.inf) > JOIN_GRACE_S:
                 self.remove(url, "the gateway no longer lists it")
-        self._check_quorum()
 
     def _gateway_unreachable(self, exc: BackendError) -> None:
         now = trio.current_time()

@@ -46,7 +46,8 @@ from ..config import FleetConfig
 from .fleet import EngineFleet
 from .launch import URL_PREFIX
 
-__all__ = ["LaunchedFleet", "EngineKind", "detect_engine_kind", "open_launched_fleet"]
+__all__ = ["EngineKind", "LaunchedFleet", "detect_engine_kind", "open_gateway",
+           "open_launched_fleet"]
 
 log = logging.getLogger(__name__)
 
@@ -158,8 +159,24 @@ class LaunchedFleet:
     _procs: list[_Proc] = attrs.field(factory=list)
 
     def attach(self, fleet: EngineFleet) -> None:
-        """Route later deaths and restarts to ``fleet`` (``remove`` / ``readmit``)."""
+        """Route later deaths and restarts to ``fleet`` (``remove`` / ``readmit``), and let the
+        fleet's removals reach the processes: a removed engine that still runs (it stopped
+        answering) is killed, so that it is restarted like one that died."""
         self.fleet = fleet
+        for proc in self._procs:
+            if proc.url is not None and proc.name != "gateway":
+                fleet.set_restartable(proc.url, proc.restarts_left > 0)
+        fleet.on_remove = self._on_remove
+
+    def _on_remove(self, url: str, reason: str) -> None:
+        for proc in self._procs:
+            if proc.url == url and not proc.stopping and proc.process is not None \
+                    and proc.process.returncode is None:
+                log.warning("%s was removed from the fleet (%s); killing it", proc.name, reason)
+                try:
+                    os.killpg(proc.process.pid, signal.SIGKILL)
+                except ProcessLookupError:
+                    pass
 
     def pids(self) -> list[int]:
         """Process-group ids of the running processes (for tests)."""
@@ -265,6 +282,8 @@ async def _supervise(launched: LaunchedFleet, proc: _Proc, kind: EngineKind | Li
         reason = f"{proc.name} process exited with {status}"
         if fleet is not None and proc.url is not None:
             fleet.remove(proc.url, reason, restarting=restart)
+            if not restart:
+                fleet.restart_failed(proc.url, reason)
         if not restart:
             log.error("%s exited with %s; not restarting it (log %s):\n%s", proc.name, status,
                       proc.log_path, _tail(proc.log_path))
@@ -275,6 +294,7 @@ async def _supervise(launched: LaunchedFleet, proc: _Proc, kind: EngineKind | Li
         try:
             await _boot(proc, kind, config.startup_timeout_s, client)
             if fleet is not None and proc.url is not None:
+                fleet.set_restartable(proc.url, proc.restarts_left > 0)
                 await fleet.readmit(proc.url)
         except BackendError as exc:
             log.error("%s could not be restarted: %s", proc.name, exc)
@@ -340,10 +360,48 @@ async def open_launched_fleet(
                                    "gateway" if proc.name == "gateway" else kind, config, client)
             yield launched
         finally:
-            with trio.CancelScope(shield=True):
-                for proc in procs:
-                    proc.stopping = True
-                async with trio.open_nursery() as stops:
-                    for proc in procs:
-                        stops.start_soon(proc.stop)
+            await _stop_all(procs)
+            nursery.cancel_scope.cancel()
+
+
+async def _stop_all(procs: Sequence[_Proc]) -> None:
+    with trio.CancelScope(shield=True):
+        for proc in procs:
+            proc.stopping = True
+        async with trio.open_nursery() as stops:
+            for proc in procs:
+                stops.start_soon(proc.stop)
+
+
+@asynccontextmanager
+async def open_gateway(
+    config: FleetConfig, worker_urls: Sequence[str], *, log_dir: Path
+) -> AsyncIterator[LaunchedFleet]:
+    """Launch only the gateway, in front of workers that run already (restarted when it exits).
+
+    Args:
+        config: startup timeout.
+        worker_urls: the workers' base URLs.
+        log_dir: where ``gateway.log`` goes.
+
+    Yields:
+        What was started (``gateway_url`` set; ``worker_urls`` as given).
+
+    Raises:
+        BackendError: the gateway exited or did not answer ``/health`` during startup.
+
+    Cancellation:
+        Leaving the context in any way stops the gateway (shielded).
+    """
+    gateway = _gateway_proc(worker_urls, log_dir.resolve())
+    launched = LaunchedFleet(kind="embedded", worker_urls=tuple(worker_urls), gateway_url=None,
+                             log_dir=log_dir.resolve(), procs=[gateway])
+    async with httpx.AsyncClient() as client, trio.open_nursery() as nursery:
+        try:
+            await _boot(gateway, "gateway", config.startup_timeout_s, client)
+            launched.gateway_url = gateway.url
+            nursery.start_soon(_supervise, launched, gateway, "gateway", config, client)
+            yield launched
+        finally:
+            await _stop_all([gateway])
             nursery.cancel_scope.cancel()

@@ -9,7 +9,7 @@ import httpx
 import pytest
 import torch
 import trio
-from fleet_helpers import long_sampling, wait_running
+from fleet_helpers import IGNORE_DROPPED_BODY, long_sampling, wait_running
 
 from relaxtrio import BackendError
 from relaxtrio.config import FleetConfig
@@ -18,6 +18,8 @@ from relaxtrio.sglang.fleet import open_engine_fleet
 from relaxtrio.sglang.wire import SamplingParams
 from relaxtrio.shm_weights import ShmWeightWriter
 from relaxtrio.train.checkpoint import save_weights_dir
+
+pytestmark = IGNORE_DROPPED_BODY
 
 PROMPT = [1, 87, 555, 201, 57, 74, 271, 321]
 SHORT = SamplingParams(max_new_tokens=3, temperature=0.0)

@@ -1,0 +1,162 @@
+"""Training on two launched embedded engines behind the real gateway, faults included."""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+import signal
+import subprocess
+import sys
+from pathlib import Path
+
+import httpx
+import pytest
+import trio
+from support.agents import write_httpx_agent
+from support.procs import alive
+
+from relaxtrio.config import AgentConfig, FleetConfig, GenerationConfig, RolloutConfig, TrainRunConfig
+from relaxtrio.driver import run_training
+from relaxtrio.train import TrainConfig
+
+pytest.importorskip("sglang_router")
+
+# A peer that dies while httpx sends leaves httpx's request-body generator unfinished (GC warns).
+pytestmark = [
+    pytest.mark.filterwarnings(
+        "ignore:Async generator 'httpx._content.ByteStream.__aiter__':ResourceWarning"),
+    pytest.mark.filterwarnings(
+        "ignore:Exception ignored in. <async_generator object ByteStream.__aiter__"
+        ":pytest.PytestUnraisableExceptionWarning"),
+]
+
+
+def _processes(*needles: str) -> dict[int, list[str]]:
+    """Live processes whose command line contains every needle: pid → argv."""
+    found = {}
+    for entry in Path("/proc").iterdir():
+        if not entry.name.isdigit():
+            continue
+        try:
+            argv = [a.decode() for a in (entry / "cmdline").read_bytes().split(b"\0") if a]
+        except OSError:
+            continue
+        if all(any(n in a for a in argv) for n in needles) and alive(int(entry.name)):
+            found[int(entry.name)] = argv
+    return found
+
+
+def _engine(run_dir: Path, index: int) -> tuple[int, str] | None:
+    """(pid, url) of launched engine ``index``, found by the log file its stdout writes to."""
+    log_path = run_dir / "engines" / f"engine-{index}.log"
+    for pid, argv in _processes("relaxtrio.engine").items():
+        if "relaxtrio.sglang._reaper" in argv:
+            continue
+        try:
+            if os.readlink(f"/proc/{pid}/fd/1") == str(log_path):
+                lines = [ln for ln in log_path.read_text().splitlines()
+                         if ln.startswith("RELAXTRIO_ENGINE_URL=")]
+                return pid, lines[-1].split("=", 1)[1]
+        except (OSError, IndexError):
+            continue
+    return None
+
+
+def _config(tmp_path: Path, tiny_model_dir: Path, *, turns: int, **rollout) -> TrainRunConfig:
+    agent_dir = tmp_path / "agent"
+    agent_dir.mkdir()
+    cmd = write_httpx_agent(agent_dir)
+    data = tmp_path / "prompts.jsonl"
+    data.write_text("".join(json.dumps({"input": f"question {i}", "metadata": {"id": i}}) + "\n"
+                            for i in range(6)))
+    return TrainRunConfig(
+        prompt_data=data,
+        num_rollout=1,
+        rollout=RolloutConfig(show_progress=False, **rollout),
+        generation=GenerationConfig(max_response_tokens=24, seed=7),
+        agent=AgentConfig(command=f"{cmd} ok", cwd=agent_dir, timeout_s=300,
+                          env={"AGENT_TURNS": str(turns), "AGENT_REWARD": "random"}),
+        train=TrainConfig(lr=2e-2),
+        hf_checkpoint=tiny_model_dir,
+        fleet=FleetConfig(num_engines=2, health_interval_s=1.0),
+        output_dir=tmp_path / "run",
+    )
+
+
+async def test_one_step_on_two_engines_behind_the_gateway(tiny_model_dir: Path, tmp_path: Path,
+                                                          caplog: pytest.LogCaptureFixture) -> None:
+    caplog.set_level(logging.INFO)
+    config = _config(tmp_path, tiny_model_dir, turns=2, n_samples_per_prompt=2,
+                     rollout_batch_size=2)
+    with trio.fail_after(400):
+        summary = await run_training(config)
+    [row] = summary.rows
+    assert summary.trained_steps == 1 and row["dropped_groups"] == 0 and row["num_samples"] == 4
+    assert row["weight_sync_s"] > 0
+    messages = [r.getMessage() for r in caplog.records]
+    assert any("behind gateway" in m and "2 worker(s)" in m for m in messages)
+    assert any("fleet: 2 worker(s) at weight version step-1" in m for m in messages)
+    assert any("weights reach the engines via shm" in m for m in messages)
+    logs = tmp_path / "run" / "engines"
+    assert {p.name for p in logs.iterdir()} >= {"engine-0.log", "engine-1.log", "gateway.log"}
+    assert not _processes("relaxtrio.engine", str(tiny_model_dir))
+
+
+async def test_an_engine_sigkilled_mid_step(tiny_model_dir: Path, tmp_path: Path,
+                                            caplog: pytest.LogCaptureFixture) -> None:
+    caplog.set_level(logging.WARNING)
+    config = _config(tmp_path, tiny_model_dir, turns=4, n_samples_per_prompt=2,
+                     rollout_batch_size=3)
+    run_dir = tmp_path / "run"
+    killed: list[str] = []
+
+    async def kill_engine_0_while_both_generate() -> None:
+        async with httpx.AsyncClient() as http:
+            while (found := [_engine(run_dir, i) for i in (0, 1)]) and None in found:
+                await trio.sleep(0.1)
+            (pid, url), (_, other) = found
+
+            async def running(u: str) -> int:
+                info = (await http.get(f"{u}/server_info")).json()
+                return info["internal_states"][0]["num_running_reqs"]
+
+            while not (await running(url) and await running(other)):
+                await trio.sleep(0.02)
+            os.kill(pid, signal.SIGKILL)
+            killed.append(url)
+
+    with trio.fail_after(600):
+        async with trio.open_nursery() as nursery:
+            nursery.start_soon(kill_engine_0_while_both_generate)
+            summary = await run_training(config)
+            nursery.cancel_scope.cancel()
+    [row] = summary.rows
+    assert killed, "the step finished before both engines generated"
+    assert summary.trained_steps == 1
+    assert row["dropped_groups"] == 0 and row["num_groups"] == 3  # no agent saw an error
+    removed = [r.getMessage() for r in caplog.records if "fleet: worker" in r.getMessage()]
+    assert any(f"worker {killed[0]} removed" in m for m in removed), removed
+    assert not _processes("relaxtrio.engine", str(tiny_model_dir))
+
+
+def test_cli_two_engines_leaves_no_process(tiny_model_dir: Path, tmp_path: Path) -> None:
+    agent_dir = tmp_path / "agent"
+    agent_dir.mkdir()
+    cmd = write_httpx_agent(agent_dir)
+    data = tmp_path / "prompts.jsonl"
+    data.write_text("".join(json.dumps({"input": f"q{i}"}) + "\n" for i in range(2)))
+    gateways_before = set(_processes("sglang_router.launch_router"))
+    argv = [sys.executable, "-m", "relaxtrio", "train", "--rollout-num-engines", "2",
+            "--num-rollout", "1", "--hf-checkpoint", str(tiny_model_dir),
+            "--prompt-data", str(data), "--agent-cwd", str(agent_dir),
+            "--agent-command", f"{cmd} ok", "--n-samples-per-prompt", "2",
+            "--rollout-batch-size", "1", "--rollout-max-response-len", "8",
+            "--output-dir", str(tmp_path / "run"), "--weight-sync", "disk"]
+    env = dict(os.environ, PYTHONPATH=os.pathsep.join(sys.path))
+    done = subprocess.run(argv, capture_output=True, text=True, timeout=600, env=env)
+    assert done.returncode == 0, done.stderr[-3000:]
+    assert "weights reach the engines via disk" in done.stderr
+    assert not (tmp_path / "run" / "weights").exists()  # old versions and the last one cleaned up
+    assert not _processes("relaxtrio.engine", str(tiny_model_dir))
+    assert not set(_processes("sglang_router.launch_router")) - gateways_before

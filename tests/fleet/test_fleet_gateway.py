@@ -1,0 +1,177 @@
+"""The fleet behind the real SGLang Model Gateway (``sglang-router``) on embedded engines."""
+
+from __future__ import annotations
+
+import logging
+import os
+import signal
+from pathlib import Path
+
+import httpx
+import pytest
+import torch
+import trio
+from fleet_helpers import IGNORE_DROPPED_BODY, long_sampling, wait_running
+
+from relaxtrio.config import FleetConfig
+from relaxtrio.models import load_model
+from relaxtrio.sglang.fleet import EngineFleet, open_engine_fleet
+from relaxtrio.sglang.launch_fleet import open_gateway
+from relaxtrio.sglang.wire import SamplingParams
+from relaxtrio.train.checkpoint import save_weights_dir
+
+pytest.importorskip("sglang_router")
+
+pytestmark = IGNORE_DROPPED_BODY
+
+PROMPT = [1, 87, 555, 201, 57, 74, 271, 321]
+SHORT = SamplingParams(max_new_tokens=3, temperature=0.0)
+CONFIG = FleetConfig(health_interval_s=0.5)
+
+
+async def keys_per_worker(fleet: EngineFleet, labels: list[str], prefix: str = "k") -> dict[str, str]:
+    """Route fresh keys until every label was seen; returns label → one key pinned there."""
+    found: dict[str, str] = {}
+    for i in range(40):
+        key = f"{prefix}{i}"
+        result = await fleet.generate(PROMPT, SHORT, rid=f"{key}:probe#", routing_key=key)
+        found.setdefault(result.weight_version, key)
+        if len(found) == len(labels):
+            return found
+    raise AssertionError(f"40 keys all went to {sorted(found)}")
+
+
+async def test_every_turn_of_a_session_goes_to_one_worker(start_engines, tmp_path: Path) -> None:
+    engines = await start_engines(2)
+    served: dict[str, set[str]] = {}
+    with trio.fail_after(120):
+        async with (
+            open_gateway(CONFIG, engines.urls, log_dir=tmp_path) as launched,
+            open_engine_fleet(CONFIG, gateway_url=launched.gateway_url) as fleet,
+        ):
+            assert sorted(fleet.urls) == sorted(engines.urls)
+
+            async def session(key: str) -> None:
+                for turn in range(3):
+                    result = await fleet.generate(PROMPT, SHORT, rid=f"{key}:t{turn}#",
+                                                  routing_key=key)
+                    served.setdefault(key, set()).add(result.weight_version)
+
+            async with trio.open_nursery() as nursery:
+                for s in range(8):
+                    nursery.start_soon(session, f"s{s}")
+            await keys_per_worker(fleet, engines.labels)
+    assert all(len(labels) == 1 for labels in served.values()), served
+
+
+async def test_control_calls_reach_every_worker_the_gateway_lists(
+    start_engines, tiny_model_dir: Path, tmp_path: Path
+) -> None:
+    engines = await start_engines(2)
+    model = load_model(tiny_model_dir)
+    with torch.no_grad():
+        for param in model.parameters():
+            param.add_(0.05)
+    weights = str(save_weights_dir(model, tmp_path / "step-1"))
+    results = {}
+    with trio.fail_after(180):
+        async with (
+            open_gateway(CONFIG, engines.urls, log_dir=tmp_path) as launched,
+            open_engine_fleet(CONFIG, gateway_url=launched.gateway_url) as fleet,
+        ):
+            keys = await keys_per_worker(fleet, engines.labels)
+
+            async def run(label: str, key: str) -> None:
+                results[label] = await fleet.generate(PROMPT, long_sampling(), rid=f"{key}:long#",
+                                                      routing_key=key)
+
+            async with trio.open_nursery() as nursery:
+                for label, key in keys.items():
+                    nursery.start_soon(run, label, key)
+                for url in engines.urls:
+                    await wait_running(url, 1)
+                for key in keys.values():
+                    await fleet.abort(f"{key}:long#")  # the step-close abort
+            await fleet.update_weights(weights, "step-1")
+            versions = [(await fleet.model_info(url))["weight_version"] for url in engines.urls]
+            after = await fleet.generate(PROMPT, SHORT, rid="k0:after#", routing_key="k0")
+            await fleet.flush_cache()
+    assert sorted(results) == ["w0", "w1"]
+    assert all(r.finish_type == "abort" and r.output_ids for r in results.values())
+    assert versions == ["step-1", "step-1"]
+    assert after.weight_version == "step-1"
+
+
+async def test_the_listing_is_followed(start_engines, tmp_path: Path) -> None:
+    """A worker added to the gateway by someone else joins; one deleted from it leaves."""
+    engines = await start_engines(2)
+    with trio.fail_after(120):
+        async with (
+            open_gateway(CONFIG, engines.urls[:1], log_dir=tmp_path) as launched,
+            open_engine_fleet(CONFIG, gateway_url=launched.gateway_url) as fleet,
+            httpx.AsyncClient(base_url=launched.gateway_url) as gateway,
+        ):
+            assert fleet.urls == (engines.urls[0],)
+            (await gateway.post("/workers", json={"url": engines.urls[1]})).raise_for_status()
+            while len(fleet.urls) < 2:
+                await trio.sleep(0.1)
+            listing = (await gateway.get("/workers")).json()["workers"]
+            [first] = [w["id"] for w in listing if w["url"] == engines.urls[0]]
+            (await gateway.delete(f"/workers/{first}")).raise_for_status()
+            while engines.urls[0] in fleet.urls:
+                await trio.sleep(0.1)
+            stats = fleet.statistics()
+    assert stats.workers == (engines.urls[1],)
+    assert stats.removed[engines.urls[0]] == "the gateway no longer lists it"
+
+
+async def test_a_lost_worker_behind_the_gateway(start_engines, tmp_path: Path,
+                                                caplog: pytest.LogCaptureFixture) -> None:
+    engines = await start_engines(2)
+    caplog.set_level(logging.WARNING, logger="relaxtrio.sglang.fleet")
+    lost = {}
+    with trio.fail_after(180):
+        async with (
+            open_gateway(CONFIG, engines.urls, log_dir=tmp_path) as launched,
+            open_engine_fleet(CONFIG, gateway_url=launched.gateway_url) as fleet,
+        ):
+            keys = await keys_per_worker(fleet, engines.labels)
+            key = keys["w0"]
+
+            async def run() -> None:
+                lost["result"] = await fleet.generate(PROMPT, long_sampling(), rid=f"{key}:t1#",
+                                                      routing_key=key)
+
+            async with trio.open_nursery() as nursery:
+                nursery.start_soon(run)
+                await wait_running(engines.urls[0], 1)
+                engines.stop(0)
+            resumed = await fleet.generate(PROMPT, SHORT, rid=f"{key}:t1:a1#", routing_key=key)
+            stats = fleet.statistics()
+    assert lost["result"].finish_type == "abort"
+    assert resumed.weight_version == "w1"
+    assert stats.workers == (engines.urls[1],)
+    assert any(f"worker {engines.urls[0]} removed" in r.getMessage() for r in caplog.records)
+
+
+async def test_a_gateway_restart_is_survived(start_engines, tmp_path: Path) -> None:
+    engines = await start_engines(2)
+    with trio.fail_after(180):
+        async with (
+            open_gateway(CONFIG, engines.urls, log_dir=tmp_path) as launched,
+            open_engine_fleet(CONFIG, gateway_url=launched.gateway_url) as fleet,
+        ):
+            keys = await keys_per_worker(fleet, engines.labels)
+            [pgid] = launched.pids()
+            os.killpg(pgid, signal.SIGKILL)
+            results = []
+            for turn in range(3):
+                for key in keys.values():
+                    results.append(await fleet.generate(PROMPT, SHORT, rid=f"{key}:r{turn}#",
+                                                        routing_key=key))
+            [new_pgid] = launched.pids()
+            stats = fleet.statistics()
+    assert new_pgid != pgid
+    assert sorted(stats.workers) == sorted(engines.urls)
+    assert all(r.finish_type == "length" for r in results[-2:])
+    assert (tmp_path / "gateway.log").exists()

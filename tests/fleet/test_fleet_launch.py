@@ -1,0 +1,112 @@
+"""Launched engines: readiness, restart once, and no process left behind in any way out."""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+import signal
+import subprocess
+import sys
+import textwrap
+from pathlib import Path
+
+import pytest
+import trio
+from support.procs import alive
+
+from relaxtrio import BackendError
+from relaxtrio.config import FleetConfig
+from relaxtrio.sglang.fleet import open_engine_fleet
+from relaxtrio.sglang.launch_fleet import open_launched_fleet
+from relaxtrio.sglang.wire import SamplingParams
+
+SHORT = SamplingParams(max_new_tokens=3, temperature=0.0)
+
+
+def group_alive(pgid: int) -> bool:
+    try:
+        os.killpg(pgid, 0)
+    except ProcessLookupError:
+        return False
+    return True
+
+
+def engine_pid(shim_pid: int) -> int:
+    """The engine process under a reaper shim."""
+    children = Path(f"/proc/{shim_pid}/task/{shim_pid}/children").read_text().split()
+    assert len(children) == 1, children
+    return int(children[0])
+
+
+async def test_a_dead_embedded_engine_is_restarted_once(
+    tiny_model_dir: Path, tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    caplog.set_level(logging.INFO)
+    config = FleetConfig(num_engines=1, health_interval_s=0.2)
+    pgids: list[int] = []
+    with trio.fail_after(240), pytest.RaisesGroup(
+        pytest.RaisesExc(BackendError, match="fewer than --min-healthy-engines 1"),
+        flatten_subgroups=True,
+    ):
+        async with open_launched_fleet(config, model_dir=tiny_model_dir, log_dir=tmp_path,
+                                       kind="embedded") as launched:
+            pgids.extend(launched.pids())
+            [url] = launched.worker_urls
+            async with open_engine_fleet(config, worker_urls=[url]) as fleet:
+                launched.attach(fleet)
+                os.kill(engine_pid(pgids[0]), signal.SIGKILL)
+                while url not in fleet.statistics().removed:
+                    await trio.sleep(0.05)
+                # The only worker is being restarted: a generation waits for it.
+                result = await fleet.generate([1, 2, 3], SHORT, rid="a:t0#", routing_key="a")
+                assert fleet.urls == (url,)
+                os.kill(engine_pid(launched.pids()[0]), signal.SIGKILL)
+                await trio.sleep(60)  # the monitor stops the fleet: no restart left
+    assert result.finish_type == "length"
+    messages = [r.getMessage() for r in caplog.records]
+    assert any("engine 0 exited with code 137 (killed by SIGKILL); restarting" in m for m in messages)
+    assert any("engine 0 exited with code 137 (killed by SIGKILL); not restarting" in m
+               for m in messages)
+    assert (tmp_path / "engine-0.log").read_text().count("RELAXTRIO_ENGINE_URL=") == 2  # started, restarted once
+    assert not any(group_alive(p) for p in pgids)
+
+
+_ORPHAN_SCRIPT = textwrap.dedent("""
+    import json, sys, trio
+    from pathlib import Path
+    from relaxtrio.config import FleetConfig
+    from relaxtrio.sglang.launch_fleet import open_launched_fleet
+
+    async def main():
+        config = FleetConfig(num_engines=1)
+        async with open_launched_fleet(config, model_dir=Path(sys.argv[1]),
+                                       log_dir=Path(sys.argv[2]), kind="embedded") as launched:
+            print(json.dumps(launched.pids()), flush=True)
+            await trio.sleep_forever()
+
+    trio.run(main)
+""")
+
+
+async def test_engines_die_with_a_driver_that_was_sigkilled(tiny_model_dir: Path,
+                                                            tmp_path: Path) -> None:
+    script = tmp_path / "driver.py"
+    script.write_text(_ORPHAN_SCRIPT)
+    env = dict(os.environ, PYTHONPATH=os.pathsep.join(sys.path))
+    driver = await trio.lowlevel.open_process(
+        [sys.executable, str(script), str(tiny_model_dir), str(tmp_path / "logs")],
+        stdout=subprocess.PIPE, env=env)
+    assert driver.stdout is not None
+    with trio.fail_after(180):
+        line = b""
+        while not line.endswith(b"\n"):
+            chunk = await driver.stdout.receive_some(4096)
+            assert chunk, "the driver exited before launching"
+            line += chunk
+        pgids = json.loads(line)
+        engine = engine_pid(pgids[0])
+        driver.kill()
+        await driver.wait()
+        while group_alive(pgids[0]) or alive(engine):
+            await trio.sleep(0.1)
