@@ -352,7 +352,8 @@ class FleetConfig:
     health_timeout_s: float = attrs.field(default=30.0, validator=positive_number)
     health_failures: int = attrs.field(default=2, validator=positive_int)
     gateway_wait_s: float = attrs.field(default=120.0, validator=positive_number)
-    engine_restarts: int = attrs.field(default=1, validator=non_negative_number)
+    engine_restarts: int = attrs.field(
+        default=1, validator=[attrs.validators.instance_of(int), attrs.validators.ge(0)])
     startup_timeout_s: float = attrs.field(default=600.0, validator=positive_number)
 
     def __attrs_post_init__(self) -> None:

@@ -2,8 +2,9 @@
 
 ``--rollout-num-engines N`` starts N engines: ``python -m sglang.launch_server`` when SGLang is
 installed and a GPU is present (engine ``i`` sees GPUs ``i*g .. i*g+g-1`` of the ``num_gpus`` it
-may use, ``g = num_gpus_per_engine`` is its tensor-parallel size, and the ``--sglang-*`` flags
-are passed on without the ``sglang-`` part), the embedded CPU engine (``python -m
+may use, ``g = num_gpus_per_engine`` is its tensor-parallel size; with fewer GPUs than engines
+need, the engines share them round robin; the ``--sglang-*`` flags are passed on without the
+``sglang-`` part), the embedded CPU engine (``python -m
 relaxtrio.engine``) otherwise. With N > 1 the gateway (``python -m
 sglang_router.launch_router``, package ``sglang-router``) runs in front with the ``manual``
 policy (``min_group`` assignment: a new Session key goes to the worker with the fewest keys).
@@ -237,9 +238,14 @@ def _engine_procs(config: FleetConfig, kind: EngineKind, model_dir: Path, log_di
     if kind == "sglang":
         per = config.num_gpus_per_engine
         gpus = _visible_gpus()[: config.num_gpus or config.num_engines * per]
-        if len(gpus) < config.num_engines * per:
-            raise BackendError(f"{config.num_engines} SGLang engines x {per} GPUs need "
-                               f"{config.num_engines * per} GPUs, {len(gpus)} available")
+        if len(gpus) < per:
+            raise BackendError(f"an SGLang engine of {per} GPUs needs {per} GPUs, "
+                               f"{len(gpus)} available")
+        blocks = len(gpus) // per
+        if blocks < config.num_engines:
+            log.warning("%d SGLang engines share %d GPU block(s) of %d GPU(s): give each a "
+                        "share of the memory (e.g. --sglang-mem-fraction-static %.2f)",
+                        config.num_engines, blocks, per, 0.8 / -(-config.num_engines // blocks))
     for i in range(config.num_engines):
         log_path = log_dir / f"engine-{i}.log"
         if kind == "sglang":
@@ -247,13 +253,15 @@ def _engine_procs(config: FleetConfig, kind: EngineKind, model_dir: Path, log_di
             cmd = [sys.executable, "-m", "sglang.launch_server", "--model-path", str(model_dir),
                    "--host", "127.0.0.1", "--port", str(port), "--tp-size", str(per),
                    *config.sglang_args]
-            env = dict(os.environ, CUDA_VISIBLE_DEVICES=",".join(gpus[i * per:(i + 1) * per]))
+            block = i % blocks  # round robin when engines share GPUs
+            env = dict(os.environ,
+                       CUDA_VISIBLE_DEVICES=",".join(gpus[block * per:(block + 1) * per]))
             procs.append(_Proc(name=f"engine {i}", cmd=cmd, log_path=log_path, env=env, port=port))
         else:
             cmd = [sys.executable, "-m", "relaxtrio.engine", "--model", str(model_dir),
                    "--host", "127.0.0.1", "--port", "0", *engine_args]
             procs.append(_Proc(name=f"engine {i}", cmd=cmd, log_path=log_path,
-                               restarts_left=int(config.engine_restarts)))
+                               restarts_left=config.engine_restarts))
     return procs
 
 

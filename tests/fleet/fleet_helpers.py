@@ -8,7 +8,6 @@ import trio
 
 from relaxtrio.sglang.wire import SamplingParams
 
-
 # When a peer dies while httpx sends a request, httpx leaves the request body's async generator
 # unfinished and the garbage collector reports it; that is httpx's bookkeeping, not a leak of ours.
 IGNORE_DROPPED_BODY = [
