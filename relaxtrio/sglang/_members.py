@@ -32,6 +32,7 @@ log = logging.getLogger("relaxtrio.sglang.fleet")
 
 LISTING_MAX_AGE_S: Final = 1.0
 JOIN_GRACE_S: Final = 30.0
+UNLISTED_GRACE_S: Final = 10.0
 GATEWAY_POLL_S: Final = 0.5
 
 
@@ -118,6 +119,7 @@ class FleetMembers:
         self._removed: dict[str, str] = {}
         self._listed_at = -math.inf
         self._joining: dict[str, float] = {}  # readmitted URL -> trio time it was added
+        self._unlisted: dict[str, float] = {}  # live URL -> since when the listing lacks it
         self._forgetting: set[str] = set()
         self._swept_at = -math.inf
         self._gateway_down_since: float | None = None
@@ -182,6 +184,7 @@ class FleetMembers:
         if self.on_remove is not None:
             self.on_remove(url, reason)
         self._joining.pop(url, None)
+        self._unlisted.pop(url, None)
         log.warning("fleet: worker %s removed: %s (%d healthy left)", url, reason, len(self._live))
         for scope in worker.calls:
             scope.cancel()
@@ -243,8 +246,9 @@ class FleetMembers:
     async def refresh(self) -> None:
         """Re-read the gateway's ``GET /workers`` and apply what changed (gateway mode only).
 
-        New URLs join; URLs it no longer lists leave; a removed worker it lists again (a
-        restarted gateway reads its launch flags) is deleted from it again. An unreachable
+        New URLs join; URLs it has not listed for :data:`UNLISTED_GRACE_S` leave (a restarted
+        gateway lists its workers only after registering them); a removed worker it lists again
+        (a restarted gateway reads its launch flags) is deleted from it again. An unreachable
         gateway keeps the current membership; past ``gateway_wait_s`` the fleet fails.
 
         Raises:
@@ -282,12 +286,16 @@ class FleetMembers:
             elif url in self._live:
                 self._live[url].worker_id = worker_id
                 self._joining.pop(url, None)
+                self._unlisted.pop(url, None)
             else:
                 self._add(url, worker_id)
                 log.info("fleet: gateway lists worker %s (%d healthy)", url, len(self._live))
         now = trio.current_time()
         for url in [u for u in self._live if u not in listed]:
-            if now - self._joining.get(url, -math.inf) > JOIN_GRACE_S:
+            # A (re)started gateway registers its workers in the background, and one we
+            # readmitted may not be listed yet: only a worker missing for a while has left.
+            since = self._unlisted.setdefault(url, now)
+            if now - since > UNLISTED_GRACE_S and now - self._joining.get(url, -math.inf) > JOIN_GRACE_S:
                 self.remove(url, "the gateway no longer lists it")
 
     def _gateway_unreachable(self, exc: BackendError) -> None:
@@ -347,7 +355,7 @@ class FleetMembers:
         """Re-read the listing (gateway mode) and probe every worker once, concurrently.
 
         Skipped while the fleet holds the workers paused (SGLang's ``/health`` generation waits
-        behind a pause, §7 P-10).
+        behind a pause, docs/client-quirks.md#health-checks-while-paused).
 
         Raises:
             BackendError: too few workers remain, or the gateway stayed away too long.

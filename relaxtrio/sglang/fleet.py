@@ -10,14 +10,15 @@ Two ways to reach the workers:
   header ``X-SMG-Routing-Key: <session id>``. With the gateway's ``manual`` policy that key is
   pinned to one worker until the worker leaves, so every turn of a Session reuses that worker's
   prefix cache. The gateway (sglang-router 0.3.2) has no abort, pause, continue or weight-update
-  route, so control calls go to every worker of its ``GET /workers`` listing, which is re-read by
-  the health monitor and before control calls once it is older than a second.
+  route (docs/client-quirks.md#no-abort-through-the-router), so control calls go to every
+  worker of its ``GET /workers`` listing, which the health monitor re-reads, and so does every
+  control call once the last reading is older than a second.
 - **Direct** (``--engine-url``): the fleet routes itself. A Session's first request goes to the
   worker holding the fewest Sessions, and every later one to the same worker.
 
 Request ids: the rollout's rids end in ``#`` and contain no other ``#``, so none is a prefix of
-another (SGLang aborts by prefix, §7 P-4); they contain the Session id, which is unique, so they
-are unique across workers. :meth:`EngineFleet.generate` refuses a rid that breaks either rule.
+another (SGLang aborts by prefix: docs/client-quirks.md#abort-matches-rid-prefixes); they
+contain the Session id, which is unique, so they are unique across workers. :meth:`EngineFleet.generate` refuses a rid that breaks either rule.
 
 Faults. A worker is removed, with a logged reason, when a connection to it is refused, or when it
 fails ``health_failures`` probes in a row (it stopped answering). Its in-flight generations end at
@@ -347,7 +348,7 @@ class EngineFleet(FleetMembers):
         await self._each(lambda w: w.client.abort_all())
 
     async def pause_generation(self, mode: PauseMode = "abort") -> None:
-        """Pause every worker (§4.4); health probes stop until :meth:`continue_generation`.
+        """Pause every worker (``mode`` as SGLang's); health probes stop until :meth:`continue_generation`.
 
         Raises:
             BackendError: a worker refused, or too few workers remain.
@@ -376,7 +377,7 @@ class EngineFleet(FleetMembers):
         self, model_path: str, *, weight_version: str | None, abort_all_requests: bool = False,
         flush_cache: bool = True,
     ) -> None:
-        """Load a checkpoint directory on every worker (§4.2), without the pause bracket.
+        """Load a checkpoint directory on every worker, without the pause bracket.
 
         Raises:
             EngineStatusError: a worker answered ``success: false``.

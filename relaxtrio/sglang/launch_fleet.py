@@ -36,7 +36,7 @@ import sys
 from collections.abc import AsyncIterator, Sequence
 from contextlib import asynccontextmanager
 from pathlib import Path
-from typing import Final, Literal
+from typing import Any, Final, Literal
 
 import attrs
 import httpx
@@ -45,7 +45,7 @@ import trio
 from .._errors import BackendError
 from ..config import FleetConfig
 from .fleet import EngineFleet
-from .launch import URL_PREFIX
+from .launch import _copy_to_log, _read_url
 
 __all__ = ["EngineKind", "LaunchedFleet", "detect_engine_kind", "open_gateway",
            "open_launched_fleet"]
@@ -115,11 +115,13 @@ class _Proc:
     stopping: bool = False
 
     async def start(self) -> None:
+        """Start the process: stderr straight into the log, stdout through a pipe (copied into
+        the log by :func:`_boot`'s reader, so the embedded engine's URL line is an event)."""
         self.log_path.parent.mkdir(parents=True, exist_ok=True)
-        with self.log_path.open("ab") as log_file:
+        with self.log_path.open("ab") as stderr_file:
             self.process = await trio.lowlevel.open_process(
                 [sys.executable, "-m", "relaxtrio.sglang._reaper", "--", *self.cmd],
-                stdin=subprocess.DEVNULL, stdout=log_file, stderr=subprocess.STDOUT,
+                stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, stderr=stderr_file,
                 env=self.env, start_new_session=True,
             )
 
@@ -186,6 +188,8 @@ class LaunchedFleet:
 
 async def _wait_http_ok(proc: _Proc, url: str, path: str, timeout_s: float,
                         client: httpx.AsyncClient) -> None:
+    """Poll ``url + path`` until it answers 200: SGLang's servers and the gateway announce
+    readiness only by answering (``/health`` is 503 or refused before)."""
     with trio.move_on_after(timeout_s):
         while True:
             assert proc.process is not None
@@ -203,31 +207,53 @@ async def _wait_http_ok(proc: _Proc, url: str, path: str, timeout_s: float,
                        f"(log {proc.log_path}):\n{_tail(proc.log_path)}")
 
 
-async def _wait_url_line(proc: _Proc, timeout_s: float) -> str:
+async def _pump(stdout: trio.abc.ReceiveStream, log_file: Any) -> None:
+    """Copy a process's stdout into its log until EOF; then close both."""
+    try:
+        await _copy_to_log(stdout, log_file.write)
+    finally:
+        with trio.CancelScope(shield=True):
+            await log_file.aclose()
+            await stdout.aclose()
+
+
+async def _wait_url_line(proc: _Proc, log_file: Any, timeout_s: float) -> str:
+    """The embedded engine's URL line, read from its stdout pipe (copied into the log)."""
+    assert proc.process is not None and proc.process.stdout is not None
     with trio.move_on_after(timeout_s):
-        while True:
-            assert proc.process is not None
-            for line in _tail(proc.log_path, 1 << 16).splitlines()[::-1]:
-                if line.startswith(URL_PREFIX):
-                    return line[len(URL_PREFIX):].strip()
-            if proc.process.poll() is not None:
-                raise BackendError(f"{proc.name} exited with {_status_text(proc.process.returncode)} "
-                                   f"during startup (log {proc.log_path}):\n{_tail(proc.log_path)}")
-            await trio.sleep(_POLL_S)
+        url = await _read_url(proc.process.stdout, log_file.write)
+        if url is not None:
+            return url
+        await proc.process.wait()  # stdout closed without the line: it is exiting
+        raise BackendError(f"{proc.name} exited with {_status_text(proc.process.returncode)} "
+                           f"during startup (log {proc.log_path}):\n{_tail(proc.log_path)}")
     raise BackendError(f"{proc.name} not ready within {timeout_s:g} s (log {proc.log_path}):\n"
                        f"{_tail(proc.log_path)}")
 
 
 async def _boot(proc: _Proc, kind: EngineKind | Literal["gateway"], timeout_s: float,
-                client: httpx.AsyncClient) -> None:
-    """Start ``proc`` and wait until its ``/health`` answers 200; sets ``proc.url``."""
+                client: httpx.AsyncClient, nursery: trio.Nursery) -> None:
+    """Start ``proc`` and wait until its ``/health`` answers 200; sets ``proc.url``.
+
+    Its stdout is copied into its log by a task in ``nursery`` for as long as it runs.
+    """
     await proc.start()
-    if kind == "embedded" and proc.port is None:
-        proc.url = await _wait_url_line(proc, timeout_s)
-        proc.port = int(proc.url.rsplit(":", 1)[1])
-        proc.cmd[proc.cmd.index("--port") + 1] = str(proc.port)  # a restart keeps the port
-    else:
-        proc.url = f"http://127.0.0.1:{proc.port}"
+    assert proc.process is not None and proc.process.stdout is not None
+    log_file = await trio.open_file(proc.log_path, "ab", buffering=0)
+    pumping = False
+    try:
+        if kind == "embedded" and proc.port is None:
+            proc.url = await _wait_url_line(proc, log_file, timeout_s)
+            proc.port = int(proc.url.rsplit(":", 1)[1])
+            proc.cmd[proc.cmd.index("--port") + 1] = str(proc.port)  # a restart keeps the port
+        else:
+            proc.url = f"http://127.0.0.1:{proc.port}"
+        nursery.start_soon(_pump, proc.process.stdout, log_file)
+        pumping = True
+    finally:
+        if not pumping:
+            with trio.CancelScope(shield=True):
+                await log_file.aclose()
     await _wait_http_ok(proc, proc.url, "/health", timeout_s, client)
     log.info("%s ready at %s (log %s)", proc.name, proc.url, proc.log_path)
 
@@ -277,7 +303,7 @@ def _gateway_proc(urls: Sequence[str], log_dir: Path) -> _Proc:
 
 
 async def _supervise(launched: LaunchedFleet, proc: _Proc, kind: EngineKind | Literal["gateway"],
-                     config: FleetConfig, client: httpx.AsyncClient) -> None:
+                     config: FleetConfig, client: httpx.AsyncClient, nursery: trio.Nursery) -> None:
     """Watch one process; restart it when it dies (see the module docstring)."""
     while True:
         assert proc.process is not None
@@ -300,7 +326,7 @@ async def _supervise(launched: LaunchedFleet, proc: _Proc, kind: EngineKind | Li
         log.warning("%s exited with %s; restarting it on port %s (log %s)", proc.name, status,
                     proc.port, proc.log_path)
         try:
-            await _boot(proc, kind, config.startup_timeout_s, client)
+            await _boot(proc, kind, config.startup_timeout_s, client, nursery)
             if fleet is not None and proc.url is not None:
                 fleet.set_restartable(proc.url, proc.restarts_left > 0)
                 await fleet.readmit(proc.url)
@@ -356,16 +382,17 @@ async def open_launched_fleet(
         try:
             async with trio.open_nursery() as boot:
                 for proc in procs:
-                    boot.start_soon(_boot, proc, kind, config.startup_timeout_s, client)
+                    boot.start_soon(_boot, proc, kind, config.startup_timeout_s, client, nursery)
             launched.worker_urls = tuple(p.url for p in procs if p.url is not None)
             if use_gateway:
                 gateway = _gateway_proc(launched.worker_urls, log_dir)
                 procs.append(gateway)
-                await _boot(gateway, "gateway", config.startup_timeout_s, client)
+                await _boot(gateway, "gateway", config.startup_timeout_s, client, nursery)
                 launched.gateway_url = gateway.url
             for proc in procs:
                 nursery.start_soon(_supervise, launched, proc,
-                                   "gateway" if proc.name == "gateway" else kind, config, client)
+                                   "gateway" if proc.name == "gateway" else kind, config, client,
+                                   nursery)
             yield launched
         finally:
             await _stop_all(procs)
@@ -406,9 +433,9 @@ async def open_gateway(
                              log_dir=log_dir.resolve(), procs=[gateway])
     async with httpx.AsyncClient() as client, trio.open_nursery() as nursery:
         try:
-            await _boot(gateway, "gateway", config.startup_timeout_s, client)
+            await _boot(gateway, "gateway", config.startup_timeout_s, client, nursery)
             launched.gateway_url = gateway.url
-            nursery.start_soon(_supervise, launched, gateway, "gateway", config, client)
+            nursery.start_soon(_supervise, launched, gateway, "gateway", config, client, nursery)
             yield launched
         finally:
             await _stop_all([gateway])

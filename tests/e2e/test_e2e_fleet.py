@@ -16,7 +16,13 @@ import trio
 from support.agents import write_httpx_agent
 from support.procs import alive
 
-from relaxtrio.config import AgentConfig, FleetConfig, GenerationConfig, RolloutConfig, TrainRunConfig
+from relaxtrio.config import (
+    AgentConfig,
+    FleetConfig,
+    GenerationConfig,
+    RolloutConfig,
+    TrainRunConfig,
+)
 from relaxtrio.driver import run_training
 from relaxtrio.train import TrainConfig
 
@@ -48,13 +54,13 @@ def _processes(*needles: str) -> dict[int, list[str]]:
 
 
 def _engine(run_dir: Path, index: int) -> tuple[int, str] | None:
-    """(pid, url) of launched engine ``index``, found by the log file its stdout writes to."""
+    """(pid, url) of launched engine ``index``, found by the log file its stderr writes to."""
     log_path = run_dir / "engines" / f"engine-{index}.log"
     for pid, argv in _processes("relaxtrio.engine").items():
         if "relaxtrio.sglang._reaper" in argv:
             continue
         try:
-            if os.readlink(f"/proc/{pid}/fd/1") == str(log_path):
+            if os.readlink(f"/proc/{pid}/fd/2") == str(log_path):  # stderr goes to the log
                 lines = [ln for ln in log_path.read_text().splitlines()
                          if ln.startswith("RELAXTRIO_ENGINE_URL=")]
                 return pid, lines[-1].split("=", 1)[1]
@@ -82,25 +88,6 @@ def _config(tmp_path: Path, tiny_model_dir: Path, *, turns: int, **rollout) -> T
         fleet=FleetConfig(num_engines=2, health_interval_s=1.0),
         output_dir=tmp_path / "run",
     )
-
-
-async def test_one_step_on_two_engines_behind_the_gateway(tiny_model_dir: Path, tmp_path: Path,
-                                                          caplog: pytest.LogCaptureFixture) -> None:
-    caplog.set_level(logging.INFO)
-    config = _config(tmp_path, tiny_model_dir, turns=2, n_samples_per_prompt=2,
-                     rollout_batch_size=2)
-    with trio.fail_after(400):
-        summary = await run_training(config)
-    [row] = summary.rows
-    assert summary.trained_steps == 1 and row["dropped_groups"] == 0 and row["num_samples"] == 4
-    assert row["weight_sync_s"] > 0
-    messages = [r.getMessage() for r in caplog.records]
-    assert any("behind gateway" in m and "2 worker(s)" in m for m in messages)
-    assert any("fleet: 2 worker(s) at weight version step-1" in m for m in messages)
-    assert any("weights reach the engines via shm" in m for m in messages)
-    logs = tmp_path / "run" / "engines"
-    assert {p.name for p in logs.iterdir()} >= {"engine-0.log", "engine-1.log", "gateway.log"}
-    assert not _processes("relaxtrio.engine", str(tiny_model_dir))
 
 
 async def test_an_engine_sigkilled_mid_step(tiny_model_dir: Path, tmp_path: Path,
@@ -140,7 +127,9 @@ async def test_an_engine_sigkilled_mid_step(tiny_model_dir: Path, tmp_path: Path
     assert not _processes("relaxtrio.engine", str(tiny_model_dir))
 
 
-def test_cli_two_engines_leaves_no_process(tiny_model_dir: Path, tmp_path: Path) -> None:
+def test_cli_trains_a_step_on_two_engines_and_leaves_no_process(tiny_model_dir: Path,
+                                                                tmp_path: Path) -> None:
+    """``train --rollout-num-engines 2 --num-rollout 1``: two engines and the gateway, one step."""
     agent_dir = tmp_path / "agent"
     agent_dir.mkdir()
     cmd = write_httpx_agent(agent_dir)
@@ -156,7 +145,13 @@ def test_cli_two_engines_leaves_no_process(tiny_model_dir: Path, tmp_path: Path)
     env = dict(os.environ, PYTHONPATH=os.pathsep.join(sys.path))
     done = subprocess.run(argv, capture_output=True, text=True, timeout=600, env=env)
     assert done.returncode == 0, done.stderr[-3000:]
+    assert "fleet: 2 worker(s) behind gateway" in done.stderr
     assert "weights reach the engines via disk" in done.stderr
+    assert "fleet: 2 worker(s) at weight version step-1" in done.stderr
+    [row] = [json.loads(line) for line in (tmp_path / "run" / "metrics.jsonl").read_text().splitlines()]
+    assert row["loss"] is not None and row["dropped_groups"] == 0 and row["weight_sync_s"] > 0
+    logs = tmp_path / "run" / "engines"
+    assert {p.name for p in logs.iterdir()} == {"engine-0.log", "engine-1.log", "gateway.log"}
     assert not (tmp_path / "run" / "weights").exists()  # old versions and the last one cleaned up
     assert not _processes("relaxtrio.engine", str(tiny_model_dir))
     assert not set(_processes("sglang_router.launch_router")) - gateways_before
