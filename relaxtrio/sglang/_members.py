@@ -330,7 +330,13 @@ class FleetMembers:
 
     # ------------------------------------------------------------------ health
     async def _probe(self, worker: Worker) -> None:
-        """One ``/health`` probe; removes the worker when it is gone or keeps failing."""
+        """One ``/health`` probe; removes the worker when it is gone or keeps failing.
+
+        No verdict while the fleet holds the workers paused: SGLang's probe generation waits
+        behind the pause (docs/client-quirks.md#health-checks-while-paused).
+        """
+        if self._paused:
+            return
         timeout = httpx.Timeout(self.config.health_timeout_s,
                                 connect=self._client_config.connect_timeout_s)
         try:
