@@ -358,9 +358,10 @@ class FleetConfig:
 
     def __attrs_post_init__(self) -> None:
         if self.router_url is not None and self.engine_urls:
-            raise ValueError("give a gateway (router_url) or worker URLs (engine_urls), not both")
+            raise ConfigError.at("router_url", "give a gateway (router_url) or worker URLs "
+                                 "(engine_urls), not both")
         if self.weight_sync not in ("auto", "disk", "shm"):
-            raise ValueError(f"weight_sync must be auto, disk or shm, got {self.weight_sync!r}")
+            raise ConfigError.at("weight_sync", f"must be auto, disk or shm, got {self.weight_sync!r}")
 
     @property
     def launches(self) -> bool:

@@ -28,7 +28,7 @@ import attrs
 import torch
 import trio
 
-from ._errors import BackendError
+from ._errors import BackendError, ConfigError
 from .config import FleetConfig
 from .nursery.session import Session, SessionRegistry
 from .sglang.fleet import EngineFleet, open_engine_fleet
@@ -134,7 +134,7 @@ async def open_inference(
     Raises:
         BackendError: an engine or the gateway failed to start, no worker is reachable, or
             (cancelling the body) the fleet can no longer serve.
-        ValueError: ``weight_sync="shm"`` with workers that are not local embedded engines.
+        ConfigError: ``weight_sync="shm"`` with workers that are not local embedded engines.
 
     Cancellation:
         Leaving stops every launched process and removes the weight store's files.
@@ -154,8 +154,8 @@ async def open_inference(
         kind = config.weight_sync
         local = await _all_local_embedded(fleet)
         if kind == "shm" and not local:
-            raise ValueError("--weight-sync shm needs every worker to be a relaxtrio embedded "
-                             "engine on this machine")
+            raise ConfigError("--weight-sync shm needs every worker to be a relaxtrio embedded "
+                              "engine on this machine", param="--weight-sync")
         if kind == "auto":
             kind = "shm" if local else "disk"
         root = config.weights_dir or (run_dir / "weights").resolve()

@@ -20,10 +20,9 @@ import attrs
 import httpx
 import trio
 
-from .._errors import BackendError
+from .._errors import BackendError, EngineRejectedError, EngineUnavailableError
 from ..config import FleetConfig
 from ._http import EngineClientConfig, json_object, send_with_retries
-from ._replies import EngineStatusError
 from .client import EngineClient
 
 __all__ = ["FleetMembers", "Worker", "worker_failure"]
@@ -39,11 +38,14 @@ GATEWAY_POLL_S: Final = 0.5
 def worker_failure(exc: BackendError) -> bool:
     """Whether a failed call says something about the worker rather than about the request.
 
-    5xx answers and transport failures (refused, reset, timed out) do; a 4xx answer or a
-    malformed response is about the request and goes back to the caller.
+    5xx answers and transport failures (refused, reset, timed out) do; a 4xx answer
+    (:class:`~relaxtrio.EngineRejectedError`) or a malformed response goes back to the caller.
     """
-    if isinstance(exc, EngineStatusError):
-        return exc.status_code >= 500
+    if isinstance(exc, EngineRejectedError):
+        return False
+    status = getattr(exc, "status_code", None)
+    if status is not None:
+        return status >= 500
     return isinstance(exc.__cause__, httpx.TransportError)
 
 
@@ -218,7 +220,7 @@ class FleetMembers:
         healthy = len(self._live) + len(self._restarting)
         if self._fatal is None and healthy < self.config.min_healthy_engines:
             reasons = "; ".join(f"{u}: {why}" for u, why in self._removed.items())
-            self._fatal = BackendError(
+            self._fatal = EngineUnavailableError(
                 f"only {len(self._live)} healthy engine(s) left, fewer than "
                 f"--min-healthy-engines {self.config.min_healthy_engines} ({reasons})"
             )
@@ -252,7 +254,7 @@ class FleetMembers:
         gateway keeps the current membership; past ``gateway_wait_s`` the fleet fails.
 
         Raises:
-            BackendError: the gateway has been unreachable for longer than ``gateway_wait_s``,
+            EngineUnavailableError: the gateway has been unreachable for longer than ``gateway_wait_s``,
                 or too few workers remain.
 
         Cancellation:
@@ -305,7 +307,7 @@ class FleetMembers:
             log.warning("fleet: gateway %s unreachable (%s); waiting up to %g s for it",
                         self.gateway_url, exc, self.config.gateway_wait_s)
         elif now - self._gateway_down_since > self.config.gateway_wait_s and self._fatal is None:
-            self._fatal = BackendError(
+            self._fatal = EngineUnavailableError(
                 f"the gateway {self.gateway_url} has been unreachable for more than "
                 f"{self.config.gateway_wait_s:g} s: {exc}")
         if self._fatal is not None:
@@ -364,7 +366,7 @@ class FleetMembers:
         behind a pause, docs/client-quirks.md#health-checks-while-paused).
 
         Raises:
-            BackendError: too few workers remain, or the gateway stayed away too long.
+            EngineUnavailableError: too few workers remain, or the gateway stayed away too long.
 
         Cancellation:
             A checkpoint; probes already answered keep their effect.
@@ -391,7 +393,7 @@ class FleetMembers:
         """Probe the fleet every ``health_interval_s`` until cancelled.
 
         Raises:
-            BackendError: the fleet can no longer serve (see :meth:`sweep`).
+            EngineUnavailableError: the fleet can no longer serve (see :meth:`sweep`).
 
         Cancellation:
             Runs until cancelled.
@@ -406,7 +408,7 @@ class FleetMembers:
         gateway and probe every worker once.
 
         Raises:
-            BackendError: the fleet can no longer serve.
+            EngineUnavailableError: the fleet can no longer serve.
         """
         if worker is not None:
             if _refused(exc):
@@ -452,9 +454,9 @@ class FleetMembers:
         info = await client.model_info()
         reported = info.get("weight_version")
         if reported != version:
-            raise EngineStatusError(
+            raise EngineUnavailableError(
                 f"engine {url} reports weight version {reported!r} after loading {version!r}",
-                status_code=500, engine_url=url)
+                engine_url=url)
 
     # ------------------------------------------------------------------ info
     async def health(self) -> bool:
@@ -478,7 +480,7 @@ class FleetMembers:
             return self._live.get(url.rstrip("/")) or self._worker(url.rstrip("/"))
         if not self._live:
             self._check_quorum()
-            raise BackendError("no healthy engine to ask")
+            raise EngineUnavailableError("no healthy engine to ask")
         return next(iter(self._live.values()))
 
     async def model_info(self, url: str | None = None) -> dict[str, Any]:

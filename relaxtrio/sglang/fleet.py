@@ -53,11 +53,11 @@ import attrs
 import httpx
 import trio
 
-from .._errors import BackendError
+from .._errors import BackendError, EngineUnavailableError
 from ..config import FleetConfig
 from ._http import EngineClientConfig
 from ._members import GATEWAY_POLL_S, FleetMembers, Worker, worker_failure
-from ._replies import EngineStatusError, GenerateResult
+from ._replies import GenerateResult
 from .client import PauseMode
 from .wire import SamplingParams
 
@@ -182,7 +182,7 @@ class EngineFleet(FleetMembers):
     def _route(self, key: str | None) -> Worker:
         if not self._live:
             self._check_quorum()
-            raise BackendError("no healthy engine to generate on")
+            raise EngineUnavailableError("no healthy engine to generate on")
         if key is None:
             load = {url: 0 for url in self._live}
             for flight in self._flights.values():
@@ -228,8 +228,8 @@ class EngineFleet(FleetMembers):
         Raises:
             ValueError: ``rid`` could be a prefix of another rid, or is already in flight.
             ContextLengthExceededError: the engine refused the prompt as too long.
-            EngineStatusError: a 4xx answer (a problem of this request).
-            BackendError: a malformed answer, or the fleet can no longer serve.
+            EngineRejectedError: a 4xx answer (a problem of this request).
+            EngineUnavailableError: a malformed answer, or the fleet can no longer serve.
 
         Cancellation:
             A checkpoint. Cancelling drops the HTTP request (abort the rid first to keep the
@@ -329,7 +329,8 @@ class EngineFleet(FleetMembers):
         """Ask every worker to abort ``rid`` (fire-and-forget; done when generate returns).
 
         Raises:
-            BackendError: a reachable worker refused, or too few workers remain.
+            EngineRejectedError: a reachable worker refused.
+            EngineUnavailableError: too few workers remain.
 
         Cancellation:
             A checkpoint; workers already reached keep the abort.
@@ -340,7 +341,8 @@ class EngineFleet(FleetMembers):
         """Abort every request on every worker.
 
         Raises:
-            BackendError: a reachable worker refused, or too few workers remain.
+            EngineRejectedError: a reachable worker refused.
+            EngineUnavailableError: too few workers remain.
 
         Cancellation:
             A checkpoint; workers already reached keep the abort.
@@ -351,7 +353,8 @@ class EngineFleet(FleetMembers):
         """Pause every worker (``mode`` as SGLang's); health probes stop until :meth:`continue_generation`.
 
         Raises:
-            BackendError: a worker refused, or too few workers remain.
+            EngineRejectedError: a worker refused.
+            EngineUnavailableError: too few workers remain.
 
         Cancellation:
             A checkpoint; workers already paused stay paused (call continue, shielded).
@@ -363,7 +366,8 @@ class EngineFleet(FleetMembers):
         """Resume every worker after :meth:`pause_generation`.
 
         Raises:
-            BackendError: a worker refused, or too few workers remain.
+            EngineRejectedError: a worker refused.
+            EngineUnavailableError: too few workers remain.
 
         Cancellation:
             A checkpoint; workers already reached have resumed.
@@ -380,8 +384,8 @@ class EngineFleet(FleetMembers):
         """Load a checkpoint directory on every worker, without the pause bracket.
 
         Raises:
-            EngineStatusError: a worker answered ``success: false``.
-            BackendError: too few workers remain.
+            EngineRejectedError: a worker answered ``success: false``.
+            EngineUnavailableError: too few workers remain.
 
         Cancellation:
             A checkpoint; workers that started loading finish.
@@ -404,7 +408,7 @@ class EngineFleet(FleetMembers):
             version: the new version label.
 
         Raises:
-            BackendError: too few workers remain.
+            EngineUnavailableError: too few workers remain.
 
         Cancellation:
             Shielded: the workers are never left paused.
@@ -422,7 +426,7 @@ class EngineFleet(FleetMembers):
                             await worker.client.update_weights_from_disk(
                                 model_path, weight_version=version)
                             await self._verify_version(worker.client, worker.url, version)
-                        except EngineStatusError as exc:
+                        except BackendError as exc:  # refused, failed, or another version
                             self.remove(worker.url, f"weight update to {version} failed: {exc}")
 
                     await self._each(load, workers)
@@ -439,7 +443,8 @@ class EngineFleet(FleetMembers):
         """Relabel the weights on every worker (always sends ``abort_all_requests``).
 
         Raises:
-            BackendError: a worker refused, or too few workers remain.
+            EngineRejectedError: a worker refused.
+            EngineUnavailableError: too few workers remain.
 
         Cancellation:
             A checkpoint.
@@ -451,8 +456,8 @@ class EngineFleet(FleetMembers):
         """Flush the prefix cache on every worker.
 
         Raises:
-            EngineStatusError: a worker refused (requests still running).
-            BackendError: too few workers remain.
+            EngineRejectedError: a worker refused (requests still running).
+            EngineUnavailableError: too few workers remain.
 
         Cancellation:
             A checkpoint.
@@ -463,7 +468,8 @@ class EngineFleet(FleetMembers):
         """Release a Session's engine-side state where it was served (see the module docs).
 
         Raises:
-            BackendError: a reachable worker refused, or too few workers remain.
+            EngineRejectedError: a reachable worker refused.
+            EngineUnavailableError: too few workers remain.
 
         Cancellation:
             A checkpoint.
@@ -517,7 +523,7 @@ async def open_engine_fleet(
         The fleet; the monitor runs while inside.
 
     Raises:
-        BackendError: no worker (empty listing or URL list), the gateway unreachable, or (from
+        EngineUnavailableError: no worker (empty listing or URL list), the gateway unreachable, or (from
             the monitor, cancelling the body) the fleet could no longer serve.
 
     Cancellation:

@@ -54,6 +54,7 @@ log = logging.getLogger(__name__)
 
 EngineKind = Literal["sglang", "embedded"]
 STOP_GRACE_S: Final = 10.0
+KILL_GRACE_S: Final = 2.0
 MAX_GATEWAY_RESTARTS: Final = 5
 _POLL_S: Final = 0.2
 
@@ -95,8 +96,9 @@ def detect_engine_kind() -> EngineKind:
 def _status_text(code: int | None) -> str:
     if code is None:
         return "still running"
-    if code > 128 and code - 128 in signal.Signals._value2member_map_:
-        return f"code {code} (killed by {signal.Signals(code - 128).name})"
+    signum = code - 128 if code > 128 else -code
+    if signum > 0 and signum in signal.Signals._value2member_map_:
+        return f"code {code} (killed by {signal.Signals(signum).name})"
     return f"code {code}"
 
 
@@ -160,6 +162,7 @@ class LaunchedFleet:
     log_dir: Path
     fleet: EngineFleet | None = None
     _procs: list[_Proc] = attrs.field(factory=list)
+    _nursery: trio.Nursery | None = None
 
     def attach(self, fleet: EngineFleet) -> None:
         """Route later deaths and restarts to ``fleet`` (``remove`` / ``readmit``), and let the
@@ -173,13 +176,24 @@ class LaunchedFleet:
 
     def _on_remove(self, url: str, reason: str) -> None:
         for proc in self._procs:
-            if proc.url == url and not proc.stopping and proc.process is not None \
-                    and proc.process.returncode is None:
-                log.warning("%s was removed from the fleet (%s); killing it", proc.name, reason)
-                try:
-                    os.killpg(proc.process.pid, signal.SIGKILL)
-                except ProcessLookupError:
-                    pass
+            if proc.url == url and self._nursery is not None:
+                self._nursery.start_soon(self._kill_if_running, proc, proc.process, reason)
+
+    async def _kill_if_running(self, proc: _Proc, process: trio.Process | None, reason: str) -> None:
+        """Kill a removed engine that is still running :data:`KILL_GRACE_S` later (one that died
+        is being handled by its supervisor already)."""
+        if process is None:
+            return
+        with trio.move_on_after(KILL_GRACE_S):
+            await process.wait()
+            return
+        if proc.process is process and not proc.stopping:
+            log.warning("%s was removed from the fleet (%s) but still runs; killing it so that "
+                        "it is restarted", proc.name, reason)
+            try:
+                os.killpg(process.pid, signal.SIGKILL)
+            except ProcessLookupError:
+                pass
 
     def pids(self) -> list[int]:
         """Process-group ids of the running processes (for tests)."""
@@ -258,6 +272,19 @@ async def _boot(proc: _Proc, kind: EngineKind | Literal["gateway"], timeout_s: f
     log.info("%s ready at %s (log %s)", proc.name, proc.url, proc.log_path)
 
 
+def _cpu_share_env(num_engines: int) -> dict[str, str] | None:
+    """Environment of an embedded engine sharing the CPU with ``num_engines - 1`` others.
+
+    torch runs one compute thread per core in every process; N engines on C cores would run
+    N x C threads and slow each other down, so each gets ``max(1, C // N)`` threads (unless the
+    user set ``OMP_NUM_THREADS``).
+    """
+    if num_engines <= 1 or "OMP_NUM_THREADS" in os.environ:
+        return None
+    threads = max(1, (os.cpu_count() or 1) // num_engines)
+    return dict(os.environ, OMP_NUM_THREADS=str(threads))
+
+
 def _engine_procs(config: FleetConfig, kind: EngineKind, model_dir: Path, log_dir: Path,
                   engine_args: Sequence[str]) -> list[_Proc]:
     procs = []
@@ -287,6 +314,7 @@ def _engine_procs(config: FleetConfig, kind: EngineKind, model_dir: Path, log_di
             cmd = [sys.executable, "-m", "relaxtrio.engine", "--model", str(model_dir),
                    "--host", "127.0.0.1", "--port", "0", *engine_args]
             procs.append(_Proc(name=f"engine {i}", cmd=cmd, log_path=log_path,
+                               env=_cpu_share_env(config.num_engines),
                                restarts_left=config.engine_restarts))
     return procs
 
@@ -379,6 +407,7 @@ async def open_launched_fleet(
     log.info("starting %d %s engine(s)%s (logs in %s)", config.num_engines, kind,
              " and the gateway" if use_gateway else "", log_dir)
     async with httpx.AsyncClient() as client, trio.open_nursery() as nursery:
+        launched._nursery = nursery
         try:
             async with trio.open_nursery() as boot:
                 for proc in procs:

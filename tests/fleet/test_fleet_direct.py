@@ -11,7 +11,7 @@ import torch
 import trio
 from fleet_helpers import IGNORE_DROPPED_BODY, long_sampling, wait_running
 
-from relaxtrio import BackendError
+from relaxtrio import EngineUnavailableError
 from relaxtrio.config import FleetConfig
 from relaxtrio.models import load_model
 from relaxtrio.sglang.fleet import open_engine_fleet
@@ -171,7 +171,7 @@ async def test_the_run_stops_when_too_few_workers_remain(start_engines) -> None:
     engines = await start_engines(2)
     config = _config(engines.urls, min_healthy_engines=2)
     with trio.fail_after(60), pytest.RaisesGroup(
-        pytest.RaisesExc(BackendError, match="fewer than --min-healthy-engines 2"),
+        pytest.RaisesExc(EngineUnavailableError, match="fewer than --min-healthy-engines 2"),
         flatten_subgroups=True,
     ):
         async with open_engine_fleet(config, worker_urls=engines.urls):

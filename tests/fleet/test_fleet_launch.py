@@ -15,7 +15,7 @@ import pytest
 import trio
 from support.procs import alive
 
-from relaxtrio import BackendError
+from relaxtrio import EngineUnavailableError
 from relaxtrio.config import FleetConfig
 from relaxtrio.sglang.fleet import open_engine_fleet
 from relaxtrio.sglang.launch_fleet import open_launched_fleet
@@ -46,7 +46,7 @@ async def test_a_dead_embedded_engine_is_restarted_once(
     config = FleetConfig(num_engines=1, health_interval_s=0.2)
     pgids: list[int] = []
     with trio.fail_after(240), pytest.RaisesGroup(
-        pytest.RaisesExc(BackendError, match="fewer than --min-healthy-engines 1"),
+        pytest.RaisesExc(EngineUnavailableError, match="fewer than --min-healthy-engines 1"),
         flatten_subgroups=True,
     ):
         async with open_launched_fleet(config, model_dir=tiny_model_dir, log_dir=tmp_path,
