@@ -14,7 +14,10 @@ is allocated). Tensors that share storage (tied embeddings) are stored once, und
 name, as ``save_pretrained`` does.
 
 The mailbox holds one version at a time: the caller must not write while an engine loads (the
-driver writes, then updates every engine, then trains again).
+driver writes, then updates every engine, then trains again). Its directory is named after the
+writing process (``relaxtrio-weights-<pid>-<random>``); :meth:`ShmWeightWriter.close` removes it,
+and a new writer removes the mailboxes of writers that died without closing (a SIGKILLed
+driver), so shared memory does not fill up across runs.
 
 May import: torch (no other relaxtrio package).
 """
@@ -37,6 +40,7 @@ FORMAT: Final = "relaxtrio-shm-weights/1"
 _DATA_NAME: Final = "weights.bin"
 _ALIGN_BYTES: Final = 64
 _SHM_ROOT: Final = Path("/dev/shm")
+_PREFIX: Final = "relaxtrio-weights-"
 
 
 def _dtype(name: str) -> torch.dtype:
@@ -49,6 +53,24 @@ def _dtype(name: str) -> torch.dtype:
 def is_shm_manifest(path: Path) -> bool:
     """Whether ``path`` is a mailbox manifest (what the engine receives as ``model_path``)."""
     return path.name == MANIFEST_NAME and path.is_file() and (path.parent / _DATA_NAME).is_file()
+
+
+def _pid_alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    return True
+
+
+def _remove_orphans(base: Path) -> None:
+    """Remove mailboxes in ``base`` whose writing process no longer exists."""
+    for path in base.glob(f"{_PREFIX}*-*"):
+        pid = path.name[len(_PREFIX):].split("-", 1)[0]
+        if pid.isdigit() and not _pid_alive(int(pid)):
+            shutil.rmtree(path, ignore_errors=True)
 
 
 def _unique_tensors(model: torch.nn.Module) -> list[tuple[str, torch.Tensor]]:
@@ -77,7 +99,8 @@ class ShmWeightWriter:
 
     def __init__(self, root: Path | None = None) -> None:
         base = root or (_SHM_ROOT if _SHM_ROOT.is_dir() else Path(tempfile.gettempdir()))
-        self.directory = Path(tempfile.mkdtemp(prefix="relaxtrio-weights-", dir=base)).resolve()
+        _remove_orphans(base)
+        self.directory = Path(tempfile.mkdtemp(prefix=f"{_PREFIX}{os.getpid()}-", dir=base)).resolve()
         self.manifest_path = self.directory / MANIFEST_NAME
         self._buffer: torch.Tensor | None = None
         self._layout: list[dict[str, Any]] = []
@@ -103,14 +126,13 @@ class ShmWeightWriter:
         """
         tensors = _unique_tensors(model)
         layout, total = self._plan(tensors)
-        plain = [{k: v for k, v in e.items()} for e in layout]
-        if self._buffer is None or plain != self._layout:
+        if self._buffer is None or layout != self._layout:
             data = self.directory / _DATA_NAME
             with data.open("wb") as f:
                 f.truncate(max(total, 1))
             self._buffer = torch.from_file(str(data), shared=True, size=max(total, 1),
                                            dtype=torch.uint8)
-            self._layout = plain
+            self._layout = layout
         with torch.no_grad():
             for entry, (_, tensor) in zip(layout, tensors, strict=True):
                 view = self._buffer[entry["offset"]:entry["offset"] + entry["nbytes"]]
