@@ -66,8 +66,7 @@ async def test_a_dead_embedded_engine_is_restarted_once(
     assert result.finish_type == "length"
     messages = [r.getMessage() for r in caplog.records]
     assert any("engine 0 exited with code 137 (killed by SIGKILL); restarting" in m for m in messages)
-    assert any("engine 0 exited with code 137 (killed by SIGKILL); not restarting" in m
-               for m in messages)
+    assert sum("restarting it on port" in m for m in messages) == 1  # once, not twice
     assert (tmp_path / "engine-0.log").read_text().count("RELAXTRIO_ENGINE_URL=") == 2  # restarted once
     assert not any(group_alive(p) for p in pgids)
 
