@@ -7,8 +7,9 @@ For each Session relaxtrio:
 2. runs ``bash -lc <agent command>`` (an activated virtual environment's ``bin`` put back in
    front of the login shell's PATH) in ``--agent-cwd`` with stdin from ``/dev/null``, the
    ``--agent-env`` entries and the seven ``RELAX_*`` variables
-   (docs/agent-contract.md#environment-variables), as the leader of a new process group
-   (``start_new_session=True``);
+   (docs/agent-contract.md#environment-variables), in a new process group
+   (``start_new_session=True``) led by the :mod:`relaxtrio._reaper` shim, which ends the way
+   the agent ended and takes the group down if the driver dies without cleaning up (SIGKILL);
 3. waits for the exit under the Session's active-time budget (``--agent-timeout``), a cancel scope
    whose deadline moves when generation is paused (see :class:`ActiveBudget`);
 4. whatever happens (normal exit, timeout, error, cancellation of the whole run), terminates the
@@ -39,6 +40,7 @@ from typing import Final, Literal
 import attrs
 import trio
 
+from .. import _reaper as reaper
 from .._errors import AgentExecutionError, ConfigError
 from ..config import RESERVED_ENV_PREFIX, TERM_GRACE_S, AgentConfig
 
@@ -365,7 +367,7 @@ async def run_agent(
                               encoding="utf-8")
         with log_path.open("ab") as log_file:
             process = await trio.lowlevel.open_process(
-                ["bash", "-lc", RESTORE_VENV_PATH + config.command],
+                reaper.command(["bash", "-lc", RESTORE_VENV_PATH + config.command]),
                 cwd=str(config.cwd),
                 env=_agent_env(config, session, io_dir),
                 stdin=subprocess.DEVNULL,

@@ -6,6 +6,10 @@ is the readiness event, no polling) and copies everything the engine writes on s
 log file, where its stderr (logging, tracebacks) goes directly. The process's exit is the other
 event: before the URL line it is a startup failure, afterwards an engine death that stops the
 caller.
+
+The engine runs under :mod:`relaxtrio._reaper` as the leader of its own process group: stopping
+signals the group, and a driver that dies without cleaning up (SIGKILL) still takes the engine
+down. The shim ends the way the engine ended, so the exit status seen here is the engine's.
 """
 
 from __future__ import annotations
@@ -23,6 +27,7 @@ from typing import Final
 import attrs
 import trio
 
+from .. import _reaper as reaper
 from .._errors import BackendError
 
 URL_PREFIX: Final = "RELAXTRIO_ENGINE_URL="
@@ -117,7 +122,7 @@ class _EngineProcess:
             )
 
     async def stop(self) -> None:
-        """SIGTERM, then SIGKILL after :data:`STOP_GRACE_S`; shielded, idempotent."""
+        """SIGTERM, then SIGKILL to the group after :data:`STOP_GRACE_S`; shielded, idempotent."""
         self.stopping = True
         with trio.CancelScope(shield=True):
             if self.process.returncode is None:
@@ -125,7 +130,10 @@ class _EngineProcess:
                 with trio.move_on_after(STOP_GRACE_S):
                     await self.process.wait()
                 if self.process.returncode is None:
-                    self.process.kill()
+                    try:
+                        os.killpg(self.process.pid, signal.SIGKILL)  # the shim and the engine
+                    except ProcessLookupError:
+                        pass
                     await self.process.wait()
 
 
@@ -158,7 +166,8 @@ async def open_embedded_engine(
            "--host", "127.0.0.1", "--port", "0", *extra_args]
     with log_path.open("ab") as stderr_file:  # append: our stdout copies share the file
         process = await trio.lowlevel.open_process(
-            cmd, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, stderr=stderr_file
+            reaper.command(cmd), stdin=subprocess.DEVNULL, stdout=subprocess.PIPE,
+            stderr=stderr_file, start_new_session=True,
         )
     assert process.stdout is not None
     engine = _EngineProcess(process=process, log_path=log_path)

@@ -10,10 +10,10 @@ sglang_router.launch_router``, package ``sglang-router``) runs in front with the
 policy (``min_group`` assignment: a new Session key goes to the worker with the fewest keys).
 Each process is started only after the previous ones answered ``/health``.
 
-Ownership: every process runs under :mod:`relaxtrio.sglang._reaper` as the leader of its own
+Ownership: every process runs under :mod:`relaxtrio._reaper` as the leader of its own
 process group, so stopping it (SIGTERM to the group, SIGKILL after :data:`STOP_GRACE_S`) stops
 everything it spawned, and a driver that dies without cleaning up (SIGKILL) still takes them
-down. The processes live in the launcher's nursery: leaving the context (normally, by an error,
+down (the shim watches the driver's pid). The processes live in the launcher's nursery: leaving the context (normally, by an error,
 by Ctrl-C) stops them all. Logs go to ``<log_dir>/engine-<i>.log`` and ``<log_dir>/gateway.log``.
 
 Supervision: a launched embedded engine that exits is removed from the fleet with its exit
@@ -42,6 +42,7 @@ import attrs
 import httpx
 import trio
 
+from .. import _reaper as reaper
 from .._errors import BackendError
 from ..config import FleetConfig
 from .fleet import EngineFleet
@@ -94,9 +95,11 @@ def detect_engine_kind() -> EngineKind:
 
 
 def _status_text(code: int | None) -> str:
+    """``code 137 (killed by SIGKILL)``: a signal death (``-N``) is shown as a shell shows it."""
     if code is None:
         return "still running"
-    signum = code - 128 if code > 128 else -code
+    code = 128 - code if code < 0 else code
+    signum = code - 128
     if signum > 0 and signum in signal.Signals._value2member_map_:
         return f"code {code} (killed by {signal.Signals(signum).name})"
     return f"code {code}"
@@ -122,7 +125,7 @@ class _Proc:
         self.log_path.parent.mkdir(parents=True, exist_ok=True)
         with self.log_path.open("ab") as stderr_file:
             self.process = await trio.lowlevel.open_process(
-                [sys.executable, "-m", "relaxtrio.sglang._reaper", "--", *self.cmd],
+                reaper.command(self.cmd),
                 stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, stderr=stderr_file,
                 env=self.env, start_new_session=True,
             )

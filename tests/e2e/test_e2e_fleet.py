@@ -16,6 +16,7 @@ import trio
 from support.agents import write_httpx_agent
 from support.procs import alive
 
+from relaxtrio import _reaper
 from relaxtrio.config import (
     AgentConfig,
     FleetConfig,
@@ -57,7 +58,7 @@ def _engine(run_dir: Path, index: int) -> tuple[int, str] | None:
     """(pid, url) of launched engine ``index``, found by the log file its stderr writes to."""
     log_path = run_dir / "engines" / f"engine-{index}.log"
     for pid, argv in _processes("relaxtrio.engine").items():
-        if "relaxtrio.sglang._reaper" in argv:
+        if _reaper.SCRIPT in argv:
             continue
         try:
             if os.readlink(f"/proc/{pid}/fd/2") == str(log_path):  # stderr goes to the log
@@ -155,3 +156,76 @@ def test_cli_trains_a_step_on_two_engines_and_leaves_no_process(tiny_model_dir: 
     assert not (tmp_path / "run" / "weights").exists()  # old versions and the last one cleaned up
     assert not _processes("relaxtrio.engine", str(tiny_model_dir))
     assert not set(_processes("sglang_router.launch_router")) - gateways_before
+
+
+def _argv(pid: int) -> list[str]:
+    try:
+        return [a.decode() for a in Path(f"/proc/{pid}/cmdline").read_bytes().split(b"\0") if a]
+    except OSError:
+        return []
+
+
+def _descendants(pid: int) -> list[int]:
+    """``pid``'s descendants, children first."""
+    found, todo = [], [pid]
+    while todo:
+        try:
+            kids = Path(f"/proc/{todo.pop()}/task").glob("*/children")
+            new = [int(c) for path in kids for c in path.read_text().split()]
+        except OSError:
+            continue
+        found.extend(new)
+        todo.extend(new)
+    return found
+
+
+async def test_a_sigkilled_driver_leaves_no_engine_gateway_or_agent(tiny_model_dir: Path,
+                                                                   tmp_path: Path) -> None:
+    """``kill -9`` of ``train --rollout-num-engines 2`` while its agents run: the engines, the
+    gateway, the agents and the agents' own children all go (each under its reaper shim)."""
+    agent_dir = tmp_path / "agent"
+    agent_dir.mkdir()
+    cmd = write_httpx_agent(agent_dir)
+    data = tmp_path / "prompts.jsonl"
+    data.write_text("".join(json.dumps({"input": f"q{i}"}) + "\n" for i in range(2)))
+    pid_file = tmp_path / "agents.pid"
+    argv = [sys.executable, "-m", "relaxtrio", "train", "--rollout-num-engines", "2",
+            "--num-rollout", "1", "--hf-checkpoint", str(tiny_model_dir),
+            "--prompt-data", str(data), "--agent-cwd", str(agent_dir),
+            "--agent-command", f"{cmd} hang", "--agent-env", f"AGENT_PID_FILE={pid_file}",
+            "--n-samples-per-prompt", "2", "--rollout-batch-size", "1",
+            "--output-dir", str(tmp_path / "run"), "--weight-sync", "disk"]
+    env = dict(os.environ, PYTHONPATH=os.pathsep.join(sys.path))
+    with (tmp_path / "driver.log").open("wb") as log_file:
+        driver = await trio.lowlevel.open_process(argv, stdout=log_file, stderr=log_file, env=env)
+    try:
+        with trio.fail_after(300):
+            while not pid_file.exists() or len(pid_file.read_text().split()) < 2:
+                assert driver.poll() is None, (tmp_path / "driver.log").read_text()[-3000:]
+                await trio.sleep(0.1)
+            # Under the driver: 5 shims (2 engines, the gateway, 2 agents), what they run, and
+            # the sleep each agent started.
+            agents = [int(p) for p in pid_file.read_text().split()]
+            while True:
+                tree = _descendants(driver.pid)
+                argvs = {p: _argv(p) for p in tree}
+                shims = {p: a for p, a in argvs.items() if _reaper.SCRIPT in a}
+                if (len(shims) == 5 and all(_descendants(p) for p in shims)
+                        and sum(a[:1] == ["sleep"] for a in argvs.values()) == 2):
+                    break
+                await trio.sleep(0.1)
+            assert set(agents) <= set(tree)
+            kinds = sorted("engine" if "relaxtrio.engine" in a else
+                           "gateway" if "sglang_router.launch_router" in a else
+                           "agent" if "bash" in a else "?" for a in shims.values())
+            assert kinds == ["agent", "agent", "engine", "engine", "gateway"]
+            driver.kill()
+            await driver.wait()
+            while left := [p for p in tree if alive(p)]:
+                await trio.sleep(0.1)
+    finally:
+        if driver.returncode is None:
+            driver.kill()
+            await driver.wait()
+    assert not left
+    assert not _processes("relaxtrio.engine", str(tiny_model_dir))

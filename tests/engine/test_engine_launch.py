@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 import trio
 
-from relaxtrio import BackendError
+from relaxtrio import BackendError, _reaper
 from relaxtrio.sglang.launch import URL_PREFIX, open_embedded_engine
 
 
@@ -22,7 +22,8 @@ def _engine_pids(model_dir: Path) -> list[int]:
                 cmdline = (entry / "cmdline").read_bytes().split(b"\0")
             except OSError:
                 continue
-            if b"relaxtrio.engine" in cmdline and str(model_dir).encode() in cmdline:
+            if (b"relaxtrio.engine" in cmdline and str(model_dir).encode() in cmdline
+                    and _reaper.SCRIPT.encode() not in cmdline):  # the engine, not its shim
                 pids.append(int(entry.name))
     return pids
 

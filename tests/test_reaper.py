@@ -1,0 +1,110 @@
+"""The reaper shim: it ends the way its command ended, and nothing under it outlives the driver.
+
+Real processes on the real clock: each wait is for something to happen (a process to be gone),
+bounded by a deadline that only a hang reaches.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import textwrap
+import time
+from pathlib import Path
+
+import pytest
+from support.procs import alive
+
+from relaxtrio import _reaper
+
+DEADLINE_S = 30.0
+
+
+def wait_gone(*pids: int) -> None:
+    deadline = time.monotonic() + DEADLINE_S
+    while any(alive(p) for p in pids):
+        assert time.monotonic() < deadline, [p for p in pids if alive(p)]
+        time.sleep(0.05)
+
+
+def children(pid: int) -> list[int]:
+    return [int(c) for c in Path(f"/proc/{pid}/task/{pid}/children").read_text().split()]
+
+
+def run_shimmed(script: str) -> int:
+    return subprocess.run(_reaper.command(["bash", "-c", script]), start_new_session=True,
+                          timeout=DEADLINE_S).returncode
+
+
+@pytest.mark.parametrize(("script", "status"), [
+    ("exit 0", 0),
+    ("exit 3", 3),
+    ("kill -KILL $$", -signal.SIGKILL),
+    ("kill -TERM $$", -signal.SIGTERM),
+])
+def test_the_shim_ends_the_way_its_command_ended(script: str, status: int) -> None:
+    assert run_shimmed(script) == status
+
+
+def test_a_shim_whose_launcher_is_gone_starts_nothing(tmp_path: Path) -> None:
+    marker = tmp_path / "started"
+    argv = _reaper.command(["touch", str(marker)], parent=os.getpid())
+    # Started by a child of ours, the shim's parent is not the pid it was told to watch.
+    done = subprocess.run(["sh", "-c", '"$@"; exit $?', "sh", *argv], timeout=DEADLINE_S)
+    assert done.returncode == 1
+    assert not marker.exists()
+
+
+def test_the_command_dies_with_a_sigkilled_shim() -> None:
+    shim = subprocess.Popen(_reaper.command(["sleep", "3600"]), start_new_session=True)
+    try:
+        deadline = time.monotonic() + DEADLINE_S
+        while not (kids := children(shim.pid)):
+            assert time.monotonic() < deadline
+            time.sleep(0.02)
+        [sleeper] = kids
+        shim.kill()  # only the shim: its command is killed by the kernel (PR_SET_PDEATHSIG)
+        shim.wait()
+        wait_gone(sleeper)
+    finally:
+        try:
+            os.killpg(shim.pid, signal.SIGKILL)
+        except ProcessLookupError:
+            pass
+
+
+_DRIVER = textwrap.dedent("""
+    import json, subprocess, sys, time
+    from relaxtrio import _reaper
+    shims = [subprocess.Popen(_reaper.command(["bash", "-c", "sleep 3600 & sleep 3600; wait"]),
+                              start_new_session=True) for _ in range(2)]
+    print(json.dumps([s.pid for s in shims]), flush=True)
+    time.sleep(3600)
+""")
+
+
+def test_a_sigkilled_driver_takes_every_shimmed_group_down(tmp_path: Path) -> None:
+    env = dict(os.environ, PYTHONPATH=os.pathsep.join(sys.path))
+    driver = subprocess.Popen([sys.executable, "-c", _DRIVER], stdout=subprocess.PIPE, env=env)
+    try:
+        assert driver.stdout is not None
+        shims = json.loads(driver.stdout.readline())
+        deadline = time.monotonic() + DEADLINE_S
+        while True:  # each shim runs bash, and bash its two sleeps
+            under = [pid for shim in shims for pid in children(shim)]
+            grandchildren = [pid for pid in under for pid in children(pid)]
+            if len(under) == 2 and len(grandchildren) == 4:
+                break
+            assert time.monotonic() < deadline, (under, grandchildren)
+            time.sleep(0.05)
+        driver.kill()
+        driver.wait()
+        wait_gone(*shims, *under, *grandchildren)
+    finally:
+        driver.kill()
+        driver.wait()
+        if driver.stdout is not None:
+            driver.stdout.close()
