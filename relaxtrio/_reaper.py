@@ -11,8 +11,8 @@ started as the leader of a new process group (``start_new_session``); CMD and wh
 - checks every :data:`POLL_S` seconds whether its parent is still ``PID`` (the driver that
   launched it; the caller's pid is passed rather than read at start, so a driver that died before
   the shim looked is noticed too). When the parent is gone, even SIGKILLed so that none of its
-  cleanup ran, the shim sends CMD SIGTERM, waits up to :data:`GRACE_S` seconds, then SIGKILLs the
-  whole group, itself included;
+  cleanup ran, the shim sends the group SIGTERM, waits up to :data:`GRACE_S` seconds for CMD to
+  exit, then SIGKILLs the whole group, itself included;
 - makes CMD receive SIGKILL when the shim itself dies (Linux ``PR_SET_PDEATHSIG``, set in CMD
   right after the fork). The shim is single-threaded, so that signal is tied to the shim's life;
   it is not set between the driver and the shim because trio forks from a worker thread, and the
@@ -124,6 +124,7 @@ def main(argv: list[str]) -> int:
         except subprocess.TimeoutExpired:
             pass
         if os.getppid() != parent:  # reparented: the launcher died without stopping us
+            _kill_group(signal.SIGTERM)  # CMD and what it spawned (the shim forwards it too)
             child.terminate()
             try:
                 child.wait(timeout=GRACE_S)
