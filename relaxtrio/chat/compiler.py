@@ -18,6 +18,10 @@ observations are rendered (docs/canonical-contract.md#rendering-observations). T
   and consecutive tool results are rendered the way the template groups them
   (docs/client-quirks.md#grouped-tool-results).
 
+Both renders call the compiled template and the Rust tokenizer through :mod:`._fast_render`
+(what ``apply_chat_template`` and ``encode`` compute, without their per-call input handling), and
+a delta whose dummy text ends with an added token tokenizes only the text after it.
+
 Rendering inputs (docs/client-quirks.md#tool-call-arguments-mapping-or-string): canonical assistant
 tool calls hold arguments as compact JSON strings; the compiler decodes them to mappings for
 rendering, unless a probe at construction shows the template needs strings (it concatenates them, or
@@ -65,6 +69,7 @@ from .._errors import InternalError, InvalidRequestError
 from ..media.images import ImagePart, image_parts
 from ..media.vision import RenderedObservation, VisionProcessor
 from . import _template_inputs as _inputs
+from ._fast_render import TemplateRenderer, fast_encode
 from ._template_inputs import RESERVED_TEMPLATE_KWARGS, TURN_END_MARKERS, ArgumentsForm
 from ._template_probe import probe_arguments_form, probe_turn_end
 
@@ -138,7 +143,8 @@ class ChatCompiler:
         """The vision processor of a VLM, or None."""
         self._pass_empty_tools = pass_empty_tools
         self._reserved_kwargs = _inputs.reserved_kwargs(tokenizer)
-        self._trim_cache: dict[str, tuple[int, ...]] = {}
+        self._trim_cache: dict[str, _Trim] = {}
+        self._renderer = TemplateRenderer(tokenizer)
         self._trim_lock = threading.Lock()
         self.stop_token_ids: tuple[int, ...] = _inputs.stop_token_ids(tokenizer, extra_stop_token_ids)
         """Ids that end a generation: EOS, template end-of-turn markers, extras (sorted, unique)."""
@@ -238,17 +244,22 @@ class ChatCompiler:
             raise InternalError("an observation delta needs at least one message")
         start = time.perf_counter()
         kwargs = self._checked_kwargs(template_kwargs)
-        trim = self._dummy_trim_ids(tools, kwargs)
+        trim = self._dummy_trim(tools, kwargs)
         prepared = _inputs.template_messages(delta_messages, self.arguments_form, message_offset)
         text, render_s = self._render_text([*DUMMY_PREFIX, *prepared], tools, kwargs, True)
-        ids, encode_s = self._encode(text)
-        if ids[: len(trim)] != trim:
-            raise InternalError(
-                "the chat template is not prefix-stable after the dummy prefix: rendering more messages "
-                "changed the first tokens, so observation deltas cannot be rendered incrementally with "
-                "this template and these tools/template kwargs"
-            )
-        delta = ids[len(trim) :]
+        if trim.suffix_ok and text.startswith(trim.text):
+            # The dummy text ends with an added token: the tokenizer splits there, so the ids
+            # after it are the ids of the text after it (no need to tokenize the prefix again).
+            delta, encode_s = self._encode(text[len(trim.text):])
+        else:
+            ids, encode_s = self._encode(text)
+            if ids[: len(trim.ids)] != trim.ids:
+                raise InternalError(
+                    "the chat template is not prefix-stable after the dummy prefix: rendering more messages "
+                    "changed the first tokens, so observation deltas cannot be rendered incrementally with "
+                    "this template and these tools/template kwargs"
+                )
+            delta = ids[len(trim.ids) :]
         return EncodedPrompt(delta, text, render_s, encode_s, time.perf_counter() - start)
 
     def observation_ids(
@@ -334,13 +345,7 @@ class ChatCompiler:
     ) -> tuple[str, float]:
         start = time.perf_counter()
         try:
-            text = self._tokenizer.apply_chat_template(
-                [dict(message) for message in messages],
-                tools=self._tools_arg(tools),
-                tokenize=False,
-                add_generation_prompt=add_generation_prompt,
-                **kwargs,
-            )
+            text = self._renderer.render(messages, self._tools_arg(tools), add_generation_prompt, kwargs)
         except (jinja2.TemplateError, TypeError, ValueError, KeyError, IndexError) as exc:
             raise InvalidRequestError(
                 f"the chat template cannot render these messages: {type(exc).__name__}: {exc}", param="messages"
@@ -351,11 +356,13 @@ class ChatCompiler:
 
     def _encode(self, text: str) -> tuple[tuple[int, ...], float]:
         start = time.perf_counter()
-        ids = tuple(int(i) for i in self._tokenizer.encode(text, add_special_tokens=False))
+        ids = tuple(int(i) for i in fast_encode(self._tokenizer, text))
         return ids, time.perf_counter() - start
 
-    def _dummy_trim_ids(self, tools: Sequence[Mapping[str, Any]], kwargs: Mapping[str, Any]) -> tuple[int, ...]:
-        key = json.dumps([list(tools), kwargs], sort_keys=True, separators=(",", ":"), default=str)
+    def _dummy_trim(self, tools: Sequence[Mapping[str, Any]], kwargs: Mapping[str, Any]) -> _Trim:
+        """The dummy prefix's render (cached per tools and kwargs)."""
+        key = (json.dumps([list(tools), kwargs], sort_keys=True, separators=(",", ":"), default=str)
+               if tools or kwargs else "")
         with self._trim_lock:
             cached = self._trim_cache.get(key)
         if cached is not None:
@@ -363,9 +370,31 @@ class ChatCompiler:
         text, _ = self._render_text(list(DUMMY_PREFIX), tools, kwargs, False)
         if text.endswith("\n"):
             text = text[:-1]
-        trim, _ = self._encode(text)
+        ids, _ = self._encode(text)
+        trim = _Trim(ids, text, suffix_ok=self._ends_with_split_token(text))
         with self._trim_lock:
             if len(self._trim_cache) >= _TRIM_CACHE_SIZE:
                 self._trim_cache.pop(next(iter(self._trim_cache)))
             self._trim_cache[key] = trim
         return trim
+
+    def _ends_with_split_token(self, text: str) -> bool:
+        """Whether ``text`` ends with an added token that the tokenizer always splits off as is
+        (not normalized, strips no following whitespace), so what follows it tokenizes alone."""
+        decoder = getattr(self._tokenizer, "added_tokens_decoder", None)
+        if not isinstance(decoder, Mapping):
+            return False
+        return any(
+            text.endswith(token.content) and token.content
+            and not getattr(token, "rstrip", True) and not getattr(token, "normalized", True)
+            for token in decoder.values()
+        )
+
+
+@attrs.frozen
+class _Trim:
+    """The dummy prefix's ids and text; ``suffix_ok``: a delta may tokenize only what follows."""
+
+    ids: tuple[int, ...]
+    text: str
+    suffix_ok: bool

@@ -14,6 +14,7 @@ import httpx
 import trio
 
 from .._errors import BackendTimeoutError, EngineUnavailableError
+from ._pool import ConnectionPool, PoolResponse
 
 __all__ = ["EngineClientConfig", "json_object", "send_with_retries"]
 
@@ -25,7 +26,8 @@ class EngineClientConfig:
     """Limits and timeouts of an :class:`EngineClient`.
 
     Attributes:
-        max_generation_connections: connections of the ``/generate`` pool (all engines).
+        max_generation_connections: connections of the ``/generate`` pool (all engines); keep it
+            at or above the most generations in flight, so none waits inside the pool.
         max_control_connections: connections of the control pool (all engines).
         connect_timeout_s: seconds to open a TCP connection.
         control_timeout_s: seconds a quick control call (abort, health, info, continue, version
@@ -46,7 +48,7 @@ class EngineClientConfig:
 
 
 async def send_with_retries(
-    client: httpx.AsyncClient,
+    client: httpx.AsyncClient | ConnectionPool,
     method: str,
     url: str,
     path: str,
@@ -55,11 +57,13 @@ async def send_with_retries(
     httpx_timeout: httpx.Timeout,
     config: EngineClientConfig,
     headers: dict[str, str] | None = None,
-) -> httpx.Response:
+) -> httpx.Response | PoolResponse:
     """One call with bounded retries; returns the final response (any status).
 
     Args:
-        client: the pool to use (generation or control).
+        client: the pool to use: the generation pool (:class:`~._pool.ConnectionPool`) or an
+            ``httpx.AsyncClient`` (control calls, custom transports); both raise httpx's
+            transport exceptions.
         method: HTTP method.
         url: engine base URL.
         path: route, e.g. ``/generate``.
@@ -78,9 +82,12 @@ async def send_with_retries(
     attempts = max(1, config.max_attempts)
     for attempt in range(1, attempts + 1):
         try:
-            response = await client.request(
-                method, url + path, json=body, timeout=httpx_timeout, headers=headers
-            )
+            if isinstance(client, ConnectionPool):
+                response = await client.request(method, url + path, json=body,
+                                                transport_timeout=httpx_timeout, headers=headers)
+            else:
+                response = await client.request(method, url + path, json=body,
+                                                timeout=httpx_timeout, headers=headers)
         except httpx.TimeoutException as exc:
             if attempt == attempts:
                 raise BackendTimeoutError(
@@ -101,7 +108,7 @@ async def send_with_retries(
     raise AssertionError("unreachable")
 
 
-def json_object(response: httpx.Response, url: str) -> dict[str, Any]:
+def json_object(response: httpx.Response | PoolResponse, url: str) -> dict[str, Any]:
     """The response body as a JSON object.
 
     Raises:

@@ -43,6 +43,7 @@ import trio
 
 from .._errors import EngineRejectedError, EngineUnavailableError, RelaxError
 from ._http import EngineClientConfig, json_object, send_with_retries
+from ._pool import ConnectionPool
 from ._replies import (
     CONTEXT_LENGTH_MARKERS,
     GenerateResult,
@@ -72,7 +73,8 @@ class EngineClient:
 
     Args:
         urls: engine base URLs (``http://host:port``), without a trailing slash.
-        generation: the ``httpx.AsyncClient`` of generation traffic.
+        generation: the pool of generation traffic (an :class:`~._pool.ConnectionPool`, or an
+            ``httpx.AsyncClient`` when a custom transport is in use).
         control: the ``httpx.AsyncClient`` of control traffic.
         config: limits and timeouts.
     """
@@ -81,7 +83,7 @@ class EngineClient:
         self,
         urls: Sequence[str],
         *,
-        generation: httpx.AsyncClient,
+        generation: httpx.AsyncClient | ConnectionPool,
         control: httpx.AsyncClient,
         config: EngineClientConfig,
     ):
@@ -424,7 +426,9 @@ async def open_engine_client(
         max_generation_connections: size of the generation pool (default: ``config``'s, 1024).
         max_control_connections: size of the control pool (default: ``config``'s, 32).
         config: timeouts and retry policy; defaults as in :class:`EngineClientConfig`.
-        transport: custom transport for both pools (tests use ``httpx.MockTransport``).
+        transport: custom transport for both pools (tests use ``httpx.MockTransport``);
+X
+            CPU per call) and control calls an ``httpx.AsyncClient``.
 
     Yields:
         The client; both pools are closed on exit.
@@ -445,8 +449,12 @@ async def open_engine_client(
         max_connections=cfg.max_control_connections,
         max_keepalive_connections=cfg.max_control_connections,
     )
+    generation_pool: httpx.AsyncClient | ConnectionPool = (
+        ConnectionPool(max_connections=cfg.max_generation_connections) if transport is None
+        else httpx.AsyncClient(limits=generation_limits, transport=transport)
+    )
     async with (
-        httpx.AsyncClient(limits=generation_limits, transport=transport) as generation,
+        generation_pool as generation,
         httpx.AsyncClient(limits=control_limits, transport=transport) as control,
     ):
         yield EngineClient(urls, generation=generation, control=control, config=cfg)

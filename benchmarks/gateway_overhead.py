@@ -1,0 +1,291 @@
+"""Gateway overhead: the full agent-API path against a bare quart-trio route, same hypercorn setup.
+
+Three processes: an instant engine (``relaxtrio.testing.instant_engine``: SGLang's native API,
+a fixed 12-token reply, no model), the server under test pinned to one CPU, and this load driver
+(pinned with the engine to another CPU). Targets, each served by ``relaxtrio.api.app.serve_api``:
+
+* ``bare``: one quart-trio route that reads and parses the JSON body and answers a fixed chat
+  completion (the framework ceiling);
+* ``full``: the agent API (``create_app``): bearer auth to a Session, projection to canonical
+  messages, forest match, render of the new observation (SmolLM2's chat template and tokenizer),
+  ``/generate`` on the instant engine through ``EngineClient``, parse, commit, render.
+
+Closed loop, keep-alive, one connection per client, ``--duration`` seconds per cell after a
+warm-up, at 1, 16 and 64 clients; two request mixes with the same bodies for both targets:
+
+* ``new_observation``: an 8-message, ~2 KB chat whose first 7 messages are a committed history
+  (3 earlier turns of that Session) and whose last user message is new on every request, so every
+  request renders one new observation and branches off the same committed response;
+* ``growing``: 8-turn conversations: each request is the previous one plus the reply and a new
+  user message (the history grows from 2 to 16 messages, then a new conversation starts).
+
+One JSON line per cell (req/s, p50/p99 latency ms, server CPU ms per request, engine CPU ms per
+request) and one summary line per mix with ``full``/``bare`` throughput ratios against the
+target 0.5. Usage: ``python benchmarks/gateway_overhead.py [--duration 5] [--clients 1 16 64]``
+(about 3 minutes with the defaults).
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import functools
+import itertools
+import json
+import logging
+import sys
+from typing import Any, Final
+
+import _bench
+import httpx
+import trio
+
+from relaxtrio.sglang._pool import ConnectionPool
+
+TARGET_RATIO: Final = 0.5
+READY_PREFIX: Final = "RELAXTRIO_BENCH_SERVER="
+REPLY_TEXT: Final = "Sure. Here is a short answer to your question."
+BARE_REPLY: Final = {
+    "id": "chatcmpl-bare", "object": "chat.completion", "created": 0, "model": "bench",
+    "choices": [{"index": 0, "finish_reason": "stop",
+                 "message": {"role": "assistant", "content": REPLY_TEXT}}],
+    "usage": {"prompt_tokens": 1, "completion_tokens": 1, "total_tokens": 2},
+}
+SYSTEM: Final = ("You are a careful assistant. Answer briefly, cite the relevant rule, and say "
+                 "when you are unsure. " * 3).strip()
+PARAGRAPH: Final = ("The quarterly report lists revenue by region, the headcount per team and the "
+                    "open risks; the appendix repeats the figures of the previous quarter. ")
+CHAT_PATH: Final = "/v1/chat/completions"
+NO_TIMEOUT: Final = httpx.Timeout(None, connect=10.0)
+
+
+def _user(tag: str) -> dict[str, str]:
+    return {"role": "user", "content": f"[{tag}] {PARAGRAPH}What changed?"}
+
+
+def _assistant(text: str) -> dict[str, str]:
+    return {"role": "assistant", "content": text}
+
+
+# ----------------------------------------------------------------------------------- servers
+def _bare_app():
+    from quart import Response, request
+    from quart_trio import QuartTrio
+
+    app = QuartTrio("bench.bare")
+    reply = json.dumps(BARE_REPLY).encode()
+
+    async def chat() -> Response:
+        body = json.loads(await request.get_data(cache=False))
+        assert isinstance(body, dict)
+        return Response(reply, content_type="application/json")
+
+    app.add_url_rule("/agentic_api" + CHAT_PATH, "chat", chat, methods=["POST"])
+    return app
+
+
+async def _serve(kind: str, engine_url: str | None, num_sessions: int) -> None:
+    from relaxtrio.api.app import create_app, serve_api
+
+    async with trio.open_nursery() as nursery:
+        if kind == "bare":
+            url = await nursery.start(serve_api, _bare_app())
+            print(READY_PREFIX + json.dumps({"url": url, "sessions": []}), flush=True)
+            return
+        from relaxtrio.chat.compiler import ChatCompiler
+        from relaxtrio.config import GenerationConfig
+        from relaxtrio.models import ensure_smollm2, load_tokenizer
+        from relaxtrio.nursery.session import SessionRegistry
+        from relaxtrio.rollout.turns import EngineTurnHandler
+        from relaxtrio.sglang.client import open_engine_client
+        from relaxtrio.testing.sessions import open_bare_session
+
+        assert engine_url is not None
+        compiler = ChatCompiler(load_tokenizer(ensure_smollm2()))
+        registry = SessionRegistry()
+        async with contextlib.AsyncExitStack() as stack:
+            client = await stack.enter_async_context(open_engine_client([engine_url]))
+            handler = EngineTurnHandler(client=client, compiler=compiler,
+                                        config=GenerationConfig(max_response_tokens=64))
+            sessions = [await stack.enter_async_context(open_bare_session(registry))
+                        for _ in range(num_sessions)]
+            url = await nursery.start(serve_api, create_app(registry, handler, model_name="bench"))
+            print(READY_PREFIX + json.dumps(
+                {"url": url, "sessions": [s.session_id for s in sessions]}), flush=True)
+            await trio.sleep_forever()
+
+
+def _reply_ids() -> list[int]:
+    from relaxtrio.chat.compiler import ChatCompiler
+    from relaxtrio.models import ensure_smollm2, load_tokenizer
+
+    compiler = ChatCompiler(load_tokenizer(ensure_smollm2()))
+    ids = compiler.tokenizer.encode(REPLY_TEXT, add_special_tokens=False)
+    return [*ids, compiler.stop_token_ids[0]]
+
+
+# ------------------------------------------------------------------------------- load driver
+class _Client:
+    """One simulated agent: its Session, its conversation, its request mix."""
+
+    def __init__(self, index: int, session_id: str | None, mix: str, run: str):
+        self.index = index
+        self.tag = f"{run} c{index}"
+        self.headers = {"Authorization": f"Bearer {session_id or 'none'}"}
+        self.mix = mix
+        self.counter = itertools.count()
+        self.history: list[dict[str, Any]] = []
+        self.conversation = 0
+
+    def body(self) -> dict[str, Any]:
+        n = next(self.counter)
+        if self.mix == "new_observation":
+            messages = [*self.history, _user(f"{self.tag} q{n}")]
+        else:
+            if not self.history or len(self.history) >= 16:
+                self.conversation += 1
+                self.history = [{"role": "system", "content": SYSTEM}]
+            messages = [*self.history, _user(f"{self.tag} v{self.conversation} t{n}")]
+            self.history = messages
+        return {"model": "bench", "messages": messages, "max_tokens": 32}
+
+    def answered(self, payload: dict[str, Any]) -> None:
+        if self.mix == "growing":
+            self.history = [*self.history, _assistant(payload["choices"][0]["message"]["content"])]
+
+
+async def _prepare(pool: ConnectionPool, url: str, client: _Client) -> None:
+    """``new_observation``: commit a 3-turn history (7 messages) for the client's Session."""
+    history: list[dict[str, Any]] = [{"role": "system", "content": SYSTEM}]
+    for turn in range(3):
+        history.append(_user(f"c{client.index} setup{turn}"))
+        response = await pool.request("POST", url + CHAT_PATH, headers=client.headers,
+                                      json={"model": "bench", "messages": history}, transport_timeout=NO_TIMEOUT)
+        assert response.status_code == 200, response.content[:300]
+        history.append(_assistant(response.json()["choices"][0]["message"]["content"]))
+    client.history = history
+
+
+async def _closed_loop(pool: ConnectionPool, url: str, clients: list[_Client],
+                       duration_s: float) -> list[float]:
+    latencies: list[float] = []
+    deadline = _bench.now() + duration_s
+
+    async def run(client: _Client) -> None:
+        while _bench.now() < deadline:
+            body = client.body()
+            start = _bench.now()
+            response = await pool.request("POST", url + CHAT_PATH, headers=client.headers,
+                                          json=body, transport_timeout=NO_TIMEOUT)
+            latencies.append(_bench.now() - start)
+            if response.status_code != 200:
+                raise RuntimeError(f"HTTP {response.status_code}: {response.content[:300]!r}")
+            client.answered(response.json())
+
+    async with trio.open_nursery() as nursery:
+        for client in clients:
+            nursery.start_soon(run, client)
+    return latencies
+
+
+async def _cell(target: str, server: _bench.Child, engine: _bench.Child, mix: str, num_clients: int,
+                session_offset: int, duration_s: float, warmup_s: float) -> dict[str, Any]:
+    info = json.loads(server.value)
+    url = info["url"].rstrip("/")
+    sessions = info["sessions"]
+    clients = [_Client(i, sessions[session_offset + i] if sessions else None, mix, f"n{num_clients}")
+               for i in range(num_clients)]
+    async with ConnectionPool(max_connections=num_clients) as pool:
+        if mix == "new_observation":
+            async with trio.open_nursery() as nursery:
+                for client in clients:
+                    nursery.start_soon(_prepare, pool, url, client)
+        await _closed_loop(pool, url, clients, warmup_s)
+        server_cpu0 = _bench.process_cpu_s(server.pid)
+        engine_cpu0 = _bench.process_cpu_s(engine.pid)
+        start = _bench.now()
+        latencies = await _closed_loop(pool, url, clients, duration_s)
+        wall_s = _bench.now() - start
+        server_cpu_s = _bench.process_cpu_s(server.pid) - server_cpu0
+        engine_cpu_s = _bench.process_cpu_s(engine.pid) - engine_cpu0
+    n = len(latencies)
+    record = {
+        "bench": "gateway_overhead", "target": target, "mix": mix, "clients": num_clients,
+        "requests": n, "req_s": round(n / wall_s, 1),
+        "p50_ms": round(_bench.percentile(latencies, 0.5) * 1000, 2),
+        "p99_ms": round(_bench.percentile(latencies, 0.99) * 1000, 2),
+        "server_cpu_ms_per_req": round(server_cpu_s * 1000 / n, 3),
+        "engine_cpu_ms_per_req": round(engine_cpu_s * 1000 / n, 3) if target == "full" else None,
+    }
+    _bench.emit(record)
+    return record
+
+
+async def _drive(args: argparse.Namespace) -> int:
+    server_cpu, driver_cpu = args.server_cpu, args.driver_cpu
+    reply_ids = await trio.to_thread.run_sync(_reply_ids)
+    engine = await _bench.Child.start(
+        [_bench.python(), "-m", "relaxtrio.testing.instant_engine", "--cpu", str(driver_cpu),
+         "--eos-id", str(reply_ids[-1]), "--reply-ids", *map(str, reply_ids)])
+    max_clients = max(args.clients)
+    script = [_bench.python(), __file__, "--server-cpu", str(server_cpu)]
+    servers: dict[str, _bench.Child] = {}
+    try:
+        servers["bare"] = await _bench.Child.start([*script, "--serve", "bare"], READY_PREFIX)
+        servers["full"] = await _bench.Child.start(
+            [*script, "--serve", "full", "--engine-url", engine.value,
+             "--sessions", str(2 * max_clients)], READY_PREFIX, timeout_s=300)
+        _bench.pin(driver_cpu)
+        for mix_index, mix in enumerate(args.mixes):
+            ratios: dict[str, float] = {}
+            cpu_ratios: dict[str, float] = {}
+            for num_clients in args.clients:
+                cells = {}
+                for target in ("bare", "full"):
+                    # Sessions [0, max) serve new_observation, [max, 2 max) growing: each mix gets
+                    # fresh forests. Client counts reuse them (their forests keep growing).
+                    cells[target] = await _cell(target, servers[target], engine, mix, num_clients,
+                                                mix_index * max_clients, args.duration, args.warmup)
+                ratios[str(num_clients)] = round(cells["full"]["req_s"] / cells["bare"]["req_s"], 3)
+                cpu_ratios[str(num_clients)] = round(
+                    cells["full"]["server_cpu_ms_per_req"] / cells["bare"]["server_cpu_ms_per_req"], 3)
+            _bench.emit({
+                "bench": "gateway_overhead", "summary": True, "mix": mix,
+                "throughput_ratio_full_over_bare": ratios, "target_ratio": TARGET_RATIO,
+                "meets_target": all(r >= TARGET_RATIO for r in ratios.values()),
+                "server_cpu_ratio_full_over_bare": cpu_ratios,
+                "server_cpu": server_cpu, "driver_and_engine_cpu": driver_cpu,
+                "load_average": _bench.load_average(),
+            })
+    finally:
+        for child in servers.values():
+            await child.stop()
+        await engine.stop()
+    return 0
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--duration", type=float, default=5.0, help="measured seconds per cell")
+    parser.add_argument("--warmup", type=float, default=1.5, help="warm-up seconds per cell")
+    parser.add_argument("--clients", type=int, nargs="+", default=[1, 16, 64])
+    parser.add_argument("--mixes", nargs="+", default=["new_observation", "growing"],
+                        choices=["new_observation", "growing"])
+    cpus = _bench.cpus()
+    parser.add_argument("--server-cpu", type=int, default=cpus[0])
+    parser.add_argument("--driver-cpu", type=int, default=cpus[-1])
+    parser.add_argument("--serve", choices=["bare", "full"], help=argparse.SUPPRESS)
+    parser.add_argument("--engine-url", help=argparse.SUPPRESS)
+    parser.add_argument("--sessions", type=int, default=0, help=argparse.SUPPRESS)
+    args = parser.parse_args(argv)
+    if args.serve:
+        _bench.pin(args.server_cpu)
+        logging.basicConfig(level=logging.ERROR)
+        with contextlib.suppress(KeyboardInterrupt):
+            trio.run(functools.partial(_serve, args.serve, args.engine_url, args.sessions))
+        return 0
+    return trio.run(_drive, args)
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,194 @@
+"""An engine that answers at once: SGLang's native API with a fixed reply, for overhead benchmarks.
+
+``/generate`` returns the configured ids (cut to ``max_new_tokens``) with one fixed logprob per
+id, in the response shape of SGLang 0.5 (``output_ids``, ``meta_info.finish_reason``,
+``meta_info.output_token_logprobs``); the control routes the engine client uses (abort, pause,
+continue, weight version, flush, close_session, health, model_info, server_info) answer success.
+There is no model: what a benchmark measures against it is relaxtrio's own cost.
+
+It is a bare h11 server on trio streams (no web framework), so that its own CPU cost per call,
+about 0.1 ms, stays small next to what it is compared with. Run it in-process with
+:func:`serve_instant_engine`, or as a process::
+
+    python -m relaxtrio.testing.instant_engine --reply-ids 72 105 2 [--cpu 1]
+
+which prints ``RELAXTRIO_ENGINE_URL=http://127.0.0.1:<port>`` as its first stdout line, like
+``python -m relaxtrio.engine``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import functools
+import json
+import os
+import sys
+from collections.abc import Sequence
+from typing import Any, Final
+
+import attrs
+import h11
+import trio
+
+__all__ = ["InstantEngine", "serve_instant_engine"]
+
+URL_LINE_PREFIX: Final = "RELAXTRIO_ENGINE_URL="
+_READ_BYTES: Final = 65536
+_OK: Final = {"success": True, "message": ""}
+
+
+@attrs.define(eq=False, kw_only=True)
+class InstantEngine:
+    """What the instant engine answers, and what it has seen.
+
+    Attributes:
+        reply_ids: the ids every generation returns (cut to ``max_new_tokens``); when the
+            last one is ``eos_id``, an uncut reply finishes with ``stop``, else ``length``.
+        eos_id: the id a ``stop`` finish reports as matched.
+        logprob: the logprob reported for every generated id.
+        weight_version: the reported weight version.
+        num_generate_calls: ``/generate`` calls answered so far.
+        num_prompt_tokens: input ids received over all ``/generate`` calls.
+    """
+
+    reply_ids: tuple[int, ...] = attrs.field(converter=tuple)
+    eos_id: int | None = None
+    logprob: float = -0.5
+    weight_version: str = "default"
+    num_generate_calls: int = 0
+    num_prompt_tokens: int = 0
+
+    def generate(self, body: dict[str, Any]) -> dict[str, Any]:
+        """The ``/generate`` answer to one single-form request body."""
+        prompt = body.get("input_ids") or ()
+        sampling = body.get("sampling_params") or {}
+        limit = sampling.get("max_new_tokens")
+        ids = list(self.reply_ids if limit is None else self.reply_ids[:limit])
+        if len(ids) == len(self.reply_ids) and ids and ids[-1] == self.eos_id:
+            finish: dict[str, Any] = {"type": "stop", "matched": self.eos_id}
+        else:
+            finish = {"type": "length", "length": len(ids)}
+        self.num_generate_calls += 1
+        self.num_prompt_tokens += len(prompt)
+        meta: dict[str, Any] = {
+            "id": body.get("rid"),
+            "finish_reason": finish,
+            "prompt_tokens": len(prompt),
+            "completion_tokens": len(ids),
+            "cached_tokens": 0,
+            "weight_version": self.weight_version,
+            "e2e_latency": 0.0,
+        }
+        if body.get("return_logprob"):
+            meta["output_token_logprobs"] = [[self.logprob, i, None] for i in ids]
+        return {"text": "", "output_ids": ids, "meta_info": meta}
+
+    def answer(self, method: str, path: str, body: bytes) -> tuple[int, Any]:
+        """(status, JSON payload) of one request; unknown routes get 404."""
+        if path == "/generate" and method == "POST":
+            try:
+                payload = json.loads(body) if body else {}
+            except ValueError:
+                return 400, {"error": {"message": "invalid JSON body"}}
+            return 200, self.generate(payload)
+        if path in ("/health", "/health_generate"):
+            return 200, None
+        if path == "/model_info":
+            return 200, {"model_path": "instant", "weight_version": self.weight_version,
+                         "is_generation": True, "has_image_understanding": False}
+        if path == "/server_info":
+            return 200, {"model_path": "instant", "context_length": 1 << 20,
+                         "max_running_requests": 1 << 16, "status": "ready",
+                         "internal_states": [{"num_generate_calls": self.num_generate_calls}]}
+        if path in ("/abort_request", "/pause_generation", "/continue_generation", "/flush_cache",
+                    "/update_weight_version", "/close_session"):
+            return 200, _OK
+        return 404, {"error": {"message": f"no route {method} {path}"}}
+
+
+async def _serve_connection(engine: InstantEngine, stream: trio.SocketStream) -> None:
+    """Answer keep-alive requests on one connection until the client closes it."""
+    protocol = h11.Connection(h11.SERVER)
+    try:
+        while True:
+            request: h11.Request | None = None
+            chunks: list[bytes] = []
+            while True:
+                event = protocol.next_event()
+                if event is h11.NEED_DATA:
+                    protocol.receive_data(await stream.receive_some(_READ_BYTES))
+                elif isinstance(event, h11.Request):
+                    request = event
+                elif isinstance(event, h11.Data):
+                    chunks.append(bytes(event.data))
+                elif isinstance(event, h11.EndOfMessage):
+                    break
+                elif isinstance(event, h11.ConnectionClosed):
+                    return
+            assert request is not None
+            path = request.target.decode("latin-1").split("?", 1)[0]
+            status, payload = engine.answer(request.method.decode("latin-1"), path, b"".join(chunks))
+            body = b"" if payload is None else json.dumps(payload, separators=(",", ":")).encode()
+            headers = [(b"Content-Type", b"application/json"), (b"Content-Length", str(len(body)).encode())]
+            data = protocol.send(h11.Response(status_code=status, headers=headers)) or b""
+            data += protocol.send(h11.Data(data=body)) or b""
+            data += protocol.send(h11.EndOfMessage()) or b""
+            await stream.send_all(data)
+            if protocol.our_state is h11.MUST_CLOSE:
+                return
+            protocol.start_next_cycle()
+    except (h11.RemoteProtocolError, trio.BrokenResourceError, OSError):
+        return
+    finally:
+        await trio.aclose_forcefully(stream)
+
+
+async def serve_instant_engine(
+    engine: InstantEngine,
+    *,
+    host: str = "127.0.0.1",
+    port: int = 0,
+    task_status: trio.TaskStatus[str] = trio.TASK_STATUS_IGNORED,
+) -> None:
+    """Serve ``engine`` until cancelled; reports ``http://host:port`` once listening.
+
+    Cancellation:
+        Cancelling closes the listener and every connection.
+    """
+    listeners = await trio.open_tcp_listeners(port, host=host)
+    bound_port = listeners[0].socket.getsockname()[1]
+
+    async def handler(stream: trio.SocketStream) -> None:
+        await _serve_connection(engine, stream)
+
+    async with trio.open_nursery() as nursery:
+        nursery.start_soon(trio.serve_listeners, handler, listeners)
+        task_status.started(f"http://{host}:{bound_port}")
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    """``python -m relaxtrio.testing.instant_engine``: serve until SIGTERM / Ctrl-C."""
+    parser = argparse.ArgumentParser(description="An SGLang-API engine that answers at once.")
+    parser.add_argument("--reply-ids", type=int, nargs="+", required=True)
+    parser.add_argument("--eos-id", type=int, default=None)
+    parser.add_argument("--port", type=int, default=0)
+    parser.add_argument("--cpu", type=int, default=None, help="pin the process to this CPU")
+    args = parser.parse_args(argv)
+    if args.cpu is not None:
+        os.sched_setaffinity(0, {args.cpu})
+    engine = InstantEngine(reply_ids=args.reply_ids, eos_id=args.eos_id)
+
+    async def run() -> None:
+        async with trio.open_nursery() as nursery:
+            url = await nursery.start(functools.partial(serve_instant_engine, engine, port=args.port))
+            print(URL_LINE_PREFIX + url, flush=True)
+
+    try:
+        trio.run(run)
+    except KeyboardInterrupt:
+        return 130
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
