@@ -72,8 +72,8 @@ class Child:
 
     @classmethod
     async def start(cls, cmd: Sequence[str], prefix: str = URL_LINE_PREFIX,
-                    timeout_s: float = 120.0) -> Child:
-        process = await trio.lowlevel.open_process(list(cmd), stdout=subprocess.PIPE)
+                    timeout_s: float = 120.0, env: dict[str, str] | None = None) -> Child:
+        process = await trio.lowlevel.open_process(list(cmd), stdout=subprocess.PIPE, env=env)
         assert process.stdout is not None
         buffer = b""
         with trio.fail_after(timeout_s):

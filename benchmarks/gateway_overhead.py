@@ -10,8 +10,9 @@ a fixed 12-token reply, no model), the server under test pinned to one CPU, and 
   messages, forest match, render of the new observation (SmolLM2's chat template and tokenizer),
   ``/generate`` on the instant engine through ``EngineClient``, parse, commit, render.
 
-Closed loop, keep-alive, one connection per client, ``--duration`` seconds per cell after a
-warm-up, at 1, 16 and 64 clients; two request mixes with the same bodies for both targets:
+Closed loop, keep-alive, one connection per client, ``--duration`` seconds per target and cell
+after a warm-up, split into ``--rounds`` slices that alternate between the targets (the machine
+may be shared: load changes then fall on every target alike), at 1, 16 and 64 clients; two request mixes with the same bodies for both targets:
 
 * ``new_observation``: an 8-message, ~2 KB chat whose first 7 messages are a committed history
   (3 earlier turns of that Session) and whose last user message is new on every request, so every
@@ -33,14 +34,16 @@ import functools
 import itertools
 import json
 import logging
+import os
 import sys
-from typing import Any, Final
+from typing import TYPE_CHECKING, Any, Final
 
 import _bench
 import httpx
 import trio
 
-from relaxtrio.sglang._pool import ConnectionPool
+if TYPE_CHECKING:  # the driver's pool; server processes (maybe another checkout) never import it
+    from relaxtrio.sglang._pool import ConnectionPool
 
 TARGET_RATIO: Final = 0.5
 READY_PREFIX: Final = "RELAXTRIO_BENCH_SERVER="
@@ -188,37 +191,53 @@ async def _closed_loop(pool: ConnectionPool, url: str, clients: list[_Client],
     return latencies
 
 
-async def _cell(target: str, server: _bench.Child, engine: _bench.Child, mix: str, num_clients: int,
-                session_offset: int, duration_s: float, warmup_s: float) -> dict[str, Any]:
-    info = json.loads(server.value)
-    url = info["url"].rstrip("/")
-    sessions = info["sessions"]
-    clients = [_Client(i, sessions[session_offset + i] if sessions else None, mix, f"n{num_clients}")
-               for i in range(num_clients)]
-    async with ConnectionPool(max_connections=num_clients) as pool:
-        if mix == "new_observation":
-            async with trio.open_nursery() as nursery:
-                for client in clients:
-                    nursery.start_soon(_prepare, pool, url, client)
-        await _closed_loop(pool, url, clients, warmup_s)
-        server_cpu0 = _bench.process_cpu_s(server.pid)
-        engine_cpu0 = _bench.process_cpu_s(engine.pid)
-        start = _bench.now()
-        latencies = await _closed_loop(pool, url, clients, duration_s)
-        wall_s = _bench.now() - start
-        server_cpu_s = _bench.process_cpu_s(server.pid) - server_cpu0
-        engine_cpu_s = _bench.process_cpu_s(engine.pid) - engine_cpu0
-    n = len(latencies)
-    record = {
-        "bench": "gateway_overhead", "target": target, "mix": mix, "clients": num_clients,
-        "requests": n, "req_s": round(n / wall_s, 1),
-        "p50_ms": round(_bench.percentile(latencies, 0.5) * 1000, 2),
-        "p99_ms": round(_bench.percentile(latencies, 0.99) * 1000, 2),
-        "server_cpu_ms_per_req": round(server_cpu_s * 1000 / n, 3),
-        "engine_cpu_ms_per_req": round(engine_cpu_s * 1000 / n, 3) if target == "full" else None,
-    }
-    _bench.emit(record)
-    return record
+async def _cells(targets: dict[str, _bench.Child], engine: _bench.Child, mix: str,
+                 num_clients: int, session_offset: int, duration_s: float, warmup_s: float,
+                 rounds: int) -> dict[str, dict[str, Any]]:
+    """Measure every target at one client count: ``rounds`` alternating slices per target, so
+    load changes on this shared machine fall on all targets alike."""
+    from relaxtrio.sglang._pool import ConnectionPool
+
+    async with contextlib.AsyncExitStack() as stack:
+        setups = {}
+        for target, server in targets.items():
+            info = json.loads(server.value)
+            url, sessions = info["url"].rstrip("/"), info["sessions"]
+            clients = [_Client(i, sessions[session_offset + i] if sessions else None, mix,
+                               f"n{num_clients}") for i in range(num_clients)]
+            pool = await stack.enter_async_context(ConnectionPool(max_connections=num_clients))
+            if mix == "new_observation":
+                async with trio.open_nursery() as nursery:
+                    for client in clients:
+                        nursery.start_soon(_prepare, pool, url, client)
+            await _closed_loop(pool, url, clients, warmup_s)
+            setups[target] = (server, url, clients, pool)
+        totals = {t: {"latencies": [], "wall_s": 0.0, "server_cpu_s": 0.0, "engine_cpu_s": 0.0}
+                  for t in targets}
+        for _ in range(rounds):
+            for target, (server, url, clients, pool) in setups.items():
+                total = totals[target]
+                server_cpu0 = _bench.process_cpu_s(server.pid)
+                engine_cpu0 = _bench.process_cpu_s(engine.pid)
+                start = _bench.now()
+                total["latencies"] += await _closed_loop(pool, url, clients, duration_s / rounds)
+                total["wall_s"] += _bench.now() - start
+                total["server_cpu_s"] += _bench.process_cpu_s(server.pid) - server_cpu0
+                total["engine_cpu_s"] += _bench.process_cpu_s(engine.pid) - engine_cpu0
+    records = {}
+    for target, total in totals.items():
+        latencies, n = total["latencies"], len(total["latencies"])
+        records[target] = record = {
+            "bench": "gateway_overhead", "target": target, "mix": mix, "clients": num_clients,
+            "requests": n, "req_s": round(n / total["wall_s"], 1),
+            "p50_ms": round(_bench.percentile(latencies, 0.5) * 1000, 2),
+            "p99_ms": round(_bench.percentile(latencies, 0.99) * 1000, 2),
+            "server_cpu_ms_per_req": round(total["server_cpu_s"] * 1000 / n, 3),
+            "engine_cpu_ms_per_req": (round(total["engine_cpu_s"] * 1000 / n, 3)
+                                      if target != "bare" else None),
+        }
+        _bench.emit(record)
+    return records
 
 
 async def _drive(args: argparse.Namespace) -> int:
@@ -230,23 +249,32 @@ async def _drive(args: argparse.Namespace) -> int:
     max_clients = max(args.clients)
     script = [_bench.python(), __file__, "--server-cpu", str(server_cpu)]
     servers: dict[str, _bench.Child] = {}
+    full = [*script, "--serve", "full", "--engine-url", engine.value, "--sessions", str(2 * max_clients)]
+    targets = ["bare", "full"]
     try:
         servers["bare"] = await _bench.Child.start([*script, "--serve", "bare"], READY_PREFIX)
-        servers["full"] = await _bench.Child.start(
-            [*script, "--serve", "full", "--engine-url", engine.value,
-             "--sessions", str(2 * max_clients)], READY_PREFIX, timeout_s=300)
+        servers["full"] = await _bench.Child.start(full, READY_PREFIX, timeout_s=300)
+        if args.baseline_src:
+            # The same full path served from another checkout (e.g. an older commit), for a
+            # before/after figure in one run; it needs relaxtrio.testing.sessions.
+            env = {**os.environ, "PYTHONPATH": args.baseline_src}
+            servers["full_baseline"] = await _bench.Child.start(full, READY_PREFIX, timeout_s=300, env=env)
+            targets.append("full_baseline")
         _bench.pin(driver_cpu)
         for mix_index, mix in enumerate(args.mixes):
             ratios: dict[str, float] = {}
             cpu_ratios: dict[str, float] = {}
+            baseline_ratios: dict[str, float] = {}
             for num_clients in args.clients:
-                cells = {}
-                for target in ("bare", "full"):
-                    # Sessions [0, max) serve new_observation, [max, 2 max) growing: each mix gets
-                    # fresh forests. Client counts reuse them (their forests keep growing).
-                    cells[target] = await _cell(target, servers[target], engine, mix, num_clients,
-                                                mix_index * max_clients, args.duration, args.warmup)
+                # Sessions [0, max) serve new_observation, [max, 2 max) growing: each mix gets
+                # fresh forests. Client counts reuse them (their forests keep growing).
+                cells = await _cells({t: servers[t] for t in targets}, engine, mix, num_clients,
+                                     mix_index * max_clients, args.duration, args.warmup,
+                                     args.rounds)
                 ratios[str(num_clients)] = round(cells["full"]["req_s"] / cells["bare"]["req_s"], 3)
+                if "full_baseline" in cells:
+                    baseline_ratios[str(num_clients)] = round(
+                        cells["full_baseline"]["req_s"] / cells["bare"]["req_s"], 3)
                 cpu_ratios[str(num_clients)] = round(
                     cells["full"]["server_cpu_ms_per_req"] / cells["bare"]["server_cpu_ms_per_req"], 3)
             _bench.emit({
@@ -254,6 +282,7 @@ async def _drive(args: argparse.Namespace) -> int:
                 "throughput_ratio_full_over_bare": ratios, "target_ratio": TARGET_RATIO,
                 "meets_target": all(r >= TARGET_RATIO for r in ratios.values()),
                 "server_cpu_ratio_full_over_bare": cpu_ratios,
+                **({"throughput_ratio_baseline_over_bare": baseline_ratios} if baseline_ratios else {}),
                 "server_cpu": server_cpu, "driver_and_engine_cpu": driver_cpu,
                 "load_average": _bench.load_average(),
             })
@@ -266,14 +295,19 @@ async def _drive(args: argparse.Namespace) -> int:
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--duration", type=float, default=5.0, help="measured seconds per cell")
-    parser.add_argument("--warmup", type=float, default=1.5, help="warm-up seconds per cell")
+    parser.add_argument("--duration", type=float, default=6.0,
+                        help="measured seconds per target and cell")
+    parser.add_argument("--warmup", type=float, default=1.0, help="warm-up seconds per cell")
+    parser.add_argument("--rounds", type=int, default=3,
+                        help="alternating slices per target and cell (the duration is split)")
     parser.add_argument("--clients", type=int, nargs="+", default=[1, 16, 64])
     parser.add_argument("--mixes", nargs="+", default=["new_observation", "growing"],
                         choices=["new_observation", "growing"])
     cpus = _bench.cpus()
     parser.add_argument("--server-cpu", type=int, default=cpus[0])
     parser.add_argument("--driver-cpu", type=int, default=cpus[-1])
+    parser.add_argument("--baseline-src", help="also serve the full path from this source tree "
+                        "(PYTHONPATH of another checkout) and report it as full_baseline")
     parser.add_argument("--serve", choices=["bare", "full"], help=argparse.SUPPRESS)
     parser.add_argument("--engine-url", help=argparse.SUPPRESS)
     parser.add_argument("--sessions", type=int, default=0, help=argparse.SUPPRESS)

@@ -13,6 +13,7 @@ and looked up, longest first; the first hit is the answer that loop returns.
 from __future__ import annotations
 
 import hashlib
+from itertools import chain
 from typing import Any
 
 from .._errors import ContextLengthExceededError, InternalError
@@ -308,7 +309,7 @@ class SessionForest:
 
     def messages(self, node: AnyNode) -> tuple[dict[str, Any], ...]:
         """The full canonical message list of ``node``'s state (shared dicts: do not mutate)."""
-        return tuple(m for n in self.lineage(node) for m in n.messages)
+        return tuple(chain.from_iterable(n.messages for n in self.lineage(node)))
 
     def conversation(self, node: Node) -> Conversation:
         """``node``'s state as a Conversation (messages plus its subtree's tools and kwargs)."""
@@ -317,11 +318,11 @@ class SessionForest:
 
     def rollout_token_ids(self, node: AnyNode) -> tuple[int, ...]:
         """``[r]`` generation-input ids of the lineage (the concatenated rollout deltas)."""
-        return tuple(t for n in self.lineage(node) for t in n.rollout_token_ids)
+        return tuple(chain.from_iterable(n.rollout_token_ids for n in self.lineage(node)))
 
     def train_token_ids(self, node: AnyNode) -> tuple[int, ...]:
         """``[T]`` training ids of the lineage (the concatenated training deltas)."""
-        return tuple(t for n in self.lineage(node) for t in n.token_ids)
+        return tuple(chain.from_iterable(n.token_ids for n in self.lineage(node)))
 
     def train_token_count(self, node: AnyNode) -> int:
         """Training ids in the lineage of ``node``; O(1)."""

@@ -25,7 +25,10 @@ def _non_negative(instance: Any, attribute: attrs.Attribute, value: int) -> None
 
 
 def _int_tuple(value: Any) -> tuple[int, ...]:
-    return tuple(int(v) for v in value)
+    values = tuple(value)
+    if all(type(v) is int for v in values):  # the common case: already plain ints
+        return values
+    return tuple(int(v) for v in values)
 
 
 def _float_tuple(value: Any) -> tuple[float, ...]:
