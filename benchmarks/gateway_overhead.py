@@ -2,7 +2,8 @@
 
 Three processes: an instant engine (``relaxtrio.testing.instant_engine``: SGLang's native API,
 a fixed 12-token reply, no model), the server under test pinned to one CPU, and this load driver
-(pinned with the engine to another CPU). Targets, each served by ``relaxtrio.api.app.serve_api``:
+(pinned with the engine to another CPU). Targets (``benchmarks/_agent_api.py``), each served by
+``relaxtrio.api.app.serve_api``:
 
 * ``bare``: one quart-trio route that reads and parses the JSON body and answers a fixed chat
   completion (the framework ceiling);
@@ -12,7 +13,8 @@ a fixed 12-token reply, no model), the server under test pinned to one CPU, and 
 
 Closed loop, keep-alive, one connection per client, ``--duration`` seconds per target and cell
 after a warm-up, split into ``--rounds`` slices that alternate between the targets (the machine
-may be shared: load changes then fall on every target alike), at 1, 16 and 64 clients; two request mixes with the same bodies for both targets:
+may be shared: load changes then fall on every target alike), at 1, 16 and 64 clients; two
+request mixes with the same bodies for both targets:
 
 * ``new_observation``: an 8-message, ~2 KB chat whose first 7 messages are a committed history
   (3 earlier turns of that Session) and whose last user message is new on every request, so every
@@ -22,8 +24,8 @@ may be shared: load changes then fall on every target alike), at 1, 16 and 64 cl
 
 One JSON line per cell (req/s, p50/p99 latency ms, server CPU ms per request, engine CPU ms per
 request) and one summary line per mix with ``full``/``bare`` throughput ratios against the
-target 0.5. Usage: ``python benchmarks/gateway_overhead.py [--duration 5] [--clients 1 16 64]``
-(about 3 minutes with the defaults).
+target 0.5. Usage: ``python benchmarks/gateway_overhead.py [--duration 6] [--clients 1 16 64]
+[--baseline-src DIR]`` (about 3 minutes with the defaults on an idle machine).
 """
 
 from __future__ import annotations
@@ -33,100 +35,18 @@ import contextlib
 import functools
 import itertools
 import json
-import logging
 import os
 import sys
 from typing import TYPE_CHECKING, Any, Final
 
+import _agent_api as api
 import _bench
-import httpx
 import trio
 
 if TYPE_CHECKING:  # the driver's pool; server processes (maybe another checkout) never import it
     from relaxtrio.sglang._pool import ConnectionPool
 
 TARGET_RATIO: Final = 0.5
-READY_PREFIX: Final = "RELAXTRIO_BENCH_SERVER="
-REPLY_TEXT: Final = "Sure. Here is a short answer to your question."
-BARE_REPLY: Final = {
-    "id": "chatcmpl-bare", "object": "chat.completion", "created": 0, "model": "bench",
-    "choices": [{"index": 0, "finish_reason": "stop",
-                 "message": {"role": "assistant", "content": REPLY_TEXT}}],
-    "usage": {"prompt_tokens": 1, "completion_tokens": 1, "total_tokens": 2},
-}
-SYSTEM: Final = ("You are a careful assistant. Answer briefly, cite the relevant rule, and say "
-                 "when you are unsure. " * 3).strip()
-PARAGRAPH: Final = ("The quarterly report lists revenue by region, the headcount per team and the "
-                    "open risks; the appendix repeats the figures of the previous quarter. ")
-CHAT_PATH: Final = "/v1/chat/completions"
-NO_TIMEOUT: Final = httpx.Timeout(None, connect=10.0)
-
-
-def _user(tag: str) -> dict[str, str]:
-    return {"role": "user", "content": f"[{tag}] {PARAGRAPH}What changed?"}
-
-
-def _assistant(text: str) -> dict[str, str]:
-    return {"role": "assistant", "content": text}
-
-
-# ----------------------------------------------------------------------------------- servers
-def _bare_app():
-    from quart import Response, request
-    from quart_trio import QuartTrio
-
-    app = QuartTrio("bench.bare")
-    reply = json.dumps(BARE_REPLY).encode()
-
-    async def chat() -> Response:
-        body = json.loads(await request.get_data(cache=False))
-        assert isinstance(body, dict)
-        return Response(reply, content_type="application/json")
-
-    app.add_url_rule("/agentic_api" + CHAT_PATH, "chat", chat, methods=["POST"])
-    return app
-
-
-async def _serve(kind: str, engine_url: str | None, num_sessions: int) -> None:
-    from relaxtrio.api.app import create_app, serve_api
-
-    async with trio.open_nursery() as nursery:
-        if kind == "bare":
-            url = await nursery.start(serve_api, _bare_app())
-            print(READY_PREFIX + json.dumps({"url": url, "sessions": []}), flush=True)
-            return
-        from relaxtrio.chat.compiler import ChatCompiler
-        from relaxtrio.config import GenerationConfig
-        from relaxtrio.models import ensure_smollm2, load_tokenizer
-        from relaxtrio.nursery.session import SessionRegistry
-        from relaxtrio.rollout.turns import EngineTurnHandler
-        from relaxtrio.sglang.client import open_engine_client
-        from relaxtrio.testing.sessions import open_bare_session
-
-        assert engine_url is not None
-        compiler = ChatCompiler(load_tokenizer(ensure_smollm2()))
-        registry = SessionRegistry()
-        async with contextlib.AsyncExitStack() as stack:
-            client = await stack.enter_async_context(open_engine_client([engine_url]))
-            handler = EngineTurnHandler(client=client, compiler=compiler,
-                                        config=GenerationConfig(max_response_tokens=64))
-            sessions = [await stack.enter_async_context(open_bare_session(registry))
-                        for _ in range(num_sessions)]
-            url = await nursery.start(serve_api, create_app(registry, handler, model_name="bench"))
-            print(READY_PREFIX + json.dumps(
-                {"url": url, "sessions": [s.session_id for s in sessions]}), flush=True)
-            await trio.sleep_forever()
-
-
-def _reply_ids() -> list[int]:
-    from relaxtrio.chat.compiler import ChatCompiler
-    from relaxtrio.models import ensure_smollm2, load_tokenizer
-
-    compiler = ChatCompiler(load_tokenizer(ensure_smollm2()))
-    ids = compiler.tokenizer.encode(REPLY_TEXT, add_special_tokens=False)
-    return [*ids, compiler.stop_token_ids[0]]
-
-
 # ------------------------------------------------------------------------------- load driver
 class _Client:
     """One simulated agent: its Session, its conversation, its request mix."""
@@ -143,29 +63,29 @@ class _Client:
     def body(self) -> dict[str, Any]:
         n = next(self.counter)
         if self.mix == "new_observation":
-            messages = [*self.history, _user(f"{self.tag} q{n}")]
+            messages = [*self.history, api.user(f"{self.tag} q{n}")]
         else:
             if not self.history or len(self.history) >= 16:
                 self.conversation += 1
-                self.history = [{"role": "system", "content": SYSTEM}]
-            messages = [*self.history, _user(f"{self.tag} v{self.conversation} t{n}")]
+                self.history = [api.system()]
+            messages = [*self.history, api.user(f"{self.tag} v{self.conversation} t{n}")]
             self.history = messages
         return {"model": "bench", "messages": messages, "max_tokens": 32}
 
     def answered(self, payload: dict[str, Any]) -> None:
         if self.mix == "growing":
-            self.history = [*self.history, _assistant(payload["choices"][0]["message"]["content"])]
+            self.history = [*self.history, api.assistant(payload["choices"][0]["message"]["content"])]
 
 
 async def _prepare(pool: ConnectionPool, url: str, client: _Client) -> None:
     """``new_observation``: commit a 3-turn history (7 messages) for the client's Session."""
-    history: list[dict[str, Any]] = [{"role": "system", "content": SYSTEM}]
+    history: list[dict[str, Any]] = [api.system()]
     for turn in range(3):
-        history.append(_user(f"c{client.index} setup{turn}"))
-        response = await pool.request("POST", url + CHAT_PATH, headers=client.headers,
-                                      json={"model": "bench", "messages": history}, transport_timeout=NO_TIMEOUT)
+        history.append(api.user(f"c{client.index} setup{turn}"))
+        response = await pool.request("POST", url + api.CHAT_PATH, headers=client.headers,
+                                      json={"model": "bench", "messages": history}, transport_timeout=api.NO_TIMEOUT)
         assert response.status_code == 200, response.content[:300]
-        history.append(_assistant(response.json()["choices"][0]["message"]["content"]))
+        history.append(api.assistant(response.json()["choices"][0]["message"]["content"]))
     client.history = history
 
 
@@ -178,8 +98,8 @@ async def _closed_loop(pool: ConnectionPool, url: str, clients: list[_Client],
         while _bench.now() < deadline:
             body = client.body()
             start = _bench.now()
-            response = await pool.request("POST", url + CHAT_PATH, headers=client.headers,
-                                          json=body, transport_timeout=NO_TIMEOUT)
+            response = await pool.request("POST", url + api.CHAT_PATH, headers=client.headers,
+                                          json=body, transport_timeout=api.NO_TIMEOUT)
             latencies.append(_bench.now() - start)
             if response.status_code != 200:
                 raise RuntimeError(f"HTTP {response.status_code}: {response.content[:300]!r}")
@@ -242,23 +162,20 @@ async def _cells(targets: dict[str, _bench.Child], engine: _bench.Child, mix: st
 
 async def _drive(args: argparse.Namespace) -> int:
     server_cpu, driver_cpu = args.server_cpu, args.driver_cpu
-    reply_ids = await trio.to_thread.run_sync(_reply_ids)
-    engine = await _bench.Child.start(
-        [_bench.python(), "-m", "relaxtrio.testing.instant_engine", "--cpu", str(driver_cpu),
-         "--eos-id", str(reply_ids[-1]), "--reply-ids", *map(str, reply_ids)])
+    engine = await api.start_instant_engine(driver_cpu)
     max_clients = max(args.clients)
-    script = [_bench.python(), __file__, "--server-cpu", str(server_cpu)]
     servers: dict[str, _bench.Child] = {}
-    full = [*script, "--serve", "full", "--engine-url", engine.value, "--sessions", str(2 * max_clients)]
+    full = functools.partial(api.start_server, "full", cpu=server_cpu, engine_url=engine.value,
+                             num_sessions=2 * max_clients)
     targets = ["bare", "full"]
     try:
-        servers["bare"] = await _bench.Child.start([*script, "--serve", "bare"], READY_PREFIX)
-        servers["full"] = await _bench.Child.start(full, READY_PREFIX, timeout_s=300)
+        servers["bare"] = await api.start_server("bare", cpu=server_cpu)
+        servers["full"] = await full()
         if args.baseline_src:
             # The same full path served from another checkout (e.g. an older commit), for a
             # before/after figure in one run; it needs relaxtrio.testing.sessions.
             env = {**os.environ, "PYTHONPATH": args.baseline_src}
-            servers["full_baseline"] = await _bench.Child.start(full, READY_PREFIX, timeout_s=300, env=env)
+            servers["full_baseline"] = await full(env=env)
             targets.append("full_baseline")
         _bench.pin(driver_cpu)
         for mix_index, mix in enumerate(args.mixes):
@@ -308,16 +225,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--driver-cpu", type=int, default=cpus[-1])
     parser.add_argument("--baseline-src", help="also serve the full path from this source tree "
                         "(PYTHONPATH of another checkout) and report it as full_baseline")
-    parser.add_argument("--serve", choices=["bare", "full"], help=argparse.SUPPRESS)
-    parser.add_argument("--engine-url", help=argparse.SUPPRESS)
-    parser.add_argument("--sessions", type=int, default=0, help=argparse.SUPPRESS)
     args = parser.parse_args(argv)
-    if args.serve:
-        _bench.pin(args.server_cpu)
-        logging.basicConfig(level=logging.ERROR)
-        with contextlib.suppress(KeyboardInterrupt):
-            trio.run(functools.partial(_serve, args.serve, args.engine_url, args.sessions))
-        return 0
     return trio.run(_drive, args)
 
 

@@ -15,7 +15,7 @@ import sys
 
 import trio
 
-from .server import EngineConfig, serve_engine
+from .server import DEFAULT_PREFIX_CACHE_TOKENS, EngineConfig, serve_engine
 
 
 def _parser() -> argparse.ArgumentParser:
@@ -33,6 +33,8 @@ def _parser() -> argparse.ArgumentParser:
                         help="context window in tokens (default: the model's)")
     parser.add_argument("--weight-version", default="default")
     parser.add_argument("--dtype", choices=("float32", "bfloat16", "float16"), default="float32")
+    parser.add_argument("--prefix-cache-tokens", type=int, default=DEFAULT_PREFIX_CACHE_TOKENS,
+                        help="ids the prefix cache keeps across requests (0 disables it)")
     parser.add_argument("--log-level", default="warning")
     return parser
 
@@ -71,6 +73,7 @@ def main(argv: list[str] | None = None) -> int:
         context_length=args.context_length,
         weight_version=args.weight_version,
         dtype=args.dtype,
+        prefix_cache_tokens=args.prefix_cache_tokens,
     )
     trio.run(_serve, config)
     return 0

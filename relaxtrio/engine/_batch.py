@@ -5,7 +5,8 @@ Synchronous torch code; the scheduler calls it from a worker thread, one call at
 Continuous batching without a paged KV pool (transformers 5.24 ``DynamicCache``):
 
 - a new request is **prefilled alone** with its own cache, so its keys/values are computed at
-  positions ``0 .. P - 1`` without any padding;
+  positions ``0 .. P - 1`` without any padding; a prefix found in the prefix cache
+  (:mod:`relaxtrio.engine._prefix_cache`) seeds that cache, and only the ids after it run;
 - it then **joins the batch**: every layer's keys/values are left-padded along the sequence axis
   to a common length and concatenated along the batch axis into a fresh cache, and a ``(B, L)``
   attention mask marks the pads with 0;
@@ -31,6 +32,7 @@ from typing import TYPE_CHECKING, Generic, TypeVar
 import torch
 from transformers import DynamicCache
 
+from ._prefix_cache import CachedPrefix
 from ._vision_inputs import EngineMedia, prefill_inputs
 
 if TYPE_CHECKING:
@@ -75,23 +77,43 @@ class DecodeBatch(Generic[RowT]):
 
     @torch.inference_mode()
     def prefill(
-        self, token_ids: Sequence[int], media: EngineMedia | None = None
+        self,
+        token_ids: Sequence[int],
+        media: EngineMedia | None = None,
+        prefix: CachedPrefix | None = None,
     ) -> tuple[DynamicCache, torch.Tensor, int]:
         """Run one sequence alone and return its cache, its next-token logits and position offset.
 
         Args:
             token_ids: the full sequence (image placeholders expanded), length P >= 1.
             media: the request's images, or None.
+            prefix: keys/values of ``token_ids[:prefix.length]`` from the prefix cache (text
+                requests only); only the ids after it are computed.
 
         Returns:
             ``(cache, logits, offset)``: a cache holding P positions, ``(V,)`` logits for
             position P, and the row's text position offset (0 without images).
         """
         cache = DynamicCache(config=self.model.config)
-        ids = torch.tensor([list(token_ids)], dtype=torch.long)  # (1, P)
+        start = 0
+        if prefix is not None and media is None:
+            for layer, (keys, values) in enumerate(zip(prefix.keys, prefix.values, strict=True)):
+                cache.update(keys, values, layer)  # (1, H_kv, length, D)
+            start = prefix.length
+        ids = torch.tensor([list(token_ids[start:])], dtype=torch.long)  # (1, P - start)
         extra, offset = ({}, 0) if media is None else prefill_inputs(self.model, ids, media)
         out = self.model(input_ids=ids, cache=cache, use_cache=True, logits_to_keep=1, **extra)
         return cache, out.logits[0, -1], offset  # (V,)
+
+    def row_cache(self, row: RowT) -> tuple[list[torch.Tensor], list[torch.Tensor]]:
+        """Copies of one row's keys and values: per layer ``(1, H_kv, n, D)``, n = its tokens."""
+        assert self._cache is not None and self._mask is not None
+        index = next(i for i, r in enumerate(self.rows) if r is row)
+        n = int(self._mask[index].sum())  # a row's tokens are the last n columns (left padding)
+        layers = self._cache.layers
+        keys = [layer.keys[index : index + 1, :, -n:, :].clone() for layer in layers]
+        values = [layer.values[index : index + 1, :, -n:, :].clone() for layer in layers]
+        return keys, values
 
     @torch.inference_mode()
     def add(self, joins: Sequence[tuple[RowT, DynamicCache, int]]) -> None:

@@ -105,6 +105,7 @@ class Req:
     aborted_while_waiting: bool = False
     abort_requested: bool = False
     num_retractions: int = 0
+    cached_tokens: int = 0  # prompt ids of the last prefill served by the prefix cache
     e2e_latency_s: float = 0.0
     done: trio.Event = attrs.field(factory=trio.Event)
 
@@ -204,7 +205,7 @@ def build_response(
         meta["reasoning_tokens"] = 0
     meta["completion_tokens"] = len(req.output_ids)
     if not req.aborted_while_waiting:
-        meta["cached_tokens"] = 0
+        meta["cached_tokens"] = req.cached_tokens
     meta["weight_versions"] = spans
     meta["e2e_latency"] = req.e2e_latency_s
     meta["response_sent_to_client_ts"] = time.time()

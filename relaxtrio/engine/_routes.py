@@ -185,7 +185,7 @@ async def _update_weights_from_disk(state: EngineState, body: dict[str, Any]) ->
     model_path = body_field(body, "model_path", str, required=True)
     version = body_field(body, "weight_version", str)
     abort_all = body_field(body, "abort_all_requests", bool, default=False)
-    body_field(body, "flush_cache", bool, default=True)  # no prefix cache: nothing to flush
+    body_field(body, "flush_cache", bool, default=True)  # the prefix cache is always flushed
     try:
         await state.scheduler.update_weights_from_disk(
             model_path, weight_version=version, abort_all=abort_all
@@ -265,7 +265,7 @@ async def _models() -> Response:
 
 
 async def _flush_cache() -> Response:
-    # No prefix cache exists in the embedded engine, so there is never anything to flush.
+    engine_state().scheduler.flush_cache()
     return Response("Cache flushed.\n", status=200, content_type="text/plain")
 
 

@@ -37,6 +37,7 @@ import trio
 from ..sglang.wire import RequestError, SamplingParams, stop_regexes, stop_strings, validate_sampling_values
 from ._batch import DecodeBatch
 from ._limits import EngineLimits, check_prompt_fits, resolve_max_new_tokens
+from ._prefix_cache import PrefixCache
 from ._request import (
     LockedTokenizer,
     Req,
@@ -69,6 +70,9 @@ class SchedulerStatistics:
     num_decode_steps: int
     num_generated_tokens: int
     num_cached_tokens: int
+    num_prefill_tokens: int
+    num_prefix_hit_tokens: int
+    num_prefix_cache_tokens: int
     paused: bool
     weight_update_pending: bool
     weight_version: str
@@ -83,6 +87,15 @@ class _Plan:
     weight_version: str
 
 
+def _plain_kv_layers(model: PreTrainedModel) -> bool:
+    """Whether every layer keeps all positions (no sliding window): then cached keys/values of
+    a prefix are exactly what a prefill of it would compute."""
+    from transformers import DynamicCache
+    from transformers.cache_utils import DynamicLayer
+
+    return all(type(layer) is DynamicLayer for layer in DynamicCache(config=model.config).layers)
+
+
 class Scheduler:
     """Batches concurrent generations of one model; see the module docstring for semantics.
 
@@ -92,6 +105,8 @@ class Scheduler:
         limits: token limits.
         eos_ids: ids that stop generation unless ``ignore_eos``.
         weight_version: initial version label.
+        prefix_cache_tokens: ids the prefix cache may hold (0 disables it); see
+            :mod:`relaxtrio.engine._prefix_cache`.
     """
 
     def __init__(
@@ -102,6 +117,7 @@ class Scheduler:
         limits: EngineLimits,
         eos_ids: frozenset[int],
         weight_version: str = "default",
+        prefix_cache_tokens: int = 0,
     ):
         self.model = model
         self.tokenizer = LockedTokenizer(tokenizer)
@@ -110,6 +126,9 @@ class Scheduler:
         self.weight_version = weight_version
         self.vocab_size = int(model.config.get_text_config().vocab_size)
         self._batch: DecodeBatch[Req] = DecodeBatch(model)
+        self._prefix = PrefixCache(
+            max_tokens=prefix_cache_tokens if _plain_kv_layers(model) else 0
+        )
         self._waiting: deque[Req] = deque()
         self._by_rid: dict[str, Req] = {}
         self._paused = False
@@ -179,6 +198,9 @@ class Scheduler:
             num_decode_steps=self._num_decode_steps,
             num_generated_tokens=self._num_generated_tokens,
             num_cached_tokens=self._batch.num_cached_tokens,
+            num_prefill_tokens=self._prefix.num_prefill_tokens,
+            num_prefix_hit_tokens=self._prefix.num_hit_tokens,
+            num_prefix_cache_tokens=self._prefix.num_tokens,
             paused=self._paused,
             weight_update_pending=self._barrier is not None,
             weight_version=self.weight_version,
@@ -345,6 +367,7 @@ class Scheduler:
                 )
                 async with self._model_lock:
                     await trio.to_thread.run_sync(load_weights_from_disk, self.model, model_path)
+                    self._prefix.clear()  # keys/values of the old weights
                 if weight_version is not None:
                     self.weight_version = weight_version
             finally:
@@ -391,11 +414,18 @@ class Scheduler:
         if plan.clear:
             batch.clear()
         else:
+            self._keep_prefixes(plan.drop)  # aborted rows: a resumed request continues them
             batch.remove(plan.drop)
         finished: list[Req] = []
         joins = []
         for req in plan.admit:
-            cache, logits, offset = batch.prefill(req.input_ids + tuple(req.output_ids), req.media)  # (V,)
+            sequence = req.input_ids + tuple(req.output_ids)
+            prefix = self._prefix.lookup(sequence) if req.media is None else None
+            req.cached_tokens = 0 if prefix is None else prefix.length
+            cache, logits, offset = batch.prefill(sequence, req.media, prefix)  # (V,)
+            if req.media is None:
+                layers = cache.layers
+                self._prefix.insert(sequence, [l.keys for l in layers], [l.values for l in layers])
             req.append(req.sampler.choose(logits, len(req.output_ids)), plan.weight_version)
             self._num_generated_tokens += 1
             req.finish_reason = check_finished(req, self.tokenizer)
@@ -415,9 +445,25 @@ class Scheduler:
                 req.finish_reason = check_finished(req, self.tokenizer)
                 if req.finish_reason is not None:
                     done_rows.append(req)
+            self._keep_prefixes(done_rows)
             batch.remove(done_rows)
             finished.extend(done_rows)
         return finished
+
+    def _keep_prefixes(self, rows: Sequence[Req]) -> None:
+        """Store finishing rows' keys/values (all their ids but the last sampled one)."""
+        if self._prefix.max_tokens <= 0:
+            return
+        for req in rows:
+            if req.media is None and req in self._batch.rows:
+                keys, values = self._batch.row_cache(req)
+                sequence = (req.input_ids + tuple(req.output_ids))[: keys[0].shape[2]]
+                self._prefix.insert(sequence, keys, values)
+
+    def flush_cache(self) -> None:
+        """Empty the prefix cache (``/flush_cache``)."""
+        self._prefix.clear()
+        self._notify()
 
     def _fail_batch(self, plan: _Plan) -> list[Req]:
         failed = [r for r in [*self._batch.rows, *plan.admit] if r.state == "running"]

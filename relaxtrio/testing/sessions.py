@@ -10,12 +10,14 @@ from __future__ import annotations
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 
+import trio
+
 from ..forest import SessionForest
 from ..nursery.agent import ActiveBudget
 from ..nursery.group import Group
 from ..nursery.session import Session, SessionRegistry, new_session_id
 
-__all__ = ["open_bare_session"]
+__all__ = ["open_bare_session", "serve_bare_sessions"]
 
 
 @asynccontextmanager
@@ -55,3 +57,30 @@ async def open_bare_session(
             yield session
     finally:
         registry.discard(session)
+
+
+async def serve_bare_sessions(
+    registry: SessionRegistry,
+    num_sessions: int,
+    *,
+    task_status: trio.TaskStatus[list[Session]] = trio.TASK_STATUS_IGNORED,
+) -> None:
+    """Keep ``num_sessions`` bare Sessions open (each in its own task) until cancelled.
+
+    Args:
+        registry: where the Sessions are registered.
+        num_sessions: how many.
+        task_status: receives the Sessions, in creation order, once all are open.
+
+    Cancellation:
+        Cancelling closes every Session (see :func:`open_bare_session`).
+    """
+
+    async def hold(index: int, *, task_status: trio.TaskStatus[Session]) -> None:
+        async with open_bare_session(registry, group_id=f"train:bare{index}") as session:
+            task_status.started(session)
+            await trio.sleep_forever()
+
+    async with trio.open_nursery() as nursery:
+        sessions = [await nursery.start(hold, i) for i in range(num_sessions)]
+        task_status.started(sessions)
