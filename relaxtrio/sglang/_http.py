@@ -19,6 +19,7 @@ from ._pool import ConnectionPool, PoolResponse
 __all__ = ["EngineClientConfig", "json_object", "send_with_retries"]
 
 _RETRY_STATUSES: Final = frozenset({408, 409, 425, 429})
+_JSON_HEADERS: Final = {"Content-Type": "application/json"}
 
 
 @attrs.frozen(kw_only=True)
@@ -52,7 +53,7 @@ async def send_with_retries(
     method: str,
     url: str,
     path: str,
-    body: dict[str, Any] | None,
+    body: dict[str, Any] | bytes | None,
     *,
     httpx_timeout: httpx.Timeout,
     config: EngineClientConfig,
@@ -67,7 +68,7 @@ async def send_with_retries(
         method: HTTP method.
         url: engine base URL.
         path: route, e.g. ``/generate``.
-        body: JSON body, or None for none.
+        body: JSON body, UTF-8 JSON bytes (encoded already), or None for none.
         httpx_timeout: per-attempt httpx transport timeouts (connect/read), not a cancel scope.
         config: retry policy.
         headers: extra request headers (e.g. the gateway's routing key), or None.
@@ -82,11 +83,19 @@ async def send_with_retries(
     attempts = max(1, config.max_attempts)
     for attempt in range(1, attempts + 1):
         try:
-            if isinstance(client, ConnectionPool):
-                response = await client.request(method, url + path, json=body,
-                                                transport_timeout=httpx_timeout, headers=headers)
+            if isinstance(body, bytes):
+                content, payload = body, None
             else:
-                response = await client.request(method, url + path, json=body,
+                content, payload = None, body
+            if isinstance(client, ConnectionPool):
+                response = await client.request(method, url + path, json=payload, content=content,
+                                                transport_timeout=httpx_timeout, headers=headers)
+            elif content is not None:
+                response = await client.request(method, url + path, content=content,
+                                                headers={**_JSON_HEADERS, **(headers or {})},
+                                                timeout=httpx_timeout)
+            else:
+                response = await client.request(method, url + path, json=payload,
                                                 timeout=httpx_timeout, headers=headers)
         except httpx.TimeoutException as exc:
             if attempt == attempts:

@@ -143,6 +143,7 @@ class ConnectionPool:
         url: str,
         *,
         json: Any = None,
+        content: bytes | None = None,
         transport_timeout: httpx.Timeout | None = None,
         headers: Mapping[str, str] | None = None,
     ) -> PoolResponse:
@@ -152,6 +153,7 @@ class ConnectionPool:
             method: HTTP method.
             url: absolute ``http://`` URL.
             json: the body, encoded as compact UTF-8 JSON; None sends no body.
+            content: a body that is JSON already (UTF-8 bytes); used instead of ``json``.
             transport_timeout: ``connect`` bounds opening a connection, ``read`` the wait for the whole
                 answer (seconds; None = no limit); other fields are ignored.
             headers: extra request headers.
@@ -172,10 +174,10 @@ class ConnectionPool:
         if self._closed:
             raise httpx.ConnectError("the connection pool is closed")
         origin, host, target = self._split(url)
-        body = b"" if json is None else _encode(json)
+        body = content if content is not None else b"" if json is None else _encode(json)
         lines = [f"{method} {target} HTTP/1.1\r\nHost: {host}\r\nUser-Agent: {_USER_AGENT}\r\n"
                  f"Content-Length: {len(body)}\r\n"]
-        if json is not None:
+        if json is not None or content is not None:
             lines.append("Content-Type: application/json\r\n")
         if headers:
             lines.extend(f"{_header_text(k)}: {_header_text(v)}\r\n" for k, v in headers.items())

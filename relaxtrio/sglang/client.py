@@ -43,6 +43,7 @@ import trio
 
 from .._errors import EngineRejectedError, EngineUnavailableError, RelaxError
 from ._http import EngineClientConfig, json_object, send_with_retries
+from ._ids_json import IdsJsonEncoder
 from ._pool import ConnectionPool
 from ._replies import (
     CONTEXT_LENGTH_MARKERS,
@@ -94,6 +95,7 @@ class EngineClient:
         self._generation = generation
         self._control = control
         self._in_flight = dict.fromkeys(self.urls, 0)
+        self._ids_json = IdsJsonEncoder()
 
     # ------------------------------------------------------------------ transport
     async def _call(
@@ -192,16 +194,16 @@ class EngineClient:
             :meth:`abort` and let this call return.
         """
         url = self._pick(routing_key)
-        body: dict[str, Any] = {
+        fields: dict[str, Any] = {
             "rid": rid,
-            "input_ids": list(input_ids),
             "sampling_params": sampling.to_json(),
             "return_logprob": return_logprob,
         }
         if session_id is not None:
-            body["session_id"] = session_id
+            fields["session_id"] = session_id
         if image_data:
-            body["image_data"] = list(image_data)
+            fields["image_data"] = list(image_data)
+        body = self._ids_json.body(input_ids, fields)
         timeout = httpx.Timeout(None, connect=self.config.connect_timeout_s)
         self._in_flight[url] += 1
         try:

@@ -239,3 +239,26 @@ async def test_engine_client_generates_through_the_pool_and_retries_5xx(nursery:
     async with open_engine_client([dead], config=FAST) as client:
         with trio.fail_after(10), pytest.raises(BackendError, match="unreachable after 2 attempts"):
             await client.generate([1], SamplingParams(), rid="r4")
+
+
+def test_ids_json_encoder_reuses_prefixes_and_matches_json_dumps() -> None:
+    import json
+    import random
+
+    from relaxtrio.sglang._ids_json import IdsJsonEncoder
+
+    encoder = IdsJsonEncoder(max_entries=4)
+    rng = random.Random(0)
+    history: list[int] = []
+    sent = 0
+    for turn in range(30):
+        if turn % 7 == 6:
+            history = history[: rng.randrange(len(history) + 1)]  # a branch off an earlier state
+        history = history + [rng.randrange(50000) for _ in range(rng.randrange(0, 40))]
+        fields = {"rid": f"r{turn}", "sampling_params": {"max_new_tokens": 4}, "return_logprob": True}
+        body = encoder.body(history, fields)
+        assert json.loads(body) == {"input_ids": history, **fields}
+        assert body == json.dumps({"input_ids": history, **fields}, separators=(",", ":")).encode()
+        sent += len(history)
+    assert 0 < encoder.num_reused_ids < sent
+    assert encoder.body([], {}) == b'{"input_ids":[]}'
