@@ -92,11 +92,9 @@ async def _mock_part(num_sessions: int, turns: int, model_dir: Any) -> dict:
     from relaxtrio.api.chat import CHAT
     from relaxtrio.chat.compiler import ChatCompiler
     from relaxtrio.config import GenerationConfig
-    from relaxtrio.forest import SessionForest
     from relaxtrio.models import load_tokenizer
-    from relaxtrio.nursery.agent import ActiveBudget
     from relaxtrio.nursery.group import Group
-    from relaxtrio.nursery.session import Session, SessionRegistry, new_session_id
+    from relaxtrio.nursery.session import Session, SessionRegistry
     from relaxtrio.rollout.turns import EngineTurnHandler
     from relaxtrio.testing.scripted_engine import Reply, ScriptedEngine
 
@@ -125,15 +123,11 @@ async def _mock_part(num_sessions: int, turns: int, model_dir: Any) -> dict:
             errors.append(repr(exc)[:200])
 
     async def run_group(index: int) -> None:
-        group = Group(group_id=f"train:g{index}")
-        sessions = []
-        for i in range(group_size):
-            session_id = new_session_id()
-            session = Session(session_id=session_id, group=group, index=i, input_payload={},
-                              forest=SessionForest(session_id), budget=ActiveBudget(total_s=3600))
-            group.sessions.append(session)
+        group = Group.create(f"train:g{index}", num_sessions=group_size, input_payload={},
+                             timeout_s=3600)
+        sessions = group.sessions
+        for session in sessions:
             registry.add(session)
-            sessions.append(session)
         async with trio.open_nursery() as nursery:
             for session in sessions:
                 nursery.start_soon(_serve_session, session, agent, index * group_size + session.index)

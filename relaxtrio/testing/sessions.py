@@ -12,10 +12,8 @@ from contextlib import asynccontextmanager
 
 import trio
 
-from ..forest import SessionForest
-from ..nursery.agent import ActiveBudget
 from ..nursery.group import Group
-from ..nursery.session import Session, SessionRegistry, new_session_id
+from ..nursery.session import Session, SessionRegistry
 
 __all__ = ["open_bare_session", "serve_bare_sessions"]
 
@@ -43,12 +41,9 @@ async def open_bare_session(
         Leaving (normally or cancelled) closes the Session: turns still running are cancelled
         and it is unregistered.
     """
-    group = Group(group_id=group_id)
-    session_id = new_session_id()
-    session = Session(session_id=session_id, group=group, index=0, input_payload={},
-                      forest=SessionForest(session_id, max_context_tokens=max_context_tokens),
-                      budget=ActiveBudget(total_s=budget_s))
-    group.sessions.append(session)
+    group = Group.create(group_id, num_sessions=1, input_payload={}, timeout_s=budget_s,
+                         max_context_tokens=max_context_tokens)
+    session = group.sessions[0]
     registry.add(session)
     try:
         async with session.serving():
