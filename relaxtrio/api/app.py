@@ -151,7 +151,7 @@ async def _model_response(state: _ApiState, adapter: ProtocolAdapter, progress: 
     body = await _read_json_object()
     progress.body_read = True
     try:
-        parsed = adapter.parse(body)
+        parsed = adapter.parse(body, session.forest.memo)
     except RecursionError:
         raise InvalidRequestError("Invalid request body: nested too deeply", param="body") from None
     if parsed.stream:

@@ -22,7 +22,7 @@ from collections.abc import Mapping
 from typing import Any, Final
 
 from .._errors import InvalidRequestError, RelaxError
-from ..forest import Conversation
+from ..forest import Conversation, ConversationMemo
 from ..nursery.turns import TurnRequest, TurnResult
 from .errors import openai_error_body
 from .fields import optional_bool, optional_positive_int, optional_seed, optional_str, stop_strings
@@ -31,16 +31,20 @@ from .wire import ParsedRequest, ProtocolAdapter, new_id, sse_comment, sse_data
 DONE_FRAME: Final = b"data: [DONE]\n\n"
 
 
-def parse_chat_request(body: Mapping[str, Any]) -> ParsedRequest:
-    """Normalizes a Chat Completions body; never mutates or aliases it.
+def parse_chat_request(body: Mapping[str, Any], memo: ConversationMemo | None = None) -> ParsedRequest:
+    """Normalizes a Chat Completions body; never mutates it.
+
+    Args:
+        body: the decoded request body.
+        memo: the Session's memo of its previous request (repeated messages are not
+            canonicalized again); None canonicalizes everything.
 
     Raises:
         InvalidRequestError: any invalid field, with ``param`` set to its path
             (``messages[3].content``, ``max_tokens``, ``chat_template_kwargs``...).
     """
-    conversation = Conversation.from_wire(
-        body.get("messages"), body.get("tools"), body.get("chat_template_kwargs")
-    )
+    build = Conversation.from_wire if memo is None else memo.conversation
+    conversation = build(body.get("messages"), body.get("tools"), body.get("chat_template_kwargs"))
     if not conversation.messages:
         raise InvalidRequestError("messages projected to zero supported messages", param="messages")
     max_completion = optional_positive_int(body, "max_completion_tokens")

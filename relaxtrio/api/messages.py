@@ -36,7 +36,7 @@ from typing import Any, Final
 
 from .._errors import InvalidRequestError, RelaxError
 from .._validate import require_object
-from ..forest import Conversation
+from ..forest import Conversation, ConversationMemo
 from ..nursery.turns import TurnRequest, TurnResult
 from .errors import anthropic_error_body
 from .fields import (
@@ -190,8 +190,9 @@ def _project_tools(tools: Any, proj: Projection) -> None:
                        schema_required=True)
 
 
-def _conversation(body: Mapping[str, Any]) -> Conversation:
-    """``system``, ``messages``, ``tools`` and ``thinking`` of a Messages body, canonical."""
+def _conversation(body: Mapping[str, Any], memo: ConversationMemo | None = None) -> Conversation:
+    """``system``, ``messages``, ``tools`` and ``thinking`` of a Messages body, canonical
+    (through the Session's ``memo`` when given; see :mod:`.chat`)."""
     proj = Projection(messages_field="messages")
     system = body.get("system")
     if system is not None:
@@ -202,16 +203,18 @@ def _conversation(body: Mapping[str, Any]) -> Conversation:
     _project_tools(body.get("tools"), proj)
     thinking = optional_object(body, "thinking")
     kind = thinking.get("type") if thinking is not None else None
-    return proj.conversation(thinking_switch(kind, "thinking.type", THINKING_TYPES, off="disabled"))
+    return proj.conversation(thinking_switch(kind, "thinking.type", THINKING_TYPES, off="disabled"), memo)
 
 
-def parse_messages_request(body: Mapping[str, Any]) -> ParsedRequest:
+def parse_messages_request(body: Mapping[str, Any], memo: ConversationMemo | None = None) -> ParsedRequest:
     """Normalizes an Anthropic Messages body; never mutates or aliases it.
+
+    ``memo``: the Session's memo of its previous request, or None (see :mod:`.chat`).
 
     Raises:
         InvalidRequestError: any invalid field, with ``param`` set to its request path.
     """
-    conversation = _conversation(body)
+    conversation = _conversation(body, memo)
     turn = TurnRequest(
         conversation=conversation,
         max_new_tokens=required_positive_int(body, "max_tokens"),

@@ -20,7 +20,7 @@ import attrs
 
 from .._errors import InvalidRequestError
 from .._validate import require_list, require_object
-from ..forest import Conversation
+from ..forest import Conversation, ConversationMemo
 from .fields import non_empty_str
 
 _MESSAGE_PARAM: Final = re.compile(r"messages\[(\d+)\](.*)", re.DOTALL)
@@ -103,15 +103,18 @@ class Projection:
         self.tools.append({"type": "function", "function": function})
         self.tool_sources.append(path)
 
-    def conversation(self, template_kwargs: Mapping[str, Any]) -> Conversation:
-        """Canonicalizes the projection.
+    def conversation(
+        self, template_kwargs: Mapping[str, Any], memo: ConversationMemo | None = None
+    ) -> Conversation:
+        """Canonicalizes the projection (through the Session's ``memo`` when given).
 
         Raises:
             InvalidRequestError: a canonical rule failed (``param`` is the request's own path),
                 or nothing was projected (``<field> projected to zero supported messages``).
         """
         try:
-            conv = Conversation.from_wire(self.messages, self.tools, dict(template_kwargs))
+            build = Conversation.from_wire if memo is None else memo.conversation
+            conv = build(self.messages, self.tools, dict(template_kwargs))
         except InvalidRequestError as exc:
             raise self._remapped(exc) from exc
         if not conv.messages:

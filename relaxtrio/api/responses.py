@@ -43,6 +43,7 @@ from typing import Any, Final
 
 from .._errors import InvalidRequestError, RelaxError
 from .._validate import require_object
+from ..forest import ConversationMemo
 from ..nursery.turns import TurnRequest, TurnResult
 from .errors import openai_error_body
 from .fields import non_empty_str, optional_bool, optional_object, optional_positive_int, optional_str, thinking_switch
@@ -202,8 +203,10 @@ def _project_tools(tools: Any, proj: Projection) -> None:
                        schema_required=False)
 
 
-def parse_responses_request(body: Mapping[str, Any]) -> ParsedRequest:
+def parse_responses_request(body: Mapping[str, Any], memo: ConversationMemo | None = None) -> ParsedRequest:
     """Normalizes a Responses body; never mutates or aliases it.
+
+    ``memo``: the Session's memo of its previous request, or None (see :mod:`.chat`).
 
     Raises:
         InvalidRequestError: any invalid field, with ``param`` set to its request path.
@@ -228,7 +231,7 @@ def parse_responses_request(body: Mapping[str, Any]) -> ParsedRequest:
     effort = reasoning.get("effort") if reasoning is not None else None
     kwargs = thinking_switch(effort, "reasoning.effort", EFFORTS, off="none")
     turn = TurnRequest(
-        conversation=proj.conversation(kwargs),
+        conversation=proj.conversation(kwargs, memo),
         max_new_tokens=optional_positive_int(body, "max_output_tokens"),
         protocol="responses",
     )

@@ -16,6 +16,7 @@ from typing import Any, Literal
 import attrs
 
 from .._errors import RelaxError
+from ..forest import ConversationMemo
 from ..nursery.turns import TurnRequest, TurnResult
 
 Protocol = Literal["chat", "responses", "messages"]
@@ -42,7 +43,8 @@ class ProtocolAdapter:
 
     Attributes:
         name: ``chat``, ``responses`` or ``messages`` (selects the error envelope).
-        parse: request body → :class:`ParsedRequest`; raises ``InvalidRequestError``.
+        parse: ``(request body, the Session's ConversationMemo or None)`` →
+            :class:`ParsedRequest`; raises ``InvalidRequestError``.
         render_json: committed turn → the protocol's JSON response object.
         render_sse: committed turn → the complete terminal SSE sequence (bytes).
         render_sse_error: error → the protocol's in-stream failure sequence (bytes).
@@ -51,7 +53,7 @@ class ProtocolAdapter:
     """
 
     name: Protocol
-    parse: Callable[[Mapping[str, Any]], ParsedRequest]
+    parse: Callable[[Mapping[str, Any], ConversationMemo | None], ParsedRequest]
     render_json: Callable[[TurnResult, ParsedRequest], dict[str, Any]]
     render_sse: Callable[[TurnResult, ParsedRequest], bytes]
     render_sse_error: Callable[[RelaxError, ParsedRequest | None], bytes]

@@ -26,6 +26,7 @@ from ._export import export_samples as export_samples
 from ._forest import SessionForest as SessionForest
 from ._forest import context_length_message as context_length_message
 from ._json import canonical_arguments as canonical_arguments
+from ._memo import ConversationMemo as ConversationMemo
 from ._nodes import Match as Match
 from ._nodes import ObservationNode as ObservationNode
 from ._nodes import ResponseNode as ResponseNode
@@ -37,6 +38,7 @@ from ._output import parse_session_output as parse_session_output
 
 __all__ = [
     "Conversation",
+    "ConversationMemo",
     "ExportRecord",
     "Match",
     "ObservationNode",

@@ -352,6 +352,27 @@ class Conversation:
         )
 
 
+    @classmethod
+    def _from_canonical(
+        cls,
+        messages: tuple[dict[str, Any], ...],
+        message_json: tuple[bytes, ...],
+        tools: tuple[dict[str, Any], ...],
+        template_kwargs: dict[str, Any],
+    ) -> Conversation:
+        """A conversation from parts that are canonical already, ``message_json[i]`` being the
+        serialization of ``messages[i]`` (the memo of :mod:`._memo` has them)."""
+        conv = cls.__new__(cls)
+        object.__setattr__(conv, "messages", messages)
+        object.__setattr__(conv, "tools", tuple(tools))
+        object.__setattr__(conv, "template_kwargs", template_kwargs)
+        object.__setattr__(conv, "_message_json", message_json)
+        suffix = b"".join((b'],"template_kwargs":', _encode(template_kwargs, "chat_template_kwargs"),
+                           b',"tools":', _encode(list(tools), "tools"), b"}"))
+        object.__setattr__(conv, "_suffix", suffix)
+        return conv
+
+
 def finish_hash(hasher: Any, suffix: bytes) -> str:
     """Closes a running hash with a subtree's constant tail; does not modify ``hasher``."""
     closed = hasher.copy()

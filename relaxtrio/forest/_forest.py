@@ -14,12 +14,16 @@ from __future__ import annotations
 
 import hashlib
 from itertools import chain
-from typing import Any
+from typing import Any, Final
 
 from .._errors import ContextLengthExceededError, InternalError
 from ._canonical import HASH_PREFIX, Conversation, canonical_message, finish_hash
 from ._json import dumps
+from ._memo import ConversationMemo
 from ._nodes import AnyNode, FinishReason, Match, Node, ObservationNode, ResponseNode, RootNode, _Subtree
+
+
+_LINEAGE_CACHE_SIZE: Final = 16  # lineages kept per forest (the turns in flight of one Session)
 
 
 def context_length_message(max_context_tokens: int, prompt_tokens: int) -> str:
@@ -64,6 +68,10 @@ class SessionForest:
         self._leaves: dict[str, None] = {}  # insertion-ordered set of leaf hashes
         # Message counts at which committed states exist, per tools+kwargs serialization.
         self._lengths: dict[bytes, set[int]] = {}
+        self._lineages: dict[str, tuple[Node, ...]] = {}  # recent lineages, oldest first
+        self.memo = ConversationMemo()
+        """The previous request's canonical messages, so the next one (which repeats them)
+        canonicalizes only what is new (:class:`~relaxtrio.forest._memo.ConversationMemo`)."""
 
     def __len__(self) -> int:
         """Number of committed (non-root) nodes."""
@@ -298,14 +306,29 @@ class SessionForest:
         return tuple(self._nodes[h] for h in self._leaves)
 
     def lineage(self, node: AnyNode) -> tuple[Node, ...]:
-        """The nodes from the subtree root down to ``node`` (root excluded); O(depth)."""
-        out: list[Node] = []
+        """The nodes from the subtree root down to ``node`` (root excluded).
+
+        O(depth) Python steps, except when the lineage of an ancestor a few steps up was asked
+        for recently (a Session's next turn continues its last one): then one tuple copy.
+        """
+        tail: list[Node] = []
         current: Node | None = None if isinstance(node, RootNode) else node
         while current is not None:
-            out.append(current)
+            cached = self._lineages.get(current.state_hash)
+            if cached is not None:
+                tail.reverse()
+                result = cached + tuple(tail)
+                break
+            tail.append(current)
             current = None if current.parent_hash is None else self._nodes[current.parent_hash]
-        out.reverse()
-        return tuple(out)
+        else:
+            tail.reverse()
+            result = tuple(tail)
+        if result:
+            if len(self._lineages) >= _LINEAGE_CACHE_SIZE:
+                self._lineages.pop(next(iter(self._lineages)))
+            self._lineages[result[-1].state_hash] = result
+        return result
 
     def messages(self, node: AnyNode) -> tuple[dict[str, Any], ...]:
         """The full canonical message list of ``node``'s state (shared dicts: do not mutate)."""
