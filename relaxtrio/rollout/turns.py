@@ -309,7 +309,8 @@ class EngineTurnHandler:
             # (and aborts it) or closed the gate before we passed it.
             with turn.track(rid):
                 result = await self._generate(prompt_ids + tuple(token_ids), sampling, rid, images,
-                                              routing_key=turn.session_id)
+                                              routing_key=turn.session_id,
+                                              prefix_key=turn.session_id)
             generation_s += trio.current_time() - attempt_start
             offset = len(token_ids)
             token_ids.extend(result.output_ids)
@@ -434,13 +435,15 @@ class EngineTurnHandler:
         return await trio.to_thread.run_sync(self.compiler.attach_images, ids, images)
 
     async def _generate(self, input_ids: tuple[int, ...], sampling: SamplingParams, rid: str,
-                        images: Sequence[str] = (), *, routing_key: str | None = None):
+                        images: Sequence[str] = (), *, routing_key: str | None = None,
+                        prefix_key: str | None = None):
         finished = False
         extra = {"image_data": list(images)} if images else {}
         try:
             # The Session id is the routing key: every turn of a Session goes to one worker.
             result = await self.client.generate(input_ids, sampling, rid=rid, return_logprob=True,
-                                                routing_key=routing_key, **extra)
+                                                routing_key=routing_key, prefix_key=prefix_key,
+                                                **extra)
             finished = True
             return result
         except EngineUnavailableError as exc:

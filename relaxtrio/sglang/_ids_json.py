@@ -17,31 +17,58 @@ from typing import Any, Final
 
 __all__ = ["IdsJsonEncoder"]
 
-_DEFAULT_ENTRIES: Final = 256  # sequences remembered (about one per Session in flight)
+_DEFAULT_ENTRIES: Final = 256  # sequences remembered without a key
+_KEYED_ENTRIES: Final = 8  # sequences remembered per key (a Session's recent branches)
+_DEFAULT_KEYS: Final = 4096  # keys remembered (about one per Session in flight)
 
 
 class IdsJsonEncoder:
     """Encodes ``/generate`` bodies, reusing id text of recent sequences.
 
+    Sequences are remembered per key (callers pass the Session id: a Session's next prompt
+    extends one of its own recent ones, so only those few are compared); without a key they
+    share one bucket of ``max_entries``, each compared in turn.
+
     Args:
-        max_entries: sequences remembered (least recently used ones are forgotten).
+        max_entries: sequences remembered without a key (least recently used ones are forgotten).
+        keyed_entries: sequences remembered per key.
+        max_keys: keys remembered (least recently used ones are forgotten with their sequences).
     """
 
-    def __init__(self, max_entries: int = _DEFAULT_ENTRIES) -> None:
+    def __init__(self, max_entries: int = _DEFAULT_ENTRIES, *, keyed_entries: int = _KEYED_ENTRIES,
+                 max_keys: int = _DEFAULT_KEYS) -> None:
         self._max_entries = max_entries
-        self._entries: OrderedDict[int, tuple[tuple[int, ...], str]] = OrderedDict()
+        self._keyed_entries = keyed_entries
+        self._max_keys = max_keys
+        self._buckets: OrderedDict[str | None, OrderedDict[int, tuple[tuple[int, ...], str]]] = OrderedDict()
         self._next = 0
         self.num_reused_ids = 0
         """Ids whose text came from a remembered prefix (for tests and benchmarks)."""
 
-    def ids_text(self, input_ids: Sequence[int]) -> str:
-        """``json.dumps(list(input_ids), separators=(",", ":"))`` without the brackets."""
+    def _bucket(self, key: str | None) -> OrderedDict[int, tuple[tuple[int, ...], str]]:
+        bucket = self._buckets.get(key)
+        if bucket is None:
+            bucket = self._buckets[key] = OrderedDict()
+            while len(self._buckets) > self._max_keys:
+                self._buckets.popitem(last=False)
+        else:
+            self._buckets.move_to_end(key)
+        return bucket
+
+    def ids_text(self, input_ids: Sequence[int], key: str | None = None) -> str:
+        """``json.dumps(list(input_ids), separators=(",", ":"))`` without the brackets.
+
+        Args:
+            input_ids: the ids.
+            key: the sequence's family (a Session id), or None.
+        """
         ids = tuple(input_ids)
+        entries = self._bucket(key)
         best_key, best_n, best_text = None, 0, ""
-        for key, (seq, text) in reversed(self._entries.items()):
+        for entry, (seq, text) in reversed(entries.items()):
             n = len(seq)
             if best_n < n <= len(ids) and ids[n - 1] == seq[-1] and ids[:n] == seq:
-                best_key, best_n, best_text = key, n, text
+                best_key, best_n, best_text = entry, n, text
         rest = ids[best_n:]
         if rest:
             tail = json.dumps(rest, separators=(",", ":"))[1:-1]
@@ -51,23 +78,25 @@ class IdsJsonEncoder:
         if best_key is not None:
             self.num_reused_ids += best_n
             if best_n == len(ids):
-                self._entries.move_to_end(best_key)
+                entries.move_to_end(best_key)
                 return text
-            del self._entries[best_key]  # the longer sequence covers it
+            del entries[best_key]  # the longer sequence covers it
         if ids:
-            self._entries[self._next] = (ids, text)
+            entries[self._next] = (ids, text)
             self._next += 1
-            while len(self._entries) > self._max_entries:
-                self._entries.popitem(last=False)
+            limit = self._max_entries if key is None else self._keyed_entries
+            while len(entries) > limit:
+                entries.popitem(last=False)
         return text
 
-    def body(self, input_ids: Sequence[int], fields: Mapping[str, Any]) -> bytes:
+    def body(self, input_ids: Sequence[int], fields: Mapping[str, Any], key: str | None = None) -> bytes:
         """The UTF-8 JSON body ``{"input_ids": [...], **fields}`` (``input_ids`` first).
 
         Args:
             input_ids: the prompt ids.
             fields: every other key of the body (JSON values; must not hold ``input_ids``).
+            key: see :meth:`ids_text`.
         """
         rest = json.dumps(dict(fields), separators=(",", ":"), ensure_ascii=False)
         joiner = "," if len(rest) > 2 else ""
-        return f'{{"input_ids":[{self.ids_text(input_ids)}]{joiner}{rest[1:]}'.encode()
+        return f'{{"input_ids":[{self.ids_text(input_ids, key)}]{joiner}{rest[1:]}'.encode()

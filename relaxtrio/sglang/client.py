@@ -159,6 +159,7 @@ class EngineClient:
         routing_key: str | None = None,
         image_data: Sequence[str] | None = None,
         headers: dict[str, str] | None = None,
+        prefix_key: str | None = None,
     ) -> GenerateResult:
         """Generate from token ids on one engine (``POST /generate``, single form).
 
@@ -175,6 +176,9 @@ class EngineClient:
             image_data: the prompt's images in placeholder order (``data:`` URLs), sent as
                 SGLang's ``image_data``; None or empty sends none.
             headers: extra HTTP headers of this request (the gateway's routing key), or None.
+            prefix_key: the family of prompts this one belongs to (the Session id): the body
+                reuses the JSON text of the longest recent prompt of that family that is a
+                prefix of this one (:mod:`._ids_json`); None compares with all recent prompts.
 
         Returns:
             The normalized result; ``len(output_logprobs) == len(output_ids)`` when
@@ -203,7 +207,7 @@ class EngineClient:
             fields["session_id"] = session_id
         if image_data:
             fields["image_data"] = list(image_data)
-        body = self._ids_json.body(input_ids, fields)
+        body = self._ids_json.body(input_ids, fields, prefix_key)
         timeout = httpx.Timeout(None, connect=self.config.connect_timeout_s)
         self._in_flight[url] += 1
         try:

@@ -262,3 +262,24 @@ def test_ids_json_encoder_reuses_prefixes_and_matches_json_dumps() -> None:
         sent += len(history)
     assert 0 < encoder.num_reused_ids < sent
     assert encoder.body([], {}) == b'{"input_ids":[]}'
+
+
+def test_ids_json_encoder_keys_compare_only_their_own_sequences() -> None:
+    import json
+
+    from relaxtrio.sglang._ids_json import IdsJsonEncoder
+
+    def _compact(ids: list[int]) -> str:
+        return json.dumps(ids, separators=(",", ":"))
+
+    encoder = IdsJsonEncoder(max_entries=2, keyed_entries=2, max_keys=2)
+    shared = list(range(100, 140))
+    for key in ("a", "b"):
+        assert encoder.ids_text([*shared, ord(key)], key) == _compact([*shared, ord(key)])[1:-1]
+    assert encoder.num_reused_ids == 0  # "b" never looks at "a"'s sequence
+    grown = [*shared, ord("a"), 7, 8]
+    assert encoder.ids_text(grown, "a") == _compact(grown)[1:-1]
+    assert encoder.num_reused_ids == len(shared) + 1
+    encoder.ids_text([1], "c")  # a third key forgets the least recently used one ("b")
+    assert encoder.ids_text([*shared, ord("b"), 9], "b") == _compact([*shared, ord("b"), 9])[1:-1]
+    assert encoder.num_reused_ids == len(shared) + 1
