@@ -173,7 +173,12 @@ async def _train_step(
 ) -> dict[str, Any]:
     """One rollout step, one update (none when ``trainer`` is None: rollout only), the weight
     push, the step's samples/dump files and the optional eval; returns metrics (and shows the
-    step on the operator dashboard)."""
+    step on the operator dashboard).
+
+    Timings in the row (wall seconds): ``rollout_s``; ``train_s`` from the update's start to the
+    engines running the new weights, split into ``update_s`` (``Trainer.train_step``) and
+    ``weight_sync_s`` (writing the weights, then pause, reload and continue on every worker);
+    ``eval_s``; ``step_s`` for all of it."""
     step_start = time.monotonic()
     result = await pipeline.run_step(rollout_id, last=rollout_id == cfg.num_rollout - 1)
     row: dict[str, Any] = dict(group_metrics(result))
@@ -181,12 +186,15 @@ async def _train_step(
     if result.samples and trainer is not None:
         train_start = time.monotonic()
         stats = await trio.to_thread.run_sync(trainer.train_step, result.samples, result.advantages)
+        push_start = time.monotonic()
         row["weight_sync_s"] = await inference.push(trainer.model, weight_version_name(rollout_id))
+        push_end = time.monotonic()
         row.update(
             loss=stats.loss, clip_fraction=stats.clip_fraction, ppo_kl=stats.ppo_kl,
             grad_norm=stats.grad_norm, entropy=stats.entropy,
             rollout_logprob_abs_diff=stats.rollout_logprob_abs_diff,
-            train_tokens=stats.num_tokens, train_s=time.monotonic() - train_start,
+            train_tokens=stats.num_tokens, train_s=push_end - train_start,
+            update_s=push_start - train_start,
         )
     elif not result.samples:
         log.warning("rollout %d produced no samples; skipping the update", rollout_id)

@@ -1,0 +1,157 @@
+"""Step time: where the main job's step goes, phase by phase.
+
+Runs the real job (``python -m relaxtrio train`` on the default example, embedded CPU engine,
+``--num-rollout`` steps, a debug dump per step) and prints, per step, the driver's own timings
+from ``metrics.jsonl``: ``rollout_s`` (Groups through the agents and the engine), ``update_s``
+(``Trainer.train_step``), ``weight_sync_s`` (writing the weights, then pause, engine reload and
+continue on every worker) and ``step_s``. The update is then split on the last
+step's dumped samples with the trainer settings that step used, in this process: a separate
+no-grad old-logprob forward (``Trainer.compute_logprobs``: what the step pays when it has more
+than one minibatch; the default single minibatch takes the old logprobs from the training
+forward itself), forward+backward and the optimizer (the AdamW step, timed around
+``optimizer.step``).
+
+``--variants`` adds whole jobs for the other schedules, in the same run: ``fully_async``
+(``--fully-async``; target step time at most 0.7x the synchronous one) and ``prelaunch``
+(agents that sleep 2 s before starting, with ``--agentic-prelaunch``, against the same slow
+agents without it; target at most 0.6x). Each job is one subprocess, so its figures are
+end-to-end.
+
+One JSON line per step and variant, one for the update split and a summary line with the
+weight-push share of the step (target at most 0.10) and the variant ratios. Usage:
+``python benchmarks/step_profile.py [--num-rollout 2] [--variants sync fully_async prelaunch]
+[-- extra train flags]`` (one synchronous job: about 4-8 minutes on 2 shared cores).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import shlex
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+from typing import Any, Final
+
+PUSH_SHARE_TARGET: Final = 0.10
+FULLY_ASYNC_TARGET: Final = 0.7
+PRELAUNCH_TARGET: Final = 0.6
+AGENT_START_DELAY_S: Final = 2.0
+_PHASES: Final = ("rollout_s", "update_s", "weight_sync_s", "train_s", "step_s")
+
+
+def _slow_agent_command() -> str:
+    """The example agent behind a 2 s start-up delay."""
+    inner = f"sleep {AGENT_START_DELAY_S:g}; exec {shlex.quote(sys.executable)} agent.py"
+    return f"bash -c {shlex.quote(inner)}"
+
+
+def _run_job(name: str, out: Path, num_rollout: int, flags: list[str], extra: list[str]) -> list[dict]:
+    """Runs one training job; returns its metric rows (raises if the job fails)."""
+    cmd = [sys.executable, "-m", "relaxtrio", "train", "--num-rollout", str(num_rollout),
+           "--output-dir", str(out), "--log-level", "WARNING",
+           "--save-debug-rollout-data", str(out / "dump" / "rollout_{rollout_id}.json"), *flags, *extra]
+    start = time.monotonic()
+    proc = subprocess.run(cmd, capture_output=True, text=True, env=os.environ.copy())
+    wall_s = time.monotonic() - start
+    if proc.returncode != 0:
+        sys.stderr.write(proc.stderr[-4000:])
+        raise SystemExit(f"{name}: the job exited {proc.returncode}")
+    rows = [json.loads(line) for line in (out / "metrics.jsonl").read_text().splitlines() if line.strip()]
+    for index, row in enumerate(rows):
+        line = {"bench": "step_profile", "variant": name, "step": index, "job_wall_s": round(wall_s, 1)}
+        line.update({k: round(row[k], 3) for k in _PHASES if isinstance(row.get(k), (int, float))})
+        line["train_tokens"] = row.get("train_tokens")
+        if row.get("step_s") and row.get("weight_sync_s") is not None:
+            line["weight_push_share"] = round(row["weight_sync_s"] / row["step_s"], 3)
+        print(json.dumps(line), flush=True)
+    return rows
+
+
+def _update_split(dump_path: Path, model_dir: Path) -> dict[str, Any]:
+    """Times old-logprob forward, forward+backward and optimizer on one dumped step."""
+    import torch
+
+    from relaxtrio.replay import train_config_of
+    from relaxtrio.rollout.dumps import load_dump
+    from relaxtrio.train import Trainer
+
+    torch.manual_seed(0)
+    dump = load_dump(dump_path)
+    config, _ = train_config_of(dump)
+    samples = [d.sample for d in dump.samples]
+    advantages = [0.0 if d.advantage is None else float(d.advantage) for d in dump.samples]
+    trainer = Trainer.from_pretrained(model_dir, config)
+    start = time.perf_counter()
+    trainer.compute_logprobs(samples)
+    old_forward_s = time.perf_counter() - start
+    optimizer_s = 0.0
+    step = trainer.optimizer.step
+
+    def timed_step(*args: Any, **kwargs: Any) -> Any:  # the real AdamW step, timed
+        nonlocal optimizer_s
+        t0 = time.perf_counter()
+        try:
+            return step(*args, **kwargs)
+        finally:
+            optimizer_s += time.perf_counter() - t0
+
+    trainer.optimizer.step = timed_step  # type: ignore[method-assign]
+    stats = trainer.train_step(samples, advantages)
+    return {"bench": "step_profile", "part": "update_split", "num_samples": len(samples),
+            "train_tokens": stats.num_tokens, "num_micro_batches": stats.num_micro_batches,
+            "old_logprob_forward_s": round(old_forward_s, 3),
+            "forward_backward_s": round(stats.elapsed_s - optimizer_s, 3),
+            "optimizer_s": round(optimizer_s, 3), "train_step_s": round(stats.elapsed_s, 3)}
+
+
+def _mean_step(rows: list[dict], skip_first: bool) -> float:
+    steps = [r["step_s"] for r in rows][1 if skip_first and len(rows) > 1 else 0:]
+    return sum(steps) / len(steps)
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--num-rollout", type=int, default=2, help="steps per job")
+    parser.add_argument("--variants", nargs="+", default=["sync"],
+                        choices=["sync", "fully_async", "prelaunch"])
+    parser.add_argument("--work-dir", type=Path, default=None, help="job outputs (default: a temp dir)")
+    args, extra = parser.parse_known_args(argv)
+    extra = [a for a in extra if a != "--"]
+    from relaxtrio.models import ensure_smollm2
+
+    model_dir = ensure_smollm2()
+    work = args.work_dir or Path(tempfile.mkdtemp(prefix="step_profile_"))
+    jobs: dict[str, list[str]] = {"sync": []}
+    if "fully_async" in args.variants:
+        jobs["fully_async"] = ["--fully-async"]
+    if "prelaunch" in args.variants:
+        slow = ["--agent-command", _slow_agent_command()]
+        jobs["slow_agents"] = slow
+        jobs["slow_agents_prelaunch"] = [*slow, "--agentic-prelaunch"]
+    rows = {name: _run_job(name, work / name, args.num_rollout, flags, extra) for name, flags in jobs.items()}
+    last = args.num_rollout - 1
+    split = _update_split(work / "sync" / "dump" / f"rollout_{last}.json", model_dir)
+    print(json.dumps(split), flush=True)
+    sync = rows["sync"]
+    warm = sync[1:] or sync
+    share = sum(r["weight_sync_s"] for r in warm) / sum(r["step_s"] for r in warm)
+    summary: dict[str, Any] = {"bench": "step_profile", "summary": True, "steps_per_job": args.num_rollout,
+                               "sync_step_s": round(_mean_step(sync, True), 2),
+                               "weight_push_share": round(share, 3), "weight_push_share_target": PUSH_SHARE_TARGET}
+    if "fully_async" in rows:
+        summary["fully_async_ratio"] = round(_mean_step(rows["fully_async"], True) / _mean_step(sync, True), 3)
+        summary["fully_async_target"] = FULLY_ASYNC_TARGET
+    if "slow_agents" in rows:
+        summary["prelaunch_ratio"] = round(
+            _mean_step(rows["slow_agents_prelaunch"], True) / _mean_step(rows["slow_agents"], True), 3)
+        summary["prelaunch_target"] = PRELAUNCH_TARGET
+    print(json.dumps(summary), flush=True)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
