@@ -90,7 +90,7 @@ class PrefixCache:
         limit = len(token_ids) - 1
         if limit < 1 or not self._entries:
             return None
-        query = torch.tensor(list(token_ids[:limit]), dtype=torch.long)  # (P-1,)
+        query = torch.tensor(list(token_ids[:limit]), dtype=torch.long)  # (limit,) = all prompt ids but the last
         best_key, best_length = None, 0
         for key, entry in self._entries.items():
             n = min(limit, entry.ids.shape[0])
