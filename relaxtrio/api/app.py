@@ -53,6 +53,7 @@ from .errors import (
     RouteNotFoundError,
     client_disconnect,
     error_response,
+    log_rejected,
 )
 from .messages import MESSAGES, parse_count_tokens_request
 from .responses import RESPONSES
@@ -202,6 +203,8 @@ async def _dispatch(adapter: ProtocolAdapter, respond: _Responder = _model_respo
         answered = True
         if exc.http_status >= 500:
             log.warning("%s request failed (session %s): %s", adapter.name, progress.session_id, exc.message)
+        else:
+            log_rejected(adapter.name, exc, progress.session_id)
         return error_response(exc, adapter.name)
     except Exception:
         answered = True
@@ -251,6 +254,8 @@ async def _http_error(exc: HTTPException) -> Response:
         err = InternalError(GENERIC_INTERNAL_MESSAGE)
     else:
         err = InvalidRequestError(exc.description or exc.name or "Bad request")
+    if status < 500:
+        log_rejected(_protocol_of_path(path).name, err, None, status=status)
     response = error_response(err, _protocol_of_path(path).name)
     response.status_code = status
     return response

@@ -20,12 +20,15 @@ a bug said is only logged (by the caller).
 
 from __future__ import annotations
 
+import logging
 from typing import Any, Final
 
 from quart import Response
 
 from .._errors import ClientDisconnectError, InvalidRequestError, NotFoundError, OverloadedError, RelaxError
 from .wire import Protocol, encode_json
+
+log = logging.getLogger(__name__)
 
 GENERIC_INTERNAL_MESSAGE: Final = "Internal error while handling agentic request."
 RENDER_FAILED_MESSAGE: Final = "Internal error while rendering agentic response."
@@ -89,6 +92,21 @@ def error_response(exc: RelaxError, protocol: Protocol) -> Response:
         content_type="application/json",
         headers=headers,
     )
+
+
+def log_rejected(protocol: Protocol, exc: RelaxError, session_id: str | None, *,
+                 status: int | None = None) -> None:
+    """Logs one line for a 4xx answer (a client mistake), so a harness that exits on it leaves
+    its reason in relaxtrio's log (docs/agent-contract.md#errors).
+
+    Args:
+        protocol: the request's protocol.
+        exc: the error answered.
+        session_id: the request's Session, when it got that far.
+        status: the status sent, when it is not the error's own (405, 413 from the router).
+    """
+    log.warning("%s request rejected (HTTP %d, session %s, param %s): %s", protocol,
+                status or http_status(exc, protocol), session_id or exc.session_id, exc.param, exc.message)
 
 
 def client_disconnect(*, body_read: bool, session_id: str | None = None) -> ClientDisconnectError:

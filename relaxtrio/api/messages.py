@@ -11,7 +11,8 @@ docs/agent-contract.md#anthropic-messages describes:
   ``tool_use`` (``id``, ``name``, object ``input``) → one assistant message; user blocks: ``text``,
   ``image`` (``base64`` with an ``image/*`` media type → a ``data:`` URL, or ``url``) → parts of
   one user message (a string when all parts are text, joined with ``""``), ``tool_result`` →
-  a tool message with the same ``tool_use_id`` (string or text-block content, default ``""``);
+  a tool message with the same ``tool_use_id`` (a string, default ``""``; or ``text`` and
+  ``image`` blocks: text only → joined with ``""``, with images → ``text`` / ``image_url`` parts);
   other block types are ignored; a user message that projects to nothing is a 400;
 * ``max_tokens`` is required; ``stop_sequences`` are the turn's stop strings; ``thinking.type`` ∈
   {disabled, enabled, adaptive} → ``chat_template_kwargs = {"enable_thinking": type !=
@@ -20,8 +21,8 @@ docs/agent-contract.md#anthropic-messages describes:
   ``top_p``, ``top_k``, ``tool_choice``, ``metadata`` do not alter generation.
 
 Strict where it matters: a non-object message or block is a 400 (it is not skipped); a
-``tool_result`` whose block list holds no text is a 400 naming the block; errors name exact
-paths.
+``tool_result`` whose block list holds no text and no image is a 400 naming the block; errors
+name exact paths.
 
 Response (https://docs.anthropic.com/en/api/messages-streaming): content
 blocks thinking (with a ``sig_<hex>`` signature) → text → ``tool_use`` (``id`` = committed call id,
@@ -86,6 +87,41 @@ def _image_url(block: Mapping[str, Any], path: str) -> str:
     if kind == "url":
         return non_empty_str(source.get("url"), f"{path}.source.url")
     raise InvalidRequestError(f"{path}.source.type is not supported", param=f"{path}.source.type")
+
+
+def _tool_result_content(value: Any, path: str) -> tuple[Any, tuple[str, ...]]:
+    """A ``tool_result``'s content → (tool message content, per-part paths).
+
+    A string stays a string (``""`` allowed); a block list keeps its ``text`` and ``image``
+    blocks (a screenshot or an image file the tool read): all text → the texts joined with
+    ``""``, with an image → ``text`` / ``image_url`` parts in block order. Other blocks are
+    ignored.
+
+    Raises:
+        InvalidRequestError: not a string or list, a bad block, or a list with no text or image.
+    """
+    if isinstance(value, str):
+        return value, ()
+    if not isinstance(value, list):
+        raise InvalidRequestError(f"{path} must be a string or a list of content blocks", param=path)
+    parts: list[dict[str, Any]] = []
+    paths: list[str] = []
+    for index, block in enumerate(value):
+        block_path = f"{path}[{index}]"
+        require_object(block, block_path)
+        kind = block.get("type")
+        if kind == "text":
+            parts.append({"type": "text", "text": non_empty_str(block.get("text"), f"{block_path}.text")})
+        elif kind == "image":
+            parts.append({"type": "image_url", "image_url": {"url": _image_url(block, block_path)}})
+        else:
+            continue
+        paths.append(block_path)
+    if not parts:
+        raise InvalidRequestError(f"{path} projected to no supported content", param=path)
+    if all(p["type"] == "text" for p in parts):
+        return "".join(p["text"] for p in parts), ()
+    return parts, tuple(paths)
 
 
 def _assistant_blocks(blocks: list[Any], path: str, proj: Projection) -> None:
@@ -153,13 +189,10 @@ def _user_blocks(blocks: list[Any], path: str, proj: Projection) -> None:
         elif kind == "tool_result":
             flush()
             call_id = non_empty_str(block.get("tool_use_id"), f"{block_path}.tool_use_id")
-            content_path = f"{block_path}.content"
-            output = _blocks_text(block.get("content", ""), content_path, separator="", allow_empty_string=True)
-            if output is None:
-                raise InvalidRequestError(f"{content_path} projected to no supported content", param=content_path)
-            fields = {".content": content_path, ".tool_call_id": f"{block_path}.tool_use_id"}
+            output, output_parts = _tool_result_content(block.get("content", ""), f"{block_path}.content")
+            fields = {".content": f"{block_path}.content", ".tool_call_id": f"{block_path}.tool_use_id"}
             proj.add_message({"role": "tool", "tool_call_id": call_id, "content": output},
-                             Source(block_path, fields=fields))
+                             Source(block_path, fields=fields, parts=output_parts))
     flush()
     if len(proj.messages) == start:
         raise InvalidRequestError(f"{path}.content projected to no supported content", param=f"{path}.content")

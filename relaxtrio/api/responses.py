@@ -16,7 +16,8 @@ docs/agent-contract.md#responses describes:
   - assistant text, reasoning and calls in a row form **one** assistant message, closed by any
     other message or a ``function_call_output``;
   - ``function_call_output`` → a tool message with the same ``call_id``; its output is a string
-    (``""`` allowed) or ``input_text`` parts joined with ``""``;
+    (``""`` allowed) or ``input_text`` / ``input_image`` parts (text only → joined with ``""``,
+    with images → ``text`` / ``image_url`` parts);
   - other item types and roles are dropped (docs/client-quirks.md#unknown-roles-and-items-are-dropped);
 
 * ``tools``: flat ``{"type": "function", "name", "parameters", "description"?}``; other tool
@@ -135,20 +136,40 @@ def _reasoning_text(item: Mapping[str, Any]) -> str:
     return ""
 
 
-def _call_output(output: Any, path: str) -> str:
+def _call_output(output: Any, path: str) -> tuple[Any, tuple[str, ...]]:
+    """A ``function_call_output``'s output → (tool message content, per-part paths).
+
+    A string stays a string (``""`` allowed); a list keeps ``input_text`` and ``input_image``
+    parts (Codex's ``view_image``): text only → joined with ``""``, with an image → ``text`` /
+    ``image_url`` parts in order. Other part types are ignored.
+
+    Raises:
+        InvalidRequestError: not a string or list, a bad part, or a list with no text or image.
+    """
     if isinstance(output, str):
-        return output
-    if isinstance(output, list):
-        texts = []
-        for index, part in enumerate(output):
-            part_path = f"{path}[{index}]"
-            require_object(part, part_path)
-            if part.get("type") == "input_text":
-                texts.append(_text_part(part, part_path, allow_empty=False))
-        if texts:
-            return "".join(texts)
+        return output, ()
+    if not isinstance(output, list):
+        raise InvalidRequestError(f"{path} must be a string or a list of input_text / input_image parts",
+                                  param=path)
+    parts: list[dict[str, Any]] = []
+    paths: list[str] = []
+    for index, part in enumerate(output):
+        part_path = f"{path}[{index}]"
+        require_object(part, part_path)
+        kind = part.get("type")
+        if kind == "input_text":
+            parts.append({"type": "text", "text": _text_part(part, part_path, allow_empty=False)})
+        elif kind == "input_image":
+            url = non_empty_str(part.get("image_url"), f"{part_path}.image_url")
+            parts.append({"type": "image_url", "image_url": {"url": url}})
+        else:
+            continue
+        paths.append(part_path)
+    if not parts:
         raise InvalidRequestError(f"{path} projected to no supported content", param=path)
-    raise InvalidRequestError(f"{path} must be a string or a list of input_text parts", param=path)
+    if all(p["type"] == "text" for p in parts):
+        return "".join(p["text"] for p in parts), ()
+    return parts, tuple(paths)
 
 
 def _project_items(items: list[Any], proj: Projection) -> None:
@@ -191,9 +212,10 @@ def _project_items(items: list[Any], proj: Projection) -> None:
         elif kind == "function_call_output":
             pending.flush(proj)
             call_id = non_empty_str(item.get("call_id"), f"{path}.call_id")
-            output = _call_output(item.get("output"), f"{path}.output")
+            output, output_parts = _call_output(item.get("output"), f"{path}.output")
             fields = {".content": f"{path}.output", ".tool_call_id": f"{path}.call_id"}
-            proj.add_message({"role": "tool", "tool_call_id": call_id, "content": output}, Source(path, fields=fields))
+            proj.add_message({"role": "tool", "tool_call_id": call_id, "content": output},
+                             Source(path, fields=fields, parts=output_parts))
         # every other item type is dropped (docs/client-quirks.md#unknown-roles-and-items-are-dropped)
     pending.flush(proj)
 

@@ -35,7 +35,7 @@ from quart.wrappers.response import ResponseBody
 
 from .._errors import InternalError, RelaxError
 from ..nursery.turns import TurnResult
-from .errors import GENERIC_INTERNAL_MESSAGE, RENDER_FAILED_MESSAGE, client_disconnect
+from .errors import GENERIC_INTERNAL_MESSAGE, RENDER_FAILED_MESSAGE, client_disconnect, log_rejected
 from .wire import ParsedRequest, ProtocolAdapter
 
 log = logging.getLogger(__name__)
@@ -153,6 +153,8 @@ class BufferedSse(ResponseBody):
             error = outcome.error or InternalError(GENERIC_INTERNAL_MESSAGE)
             if error.http_status >= 500:
                 log.warning("streamed %s turn failed: %s", self._adapter.name, error.message)
+            else:
+                log_rejected(self._adapter.name, error, None)
             return self._adapter.render_sse_error(error, self._request)
         except Exception:
             log.exception("rendering the %s stream terminal failed", self._adapter.name)

@@ -333,7 +333,7 @@ REJECTED = [
         {"type": "tool_use", "id": "t", "name": "f", "input": {"x": [1, {"y": float("nan")}]}}]}]),
      "messages[1].content[0].input", None),
     ("messages", _anthropic([{"role": "user", "content": [
-        {"type": "tool_result", "tool_use_id": "t", "content": [{"type": "image"}]}]}]),
+        {"type": "tool_result", "tool_use_id": "t", "content": [{"type": "document"}]}]}]),
      "messages[0].content[0].content", "projected to no supported content"),
     ("messages", _anthropic([{"role": "user", "content": "x"}], system=""), "system", None),
     ("messages", _anthropic([{"role": "user", "content": "x"}], stop_sequences="END"), "stop_sequences", None),

@@ -1,0 +1,90 @@
+"""Request shapes that real harnesses send, replayed as sent (issue: real harnesses, unmodified).
+
+Each test reproduces what one CLI puts on the wire (Claude Code over Anthropic Messages, Codex
+over Responses, opencode, mini-swe-agent) and checks the projection relaxtrio gives it
+(docs/agent-contract.md). They go through the app (``create_app(...).test_client()``) with a
+scripted turn handler, so the HTTP status, the error envelope and the canonical request the turn
+sees are all checked.
+"""
+
+from __future__ import annotations
+
+import logging
+
+import pytest
+from api_helpers import MESSAGES, RESPONSES, ScriptedHandler, post
+from support.sessions import open_session
+
+from relaxtrio.api.app import create_app
+from relaxtrio.nursery.session import SessionRegistry
+
+PNG_URL = "data:image/png;base64,iVBORw0KGgo="
+
+
+async def _turn(registry: SessionRegistry, path: str, body: dict) -> tuple[int, dict, ScriptedHandler]:
+    handler = ScriptedHandler()
+    app = create_app(registry, handler)
+    async with open_session(registry) as session:
+        status, answer, _ = await post(app, path, body, token=session.session_id)
+    return status, answer, handler
+
+
+# --- images inside tool results -------------------------------------------------------------
+
+CLAUDE_CODE_READ_IMAGE = {
+    "model": "claude-sonnet-4-5", "max_tokens": 32000, "stream": False,
+    "messages": [
+        {"role": "user", "content": [{"type": "text", "text": "What is in shot.png?"}]},
+        {"role": "assistant", "content": [
+            {"type": "tool_use", "id": "toolu_01", "name": "Read", "input": {"file_path": "/w/shot.png"}}]},
+        {"role": "user", "content": [
+            {"type": "tool_result", "tool_use_id": "toolu_01", "content": [
+                {"type": "image", "source": {"type": "base64", "media_type": "image/png",
+                                             "data": "iVBORw0KGgo="}}]}]},
+    ],
+    "tools": [{"name": "Read", "input_schema": {"type": "object", "properties": {"file_path": {"type": "string"}}}}],
+}
+
+CODEX_VIEW_IMAGE = {
+    "model": "gpt-5-codex", "stream": False, "instructions": "You are Codex.",
+    "input": [
+        {"type": "message", "role": "user", "content": [{"type": "input_text", "text": "look at shot.png"}]},
+        {"type": "function_call", "call_id": "call_1", "name": "view_image", "arguments": '{"path":"shot.png"}'},
+        {"type": "function_call_output", "call_id": "call_1",
+         "output": [{"type": "input_image", "image_url": PNG_URL}]},
+    ],
+    "tools": [{"type": "function", "name": "view_image", "parameters": {"type": "object"}}],
+}
+
+
+@pytest.mark.parametrize(("path", "body", "call_id"), [
+    (MESSAGES, CLAUDE_CODE_READ_IMAGE, "toolu_01"),
+    (RESPONSES, CODEX_VIEW_IMAGE, "call_1"),
+])
+async def test_image_in_tool_result_reaches_the_model(path: str, body: dict, call_id: str,
+                                                      registry: SessionRegistry) -> None:
+    status, answer, handler = await _turn(registry, path, body)
+    assert status == 200, answer
+    tool = handler.requests[0].conversation.messages[-1]
+    assert tool == {"role": "tool", "tool_call_id": call_id,
+                    "content": [{"type": "image_url", "image_url": {"url": PNG_URL}}]}
+
+
+async def test_tool_result_text_and_image_keep_their_order(registry: SessionRegistry) -> None:
+    body = {**CODEX_VIEW_IMAGE, "input": [*CODEX_VIEW_IMAGE["input"][:2], {
+        "type": "function_call_output", "call_id": "call_1",
+        "output": [{"type": "input_text", "text": "shot.png:"}, {"type": "input_image", "image_url": PNG_URL}]}]}
+    status, _, handler = await _turn(registry, RESPONSES, body)
+    assert status == 200
+    assert handler.requests[0].conversation.messages[-1]["content"] == [
+        {"type": "text", "text": "shot.png:"}, {"type": "image_url", "image_url": {"url": PNG_URL}}]
+
+
+async def test_every_4xx_is_logged(registry: SessionRegistry, caplog: pytest.LogCaptureFixture) -> None:
+    body = {**CODEX_VIEW_IMAGE, "input": [*CODEX_VIEW_IMAGE["input"][:2], {
+        "type": "function_call_output", "call_id": "call_1", "output": [{"type": "input_file"}]}]}
+    with caplog.at_level(logging.WARNING, logger="relaxtrio.api"):
+        status, answer, _ = await _turn(registry, RESPONSES, body)
+    assert status == 400 and answer["error"]["param"] == "input[2].output"
+    [line] = [r.getMessage() for r in caplog.records if "rejected" in r.getMessage()]
+    assert line.startswith("responses request rejected (HTTP 400, session ") and "param input[2].output" in line
