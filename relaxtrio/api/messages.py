@@ -4,7 +4,9 @@ Request (https://docs.anthropic.com/en/api/messages), projected as
 docs/agent-contract.md#anthropic-messages describes:
 
 * ``system`` string or text blocks (joined with ``"\\n\\n"``) → a system message;
-* ``messages`` (required list); roles other than user / assistant are dropped
+* ``messages`` (required list); a ``system`` entry (string or text blocks joined with
+  ``"\\n\\n"``; not part of the Messages API, but Claude Code sends one) → a system message at
+  its position; other roles than user / assistant are dropped
   (docs/client-quirks.md#unknown-roles-and-items-are-dropped);
   string content is kept; assistant blocks: ``text`` (joined with ``""``), ``thinking``
   (non-empty ones joined with ``"\\n\\n"`` into ``reasoning_content``; the signature is dropped),
@@ -205,6 +207,9 @@ def _project_messages(messages: Any, proj: Projection) -> None:
         path = f"messages[{index}]"
         require_object(message, path)
         role = message.get("role")
+        if role == "system":
+            _system_entry(message.get("content"), path, proj)
+            continue
         if role not in ("user", "assistant"):
             continue  # other roles are dropped (docs/client-quirks.md#unknown-roles-and-items-are-dropped)
         content = message.get("content")
@@ -216,6 +221,22 @@ def _project_messages(messages: Any, proj: Projection) -> None:
             _assistant_blocks(content, path, proj)
         else:
             _user_blocks(content, path, proj)
+
+
+def _system_entry(content: Any, path: str, proj: Projection) -> None:
+    """A ``role: "system"`` entry inside ``messages[]`` (Claude Code sends one on every request).
+
+    The Messages API has no such role, but dropping it would hide its text from the model: it
+    becomes a system message at its position (the canonical rule merges it into the leading
+    system message when nothing but system text precedes it, else keeps it in place).
+
+    Raises:
+        InvalidRequestError: content that is not a non-empty string or a list of text blocks.
+    """
+    text = _blocks_text(content, f"{path}.content", separator="\n\n", allow_empty_string=False)
+    if text is None:
+        raise InvalidRequestError(f"{path}.content projected to no supported content", param=f"{path}.content")
+    proj.add_message({"role": "system", "content": text}, Source(path, fields={".content": f"{path}.content"}))
 
 
 def _project_tools(tools: Any, proj: Projection) -> None:

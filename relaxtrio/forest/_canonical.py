@@ -13,8 +13,11 @@ state is identified by the SHA-256 of its compact, key-sorted JSON. The rules
 * kept keys: ``role``, ``content``, ``reasoning_content`` (only when a non-empty string),
   ``tool_calls`` (assistant only, when non-empty), ``tool_call_id`` (tool only, when present,
   non-empty string); all other keys are dropped;
-* every ``system`` message, wherever it stands, is removed and their texts joined with ``"\\n\\n"``
-  into one leading system message;
+* the ``system`` messages before the first other message are merged (texts joined with
+  ``"\\n\\n"``) into one leading system message; a ``system`` message that comes later (Codex's
+  ``developer`` message on a resumed thread, Claude Code's ``role: "system"`` entries) stays
+  where it is, so earlier turns keep their canonical form; consecutive late ones are merged
+  the same way (docs/canonical-contract.md#system-messages);
 * tool-call arguments become compact sorted JSON object strings (see :func:`canonical_arguments`);
 * tools keep only ``{"type": "function", "function": {...}}`` entries (others are dropped
   silently), with ``name``, ``parameters`` and ``description`` (when not None);
@@ -69,7 +72,8 @@ def canonical_messages(messages: Any, *, param: str = "messages") -> tuple[dict[
         param: field path prefix of the list (``messages``; the Responses layer passes ``input``).
 
     Returns:
-        Fresh canonical messages; the merged system message, if any, comes first.
+        Fresh canonical messages; the merged leading system message, if any, comes first, and
+        later system messages keep their positions.
 
     Raises:
         InvalidRequestError: with ``param`` set to the offending field's path.
@@ -77,14 +81,24 @@ def canonical_messages(messages: Any, *, param: str = "messages") -> tuple[dict[
     if messages is None:
         return ()
     require_list(messages, param)
-    system_chunks: list[str] = []
+    leading: list[str] = []
     out: list[dict[str, Any]] = []
+    late_run = False  # out[-1] is a system message after the first non-system message
     for index, message in enumerate(messages):
-        canonical = _canonical_message(message, f"{param}[{index}]", system_chunks)
+        chunks: list[str] = []
+        canonical = _canonical_message(message, f"{param}[{index}]", chunks)
         if canonical is not None:
             out.append(canonical)
-    if system_chunks:
-        out.insert(0, {"role": "system", "content": "\n\n".join(system_chunks)})
+            late_run = False
+        elif not out:
+            leading.extend(chunks)
+        elif chunks and late_run:
+            out[-1]["content"] += "\n\n" + "\n\n".join(chunks)
+        elif chunks:
+            out.append({"role": "system", "content": "\n\n".join(chunks)})
+            late_run = True
+    if leading:
+        out.insert(0, {"role": "system", "content": "\n\n".join(leading)})
     return tuple(out)
 
 

@@ -12,11 +12,13 @@ from __future__ import annotations
 import logging
 
 import pytest
-from api_helpers import MESSAGES, RESPONSES, ScriptedHandler, post
+from api_helpers import MESSAGES, RESPONSES, ScriptedHandler, assert_one_lineage, post, scripted_pipeline
 from support.sessions import open_session
 
 from relaxtrio.api.app import create_app
+from relaxtrio.chat.compiler import ChatCompiler
 from relaxtrio.nursery.session import SessionRegistry
+from relaxtrio.testing.scripted_engine import Reply
 
 PNG_URL = "data:image/png;base64,iVBORw0KGgo="
 
@@ -88,3 +90,45 @@ async def test_every_4xx_is_logged(registry: SessionRegistry, caplog: pytest.Log
     assert status == 400 and answer["error"]["param"] == "input[2].output"
     [line] = [r.getMessage() for r in caplog.records if "rejected" in r.getMessage()]
     assert line.startswith("responses request rejected (HTTP 400, session ") and "param input[2].output" in line
+
+
+# --- system text inside the conversation ------------------------------------------------------
+
+CLAUDE_CODE_SYSTEM_ENTRY = {
+    "model": "claude-sonnet-4-5", "max_tokens": 32000,
+    "system": [{"type": "text", "text": "You are Claude Code."}],
+    "messages": [
+        {"role": "system", "content": "Available agent types: general-purpose, Explore. Skills: pdf."},
+        {"role": "user", "content": [{"type": "text", "text": "<system-reminder>ctx</system-reminder>"},
+                                     {"type": "text", "text": "fix the bug"}]},
+    ],
+}
+
+
+async def test_messages_system_entry_reaches_the_model(registry: SessionRegistry) -> None:
+    status, _, handler = await _turn(registry, MESSAGES, CLAUDE_CODE_SYSTEM_ENTRY)
+    assert status == 200
+    assert handler.requests[0].conversation.messages[0] == {
+        "role": "system",
+        "content": "You are Claude Code.\n\nAvailable agent types: general-purpose, Explore. Skills: pdf."}
+
+
+async def test_late_developer_message_keeps_the_first_turn_trained(registry: SessionRegistry,
+                                                                    compiler: ChatCompiler) -> None:
+    # Codex resumes a thread with another sandbox setting: a developer message after turn 1.
+    handler, engine = scripted_pipeline(compiler, [Reply(text="Done."), Reply(text="Done again.")])
+    app = create_app(registry, handler)
+    first = {"model": "gpt-5-codex", "instructions": "You are Codex.",
+             "input": [{"type": "message", "role": "user", "content": [{"type": "input_text", "text": "fix it"}]}]}
+    async with open_session(registry) as session:
+        status, answer, _ = await post(app, RESPONSES, first, token=session.session_id)
+        assert status == 200
+        second = {**first, "input": [
+            *first["input"], *answer["output"],
+            {"type": "message", "role": "developer",
+             "content": [{"type": "input_text", "text": "<permissions>sandbox: workspace-write</permissions>"}]},
+            {"type": "message", "role": "user", "content": [{"type": "input_text", "text": "and the tests"}]}]}
+        status, _, _ = await post(app, RESPONSES, second, token=session.session_id)
+        assert status == 200
+        assert_one_lineage(session, responses=2)
+        assert "sandbox: workspace-write" in compiler.tokenizer.decode(engine.calls[1][0][len(engine.calls[0][0]):])

@@ -53,15 +53,15 @@ GOLDEN: dict[str, tuple[dict, dict[str, dict]]] = {
          "tools": [], "template_kwargs": {}},
         {
             "chat": {"messages": [{"role": "system", "content": "Be terse."},
-                                  {"role": "user", "content": "Hello there"},
                                   {"role": "system", "content": "Answer in French."},
+                                  {"role": "user", "content": "Hello there"},
                                   {"role": "assistant", "content": "Bonjour"},
                                   {"role": "user", "content": "Bye"}]},
             "responses": {"input": [
                 {"type": "message", "role": "system", "content": "Be terse."},
+                {"role": "developer", "content": [{"type": "input_text", "text": "Answer in French."}]},
                 {"type": "message", "role": "user",
                  "content": [{"type": "input_text", "text": "Hello"}, {"type": "input_text", "text": " there"}]},
-                {"role": "developer", "content": [{"type": "input_text", "text": "Answer in French."}]},
                 {"type": "message", "role": "assistant", "id": "msg_1", "status": "completed",
                  "content": [{"type": "output_text", "text": "Bonjour", "annotations": []}]},
                 {"role": "user", "content": "Bye"}]},
@@ -71,6 +71,35 @@ GOLDEN: dict[str, tuple[dict, dict[str, dict]]] = {
                  {"role": "user", "content": "Bye"}],
                 system=[{"type": "text", "text": "Be terse."},
                         {"type": "text", "text": "Answer in French.", "cache_control": {"type": "ephemeral"}}]),
+        },
+    ),
+    # A system/developer message after the first turn stays in place (docs/canonical-contract.md#system-messages).
+    "late_system": (
+        {"messages": [{"role": "system", "content": "Be terse."},
+                      {"role": "user", "content": "Hello there"},
+                      {"role": "system", "content": "Answer in French."},
+                      {"role": "assistant", "content": "Bonjour"},
+                      {"role": "user", "content": "Bye"}],
+         "tools": [], "template_kwargs": {}},
+        {
+            "chat": {"messages": [{"role": "system", "content": "Be terse."},
+                                  {"role": "user", "content": "Hello there"},
+                                  {"role": "system", "content": "Answer in French."},
+                                  {"role": "assistant", "content": "Bonjour"},
+                                  {"role": "user", "content": "Bye"}]},
+            "responses": {"instructions": "Be terse.", "input": [
+                {"type": "message", "role": "user", "content": [{"type": "input_text", "text": "Hello there"}]},
+                {"type": "message", "role": "developer",
+                 "content": [{"type": "input_text", "text": "Answer in French."}]},
+                {"type": "message", "role": "assistant",
+                 "content": [{"type": "output_text", "text": "Bonjour", "annotations": []}]},
+                {"role": "user", "content": "Bye"}]},
+            "messages": _anthropic(
+                [{"role": "user", "content": "Hello there"},
+                 {"role": "system", "content": [{"type": "text", "text": "Answer in French."}]},
+                 {"role": "assistant", "content": [{"type": "text", "text": "Bonjour"}]},
+                 {"role": "user", "content": "Bye"}],
+                system="Be terse."),
         },
     ),
     "tool_round_trip": (
@@ -170,6 +199,7 @@ GOLDEN: dict[str, tuple[dict, dict[str, dict]]] = {
 
 EXPECTED_HASHES = {  # pinned: a change here changes every Session's state identity
     "images": "2fad0b2795afa0b1505841aea56bcee1ac823d92ec382d88e15e0d950ee923e1",
+    "late_system": "74937e5ddf5d57cf81ebee745e7765154642b2bc915bff783a811f6e1d79a3b3",
     "reasoning_text_and_call": "683b893a270f7d66a707bed41c5ad4a4b60d628f2eab555d34fa4edfb79cb31c",
     "text_blocks": "0238d165dc1182a0dc76302d5526316c244a5d6ad8eeaeb10810c6133e6c9265",
     "text_only": "2f5bbe21d67be9530f4af01a6773884a746c946f315ac159e510f74350128583",
@@ -268,7 +298,7 @@ def test_dropped_items_and_roles_are_tolerated() -> None:
                                                              {"type": "input_text", "text": "!"}]}]})
     assert list(responses.turn.conversation.messages) == [{"role": "user", "content": "Hi"},
                                                           {"role": "user", "content": "!"}]
-    messages = parse_messages_request(_anthropic([{"role": "system", "content": "no"},
+    messages = parse_messages_request(_anthropic([{"role": "developer", "content": "no"},
                                                   {"role": "user", "content": [{"type": "document"},
                                                                                {"type": "text", "text": "Hi"}]}]))
     assert list(messages.turn.conversation.messages) == [{"role": "user", "content": "Hi"}]
@@ -280,7 +310,8 @@ REJECTED = [
     ("chat", {}, "messages", "messages projected to zero supported messages"),
     ("responses", {"input": []}, "input", "input projected to zero supported messages"),
     ("responses", {"input": [{"role": "tool", "content": "x"}]}, "input", "projected to zero supported messages"),
-    ("messages", _anthropic([{"role": "system", "content": "x"}]), "messages", "projected to zero supported"),
+    ("messages", _anthropic([{"role": "developer", "content": "x"}]), "messages", "projected to zero supported"),
+    ("messages", _anthropic([{"role": "system", "content": []}]), "messages[0].content", "projected to no supported"),
     ("chat", {"messages": [{"role": "user", "content": "x"}], "stop": [1]}, "stop", "stop must be a string or list"),
     ("chat", {"messages": [{"role": "user", "content": "x"}], "seed": 2**70}, "seed", "seed must be between"),
     ("chat", {"messages": [{"role": "user", "content": "x"}], "max_completion_tokens": 0}, "max_completion_tokens",

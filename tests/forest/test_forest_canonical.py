@@ -107,27 +107,36 @@ def test_list_content_is_kept_verbatim() -> None:
     assert message == {"role": "user", "content": parts}
 
 
-def test_system_messages_merge_into_one_leading_message() -> None:
+def test_leading_system_messages_merge_and_late_ones_stay_in_place() -> None:
+    late_parts = [
+        {"type": "text", "text": "second"},
+        {"type": "image_url", "image_url": {}},
+        {"type": "text", "text": "third"},
+    ]
     wire = [
-        user("u1"),
+        {"role": "system", "content": "zero"},
         {"role": "system", "content": "first"},
+        user("u1"),
         assistant("a1"),
-        {
-            "role": "system",
-            "content": [
-                {"type": "text", "text": "second"},
-                {"type": "image_url", "image_url": {}},
-                {"type": "text", "text": "third"},
-            ],
-        },
+        {"role": "system", "content": late_parts},
+        {"role": "system", "content": "fourth"},
         user("u2"),
+        {"role": "system", "content": [{"type": "image_url", "image_url": {}}]},
     ]
     assert canonical_messages(wire) == (
-        {"role": "system", "content": "first\n\nsecond\n\nthird"},
+        {"role": "system", "content": "zero\n\nfirst"},
         user("u1"),
         assistant("a1"),
+        {"role": "system", "content": "second\n\nthird\n\nfourth"},
         user("u2"),
     )
+
+
+def test_a_late_system_message_keeps_the_earlier_canonical_form() -> None:
+    # Codex adds a developer (→ system) message when a resumed thread changes its sandbox.
+    turn_1 = [{"role": "system", "content": "codex"}, user("u1"), assistant("a1")]
+    turn_2 = [*turn_1, {"role": "system", "content": "sandbox: workspace-write"}, user("u2")]
+    assert canonical_messages(turn_2)[:3] == canonical_messages(turn_1)
 
 
 def test_tool_call_arguments_become_compact_sorted_json() -> None:
