@@ -114,6 +114,10 @@ def add_train_parser(sub: argparse._SubParsersAction, name: str = "train") -> ar
     roll.add_argument("--agentic-custom-advantage-path", default=None,
                       help="package.module.fn(metadata_by_slot) -> per-context credits "
                            "(required when a Session exports several contexts)")
+    roll.add_argument("--agentic-export-policy", default="strict", choices=("strict", "final", "all-leaves"),
+                      help="implicit export of a Session whose requests branched: strict (one leaf, else "
+                           "the Group is dropped), final (the lineage of the last response; other leaves "
+                           "logged and counted), all-leaves (every leaf a context; needs custom advantage)")
 
     ev = p.add_argument_group("eval")
     ev.add_argument("--eval-prompt-data", nargs="+", default=[], metavar="NAME PATH",
@@ -276,6 +280,9 @@ def _check_flags(args: argparse.Namespace) -> None:
           "--barrier-warn-s must be a positive number of seconds")
     _need(not (args.partial_rollout and args.fully_async),
           "--partial-rollout and --fully-async are mutually exclusive")
+    _need(args.agentic_export_policy != "all-leaves" or args.agentic_custom_advantage_path is not None,
+          "--agentic-export-policy all-leaves exports several contexts per Session and needs "
+          "--agentic-custom-advantage-path")
     mm = args.multimodal_keys
     _need(mm is None or all(isinstance(k, str) and isinstance(v, str) for k, v in mm.items()),
           '--multimodal-keys must map strings to strings, e.g. {"image": "images"}')
@@ -393,7 +400,8 @@ def train_config(args: argparse.Namespace) -> Any:
     _check_file(args.prompt_data, "--prompt-data")
     eval_sets = _eval_sets(args)
     agent = AgentConfig(command=args.agent_command, cwd=args.agent_cwd.resolve(),
-                        env=parse_agent_env(args.agent_env), timeout_s=args.agent_timeout)
+                        env=parse_agent_env(args.agent_env), timeout_s=args.agent_timeout,
+                        export_policy=args.agentic_export_policy)
     train = _train_section(args)
     config = TrainRunConfig(
         prompt_data=args.prompt_data,

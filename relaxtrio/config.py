@@ -23,6 +23,11 @@ from ._validate import is_real, non_negative_number, optional_positive_int, posi
 if TYPE_CHECKING:
     from .forest import TrainingSample
 
+ExportPolicyName = Literal["strict", "final", "all-leaves"]
+EXPORT_POLICY_NAMES: Final[tuple[str, ...]] = ("strict", "final", "all-leaves")
+"""The implicit-export policies (the same names as ``relaxtrio.forest._policy.EXPORT_POLICIES``;
+config does not import the forest)."""
+
 __all__ = [
     "AgentConfig",
     "ApiConfig",
@@ -146,6 +151,11 @@ class AgentConfig:
         env: extra environment entries (no ``RELAX_`` keys).
         timeout_s: active-time budget per Session, in seconds (> 0).
         term_grace_s: seconds between SIGTERM and SIGKILL of the process group.
+        export_policy: what implicit export trains when the agent's requests left several
+            leaves: ``strict`` (exactly one leaf, the default), ``final`` (the lineage ending in
+            the Session's last response; other leaves are logged and counted) or ``all-leaves``
+            (every leaf a context; needs a custom advantage function)
+            (docs/export-and-credit.md#export-policies).
 
     Raises:
         ConfigError: a blank command, a missing ``cwd``, a timeout that is not a positive
@@ -157,8 +167,13 @@ class AgentConfig:
     env: Mapping[str, str] = attrs.field(factory=dict)
     timeout_s: float = 1800.0
     term_grace_s: float = TERM_GRACE_S
+    export_policy: ExportPolicyName = "strict"
 
     def __attrs_post_init__(self) -> None:
+        if self.export_policy not in EXPORT_POLICY_NAMES:
+            raise ConfigError(
+                f"--agentic-export-policy must be one of {', '.join(EXPORT_POLICY_NAMES)}, "
+                f"got {self.export_policy!r}.", param="agentic_export_policy")
         if not self.command.strip():
             raise ConfigError("--agent-command must not be blank.", param="agent_command")
         if not self.cwd.is_dir():

@@ -35,11 +35,14 @@ from ._nodes import WeightSpan as WeightSpan
 from ._output import ExportRecord as ExportRecord
 from ._output import SessionOutput as SessionOutput
 from ._output import parse_session_output as parse_session_output
+from ._policy import LeafSelection as LeafSelection
+from ._policy import select_leaves as select_leaves
 
 __all__ = [
     "Conversation",
     "ConversationMemo",
     "ExportRecord",
+    "LeafSelection",
     "Match",
     "ObservationNode",
     "ResponseNode",
@@ -60,5 +63,6 @@ __all__ = [
     "sample_from_json",
     "sample_leaf_hash",
     "sample_to_json",
+    "select_leaves",
     "state_hash",
 ]

@@ -21,6 +21,7 @@ from ._forest import SessionForest
 from ._json import copy_json
 from ._nodes import Node, ObservationNode, ResponseNode, SampleStatus, WeightSpan, _float_tuple, _int_tuple
 from ._output import ExportRecord, Reward, SessionOutput
+from ._policy import ExportPolicy, select_leaves
 
 TRACE_KEY = "agentic_trace"
 
@@ -95,11 +96,14 @@ def export_samples(
     *,
     dataset_metadata: dict[str, Any] | None = None,
     server_template_kwargs: dict[str, Any] | None = None,
+    policy: ExportPolicy = "strict",
 ) -> list[TrainingSample]:
     """Turns a finished Session's output into training samples.
 
-    Implicit export (no records) needs exactly one leaf whose lineage holds a response; its
-    sample gets the output's metadata and reward and ``name=None``. Explicit export builds one
+    Implicit export (no records) trains the states :func:`select_leaves` picks under
+    ``policy``: with ``strict``, exactly one leaf whose lineage holds a response, with ``name=None``
+    (docs/export-and-credit.md#export-policies); every implicit sample gets the output's
+    metadata and reward. Explicit export builds one
     sample per record, in record order: the record's state (its messages, tools and
     ``{**server_template_kwargs, **record kwargs}``) must be a committed node with a response in
     its lineage; the sample metadata is the output metadata overlaid by the record's.
@@ -109,34 +113,31 @@ def export_samples(
         output: the parsed agent output; None means implicit export.
         dataset_metadata: the dataset row's metadata (copied, never mutated).
         server_template_kwargs: server-wide chat-template kwargs under the records'.
+        policy: the implicit-export policy (``strict``, ``final`` or ``all-leaves``); explicit
+            records are exported as written under every policy.
 
     Returns:
         The samples, one per exported context.
 
     Raises:
         ExportError: ``implicit export requires one committed leaf, found N`` (with
-            ``num_leaves == N``);
+            ``num_leaves == N``; under ``final`` and ``all-leaves`` only for N == 0);
             ``explicit export does not match a committed Forest state``; ``export leaf has no
             committed response``; invalid server template kwargs.
     """
     output = output if output is not None else SessionOutput()
     if output.is_implicit:
-        candidates = [leaf for leaf in forest.leaves() if leaf.num_responses > 0]
-        if len(candidates) != 1:
-            raise ExportError(
-                f"implicit export requires one committed leaf, found {len(candidates)}",
-                num_leaves=len(candidates),
-                session_id=forest.session_id,
-            )
+        selection = select_leaves(forest, policy)
         return [
             build_sample(
                 forest,
-                candidates[0],
-                name=None,
+                node,
+                name=name,
                 reward=output.reward,
                 export_metadata=output.metadata,
                 dataset_metadata=dataset_metadata,
             )
+            for name, node in selection.contexts
         ]
     samples = []
     for record in output.records:

@@ -72,6 +72,8 @@ class SessionForest:
         self.memo = ConversationMemo()
         """The previous request's canonical messages, so the next one (which repeats them)
         canonicalizes only what is new (:class:`~relaxtrio.forest._memo.ConversationMemo`)."""
+        self._response_order: dict[str, int] = {}  # response hash → when it was last answered
+        self._answers = 0
 
     def __len__(self) -> int:
         """Number of committed (non-root) nodes."""
@@ -241,6 +243,7 @@ class SessionForest:
         state_hash = finish_hash(hasher, parent._subtree.suffix)
         existing = self._existing(state_hash, ResponseNode)
         if existing is not None:
+            self._note_answer(existing)
             return existing
         token_ids = tuple(token_ids)
         node = ResponseNode(
@@ -264,7 +267,22 @@ class SessionForest:
             hasher=hasher,
         )
         self._register(node)
+        self._note_answer(node)
         return node
+
+    def _note_answer(self, node: ResponseNode) -> None:
+        self._answers += 1
+        self._response_order.pop(node.state_hash, None)
+        self._response_order[node.state_hash] = self._answers
+
+    def responses_in_answer_order(self) -> tuple[ResponseNode, ...]:
+        """Every response node, ordered by when it was last answered (the last answer last).
+
+        A duplicated identical response collapses into the committed node; answering it again
+        moves it to the end.
+        """
+        nodes = (self._nodes[h] for h in self._response_order)
+        return tuple(n for n in nodes if isinstance(n, ResponseNode))
 
     def _own(self, node: AnyNode) -> AnyNode:
         if node is self.root:

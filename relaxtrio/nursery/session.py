@@ -32,7 +32,7 @@ from .._errors import (
     SessionAbortedError,
 )
 from ..config import AgentConfig
-from ..forest import SessionForest, TrainingSample, export_samples, parse_session_output
+from ..forest import LeafSelection, SessionForest, TrainingSample, export_samples, parse_session_output, select_leaves
 from .agent import ActiveBudget, RolloutMode, SessionEnv, run_agent
 from .partial import PartialRollout
 from .retries import Generation, RetryKey, RetryLedger
@@ -121,6 +121,9 @@ class Session:
         samples: exported training samples once completed (export order).
         error: why the Session failed, when it did.
         num_requests: model requests received so far.
+        num_dropped_branches: leaves of the trained subtree that implicit export left out
+            (``--agentic-export-policy final``).
+        num_side_leaves: leaves of other subtrees (side conversations) it left out (``final``).
         partial: in-flight engine requests, aborts, pause and protection (partial rollout;
             docs/scheduling.md#protection).
         retries: generations a retried request may attach to (docs/agent-contract.md#retries).
@@ -141,6 +144,8 @@ class Session:
     samples: list[TrainingSample] = attrs.field(factory=list)
     error: str | None = None
     num_requests: int = 0
+    num_dropped_branches: int = 0
+    num_side_leaves: int = 0
     partial: PartialRollout = attrs.field(factory=PartialRollout)
     retries: RetryLedger = attrs.field(factory=RetryLedger)
     agent_pgid: int | None = None
@@ -387,6 +392,16 @@ def _export_hint(exc: ExportError) -> str:
             "JSONL records to RELAX_OUTPUT_JSON naming the contexts to train)")
 
 
+def _note_unexported(session: Session, selection: LeafSelection) -> None:
+    """Counts and logs the leaves ``final`` export leaves out (docs/export-and-credit.md#export-policies)."""
+    session.num_dropped_branches = len(selection.dropped_branches)
+    session.num_side_leaves = len(selection.side_leaves)
+    if selection.num_unexported_leaves:
+        log.info("session %s: export policy final trains the lineage of the last response and leaves out "
+                 "%d other branch(es) and %d side conversation leaf(s)", session.session_id,
+                 session.num_dropped_branches, session.num_side_leaves)
+
+
 async def run_session(
     session: Session,
     *,
@@ -462,7 +477,10 @@ async def _run_session(
             output,
             dataset_metadata=session.dataset_metadata,
             server_template_kwargs=server_template_kwargs,
+            policy=agent.export_policy,
         )
+        if output.is_implicit and agent.export_policy == "final":
+            _note_unexported(session, select_leaves(session.forest, "final"))
     except ExportError as exc:
         session.fail(f"Session export failed: {exc}{_export_hint(exc)}")
         session.group.session_failed(session)

@@ -175,6 +175,8 @@ def group_metrics(result: StepResult) -> Mapping[str, Any]:
         "aborted_requests": float(result.aborted_requests),
         "resident_groups": float(result.resident_groups),
         "barrier_warnings": float(result.barrier_warnings),
+        "unexported_branches": float(sum(s.num_dropped_branches for g in result.groups for s in g.group.sessions)),
+        "unexported_side_leaves": float(sum(s.num_side_leaves for g in result.groups for s in g.group.sessions)),
         "rollout_s": result.rollout_s,
         "prompt_indices": [g.group.prompt_index for g in result.groups],
     }

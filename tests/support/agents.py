@@ -60,6 +60,17 @@ if mode == "multi":
                             "metadata": {"usefulness": 0.25 * (i + 1)}})
     open(os.environ["RELAX_OUTPUT_JSON"], "w").write("\n".join(json.dumps(r) for r in records))
     sys.exit(0)
+if mode == "branching":
+    # mini-swe-agent drops a reply it cannot parse and resends the history plus a format error
+    # (each retry a new branch); opencode asks for a title with its own system prompt, last.
+    with httpx.Client(timeout=600) as client:
+        for retry in range(2):
+            history = messages[:-1] + [{"role": "user", "content": f"format error {retry}: use one bash block"}]
+            client.post(url, json={"model": "m", "messages": history}, headers=headers).raise_for_status()
+        title = [{"role": "system", "content": "Generate a short title."}, messages[0]]
+        client.post(url, json={"model": "m", "messages": title}, headers=headers).raise_for_status()
+    open(os.environ["RELAX_OUTPUT_JSON"], "w").write(json.dumps({"reward": 1.0}))
+    sys.exit(0)
 if mode == "hang":
     import subprocess
     subprocess.Popen(["sleep", "3600"])

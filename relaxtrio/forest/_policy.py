@@ -1,0 +1,106 @@
+"""Which leaves implicit export trains: the ``--agentic-export-policy`` rules.
+
+See docs/export-and-credit.md#export-policies. Harnesses that branch by design (mini-swe-agent
+drops an unparsable reply and resends the history with a format-error message; opencode sends a
+title request with its own system prompt) leave several leaves in a Session's forest. The policy
+decides what implicit export (no JSONL records) makes of them:
+
+* ``strict`` (the default, the contract's original rule): exactly one leaf with a response, else the Session
+  fails its export (and its Group is dropped);
+* ``final``: the lineage ending in the Session's last response of its *main* subtree; every other
+  leaf is reported, not trained. The main subtree is the one with the most response nodes (ties:
+  the most generated tokens, then the latest answer), so a side conversation in a subtree of its
+  own (another system prompt, e.g. a title request) never becomes the trained context, however
+  late it is answered;
+* ``all-leaves``: every leaf with a response is a context (named ``leaf-<i>`` in leaf order); more
+  than one context per Session needs a custom advantage function, like any multi-context export.
+"""
+
+from __future__ import annotations
+
+from collections import Counter
+from typing import Final, Literal
+
+import attrs
+
+from .._errors import ExportError
+from ._forest import SessionForest
+from ._nodes import Node, ResponseNode
+
+ExportPolicy = Literal["strict", "final", "all-leaves"]
+EXPORT_POLICIES: Final[tuple[ExportPolicy, ...]] = ("strict", "final", "all-leaves")
+
+
+@attrs.frozen(kw_only=True)
+class LeafSelection:
+    """The states implicit export trains, and the leaves it leaves out.
+
+    Attributes:
+        contexts: ``(name, node)`` per exported context; the name is None except under
+            ``all-leaves``.
+        dropped_branches: leaves with a response in the trained subtree that are not trained
+            (``final`` only).
+        side_leaves: leaves with a response in other subtrees (``final`` only).
+    """
+
+    contexts: tuple[tuple[str | None, Node], ...]
+    dropped_branches: tuple[Node, ...] = ()
+    side_leaves: tuple[Node, ...] = ()
+
+    @property
+    def num_unexported_leaves(self) -> int:
+        """Leaves with a response that are not trained."""
+        return len(self.dropped_branches) + len(self.side_leaves)
+
+
+def select_leaves(forest: SessionForest, policy: ExportPolicy = "strict") -> LeafSelection:
+    """The contexts implicit export builds under ``policy``.
+
+    Args:
+        forest: the finished Session's forest.
+        policy: ``strict``, ``final`` or ``all-leaves``.
+
+    Returns:
+        The selection; ``contexts`` is never empty.
+
+    Raises:
+        ExportError: no leaf holds a response (``num_leaves == 0``), or ``strict`` found
+            several (``num_leaves == N``); an unknown policy.
+    """
+    candidates = [leaf for leaf in forest.leaves() if leaf.num_responses > 0]
+    if policy not in EXPORT_POLICIES:
+        raise ExportError(f"unknown export policy {policy!r}", param="agentic_export_policy")
+    if policy == "strict" or not candidates:
+        if len(candidates) != 1:
+            raise ExportError(
+                f"implicit export requires one committed leaf, found {len(candidates)}",
+                num_leaves=len(candidates),
+                session_id=forest.session_id,
+            )
+        return LeafSelection(contexts=((None, candidates[0]),))
+    if policy == "all-leaves":
+        return LeafSelection(contexts=tuple((f"leaf-{i}", leaf) for i, leaf in enumerate(candidates)))
+    final = _final_response(forest)
+    main_root = forest.subtree_root(final).state_hash
+    dropped, side = [], []
+    for leaf in candidates:
+        if any(node.state_hash == final.state_hash for node in forest.lineage(leaf)):
+            continue  # the final response itself, or an observation that only follows it
+        in_main = forest.subtree_root(leaf).state_hash == main_root
+        (dropped if in_main else side).append(leaf)
+    return LeafSelection(contexts=((None, final),), dropped_branches=tuple(dropped), side_leaves=tuple(side))
+
+
+def _final_response(forest: SessionForest) -> ResponseNode:
+    """The last answered response of the main subtree (see the module docstring)."""
+    answered = forest.responses_in_answer_order()
+    count: Counter[str] = Counter()
+    tokens: Counter[str] = Counter()
+    last: dict[str, int] = {}
+    for order, node in enumerate(answered):
+        root = forest.subtree_root(node).state_hash
+        count[root] += 1
+        tokens[root] += len(node.token_ids)
+        last[root] = order
+    main = max(count, key=lambda root: (count[root], tokens[root], last[root]))
+    return answered[last[main]]
