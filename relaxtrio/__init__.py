@@ -8,6 +8,7 @@ training samples for a torch GRPO/PPO trainer.
 
 from ._errors import AgentExecutionError as AgentExecutionError
 from ._errors import AuthenticationError as AuthenticationError
+from ._errors import UnknownSessionError as UnknownSessionError
 from ._errors import BackendError as BackendError
 from ._errors import BackendTimeoutError as BackendTimeoutError
 from ._errors import ClientDisconnectError as ClientDisconnectError
@@ -28,6 +29,7 @@ __version__ = "0.1.0"
 __all__ = [
     "AgentExecutionError",
     "AuthenticationError",
+    "UnknownSessionError",
     "BackendError",
     "BackendTimeoutError",
     "ClientDisconnectError",

@@ -6,7 +6,9 @@
     ├── InvalidRequestError(RelaxError, ValueError)   400 invalid_request_error (carries ``param``)
     │   └── ContextLengthExceededError               400 code context_length_exceeded
     ├── AuthenticationError                      401 authentication_error
-    ├── NotFoundError                            404 not_found_error (code session_discarded)
+    │   └── UnknownSessionError                  401 the credential names no live Session
+    │                                            (code session_discarded)
+    ├── NotFoundError                            404 not_found_error (an unknown route)
     ├── SessionAbortedError                      404 the Session ended while a request waited
     ├── ClientDisconnectError                    499 client_disconnect
     ├── BackendError                             500 the generation engine failed
@@ -122,13 +124,24 @@ class AuthenticationError(RelaxError):
     anthropic_type = "authentication_error"
 
 
+class UnknownSessionError(AuthenticationError):
+    """The bearer token names no live Session: unknown, finished or discarded (HTTP 401).
+
+    An authentication failure, not a 404: harness CLIs read a 404 as a wrong model name
+    (Claude Code) or retry it (Codex), while a 401 makes them stop with an auth error
+    (docs/agent-contract.md#authentication).
+    """
+
+    code = "session_discarded"
+
+
 class NotFoundError(RelaxError):
-    """Unknown or discarded Session, or an unknown route (HTTP 404)."""
+    """An unknown route (HTTP 404); an unknown Session is :class:`UnknownSessionError`."""
 
     http_status = 404
     openai_type = "not_found_error"
     anthropic_type = "not_found_error"
-    code = "session_discarded"
+    code = None
 
 
 class SessionAbortedError(RelaxError):

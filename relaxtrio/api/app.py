@@ -14,9 +14,12 @@ so both the ``/v1`` routes and the unversioned aliases are served:
 * ``GET /v1/models`` — the served model id (alias ``/models``);
 * ``GET /health`` — liveness and the number of live Sessions (also ``/healthz``, and both at the
   server root).
+* ``HEAD`` on the base URL (with or without the trailing ``/``, and on ``/v1``) — 200 with no body: Claude Code probes its base URL
+  with ``HEAD`` before the first request and reports a 404 as an unreachable API.
 
 Every model request authenticates with its Session id (:mod:`.auth`): missing or malformed
-credential → 401, unknown or finished Session → 404 ``session_discarded``. Then the body is read
+credential → 401, unknown or finished Session → 401 ``session_discarded`` (an auth failure to
+the harness CLIs, which neither retry it nor blame the model name). Then the body is read
 and normalized by the protocol's adapter (400 with ``param``), the turn runs in the Session's
 nursery (so a client disconnect never cancels a generation), and the result is rendered as JSON
 or Buffered SSE (:mod:`.sse`). Errors always use the protocol's JSON envelope (:mod:`.errors`);
@@ -223,6 +226,10 @@ async def _models() -> Response:
     )
 
 
+async def _head() -> Response:
+    return Response(b"", status=200)
+
+
 async def _health() -> Response:
     return json_response({"ok": True, "active_sessions": len(_api().registry)})
 
@@ -306,6 +313,8 @@ def create_app(
         app.add_url_rule(ROUTE_PREFIX + path, "count_tokens" + path, count_tokens, methods=["POST"])
     for path in ("/v1/models", "/models"):
         app.add_url_rule(ROUTE_PREFIX + path, "models" + path, _models, methods=["GET"])
+    for path in ("", "/", "/v1", "/v1/"):
+        app.add_url_rule(ROUTE_PREFIX + path, "head" + path, _head, methods=["HEAD"])
     for path in ("/health", "/healthz"):
         app.add_url_rule(ROUTE_PREFIX + path, "health" + path, _health, methods=["GET"])
         app.add_url_rule(path, "root_health" + path, _health, methods=["GET"])

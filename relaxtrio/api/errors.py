@@ -6,12 +6,12 @@
   (https://docs.anthropic.com/en/api/errors).
 
 Statuses and types come from the error class (:mod:`relaxtrio._errors`): 400
-``invalid_request_error`` with ``param``, 401 ``authentication_error``, 404 ``not_found_error`` /
-code ``session_discarded``, 499 ``client_disconnect``, 500 ``internal_error`` (Anthropic
+``invalid_request_error`` with ``param``, 401 ``authentication_error`` (an unknown Session:
+code ``session_discarded``), 404 ``not_found_error``, 499 ``client_disconnect``, 500 ``internal_error`` (Anthropic
 ``api_error``), overload 503 (OpenAI) / 529 ``overloaded_error`` (Anthropic).
 
 ``x-should-retry: false`` (docs/agent-contract.md#errors) is set where a retry cannot succeed:
-OpenAI for ``internal_error`` and discarded Sessions; Anthropic for 404 and every 5xx except
+OpenAI for ``internal_error`` and discarded Sessions; Anthropic for 401, 404 and every 5xx except
 overload (an overload exists to be retried).
 
 A 5xx never reveals internals: its message is one of our fixed sentences; whatever an engine or
@@ -79,7 +79,7 @@ def should_retry(exc: RelaxError, protocol: Protocol) -> bool:
     if protocol == "messages":
         if isinstance(exc, OverloadedError):
             return True
-        return not (exc.http_status >= 500 or exc.http_status == 404)
+        return not (exc.http_status >= 500 or exc.http_status in (401, 404))
     return not (exc.openai_type == "internal_error" or exc.code in ("internal_error", "session_discarded"))
 
 

@@ -27,9 +27,9 @@ from .._errors import (
     AgentExecutionError,
     ExportError,
     InternalError,
-    NotFoundError,
     RelaxError,
     SessionAbortedError,
+    UnknownSessionError,
 )
 from ..config import AgentConfig
 from ..forest import LeafSelection, SessionForest, TrainingSample, export_samples, parse_session_output, select_leaves
@@ -358,11 +358,11 @@ class SessionRegistry:
         """The live Session with this id.
 
         Raises:
-            NotFoundError: unknown, finished or discarded Session (404 ``session_discarded``).
+            UnknownSessionError: unknown, finished or discarded Session (401 ``session_discarded``).
         """
         session = self._sessions.get(session_id)
         if session is None or session.closed:
-            raise NotFoundError(
+            raise UnknownSessionError(
                 f"Unknown or discarded agentic session '{session_id}'.", session_id=session_id
             )
         return session

@@ -40,9 +40,9 @@ async def test_auth_errors_use_openai_envelope(registry: SessionRegistry, handle
         assert response.status_code == 401
         assert (await response.get_json())["error"]["message"] == "Authorization header must be 'Bearer <token>'"
     status, body, headers = await _post(app, CHAT, {"messages": [USER]}, token="session-nope")
-    assert status == 404
+    assert status == 401
     assert body["error"] == {"message": "Unknown or discarded agentic session 'session-nope'.",
-                             "type": "not_found_error", "param": None, "code": "session_discarded"}
+                             "type": "authentication_error", "param": None, "code": "session_discarded"}
     assert headers["x-should-retry"] == "false"
 
 

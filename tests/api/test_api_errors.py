@@ -50,8 +50,9 @@ async def test_auth_and_session_errors(protocol: str, registry: SessionRegistry)
     assert status == 401 and "Bearer <token>" in json.dumps(body)
     status, body, _ = await post(app, path, VALID[protocol], headers={"Authorization": "Bearer "})
     assert status == 401
+    # An unknown Session is an auth failure (the CLIs stop), not a 404 (a bad model / a retry).
     status, body, headers = await post(app, path, VALID[protocol], token="session-gone")
-    assert status == 404 and _kind(protocol, body) == "not_found_error"
+    assert status == 401 and _kind(protocol, body) == "authentication_error"
     assert headers["x-should-retry"] == "false"
     if protocol != "messages":
         assert body["error"]["code"] == "session_discarded"

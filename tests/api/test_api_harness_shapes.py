@@ -132,3 +132,27 @@ async def test_late_developer_message_keeps_the_first_turn_trained(registry: Ses
         assert status == 200
         assert_one_lineage(session, responses=2)
         assert "sandbox: workspace-write" in compiler.tokenizer.decode(engine.calls[1][0][len(engine.calls[0][0]):])
+
+
+# --- small things the CLIs trip over -------------------------------------------------------------
+
+@pytest.mark.parametrize("path", ["/agentic_api/", "/agentic_api", "/agentic_api/v1"])
+async def test_head_on_the_base_url_answers_200(path: str, registry: SessionRegistry) -> None:
+    # Claude Code probes its base URL with HEAD and reports a 404 as an unreachable API.
+    app = create_app(registry, ScriptedHandler())
+    async with app.test_app() as test_app:
+        response = await test_app.test_client().head(path)
+    assert response.status_code == 200
+
+
+@pytest.mark.parametrize(("path", "body", "kind"), [
+    (MESSAGES, CLAUDE_CODE_SYSTEM_ENTRY, "authentication_error"),
+    (RESPONSES, CODEX_VIEW_IMAGE, "authentication_error"),
+])
+async def test_unknown_session_is_an_auth_failure(path: str, body: dict, kind: str,
+                                                  registry: SessionRegistry) -> None:
+    status, answer, headers = await post(create_app(registry, ScriptedHandler()), path, body,
+                                         headers={"x-api-key": "relax-session-gone"} if path == MESSAGES else None,
+                                         token=None if path == MESSAGES else "relax-session-gone")
+    assert status == 401 and headers["x-should-retry"] == "false"
+    assert (answer["error"]["type"]) == kind

@@ -112,7 +112,7 @@ async def test_messages_errors_reach_the_sdk_as_typed_exceptions(registry: Sessi
         assert bad.value.body == {"type": "error", "error": {
             "type": "invalid_request_error", "message": "messages[0].content must not be empty"}}
         wrong = anthropic.AsyncAnthropic(base_url=str(client.base_url), api_key="session-unknown", max_retries=0)
-        with pytest.raises(anthropic.NotFoundError):
+        with pytest.raises(anthropic.AuthenticationError):  # Claude Code stops on it, no "bad model"
             await wrong.messages.create(model="c", max_tokens=5, messages=[{"role": "user", "content": "x"}])
         await wrong.close()
 
