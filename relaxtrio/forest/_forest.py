@@ -369,6 +369,11 @@ class SessionForest:
         """Training ids in the lineage of ``node``; O(1)."""
         return node.num_train_tokens
 
+    def subtree_roots(self) -> tuple[ObservationNode, ...]:
+        """The first observation of every subtree, in commit order; O(nodes)."""
+        return tuple(n for n in self._nodes.values()
+                     if isinstance(n, ObservationNode) and n._subtree.root_hash == n.state_hash)
+
     def subtree_root(self, node: Node) -> ObservationNode:
         """The first observation of ``node``'s subtree; it holds the subtree's tools and kwargs.
 

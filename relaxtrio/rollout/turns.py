@@ -55,6 +55,7 @@ from ..forest import (
 from ..nursery.turns import TurnContext, TurnRequest, TurnResult
 from ..sglang.client import EngineClient, SamplingParams
 from ..sglang.fleet import EngineFleet
+from ._mismatch import mismatch_warning
 from .client_logprobs import content_logprobs
 
 log = logging.getLogger(__name__)
@@ -204,17 +205,10 @@ class EngineTurnHandler:
         forest = turn.forest
         match = forest.match(conv)
         if any(m.get("role") == "assistant" for m in match.delta):
-            # A replayed assistant message that matches no committed
-            # response (edited text, dropped reasoning_content or tool calls, compacted history)
-            # becomes observation text with loss mask 0, on a new branch
-            # (docs/client-quirks.md#dropped-reasoning-on-replay).
-            log.warning(
-                "session %s: the request's history has an assistant message that matches no "
-                "committed response (matched %d of %d messages); it becomes an observation on a "
-                "new branch. Replay assistant messages exactly as returned (with reasoning_content "
-                "and tool_calls), or export the contexts explicitly.",
-                turn.session_id, len(conv.messages) - len(match.delta), len(conv.messages),
-            )
+            # A replayed assistant message that matches no committed response becomes
+            # observation text with loss mask 0, on a new branch; the line says whether the
+            # history or only the tool list changed (docs/client-quirks.md#dropped-reasoning-on-replay).
+            log.warning("%s", mismatch_warning(turn.session_id, forest, conv, match))
         if not match.delta:
             return match.parent
         obs = await self._render_observation(conv, match)

@@ -74,6 +74,39 @@ async def test_unmatched_assistant_message_is_logged_as_a_new_branch(
     assert len(session.forest.leaves()) == 2 and first.message["content"] == "four"
 
 
+async def test_a_tool_list_change_is_named_instead_of_assistant_replay(tiny_model_dir: Path, caplog) -> None:
+    """Codex's compaction request replays the history exactly but sends no tools."""
+    import logging
+
+    import trio
+
+    from relaxtrio.config import GenerationConfig
+    from relaxtrio.forest import Conversation
+    from relaxtrio.nursery.group import Group
+    from relaxtrio.nursery.turns import TurnRequest
+    from relaxtrio.rollout.turns import EngineTurnHandler
+    from relaxtrio.testing.scripted_engine import Reply, ScriptedEngine
+
+    caplog.set_level(logging.WARNING)
+    tok = load_tokenizer(tiny_model_dir)
+    engine = ScriptedEngine(tokenizer=tok, eos_id=tok.eos_token_id, replies=lambda ids: Reply(text="done"))
+    handler = EngineTurnHandler(client=engine, compiler=ChatCompiler(tok), config=GenerationConfig())
+    group = Group.create("g", num_sessions=1, input_payload={}, timeout_s=10)
+    [session] = group.sessions
+    group.lease()
+    group.note_request(session)
+    shell = {"type": "function", "function": {"name": "shell", "parameters": {"type": "object"}}}
+    user = {"role": "user", "content": "fix it"}
+    turn = session.turn_context()
+    with trio.fail_after(10):
+        first = await handler.complete(turn, TurnRequest(conversation=Conversation.from_wire([user], [shell])))
+        compact = [user, first.message, {"role": "user", "content": "Summarize the conversation."}]
+        await handler.complete(turn, TurnRequest(conversation=Conversation.from_wire(compact)))
+    assert "the tool list changed (0 tools now, 1 before; removed shell)" in caplog.text
+    assert "its history matches 2 of its 3 messages" in caplog.text
+    assert "Replay assistant messages exactly" not in caplog.text
+
+
 async def test_only_an_unavailable_engine_is_fatal(tiny_model_dir: Path) -> None:
     """A 4xx refusal fails its turn; an unavailable engine is recorded as the run's fatal error."""
     import pytest
