@@ -76,7 +76,7 @@ async def test_count_tokens_routes_and_auth(registry: SessionRegistry, compiler:
             assert missing.status_code == 401 and missing.json()["type"] == "error"
             unknown = await http.post("v1/messages/count_tokens", content=body,
                                       headers={**auth, "x-api-key": "session-" + "0" * 32})
-            assert unknown.status_code == 404 and unknown.json()["type"] == "error"
+            assert unknown.status_code == 401 and unknown.json()["error"]["type"] == "authentication_error"
             invalid = await http.post("v1/messages/count_tokens", content=json.dumps({"messages": "Hi."}),
                                       headers=auth)
             assert invalid.status_code == 400
