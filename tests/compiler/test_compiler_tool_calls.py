@@ -172,6 +172,18 @@ def test_undeclared_tool_is_left_as_text_everywhere() -> None:
     assert result.content == hermes
 
 
+def test_a_reply_whose_only_call_is_undeclared_is_logged(caplog: pytest.LogCaptureFixture) -> None:
+    """The agent gets plain text and finish stop; the log says why (no silent downgrade)."""
+    import logging
+
+    text = '<tool_call>\n{"name": "apply_patch", "arguments": {"input": "*** Begin Patch"}}\n</tool_call>'
+    with caplog.at_level(logging.WARNING, logger="relaxtrio.chat.parsers.tool_calls"):
+        result = parse_tool_calls_detailed(text, "hermes", TOOLS)
+    assert result.calls == () and result.content == text
+    [line] = [r.getMessage() for r in caplog.records]
+    assert line.startswith("tool call left in content as text (undeclared tool: apply_patch; declared tools: ")
+
+
 @pytest.mark.parametrize("parser", TOOL_CALL_PARSERS)
 def test_no_tools_or_no_parser_means_no_parsing(parser: str) -> None:
     text = '<tool_call>\n{"name": "read", "arguments": {"path": "a.py"}}\n</tool_call>'

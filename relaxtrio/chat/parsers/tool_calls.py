@@ -20,7 +20,9 @@ Rules, identical for every format:
   the content verbatim, while the valid blocks around it are returned as calls
   (docs/client-quirks.md#malformed-tool-call-blocks);
 * **undeclared tool names**: the block is left in the content as text (it is not a call the agent
-  can run), exactly like a malformed block, and is reported as rejected;
+  can run), exactly like a malformed block, and is reported as rejected; every rejected block is
+  logged (a warning naming the reason and the declared tools), also when it was the reply's
+  only call and the agent gets plain text with ``finish_reason`` ``stop``;
 * when at least one call is returned, the call blocks (and their separators) are removed from the
   content, which is then stripped of surrounding whitespace; when none is returned the content is
   the input text unchanged;
@@ -163,12 +165,15 @@ def parse_tool_calls_detailed(text: str, parser: str | None, tools: Sequence[Map
         else:
             rejected.append(RejectedToolCall(segment.raw, reason))
             kept.append(True)
+    for item in rejected:
+        # Logged whether or not another call was accepted: a reply whose only call names an
+        # undeclared tool reaches the agent as plain text, and this line is the only trace of why.
+        logger.warning("tool call left in content as text (%s; declared tools: %s)",
+                       item.reason, ", ".join(sorted(declared)) or "none")
     if not accepted:
         return ToolCallParse(text, (), tuple(rejected))
     pieces = [s.raw for s, keep in zip(segments, kept, strict=True) if keep and not isinstance(s, Marker)]
     content = "".join(pieces).strip()
-    for item in rejected:
-        logger.info("tool call left in content (%s)", item.reason)
     return ToolCallParse(content, tuple(accepted), tuple(rejected))
 
 
