@@ -159,8 +159,14 @@ async def _model_response(state: _ApiState, adapter: ProtocolAdapter, progress: 
     except RecursionError:
         raise InvalidRequestError("Invalid request body: nested too deeply", param="body") from None
     if parsed.stream:
-        run = functools.partial(session.run_turn, state.handler, parsed.turn)
-        return sse_response(adapter, parsed, run, state.config.heartbeat_s)
+        pending = session.start_turn(state.handler, parsed.turn)
+        # Errors known before generation (context length, a message the template cannot
+        # render) are answered as JSON before the stream opens: a client that sees a stream
+        # fail retries without streaming (Claude Code), paying for the same request twice.
+        await pending.wait_prepared()
+        if pending.failed_early:
+            await pending.result()  # raises the turn's error
+        return sse_response(adapter, parsed, pending.result, state.config.heartbeat_s)
     result = await session.run_turn(state.handler, parsed.turn)
     try:
         payload = adapter.render_json(result, parsed)

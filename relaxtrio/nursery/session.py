@@ -88,6 +88,8 @@ class _TurnCell:
     """One model request's wait for its turn, and the generation it is attached to."""
 
     done: trio.Event = attrs.field(factory=trio.Event)
+    prepared: trio.Event = attrs.field(factory=trio.Event)  # pre-generation checks passed (or done)
+    failed_unprepared: bool = False  # the turn failed before it passed those checks
     result: TurnResult | None = None
     error: RelaxError | None = None
     waiting: bool = True  # the request still waits (its client has not gone away)
@@ -198,6 +200,14 @@ class Session:
             completes and is committed to the forest, and a retry of the same request gets
             its answer (docs/agent-contract.md#retries). Only the Session's end cancels turns.
         """
+        return await self.start_turn(handler, request).result()
+
+    def start_turn(self, handler: TurnHandler, request: TurnRequest) -> PendingTurn:
+        """Starts one model turn in the Session's own nursery; wait on the returned handle.
+
+        Raises:
+            SessionAbortedError: the Session is closed (404).
+        """
         if self._closed or self._turns is None:
             raise SessionAbortedError(
                 f"Unknown or discarded agentic session '{self.session_id}'.",
@@ -207,22 +217,7 @@ class Session:
         self.group.note_request(self)
         cell = _TurnCell()
         self._turns.start_soon(self._turn_task, handler, request, cell)
-        answered = False
-        try:
-            await cell.done.wait()
-            answered = True
-        finally:
-            if not answered:  # the caller was cancelled: its client went away
-                cell.leave()
-        if cell.result is not None:
-            if cell.generation is not None:
-                self.retries.deliver(cell.generation)
-            return cell.result
-        if cell.error is not None:
-            raise cell.error
-        raise SessionAbortedError(
-            f"Unknown or discarded agentic session '{self.session_id}'.", session_id=self.session_id
-        )
+        return PendingTurn(self, cell)
 
     async def _turn_task(self, handler: TurnHandler, request: TurnRequest, cell: _TurnCell) -> None:
         try:
@@ -238,7 +233,9 @@ class Session:
         finally:
             if cell.owner and cell.generation is not None:
                 self.retries.finish(cell.generation, result=cell.result, error=cell.error)
+            cell.failed_unprepared = cell.error is not None and not cell.prepared.is_set()
             cell.done.set()
+            cell.prepared.set()
 
     @asynccontextmanager
     async def serving(self) -> AsyncIterator[None]:
@@ -269,6 +266,66 @@ class Session:
         if self.status not in ("failed", "cancelled"):
             self.status = "failed"
             self.error = reason
+
+
+@attrs.frozen
+class PendingTurn:
+    """A started turn that one model request waits for (:meth:`Session.start_turn`)."""
+
+    _session: Session
+    _cell: _TurnCell
+
+    async def wait_prepared(self) -> None:
+        """Waits until the turn passed its pre-generation checks or ended.
+
+        After it returns, :meth:`failed_early` tells whether the request can still get a plain
+        error answer (a streamed request opens its stream only after this).
+
+        Cancellation:
+            Cancelling (the client went away) does not stop the turn; the request stops waiting.
+        """
+        answered = False
+        try:
+            await self._cell.prepared.wait()
+            answered = True
+        finally:
+            if not answered:
+                self._cell.leave()
+
+    @property
+    def failed_early(self) -> bool:
+        """True when the turn failed before it passed its pre-generation checks (an error
+        raised after them belongs in the stream, even if it came quickly)."""
+        return self._cell.failed_unprepared
+
+    async def result(self) -> TurnResult:
+        """Waits for the turn's committed result.
+
+        Raises:
+            SessionAbortedError: the Session ended before the turn finished (404).
+            RelaxError: whatever the turn handler raised (client mistakes, backend errors).
+
+        Cancellation:
+            Cancelling (the client went away) does not cancel the turn: it completes and is
+            committed, and a retry of the same request gets its answer.
+        """
+        session, cell = self._session, self._cell
+        answered = False
+        try:
+            await cell.done.wait()
+            answered = True
+        finally:
+            if not answered:  # the caller was cancelled: its client went away
+                cell.leave()
+        if cell.result is not None:
+            if cell.generation is not None:
+                session.retries.deliver(cell.generation)
+            return cell.result
+        if cell.error is not None:
+            raise cell.error
+        raise SessionAbortedError(
+            f"Unknown or discarded agentic session '{session.session_id}'.", session_id=session.session_id
+        )
 
 
 @attrs.frozen
@@ -305,6 +362,10 @@ class SessionTurn:
             A plain wait; nothing to clean up.
         """
         await self._session.wait_generation_allowed()
+
+    def mark_prepared(self) -> None:
+        """Opens the way for a streamed request's stream (:meth:`TurnContext.mark_prepared`)."""
+        self._cell.prepared.set()
 
     def track(self, rid: str) -> AbstractContextManager[None]:
         """Registers ``rid`` as in flight while inside (:meth:`PartialRollout.track`)."""

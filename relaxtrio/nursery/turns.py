@@ -111,6 +111,17 @@ class TurnContext(Protocol):
         parked at one step's close and resumed in the next records the next step)."""
         ...
 
+    def mark_prepared(self) -> None:
+        """Records that the turn passed every check that can fail before generation (history
+        matched, observation rendered and committed, token budget within the context limit).
+
+        A streamed request opens its stream only then (or when the turn ended), so those
+        errors are plain JSON error answers instead of an in-stream failure
+        (docs/agent-contract.md#buffered-sse). A handler that never calls it delays the stream
+        until the turn ends.
+        """
+        ...
+
     async def wait_generation_allowed(self) -> None:
         """Waits until the Session may generate (Runtime lease, first-request barrier, no pause).
 

@@ -176,12 +176,13 @@ class EngineTurnHandler:
         wall_start = trio.current_time()
         conv = self._merge_kwargs(request.conversation)
         parent = await self._attach(turn, conv)
+        budget = self._token_budget(turn.forest, parent, request)
+        turn.mark_prepared()  # every error known before generation has been raised by now
         earlier = await turn.join_undelivered(parent.state_hash, request.sampling_digest())
         if earlier is not None:  # a retry of a request whose client went away
             return earlier
         prompt_ids = turn.forest.rollout_token_ids(parent)
         images = lineage_image_urls(turn.forest, parent)
-        budget = self._token_budget(turn.forest, parent, request)
         self._seq += 1
         request_id = f"{turn.session_id}:t{self._seq:05d}"
         sampled = await self._sample(turn, request, request_id, prompt_ids, images, budget)

@@ -45,6 +45,7 @@ class ScriptedHandler:
     async def complete(self, turn: TurnContext, request: TurnRequest) -> TurnResult:
         self.requests.append(request)
         self.first_request.set()
+        turn.mark_prepared()  # like the real handler: checks done, the stream may open
         if self.gate is not None:
             await self.gate.wait()
         if self.error is not None:

@@ -156,3 +156,20 @@ async def test_unknown_session_is_an_auth_failure(path: str, body: dict, kind: s
                                          token=None if path == MESSAGES else "relax-session-gone")
     assert status == 401 and headers["x-should-retry"] == "false"
     assert (answer["error"]["type"]) == kind
+
+
+@pytest.mark.parametrize("path", [MESSAGES, RESPONSES])
+async def test_context_length_known_before_generation_is_answered_before_the_stream(
+        path: str, registry: SessionRegistry, compiler: ChatCompiler) -> None:
+    # Claude Code: a stream that starts and then fails is retried without streaming.
+    handler, engine = scripted_pipeline(compiler, [Reply(text="never")])
+    app = create_app(registry, handler)
+    long_text = "word " * 400
+    body = ({"model": "c", "max_tokens": 64, "stream": True, "messages": [{"role": "user", "content": long_text}]}
+            if path == MESSAGES else {"model": "m", "stream": True, "input": long_text})
+    async with open_session(registry, max_context_tokens=64) as session:
+        status, answer, headers = await post(app, path, body, token=session.session_id)
+    assert status == 400 and headers["content-type"] == "application/json", answer
+    kind = answer["error"]["type"] if path == MESSAGES else answer["error"]["code"]
+    assert kind == ("invalid_request_error" if path == MESSAGES else "context_length_exceeded")
+    assert engine.calls == []
