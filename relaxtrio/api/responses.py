@@ -20,8 +20,13 @@ docs/agent-contract.md#responses describes:
     with images → ``text`` / ``image_url`` parts);
   - other item types and roles are dropped (docs/client-quirks.md#unknown-roles-and-items-are-dropped);
 
-* ``tools``: flat ``{"type": "function", "name", "parameters", "description"?}``; other tool
-  types are dropped; ``max_output_tokens`` is the turn limit; ``reasoning.effort`` ∈ {none,
+  - ``custom_tool_call`` → an assistant tool call ``{"input": <raw text>}`` (the projection of
+    a custom tool, :mod:`.responses_tools`); ``custom_tool_call_output`` → a tool message like
+    ``function_call_output``;
+
+* ``tools``: flat ``{"type": "function", "name", "parameters", "description"?}``; ``custom``
+  (freeform) tools become one-string-argument function tools and ``namespace`` tools are a 400
+  (:mod:`.responses_tools`); hosted tool types are left out with a log line; ``max_output_tokens`` is the turn limit; ``reasoning.effort`` ∈ {none,
   minimal, low, medium, high, xhigh, max} → ``chat_template_kwargs = {"enable_thinking": effort
   != "none"}`` (any other value → ``{}``). ``previous_response_id``, ``temperature``, ``top_p``,
   ``store``, ``include`` and other fields do not alter generation.
@@ -31,7 +36,8 @@ name the exact item path (``input[3].call_id``) rather
 than ``input``; ``parameters: null`` is accepted like Chat's (OpenAI's schema allows it).
 
 Response (https://platform.openai.com/docs/api-reference/responses/object):
-output items reasoning → message → one ``function_call`` per call (``call_id`` = committed id);
+output items reasoning → message → one ``function_call`` per call (``call_id`` = committed id;
+a call to a custom tool is a ``custom_tool_call`` with the raw ``input``);
 ``status`` ``incomplete`` with ``incomplete_details.reason = "max_output_tokens"`` for a
 length-limited turn, else ``completed``.
 """
@@ -48,7 +54,8 @@ from ..forest import ConversationMemo
 from ..nursery.turns import TurnRequest, TurnResult
 from .errors import openai_error_body
 from .fields import non_empty_str, optional_bool, optional_object, optional_positive_int, optional_str, thinking_switch
-from .projection import Projection, Source, call_source, project_flat_tools
+from .projection import Projection, Source, call_source
+from .responses_tools import custom_call_arguments, custom_call_item, project_responses_tools
 from .wire import ParsedRequest, ProtocolAdapter, new_id, sse_comment, sse_event
 
 EFFORTS: Final = frozenset({"none", "minimal", "low", "medium", "high", "xhigh", "max"})
@@ -209,7 +216,14 @@ def _project_items(items: list[Any], proj: Projection) -> None:
             pending.calls.append({"id": call_id, "type": "function",
                                   "function": {"name": name, "arguments": arguments}})
             pending.call_sources.append(call_source(path, id_key="call_id", name_key="name", arguments_key="arguments"))
-        elif kind == "function_call_output":
+        elif kind == "custom_tool_call":
+            call_id = non_empty_str(item.get("call_id"), f"{path}.call_id")
+            name = non_empty_str(item.get("name"), f"{path}.name")
+            pending.touch(path)
+            pending.calls.append({"id": call_id, "type": "function",
+                                  "function": {"name": name, "arguments": custom_call_arguments(item, path)}})
+            pending.call_sources.append(call_source(path, id_key="call_id", name_key="name", arguments_key="input"))
+        elif kind in ("function_call_output", "custom_tool_call_output"):
             pending.flush(proj)
             call_id = non_empty_str(item.get("call_id"), f"{path}.call_id")
             output, output_parts = _call_output(item.get("output"), f"{path}.output")
@@ -218,11 +232,6 @@ def _project_items(items: list[Any], proj: Projection) -> None:
                              Source(path, fields=fields, parts=output_parts))
         # every other item type is dropped (docs/client-quirks.md#unknown-roles-and-items-are-dropped)
     pending.flush(proj)
-
-
-def _project_tools(tools: Any, proj: Projection) -> None:
-    project_flat_tools(tools, proj, function_types=("function",), schema_key="parameters",
-                       schema_required=False)
 
 
 def parse_responses_request(body: Mapping[str, Any], memo: ConversationMemo | None = None) -> ParsedRequest:
@@ -248,7 +257,7 @@ def parse_responses_request(body: Mapping[str, Any], memo: ConversationMemo | No
         _project_items(raw_input, proj)
     else:
         raise InvalidRequestError("input is required and must be a string or list", param="input")
-    _project_tools(body.get("tools"), proj)
+    custom_tools = project_responses_tools(body.get("tools"), proj)
     reasoning = optional_object(body, "reasoning")
     effort = reasoning.get("effort") if reasoning is not None else None
     kwargs = thinking_switch(effort, "reasoning.effort", EFFORTS, off="none")
@@ -257,11 +266,13 @@ def parse_responses_request(body: Mapping[str, Any], memo: ConversationMemo | No
         max_new_tokens=optional_positive_int(body, "max_output_tokens"),
         protocol="responses",
     )
-    return ParsedRequest(turn=turn, model=optional_str(body, "model"), stream=optional_bool(body, "stream"))
+    return ParsedRequest(turn=turn, model=optional_str(body, "model"), stream=optional_bool(body, "stream"),
+                         custom_tools=custom_tools)
 
 
-def output_items(result: TurnResult) -> list[dict[str, Any]]:
-    """Output items in order: reasoning, message (only with text), one function_call per call."""
+def output_items(result: TurnResult, custom_tools: frozenset[str] = frozenset()) -> list[dict[str, Any]]:
+    """Output items in order: reasoning, message (only with text), one call item per call
+    (``custom_tool_call`` for a custom tool, else ``function_call``)."""
     message = result.message
     items: list[dict[str, Any]] = []
     if message.get("reasoning_content"):
@@ -275,6 +286,9 @@ def output_items(result: TurnResult) -> list[dict[str, Any]]:
             "content": [{"type": "output_text", "text": message["content"], "annotations": []}],
         })
     for call in message.get("tool_calls") or ():
+        if call["function"]["name"] in custom_tools:
+            items.append(custom_call_item(call, new_id("ctc")))
+            continue
         items.append({
             "id": new_id("fc"), "type": "function_call", "status": "completed", "call_id": call["id"],
             "name": call["function"]["name"], "arguments": call["function"]["arguments"],
@@ -296,7 +310,7 @@ def render_response(result: TurnResult, request: ParsedRequest) -> dict[str, Any
     """The ``response`` object of a committed turn (``completed`` or ``incomplete``)."""
     incomplete = result.finish_reason == "length"
     response = _response_shell(request, "incomplete" if incomplete else "completed")
-    response["output"] = output_items(result)
+    response["output"] = output_items(result, request.custom_tools)
     if incomplete:
         response["incomplete_details"] = {"reason": "max_output_tokens"}
     response["usage"] = {

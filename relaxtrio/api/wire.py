@@ -30,11 +30,14 @@ class ParsedRequest:
         turn: the canonical turn (history, tools, template kwargs, limits).
         model: the request's ``model``; echoed back, it never selects a backend.
         stream: whether Buffered SSE was asked for (``stream: true``).
+        custom_tools: names of the request's freeform (Responses ``custom``) tools; their calls
+            are rendered as ``custom_tool_call`` items.
     """
 
     turn: TurnRequest
     model: str | None = None
     stream: bool = False
+    custom_tools: frozenset[str] = frozenset()
 
 
 @attrs.frozen(kw_only=True)

@@ -12,7 +12,15 @@ from __future__ import annotations
 import logging
 
 import pytest
-from api_helpers import MESSAGES, RESPONSES, ScriptedHandler, assert_one_lineage, post, scripted_pipeline
+from api_helpers import (
+    MESSAGES,
+    RESPONSES,
+    ScriptedHandler,
+    assert_one_lineage,
+    post,
+    scripted_pipeline,
+    tool_call_text,
+)
 from support.sessions import open_session
 
 from relaxtrio.api.app import create_app
@@ -173,3 +181,54 @@ async def test_context_length_known_before_generation_is_answered_before_the_str
     kind = answer["error"]["type"] if path == MESSAGES else answer["error"]["code"]
     assert kind == ("invalid_request_error" if path == MESSAGES else "context_length_exceeded")
     assert engine.calls == []
+
+
+# --- Responses tools that are not functions -------------------------------------------------------
+
+APPLY_PATCH = {"type": "custom", "name": "apply_patch", "description": "Edit files with a patch.",
+               "format": {"type": "grammar", "syntax": "lark",
+                          "definition": 'start: "*** Begin Patch" LF hunk+ "*** End Patch"'}}
+SHELL = {"type": "function", "name": "shell", "parameters": {"type": "object"}, "strict": False}
+PATCH = "*** Begin Patch\n*** Update File: a.py\n-x = 1\n+x = 2\n*** End Patch"
+
+
+async def test_custom_tool_round_trips_as_custom_tool_call(registry: SessionRegistry, compiler: ChatCompiler) -> None:
+    handler, engine = scripted_pipeline(compiler, [
+        Reply(text=tool_call_text("apply_patch", {"input": PATCH})), Reply(text="Patched.")])
+    app = create_app(registry, handler)
+    first = {"model": "gpt-5-codex", "instructions": "You are Codex.", "tools": [SHELL, APPLY_PATCH],
+             "input": [{"type": "message", "role": "user", "content": [{"type": "input_text", "text": "x = 2"}]}]}
+    async with open_session(registry) as session:
+        status, answer, _ = await post(app, RESPONSES, first, token=session.session_id)
+        assert status == 200, answer
+        [call] = answer["output"]
+        assert (call["type"], call["name"], call["input"]) == ("custom_tool_call", "apply_patch", PATCH)
+        tool = handler_tools(engine, compiler)
+        assert "apply_patch" in tool and "*** Begin Patch" in tool  # the grammar reaches the model
+        second = {**first, "input": [*first["input"], call,
+                                     {"type": "custom_tool_call_output", "call_id": call["call_id"], "output": "Done!"}]}
+        status, answer, _ = await post(app, RESPONSES, second, token=session.session_id)
+        assert status == 200 and answer["output"][0]["content"][0]["text"] == "Patched."
+        assert_one_lineage(session, responses=2)
+
+
+def handler_tools(engine, compiler: ChatCompiler) -> str:
+    """The system turn the model saw first (it lists the tools)."""
+    return compiler.tokenizer.decode(engine.calls[0][0])
+
+
+async def test_namespace_tool_is_a_400_naming_it(registry: SessionRegistry) -> None:
+    body = {"model": "gpt-5-codex", "input": "hi", "tools": [SHELL, {
+        "type": "namespace", "name": "agents", "tools": [{"type": "function", "name": "spawn_agent"}]}]}
+    status, answer, _ = await _turn(registry, RESPONSES, body)
+    assert status == 400 and answer["error"]["param"] == "tools[1]"
+    assert "namespace tool ('agents')" in answer["error"]["message"]
+
+
+async def test_hosted_tools_are_left_out_with_a_log_line(registry: SessionRegistry,
+                                                         caplog: pytest.LogCaptureFixture) -> None:
+    body = {"model": "gpt-5-codex", "input": "hi", "tools": [SHELL, {"type": "web_search"}]}
+    with caplog.at_level(logging.WARNING, logger="relaxtrio.api"):
+        status, _, handler = await _turn(registry, RESPONSES, body)
+    assert status == 200 and [t["function"]["name"] for t in handler.requests[0].conversation.tools] == ["shell"]
+    assert "hosted tools left out (the model cannot call them here): tools[1] (web_search)" in caplog.text

@@ -1,0 +1,126 @@
+"""Responses tools that are not plain functions: ``custom`` (freeform) and ``namespace``.
+
+Projection (docs/agent-contract.md#responses-tools):
+
+* ``{"type": "function", "name", "parameters"?, "description"?}`` → a function tool, as before;
+* ``{"type": "custom", "name", "description"?, "format"?}`` (Codex's freeform ``apply_patch``,
+  whose ``format`` is ``{"type": "grammar", "syntax": "lark", "definition": ...}`` or
+  ``{"type": "text"}``) → a function tool of the same name taking one string argument
+  ``input``; its description is the tool's own, followed by the format (the grammar's syntax
+  and definition verbatim), so the model sees what the raw text must look like. A call the
+  model makes to it goes back to the client in the client's own item type, a
+  ``custom_tool_call`` with the raw ``input`` text, and the client's replayed
+  ``custom_tool_call`` / ``custom_tool_call_output`` items project onto the same assistant call
+  ``{"input": <text>}`` and tool message, so the echo matches the committed turn;
+* ``namespace`` (a group of a harness's sub-agent tools) → a 400 naming the tool: its calls
+  would have to come back in a shape relaxtrio cannot check against a real client, and dropping
+  it would train the agent without those tools (switch the harness feature off instead);
+* hosted tools the server itself would run (``web_search``, ``file_search``, ``local_shell``,
+  ``computer_use_preview``, ``image_generation``, ``code_interpreter``, ``mcp``, ...) are not
+  tools the model can call here: they are left out, and each is logged once per request.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+from collections.abc import Mapping
+from typing import Any, Final
+
+from .._errors import InvalidRequestError
+from .._validate import require_list, require_object
+from .fields import non_empty_str
+from .projection import Projection
+
+log = logging.getLogger(__name__)
+
+CUSTOM_INPUT_KEY: Final = "input"
+"""The one argument a projected custom tool takes: the raw freeform text."""
+
+
+def _custom_schema() -> dict[str, Any]:
+    return {"type": "object", "properties": {CUSTOM_INPUT_KEY: {"type": "string"}},
+            "required": [CUSTOM_INPUT_KEY]}
+
+
+def _custom_description(tool: Mapping[str, Any], path: str) -> str:
+    description = tool.get("description")
+    if description is not None and not isinstance(description, str):
+        raise InvalidRequestError(f"{path}.description must be a string", param=f"{path}.description")
+    parts = [description] if description else []
+    fmt = tool.get("format")
+    if fmt is not None:
+        require_object(fmt, f"{path}.format")
+        kind = fmt.get("type")
+        if kind == "grammar":
+            syntax = fmt.get("syntax")
+            definition = non_empty_str(fmt.get("definition"), f"{path}.format.definition")
+            parts.append(f"Call it with one argument `input`: raw text that follows this "
+                         f"{syntax if isinstance(syntax, str) else 'grammar'} grammar:\n{definition}")
+        elif kind in (None, "text"):
+            parts.append("Call it with one argument `input`: raw text.")
+        else:
+            raise InvalidRequestError(f"{path}.format.type {kind!r} is not supported", param=f"{path}.format.type")
+    else:
+        parts.append("Call it with one argument `input`: raw text.")
+    return "\n\n".join(parts)
+
+
+def project_responses_tools(tools: Any, proj: Projection) -> frozenset[str]:
+    """Projects a Responses ``tools`` list; returns the names of the custom (freeform) tools.
+
+    Raises:
+        InvalidRequestError: not a list, a bad entry, a ``namespace`` tool (named), or an
+            unsupported custom format.
+    """
+    if tools is None:
+        return frozenset()
+    require_list(tools, "tools")
+    custom: set[str] = set()
+    hosted: list[str] = []
+    for index, tool in enumerate(tools):
+        path = f"tools[{index}]"
+        require_object(tool, path)
+        kind = tool.get("type")
+        if kind == "function":
+            name = non_empty_str(tool.get("name"), f"{path}.name")
+            schema = tool.get("parameters")
+            if schema is not None and not isinstance(schema, dict):
+                raise InvalidRequestError(f"{path}.parameters must be a JSON object", param=f"{path}.parameters")
+            description = tool.get("description")
+            if description is not None and not isinstance(description, str):
+                raise InvalidRequestError(f"{path}.description must be a string", param=f"{path}.description")
+            proj.add_tool(name, schema, description, path)
+        elif kind == "custom":
+            name = non_empty_str(tool.get("name"), f"{path}.name")
+            proj.add_tool(name, _custom_schema(), _custom_description(tool, path), path)
+            custom.add(name)
+        elif kind == "namespace":
+            name = tool.get("name")
+            raise InvalidRequestError(
+                f"{path} is a namespace tool ({name!r}); relaxtrio serves function and custom tools only "
+                "(turn the harness feature that sends it off)", param=path)
+        else:
+            hosted.append(f"{path} ({kind})")
+    if hosted:
+        log.warning("responses request: hosted tools left out (the model cannot call them here): %s",
+                    ", ".join(hosted))
+    return frozenset(custom)
+
+
+def custom_call_arguments(item: Mapping[str, Any], path: str) -> str:
+    """The canonical arguments of a replayed ``custom_tool_call`` item (``{"input": text}``)."""
+    text = item.get("input")
+    if not isinstance(text, str):
+        raise InvalidRequestError(f"{path}.input must be a string", param=f"{path}.input")
+    return json.dumps({CUSTOM_INPUT_KEY: text}, ensure_ascii=False)
+
+
+def custom_call_item(call: Mapping[str, Any], item_id: str) -> dict[str, Any]:
+    """The ``custom_tool_call`` output item of a committed call to a custom tool."""
+    arguments = json.loads(call["function"]["arguments"])
+    text = arguments.get(CUSTOM_INPUT_KEY) if isinstance(arguments, dict) else None
+    if not isinstance(text, str):  # the model wrote other arguments: hand over their JSON text
+        text = call["function"]["arguments"]
+    return {"id": item_id, "type": "custom_tool_call", "status": "completed", "call_id": call["id"],
+            "name": call["function"]["name"], "input": text}
