@@ -105,3 +105,34 @@ async def test_unusable_images_are_refused_before_commit(vlm_compiler: ChatCompi
     with pytest.raises(InvalidRequestError, match="text-only"):
         await text_handler.complete(session.turn_context(), _request(_user("look", data_url(28, 28))))
     assert len(session.forest) == 0 and not engine.calls
+
+
+async def test_an_image_in_a_tool_result_reaches_the_engine(vlm_compiler: ChatCompiler) -> None:
+    """Claude Code's Read of an image file / Codex's view_image: the image is a tool observation."""
+    from relaxtrio.api.messages import parse_messages_request
+
+    shot = data_url(28, 56, seed=3)
+    data = shot.partition(",")[2]
+    tools = [{"name": "Read", "input_schema": {"type": "object", "properties": {"file_path": {"type": "string"}}}}]
+    handler, engine = _handler(vlm_compiler, [
+        Reply(text='<tool_call>\n{"name": "Read", "arguments": {"file_path": "shot.png"}}\n</tool_call>'),
+        Reply(text="A red square.")])
+    handler.config = GenerationConfig(max_response_tokens=64, tool_call_parser="hermes")
+    session = _session(4096)
+    history: list[dict] = [{"role": "user", "content": "What is in shot.png?"}]
+    body = {"max_tokens": 64, "tools": tools, "messages": history}
+    with trio.fail_after(30):
+        first = await handler.complete(session.turn_context(), parse_messages_request(body).turn)
+        [call] = first.message["tool_calls"]
+        history += [
+            {"role": "assistant", "content": [{"type": "tool_use", "id": call["id"], "name": "Read",
+                                               "input": {"file_path": "shot.png"}}]},
+            {"role": "user", "content": [{"type": "tool_result", "tool_use_id": call["id"], "content": [
+                {"type": "image", "source": {"type": "base64", "media_type": "image/png", "data": data}}]}]}]
+        second = await handler.complete(session.turn_context(), parse_messages_request(body).turn)
+    assert second.message["content"] == "A red square."
+    assert engine.image_data == [None, [shot]]
+    leaf = session.forest.get(second.state_hash)
+    assert session.forest.leaves() == (leaf,)
+    observation = session.forest.lineage(leaf)[-2]
+    assert observation.rollout_token_ids.count(vlm_compiler.vision.image_token_id) == 1
