@@ -53,6 +53,8 @@ def add_serve_parser(sub: argparse._SubParsersAction) -> argparse.ArgumentParser
     p.add_argument("--agentic-reasoning-parser", default=None, choices=REASONING_PARSERS,
                    help="how reasoning is split from generated text")
     p.add_argument("--reward-key", default=None, help="primary key of object rewards")
+    p.add_argument("--agentic-export-policy", default="strict", choices=("strict", "final", "all-leaves"),
+                   help="implicit export of a Session whose requests branched (see train --help)")
     p.add_argument("--output-dir", type=Path, default=None,
                    help="Session IO dirs, engine.log and the dump (unset: runs/serve-<timestamp>)")
     p.add_argument("--save-debug-rollout-data", default=None, metavar="PATH_WITH_{rollout_id}",
@@ -120,6 +122,7 @@ def serve_config(args: argparse.Namespace) -> Any:
         port=args.port,
         operator_port=args.operator_port,
         reward_key=args.reward_key,
+        export_policy=args.agentic_export_policy,
     )
 
 

@@ -31,7 +31,7 @@ import signal
 from collections.abc import Callable
 from contextlib import AsyncExitStack
 from pathlib import Path
-from typing import Any
+from typing import Any, Literal
 
 import attrs
 import trio
@@ -83,6 +83,8 @@ class ServeConfig:
         operator_port: port of the operator listener (``/debug_state``, ``/dashboard``) on
             127.0.0.1 (0: a free one), or None for none (docs/dashboard.md).
         reward_key: primary key of object rewards (for the dump's ``scalar_reward``).
+        export_policy: implicit-export policy of every Session (``--agentic-export-policy``;
+            docs/export-and-credit.md#export-policies).
     """
 
     num_sessions: int = attrs.field(default=1)
@@ -97,6 +99,7 @@ class ServeConfig:
     port: int = 0
     operator_port: int | None = None
     reward_key: str | None = None
+    export_policy: Literal["strict", "final", "all-leaves"] = "strict"
 
     @num_sessions.validator
     def _check_sessions(self, attribute: attrs.Attribute, value: int) -> None:
@@ -148,13 +151,13 @@ def session_line(index: int, base_url: str, session: Session, io_dir: Path, *, w
     return "export " + " ".join(f"{k}={shlex.quote(v)}" for k, v in env.items()) + f"  # session {index}"
 
 
-def _export(session: Session, io_dir: Path, template_kwargs: dict[str, Any]) -> None:
+def _export(session: Session, io_dir: Path, template_kwargs: dict[str, Any], policy: Any = "strict") -> None:
     """Exports one served Session from its output file; a failure becomes Session state."""
     out_file = io_dir / "session_output.json"
     text = out_file.read_text(encoding="utf-8") if out_file.is_file() else None
     try:
         session.samples = export_samples(session.forest, parse_session_output(text),
-                                         server_template_kwargs=template_kwargs)
+                                         server_template_kwargs=template_kwargs, policy=policy)
     except ExportError as exc:
         session.fail(f"export failed: {exc}")
         return
@@ -303,7 +306,8 @@ def _finish(cfg: ServeConfig, groups: list[Group], *, model_dir: Path, base_url:
             stopped_by: str) -> ServeSummary:
     """Exports every served Session and writes the dump."""
     for i, group in enumerate(groups):
-        _export(group.sessions[0], cfg.output_dir / f"session_{i}", dict(cfg.generation.template_kwargs))
+        _export(group.sessions[0], cfg.output_dir / f"session_{i}", dict(cfg.generation.template_kwargs),
+                cfg.export_policy)
     path = write_dump(cfg.dump_file, serve_dump(groups, cfg=cfg, model_dir=model_dir, base_url=base_url))
     served = [g.sessions[0] for g in groups]
     summary = ServeSummary(dump_path=path, num_sessions=len(served),

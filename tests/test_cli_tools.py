@@ -24,6 +24,7 @@ def _parse(argv: list[str]) -> argparse.Namespace:
 
 def test_rollout_and_debug_rollout_only_run_without_training(tmp_path: Path) -> None:
     assert train_config(_parse(["rollout"])).rollout_only
+    assert train_config(_parse(["rollout", "--agentic-export-policy", "final"])).agent.export_policy == "final"
     config = train_config(_parse(["train", "--debug-rollout-only", "--output-dir", str(tmp_path)]))
     assert config.rollout_only and config.rollout_samples_path == tmp_path / "rollout_samples.jsonl"
     plain = train_config(_parse(["train", "--save-debug-rollout-data", "d/r_{rollout_id}.json"]))
@@ -43,6 +44,7 @@ def test_serve_flags(tmp_path: Path) -> None:
     assert config.num_sessions == 3 and config.input_path == task
     assert config.generation.temperature == 0.5
     assert config.dump_file == tmp_path / "serve_dump.json"
+    assert serve_config(_parse(["serve", "--agentic-export-policy", "final"])).export_policy == "final"
     dumped = serve_config(_parse(["serve", "--save-debug-rollout-data", str(tmp_path / "x_{rollout_id}.json")]))
     assert dumped.dump_file == tmp_path / "x_serve.json"
 
