@@ -97,7 +97,7 @@ async def test_an_agent_learns_no_other_session_id_or_forest_through_any_agent_r
         # A token one character off the victim's is no credential either.
         status, _, _ = await post(app, CHAT, {"model": "m", "messages": [{"role": "user", "content": "x"}]},
                                   token=victim.session_id[:-1] + ("0" if victim.session_id[-1] != "0" else "1"))
-        assert status == 404
+        assert status == 401  # an unknown Session is an auth failure (docs/agent-contract.md#authentication)
 
 
 async def _get(app: Any, path: str, token: str | None) -> tuple[int, Any, str]:
