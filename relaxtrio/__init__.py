@@ -17,6 +17,7 @@ from ._errors import ContextLengthExceededError as ContextLengthExceededError
 from ._errors import EngineRejectedError as EngineRejectedError
 from ._errors import EngineUnavailableError as EngineUnavailableError
 from ._errors import ExportError as ExportError
+from ._errors import TrainerRankError as TrainerRankError
 from ._errors import InternalError as InternalError
 from ._errors import InvalidRequestError as InvalidRequestError
 from ._errors import NotFoundError as NotFoundError
@@ -38,6 +39,7 @@ __all__ = [
     "EngineRejectedError",
     "EngineUnavailableError",
     "ExportError",
+    "TrainerRankError",
     "InternalError",
     "InvalidRequestError",
     "NotFoundError",

@@ -22,6 +22,8 @@
     ├── AgentExecutionError                      an agent process timed out, crashed or wrote bad output
     ├── ExportError                              a Session's output cannot become training samples
     │                                            (carries ``num_leaves`` for implicit export)
+    ├── TrainerRankError                         a sharded trainer's rank died, timed out or failed
+    │                                            (carries ``rank``, ``node``); stops the run
     └── ConfigError(RelaxError, ValueError)      a bad flag, config field or dataset row; the command
                                                  line exits with status 2 (never an HTTP answer)
 
@@ -247,6 +249,20 @@ class ExportError(RelaxError):
                  session_id: str | None = None):
         super().__init__(message, param=param, session_id=session_id)
         self.num_leaves = num_leaves
+
+
+class TrainerRankError(RelaxError):
+    """A rank of the sharded trainer died, failed or stopped answering; the run stops.
+
+    Attributes:
+        rank: the rank that failed first (``0 <= rank < W``).
+        node: the node it ran on (host name or Ray node id).
+    """
+
+    def __init__(self, message: str, *, rank: int, node: str):
+        super().__init__(message)
+        self.rank = rank
+        self.node = node
 
 
 class ConfigError(RelaxError, ValueError):

@@ -15,6 +15,7 @@ import time
 from pathlib import Path
 from typing import Any
 
+from ._cluster_args import add_cluster_flags, with_cluster_flags
 from ._errors import ConfigError
 from ._validate import is_real
 from .chat.parsers import REASONING_PARSERS, TOOL_CALL_PARSERS
@@ -181,6 +182,7 @@ def add_train_parser(sub: argparse._SubParsersAction, name: str = "train") -> ar
     train.add_argument("--seed", type=int, default=1234, help="trainer seed")
 
     _add_checkpoint_flags(p)
+    add_cluster_flags(p)
 
     out = p.add_argument_group("output")
     out.add_argument("--output-dir", type=Path, default=None,
@@ -468,7 +470,7 @@ def train_config(args: argparse.Namespace) -> Any:
                             if args.save_debug_rollout_data is not None else None),
         operator_port=args.operator_port,
     )
-    return _with_checkpoint_flags(config, args)
+    return with_cluster_flags(_with_checkpoint_flags(config, args), args)
 
 
 def configure_logging(level: str) -> None:

@@ -18,7 +18,13 @@ from typing import TYPE_CHECKING, Any, Final, Literal
 import attrs
 
 from ._errors import ConfigError
-from ._validate import is_real, non_negative_number, optional_positive_int, positive_int, positive_number
+from ._validate import (
+    is_real,
+    non_negative_number,
+    optional_positive_int,
+    positive_int,
+    positive_number,
+)
 
 if TYPE_CHECKING:
     from .forest import TrainingSample
@@ -29,16 +35,17 @@ EXPORT_POLICY_NAMES: Final[tuple[str, ...]] = ("strict", "final", "all-leaves")
 config does not import the forest)."""
 
 __all__ = [
-    "AgentConfig",
-    "ApiConfig",
     "DEFAULT_HEARTBEAT_S",
     "DEFAULT_MAX_BODY_BYTES",
+    "RESERVED_ENV_PREFIX",
+    "TERM_GRACE_S",
+    "AgentConfig",
+    "ApiConfig",
+    "DistributedConfig",
     "EvalConfig",
     "FleetConfig",
     "GenerationConfig",
-    "RESERVED_ENV_PREFIX",
     "RolloutConfig",
-    "TERM_GRACE_S",
     "TrainConfig",
     "TrainRunConfig",
 ]
@@ -156,6 +163,9 @@ class AgentConfig:
             the Session's last response; other leaves are logged and counted) or ``all-leaves``
             (every leaf a context; needs a custom advantage function)
             (docs/export-and-credit.md#export-policies).
+        launcher: runs one agent (the signature of :func:`relaxtrio.nursery.agent.run_agent`);
+            None: a local subprocess. ``--agent-executor ray`` sets
+            :func:`relaxtrio.cluster.agents.run_agent_on_ray`.
 
     Raises:
         ConfigError: a blank command, a missing ``cwd``, a timeout that is not a positive
@@ -168,6 +178,7 @@ class AgentConfig:
     timeout_s: float = 1800.0
     term_grace_s: float = TERM_GRACE_S
     export_policy: ExportPolicyName = "strict"
+    launcher: Callable[..., Any] | None = attrs.field(default=None, eq=False)
 
     def __attrs_post_init__(self) -> None:
         if self.export_policy not in EXPORT_POLICY_NAMES:
@@ -385,6 +396,63 @@ class FleetConfig:
 
 
 @attrs.frozen(kw_only=True)
+class DistributedConfig:
+    """Where the trainer runs: one process, W local rank processes, or Ray actors.
+
+    ``world_size = actor_num_nodes * actor_num_gpus_per_node`` ranks of FSDP2
+    (:mod:`relaxtrio.train.distributed`); W == 1 trains in the driver process as before. On a
+    CPU-only machine ``actor_num_gpus_per_node`` counts rank processes per node.
+
+    Attributes:
+        actor_num_nodes: nodes the trainer ranks spread over (``--actor-num-nodes``); more than
+            one needs Ray.
+        actor_num_gpus_per_node: ranks per node (``--actor-num-gpus-per-node``).
+        ray_address: ``--ray-address`` / ``RAY_ADDRESS``: ``"auto"`` or a cluster address; None
+            runs without Ray (ranks as local processes).
+        collective_timeout_s: seconds a collective waits for a peer before failing
+            (``--trainer-collective-timeout``); also how long the driver waits for a rank's
+            answer after another rank has failed.
+        start_timeout_s: seconds the ranks may take to start and load the model.
+        device: ``"cpu"`` (gloo) or ``"cuda"`` (nccl, one GPU per rank).
+        agent_executor: ``"local"`` (agents are subprocesses of the driver) or ``"ray"`` (each
+            Session's agent on a Ray node, :mod:`relaxtrio.cluster.agents`; needs Ray).
+        agent_num_cpus: CPUs each agent reserves on its Ray node (``--agent-num-cpus``).
+        api_host: interface the agent API binds (``--agentic-api-host``); loopback unless set.
+        api_port: its TCP port (0: any free one).
+        api_advertise_url: the base URL handed to agents as ``RELAX_BASE_URL``
+            (``--agentic-api-advertise-url``), e.g. ``http://10.0.0.5:8000/agentic_api/``; a URL
+            without a port gets the bound port; None: the bound URL.
+    """
+
+    actor_num_nodes: int = attrs.field(default=1, validator=positive_int)
+    actor_num_gpus_per_node: int = attrs.field(default=1, validator=positive_int)
+    ray_address: str | None = None
+    collective_timeout_s: float = attrs.field(default=300.0, validator=positive_number)
+    start_timeout_s: float = attrs.field(default=600.0, validator=positive_number)
+    device: str = "cpu"
+    agent_executor: str = "local"
+    agent_num_cpus: float = attrs.field(default=1.0, validator=positive_number)
+    api_host: str = "127.0.0.1"
+    api_port: int = 0
+    api_advertise_url: str | None = None
+
+    def __attrs_post_init__(self) -> None:
+        if self.agent_executor not in ("local", "ray"):
+            raise ConfigError.at("agent_executor", f"must be local or ray, got {self.agent_executor!r}")
+        if self.agent_executor == "ray" and self.ray_address is None:
+            raise ConfigError.at("agent_executor", "ray needs a Ray cluster (--ray-address auto|ADDRESS)")
+        if self.actor_num_nodes > 1 and self.ray_address is None:
+            raise ConfigError.at("actor_num_nodes", "> 1 needs Ray (--ray-address auto|ADDRESS)")
+        if self.device not in ("cpu", "cuda"):
+            raise ConfigError.at("device", f"must be cpu or cuda, got {self.device!r}")
+
+    @property
+    def world_size(self) -> int:
+        """W, the number of trainer ranks."""
+        return self.actor_num_nodes * self.actor_num_gpus_per_node
+
+
+@attrs.frozen(kw_only=True)
 class TrainRunConfig:
     """Everything ``python -m relaxtrio train`` needs.
 
@@ -424,6 +492,7 @@ class TrainRunConfig:
         operator_port: ``--operator-port``: serve ``/debug_state`` and ``/dashboard`` on
             127.0.0.1 at this port (0: a free one) behind a token printed at start-up
             (docs/dashboard.md); None: no operator listener.
+        distributed: trainer ranks and Ray placement (one process by default).
     """
 
     prompt_data: Path
@@ -452,6 +521,7 @@ class TrainRunConfig:
     samples_path: Path | None = None
     debug_rollout_data: str | None = None
     operator_port: int | None = None
+    distributed: DistributedConfig = attrs.field(factory=DistributedConfig)
 
     @property
     def rollout_samples_path(self) -> Path:

@@ -18,9 +18,11 @@ docs/dashboard.md) shows the run's Groups, Sessions, forests and per-step plots 
 
 from __future__ import annotations
 
+import functools
 import json
 import logging
 import time
+import urllib.parse
 from contextlib import AsyncExitStack
 from pathlib import Path
 from typing import Any
@@ -31,7 +33,8 @@ import trio
 from .api.app import create_app, serve_api
 from .api.operator import start_operator
 from .chat.compiler import ChatCompiler
-from .config import TrainRunConfig
+from ._errors import ConfigError
+from .config import AgentConfig, FleetConfig, TrainRunConfig
 from .inference import Inference, LifecycleRegistry, open_inference
 from .rollout.capacity import check_external_slots, plan_capacity
 from .rollout.dataset import PromptStream, load_prompts
@@ -45,6 +48,7 @@ from .rollout.turns import EngineTurnHandler
 from .run_checkpoint import RunCheckpointer, weight_version_name
 from .sglang.client import EngineClient
 from .train import Trainer
+from .train.ranks import RankGroup
 
 log = logging.getLogger(__name__)
 
@@ -141,7 +145,7 @@ class _StepOutputs:
             samples_path.write_text("", encoding="utf-8")
         return cls(model_dir=model_dir, samples_path=samples_path, dump_template=cfg.debug_rollout_data)
 
-    def write(self, cfg: TrainRunConfig, result: StepResult, trainer: Trainer | None,
+    def write(self, cfg: TrainRunConfig, result: StepResult, trainer: Trainer | RankGroup | None,
               stats: Any) -> None:
         """Appends the rollout-only samples and writes the step's debug dump (blocking I/O)."""
         if self.samples_path is not None:
@@ -164,7 +168,7 @@ class _StepOutputs:
 async def _train_step(
     cfg: TrainRunConfig,
     pipeline: RolloutPipeline,
-    trainer: Trainer | None,
+    trainer: Trainer | RankGroup | None,
     inference: Inference,
     rollout_id: int,
     eval_sets: tuple[EvalDataset, ...],
@@ -187,7 +191,7 @@ async def _train_step(
         train_start = time.monotonic()
         stats = await trio.to_thread.run_sync(trainer.train_step, result.samples, result.advantages)
         push_start = time.monotonic()
-        row["weight_sync_s"] = await inference.push(trainer.model, weight_version_name(rollout_id))
+        row["weight_sync_s"] = await _push(inference, trainer, weight_version_name(rollout_id))
         push_end = time.monotonic()
         row.update(
             loss=stats.loss, clip_fraction=stats.clip_fraction, ppo_kl=stats.ppo_kl,
@@ -217,7 +221,7 @@ async def run_training(cfg: TrainRunConfig) -> TrainSummary:
 
     Cancellation:
         Cancelling (e.g. Ctrl-C) terminates every agent process group and the embedded engine
-        before returning.
+        before returning; the ranks of a sharded trainer are ended too (shielded).
     """
     check_capacity(cfg)
     out = cfg.output_dir
@@ -228,18 +232,38 @@ async def run_training(cfg: TrainRunConfig) -> TrainSummary:
     compiler = await trio.to_thread.run_sync(ChatCompiler.from_pretrained, model_dir)
     prompts, eval_sets = _load_datasets(cfg)
     checkpointer.restore_prompts(prompts)
-    trainer: Trainer | None = None
+    trainer: Trainer | RankGroup | None = None
     if not cfg.rollout_only:
         log.info("loading trainer model from %s", model_dir)
         trainer = await trio.to_thread.run_sync(checkpointer.load_trainer, model_dir)
+    try:
+        return await _run_loaded(cfg, checkpointer, metrics, model_dir, compiler, prompts, eval_sets, trainer)
+    finally:
+        if isinstance(trainer, RankGroup):  # sharded: end every rank (and its Ray actor)
+            with trio.CancelScope(shield=True):
+                await trio.to_thread.run_sync(trainer.close)
+
+
+async def _run_loaded(
+    cfg: TrainRunConfig,
+    checkpointer: RunCheckpointer,
+    metrics: MetricsLog,
+    model_dir: Path,
+    compiler: ChatCompiler,
+    prompts: PromptStream,
+    eval_sets: tuple[EvalDataset, ...],
+    trainer: Trainer | RankGroup | None,
+) -> TrainSummary:
+    """The engines, the agent API and the step loop, once the trainer (if any) is loaded."""
+    out = cfg.output_dir
     outputs = _StepOutputs.fresh(cfg, model_dir)
 
     async with AsyncExitStack() as stack:
         inference = await stack.enter_async_context(
-            open_inference(cfg.fleet, model_dir=model_dir, run_dir=out, engine_args=cfg.engine_args))
+            open_inference(_fleet_config(cfg, trainer), model_dir=model_dir, run_dir=out, engine_args=cfg.engine_args))
         client = inference.fleet
         if trainer is not None and checkpointer.weight_version is not None:  # resumed: its weights
-            await inference.push(trainer.model, checkpointer.weight_version)
+            await _push(inference, trainer, checkpointer.weight_version)
         max_context = cfg.generation.max_context_tokens
         if max_context is None:
             info = await client.server_info()
@@ -248,13 +272,15 @@ async def run_training(cfg: TrainRunConfig) -> TrainSummary:
         registry = LifecycleRegistry(on_end=client.session_ended)
         app = create_app(registry, handler, model_name=model_dir.name)
         async with trio.open_nursery() as nursery:
-            base_url = await nursery.start(serve_api, app)
-            log.info("agent API at %s", base_url)
+            d = cfg.distributed
+            bound_url = await nursery.start(functools.partial(serve_api, app, host=d.api_host, port=d.api_port))
+            base_url = advertised_url(bound_url, d.api_advertise_url)
+            log.info("agent API at %s (agents use %s)", bound_url, base_url)
             view = RunView(kind="rollout" if cfg.rollout_only else "train")
             if cfg.operator_port is not None:
                 await start_operator(nursery, view, port=cfg.operator_port, announce=_announce)
             async with open_rollout_pipeline(
-                config=cfg.rollout, agent=cfg.agent, registry=registry, handler=handler,
+                config=cfg.rollout, agent=await _agent_config(cfg), registry=registry, handler=handler,
                 base_url=base_url, prompts=prompts, max_context_tokens=max_context,
                 server_template_kwargs=dict(cfg.generation.template_kwargs),
                 eval_concurrency=cfg.eval.agentic_eval_concurrency,
@@ -272,6 +298,59 @@ async def run_training(cfg: TrainRunConfig) -> TrainSummary:
                                                 metrics=metrics, tokenizer_dir=model_dir)
             nursery.cancel_scope.cancel()
     return await _finish(out, trainer, model_dir, metrics, outputs)
+
+
+def _fleet_config(cfg: TrainRunConfig, trainer: Trainer | RankGroup | None) -> FleetConfig:
+    """The fleet settings; a sharded trainer's rank 0 writes each version to disk, so
+    ``--weight-sync auto`` means ``disk`` there.
+
+    Raises:
+        ConfigError: ``--weight-sync shm`` with a sharded trainer.
+    """
+    if not isinstance(trainer, RankGroup) or cfg.fleet.weight_sync == "disk":
+        return cfg.fleet
+    if cfg.fleet.weight_sync == "shm":
+        raise ConfigError("--weight-sync shm needs a one-process trainer (the ranks of a sharded "
+                          "trainer write their gathered weights to disk)", param="--weight-sync")
+    return attrs.evolve(cfg.fleet, weight_sync="disk")
+
+
+async def _push(inference: Inference, trainer: Trainer | RankGroup, version: str) -> float:
+    """Push the trainer's current weights to every worker as ``version``; returns seconds."""
+    if isinstance(trainer, RankGroup):
+        return await inference.push_saved(trainer.save_weights, version)
+    return await inference.push(trainer.model, version)
+
+
+def advertised_url(bound_url: str, advertise_url: str | None) -> str:
+    """The ``RELAX_BASE_URL`` agents get: ``advertise_url`` (with the bound port when it names
+    none, and the bound path when it has none), or the bound URL itself."""
+    if advertise_url is None:
+        return bound_url
+    want, bound = urllib.parse.urlsplit(advertise_url), urllib.parse.urlsplit(bound_url)
+    netloc = want.netloc if want.port is not None else f"{want.hostname}:{bound.port}"
+    path = want.path if want.path not in ("", "/") else bound.path
+    return urllib.parse.urlunsplit((want.scheme or "http", netloc, path, "", ""))
+
+
+async def _agent_config(cfg: TrainRunConfig) -> AgentConfig:
+    """The agent settings, with the Ray launcher for ``--agent-executor ray`` (connects to Ray).
+
+    Raises:
+        ConfigError: no Ray cluster at ``--ray-address``.
+    """
+    d = cfg.distributed
+    if d.agent_executor != "ray":
+        return cfg.agent
+    from .cluster.agents import ray_agent_launcher
+    from .cluster.runtime import connect
+
+    assert d.ray_address is not None  # DistributedConfig checks it
+    await trio.to_thread.run_sync(connect, d.ray_address)
+    if d.api_host in ("127.0.0.1", "localhost") and d.api_advertise_url is None:
+        log.warning("--agent-executor ray with the agent API on loopback: agents placed on other "
+                    "nodes cannot reach it (set --agentic-api-host and --agentic-api-advertise-url)")
+    return attrs.evolve(cfg.agent, launcher=ray_agent_launcher(d.agent_num_cpus))
 
 
 def _load_datasets(cfg: TrainRunConfig) -> tuple[PromptStream, tuple[EvalDataset, ...]]:
@@ -295,7 +374,7 @@ def _load_datasets(cfg: TrainRunConfig) -> tuple[PromptStream, tuple[EvalDataset
     return prompts, eval_sets
 
 
-async def _finish(out: Path, trainer: Trainer | None, model_dir: Path, metrics: MetricsLog,
+async def _finish(out: Path, trainer: Trainer | RankGroup | None, model_dir: Path, metrics: MetricsLog,
                   outputs: _StepOutputs) -> TrainSummary:
     """Writes the final checkpoint (none for rollout only) and the reward plot (the weight store
     removed its files).

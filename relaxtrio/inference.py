@@ -33,7 +33,7 @@ from .config import FleetConfig
 from .nursery.session import Session, SessionRegistry
 from .sglang.fleet import EngineFleet, open_engine_fleet
 from .sglang.launch_fleet import LaunchedFleet, open_launched_fleet
-from .train.weight_store import WeightStore, open_weight_store
+from .train.weight_store import DiskWeightStore, WeightStore, open_weight_store
 
 __all__ = ["Inference", "LifecycleRegistry", "open_inference"]
 
@@ -87,9 +87,33 @@ class Inference:
         Cancellation:
             Writing finishes in its thread; the update is shielded (workers never stay paused).
         """
+        return await self._push(lambda: self.store.write(model, version), version)
+
+    async def push_saved(self, save: Callable[[Path], Path], version: str) -> float:
+        """As :meth:`push`, for a trainer that writes its own weights: ``save(directory)``
+        writes ``version`` (rank 0 of a sharded trainer gathers the full state dict there).
+
+        Returns:
+            Seconds taken, writing included.
+
+        Raises:
+            ConfigError: the store is the shared-memory mailbox (a sharded trainer pushes
+                through the disk store).
+            BackendError: too few workers could take the new version.
+
+        Cancellation:
+            As :meth:`push`.
+        """
+        store = self.store
+        if not isinstance(store, DiskWeightStore):
+            raise ConfigError("a sharded trainer pushes weights through the disk store; "
+                              "use --weight-sync disk", param="--weight-sync")
+        return await self._push(lambda: store.write_saved(save, version), version)
+
+    async def _push(self, write: Callable[[], str], version: str) -> float:
         start = time.perf_counter()
         async with self.fleet.weights_lock:  # no (re)starting worker loads a half-written version
-            path = await trio.to_thread.run_sync(self.store.write, model, version)
+            path = await trio.to_thread.run_sync(write)
         await self.fleet.update_weights(path, version)
         await trio.to_thread.run_sync(self.store.retire, path)
         seconds = time.perf_counter() - start

@@ -60,8 +60,8 @@ from .train.checkpoint import (
     find_run_checkpoint,
     read_run_state,
     restore_rng_state,
-    save_run_checkpoint,
 )
+from .train.ranks import LocalRankGroup, RankGroup, RankStart
 
 if TYPE_CHECKING:
     from .rollout.pipeline import RolloutPipeline
@@ -199,16 +199,36 @@ class RunCheckpointer:
         checkpoint = RolloutCheckpoint.from_json(self.resume.state["rollout"])
         self._first_row_extra = restore_rollout(prompts, checkpoint)
 
-    def load_trainer(self, model_dir: Path) -> Trainer:
+    def load_trainer(self, model_dir: Path) -> Trainer | RankGroup:
         """The trainer: from ``model_dir``, or the checkpoint's weights, optimizer and RNG states.
 
+        One process (the default) trains in the driver; with ``world_size > 1`` the trainer is a
+        :class:`~relaxtrio.train.ranks.RankGroup` of FSDP2 ranks (local processes, or Ray
+        actors with ``ray_address``), which the caller must close.
+
         Blocking (torch); call it through ``trio.to_thread.run_sync``.
+
+        Raises:
+            TrainerRankError: a rank failed to start.
         """
-        if self.resume is None:
-            return Trainer.from_pretrained(model_dir, self.config.train)
-        trainer = Trainer.from_pretrained(self.resume.checkpoint_dir, self.config.train)
-        trainer.load_resume_state(self.resume.checkpoint_dir, self.resume.state["trainer"])
-        restore_rng_state(self.resume.state["rng"])
+        dist = self.config.distributed
+        source = model_dir if self.resume is None else self.resume.checkpoint_dir
+        trainer_state = None if self.resume is None else self.resume.state["trainer"]
+        trainer: Trainer | RankGroup
+        if dist.ray_address is not None:
+            from .cluster.trainer import RayRankGroup
+
+            trainer = RayRankGroup.start(RankStart(model_dir=source, config=self.config.train,
+                                                   resume_state=trainer_state), dist)
+        elif dist.world_size > 1:
+            trainer = LocalRankGroup.start(RankStart(model_dir=source, config=self.config.train,
+                                                     resume_state=trainer_state), dist)
+        else:
+            trainer = Trainer.from_pretrained(source, self.config.train)
+            if trainer_state is not None:
+                trainer.load_resume_state(source, trainer_state)
+        if self.resume is not None:
+            restore_rng_state(self.resume.state["rng"])
         return trainer
 
     def note_step(self, rollout_id: int, row: dict[str, Any]) -> None:
@@ -231,7 +251,7 @@ class RunCheckpointer:
         self,
         rollout_id: int,
         *,
-        trainer: Trainer,
+        trainer: Trainer | RankGroup,
         pipeline: RolloutPipeline,
         metrics: MetricsLog,
         tokenizer_dir: Path | None,
@@ -270,12 +290,9 @@ class RunCheckpointer:
         }
 
         def write() -> Path:
-            return save_run_checkpoint(
-                cfg.save_dir, steps_done, trainer.model,
-                optimizer_state={"optimizer": trainer.optimizer.state_dict(),
-                                 "num_optimizer_steps": trainer.num_optimizer_steps},
-                state={**state, "trainer": trainer.resume_state()},
-                tokenizer_dir=tokenizer_dir, keep=cfg.keep_checkpoints,
+            return trainer.save_run_checkpoint(
+                cfg.save_dir, steps_done, state=state, tokenizer_dir=tokenizer_dir,
+                keep=cfg.keep_checkpoints,
             )
 
         start = time.monotonic()

@@ -52,7 +52,22 @@ FORBIDDEN: dict[str, tuple[str, ...]] = {
                            "relaxtrio.config", *UPPER),
     "relaxtrio.engine.server": ("relaxtrio.nursery", "relaxtrio.api", "relaxtrio.rollout",
                                 "relaxtrio.train", "relaxtrio.chat", "relaxtrio.driver"),
+    # Sharded training needs torch.distributed, never Ray; only relaxtrio.cluster imports Ray,
+    # and only its modules, not the package itself, nor the driver or CLI until a run asks.
+    "relaxtrio.train.ranks": ("ray", "trio", *WEB, "httpx", "relaxtrio.nursery", "relaxtrio.api",
+                              "relaxtrio.rollout", "relaxtrio.cluster", "relaxtrio.driver"),
+    "relaxtrio.train.distributed": ("ray", "trio", *WEB, "httpx", "relaxtrio.cluster"),
+    "relaxtrio.cluster": ("ray", "torch", "trio", *WEB, "httpx"),
+    "relaxtrio.cluster.trainer": (*WEB, "httpx", "relaxtrio.api", "relaxtrio.rollout", "relaxtrio.driver"),
+    "relaxtrio.cluster.agents": (*WEB, "torch", "relaxtrio.api", "relaxtrio.rollout", "relaxtrio.train",
+                                 "relaxtrio.driver"),
+    "relaxtrio.run_checkpoint": ("ray", "relaxtrio.cluster"),
+    "relaxtrio.driver": ("ray", "relaxtrio.cluster"),
+    "relaxtrio.cli": ("ray", "relaxtrio.cluster"),
 }
+# Ray is optional (``relaxtrio[ray]``): no package below the cluster layer may load it.
+FORBIDDEN.update({name: (*banned, "ray") for name, banned in FORBIDDEN.items()
+                  if not name.startswith("relaxtrio.cluster.")})
 
 
 @pytest.mark.parametrize("package", sorted(FORBIDDEN))

@@ -512,8 +512,9 @@ async def _run_session(
         async with session.serving():
             task_status.started()
             try:
-                run = await run_agent(agent, env, session.input_payload, session.budget,
-                                      task_status=_PgidRecorder(session))
+                launch = agent.launcher or run_agent  # --agent-executor ray: on a Ray node
+                run = await launch(agent, env, session.input_payload, session.budget,
+                                   task_status=_PgidRecorder(session))
             except AgentExecutionError as exc:
                 session.fail(str(exc))
             except OSError as exc:

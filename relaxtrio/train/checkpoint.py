@@ -103,7 +103,9 @@ _ITER_RE: Final = re.compile(r"^iter_(\d{7,})$")
 _WEIGHT_SUFFIXES: Final = (".safetensors", ".safetensors.index.json")
 
 
-def save_weights_dir(model: torch.nn.Module, out_dir: Path) -> Path:
+def save_weights_dir(
+    model: torch.nn.Module, out_dir: Path, *, state_dict: dict[str, torch.Tensor] | None = None
+) -> Path:
     """Write ``model.safetensors``, ``config.json`` (and ``generation_config.json``) to ``out_dir``.
 
     Each file is replaced atomically (written to a temporary directory inside ``out_dir``, then
@@ -112,6 +114,8 @@ def save_weights_dir(model: torch.nn.Module, out_dir: Path) -> Path:
     Args:
         model: a transformers ``PreTrainedModel``.
         out_dir: created if missing.
+        state_dict: the tensors to write instead of ``model``'s own (a sharded trainer: the
+            full weights gathered on rank 0, see :mod:`relaxtrio.train.distributed`).
 
     Returns:
         ``out_dir``, ready for ``AutoModelForCausalLM.from_pretrained`` or an engine's
@@ -119,7 +123,7 @@ def save_weights_dir(model: torch.nn.Module, out_dir: Path) -> Path:
     """
     out_dir.mkdir(parents=True, exist_ok=True)
     with tempfile.TemporaryDirectory(dir=out_dir, prefix=".tmp-weights-") as tmp:
-        _save_pretrained(model, Path(tmp))
+        _save_pretrained(model, Path(tmp), state_dict)
         names = sorted(os.listdir(tmp), key=lambda n: (n.endswith(_WEIGHT_SUFFIXES), n))
         for name in names:
             os.replace(Path(tmp) / name, out_dir / name)
@@ -132,6 +136,7 @@ def save_checkpoint_dir(
     *,
     tokenizer_dir: Path | None = None,
     optimizer_state: dict[str, Any] | None = None,
+    state_dict: dict[str, torch.Tensor] | None = None,
 ) -> Path:
     """Write a complete Hugging Face model directory, replacing ``out_dir`` as a whole.
 
@@ -145,6 +150,7 @@ def save_checkpoint_dir(
         tokenizer_dir: directory to copy tokenizer files from (:data:`TOKENIZER_FILES` and any
             ``*.jinja``), or None for weights + config only.
         optimizer_state: if given, ``torch.save``-d to ``out_dir / "optimizer.pt"``.
+        state_dict: the tensors to write instead of ``model``'s own (sharded: the gathered weights).
 
     Returns:
         ``out_dir``; ``AutoModelForCausalLM.from_pretrained(out_dir)`` (and
@@ -157,7 +163,7 @@ def save_checkpoint_dir(
     out_dir.parent.mkdir(parents=True, exist_ok=True)
     tmp = Path(tempfile.mkdtemp(dir=out_dir.parent, prefix=f".{out_dir.name}.tmp-"))
     try:
-        _save_pretrained(model, tmp)
+        _save_pretrained(model, tmp, state_dict)
         if tokenizer_dir is not None:
             _copy_tokenizer(Path(tokenizer_dir), tmp)
         if optimizer_state is not None:
@@ -185,9 +191,9 @@ def _ordinary_permissions(directory: Path) -> None:
         path.chmod((0o777 if path.is_dir() else 0o666) & ~mask)
 
 
-def _save_pretrained(model: Any, directory: Path) -> None:
+def _save_pretrained(model: Any, directory: Path, state_dict: dict[str, torch.Tensor] | None = None) -> None:
     # One shard: engines load exactly ``model.safetensors``.
-    model.save_pretrained(directory, max_shard_size="1000GB")
+    model.save_pretrained(directory, max_shard_size="1000GB", state_dict=state_dict)
 
 
 def _copy_tokenizer(tokenizer_dir: Path, dest: Path) -> None:
@@ -215,10 +221,12 @@ def save_run_checkpoint(
     steps_done: int,
     model: torch.nn.Module,
     *,
-    optimizer_state: Mapping[str, Any],
+    optimizer_state: Mapping[str, Any] | None,
     state: Mapping[str, Any],
     tokenizer_dir: Path | None = None,
     keep: int = KEEP_CHECKPOINTS,
+    state_dict: dict[str, torch.Tensor] | None = None,
+    optimizer_dir: tuple[str, Path] | None = None,
 ) -> Path:
     """Writes ``save_dir/iter_<steps_done>`` atomically and points ``save_dir/latest`` at it.
 
@@ -227,11 +235,15 @@ def save_run_checkpoint(
         steps_done: rollout steps completed; the resumed run starts at this rollout id.
         model: a transformers ``PreTrainedModel`` (weights and config are written).
         optimizer_state: ``torch.save``-d to ``optimizer.pt``, e.g. ``{"optimizer":
-            optimizer.state_dict(), "num_optimizer_steps": n}``.
+            optimizer.state_dict(), "num_optimizer_steps": n}``; None with ``optimizer_dir``.
         state: JSON-serializable run state; written to ``state.json`` together with
             ``format``, ``steps_done`` and ``rng`` (:func:`capture_rng_state`, taken now).
         tokenizer_dir: copy tokenizer files from here (as :func:`save_checkpoint_dir`), or None.
         keep: how many newest checkpoints to keep (>= 1).
+        state_dict: the tensors to write instead of ``model``'s own (sharded: the gathered weights).
+        optimizer_dir: ``(name, directory)``: a directory already written (a sharded trainer's
+            ``torch.distributed.checkpoint`` shards) that is moved into the checkpoint as
+            ``name``; it is removed if the write fails.
 
     Returns:
         The new checkpoint directory.
@@ -251,10 +263,13 @@ def save_run_checkpoint(
     state_text = json.dumps(full_state, sort_keys=True, allow_nan=False)
     tmp = Path(tempfile.mkdtemp(dir=save_dir, prefix=f".{name}.tmp-"))
     try:
-        _save_pretrained(model, tmp)
+        _save_pretrained(model, tmp, state_dict)
         if tokenizer_dir is not None:
             _copy_tokenizer(Path(tokenizer_dir), tmp)
-        torch.save(dict(optimizer_state), tmp / OPTIMIZER_FILE)
+        if optimizer_state is not None:
+            torch.save(dict(optimizer_state), tmp / OPTIMIZER_FILE)
+        if optimizer_dir is not None:
+            os.replace(optimizer_dir[1], tmp / optimizer_dir[0])
         (tmp / RUN_STATE_FILE).write_text(state_text, encoding="utf-8")
         _ordinary_permissions(tmp)
         fsync_tree(tmp)
@@ -266,6 +281,8 @@ def save_run_checkpoint(
     finally:
         if tmp.exists():
             shutil.rmtree(tmp, ignore_errors=True)
+        if optimizer_dir is not None and optimizer_dir[1].exists():
+            shutil.rmtree(optimizer_dir[1], ignore_errors=True)
     write_text_atomic(save_dir / LATEST_FILE, name + "\n")
     _prune(save_dir, keep=keep, current=name)
     return final

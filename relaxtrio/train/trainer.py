@@ -44,8 +44,18 @@ from .batching import (
     split_minibatches,
     validate_samples,
 )
-from .checkpoint import OPTIMIZER_FILE, save_checkpoint_dir, save_weights_dir
-from .loss import _forward_logits, entropy_from_logits, logprobs_from_logits, policy_loss
+from .checkpoint import (
+    OPTIMIZER_FILE,
+    save_checkpoint_dir,
+    save_run_checkpoint,
+    save_weights_dir,
+)
+from .loss import (
+    _forward_logits,
+    entropy_from_logits,
+    logprobs_from_logits,
+    policy_loss,
+)
 from .stats import TrainStats
 
 __all__ = ["Trainer"]
@@ -141,12 +151,7 @@ class Trainer:
         steps = micro = padded = 0
         for mb in minibatches:
             mb_tokens = sum(sum(samples[i].loss_mask) for i in mb)
-            plan = plan_micro_batches(
-                mb,
-                lengths,
-                micro_batch_size=cfg.micro_batch_size,
-                max_tokens_per_micro_batch=cfg.max_tokens_per_micro_batch,
-            )
+            plan = self._plan(mb, lengths)
             if mb_tokens == 0:
                 continue  # nothing to learn from; an AdamW step would still move the weights
             self.optimizer.zero_grad(set_to_none=True)
@@ -176,7 +181,7 @@ class Trainer:
                 acc.observe_loss(stats)
                 micro += 1
                 padded += batch.token_ids.numel()
-            grad_norm = float(torch.nn.utils.clip_grad_norm_(self._params, cfg.max_grad_norm))
+            grad_norm = self._clip_grad_norm()
             acc.grad_norms.append(grad_norm)
             if math.isfinite(grad_norm):
                 self.optimizer.step()
@@ -185,6 +190,7 @@ class Trainer:
                 acc.num_nonfinite_grad_steps += 1
             self.optimizer.zero_grad(set_to_none=True)
         self.num_optimizer_steps += steps
+        self._reduce_stats(acc)
         return acc.finish(
             num_samples=len(samples),
             num_optimizer_steps=steps,
@@ -224,13 +230,7 @@ class Trainer:
         """No-grad logprobs of all samples; returns ``{index: (len_i,) float32}``."""
         cfg = self.config
         out: dict[int, Tensor] = {}
-        plan = plan_micro_batches(
-            range(len(samples)),
-            lengths,
-            micro_batch_size=cfg.micro_batch_size,
-            max_tokens_per_micro_batch=cfg.max_tokens_per_micro_batch,
-        )
-        for indices in plan:
+        for indices in self._plan(range(len(samples)), lengths):
             batch = self._collate(samples, None, indices)
             logits = _forward_logits(
                 self.model, batch.token_ids, batch.attention_mask, autocast_bf16=cfg.bf16_autocast,
@@ -244,6 +244,22 @@ class Trainer:
             for b, i in enumerate(indices):
                 out[i] = logprobs[b, : lengths[i]].clone()
         return out
+
+    # Overridden by the sharded trainer (relaxtrio.train.distributed): which micro-batches this
+    # process runs, the gradient norm over every rank, and the step's statistics over every rank.
+
+    def _plan(self, indices: Sequence[int], lengths: Sequence[int]) -> list[list[int]]:
+        cfg = self.config
+        return plan_micro_batches(
+            indices, lengths, micro_batch_size=cfg.micro_batch_size,
+            max_tokens_per_micro_batch=cfg.max_tokens_per_micro_batch,
+        )
+
+    def _clip_grad_norm(self) -> float:
+        return float(torch.nn.utils.clip_grad_norm_(self._params, self.config.max_grad_norm))
+
+    def _reduce_stats(self, acc: _StepAccumulator) -> None:
+        """One process holds the whole step's statistics already."""
 
     def _observe_pre_update(
         self, batch: MicroBatch, pre: Tensor, logits: Tensor, acc: _StepAccumulator
@@ -309,6 +325,30 @@ class Trainer:
             }
         return save_checkpoint_dir(
             self.model, Path(out_dir), tokenizer_dir=tokenizer_dir, optimizer_state=state
+        )
+
+    def save_run_checkpoint(
+        self, save_dir: Path, steps_done: int, *, state: Mapping[str, Any], tokenizer_dir: Path | None,
+        keep: int,
+    ) -> Path:
+        """Writes a resumable run checkpoint (:func:`~relaxtrio.train.checkpoint.save_run_checkpoint`)
+        with this trainer's weights, optimizer and :meth:`resume_state` under ``"trainer"``.
+
+        Args:
+            save_dir: the ``--save`` directory.
+            steps_done: rollout steps completed.
+            state: the rest of ``state.json`` (rollout cursor, metrics, ...).
+            tokenizer_dir: tokenizer files to copy, or None.
+            keep: newest checkpoints kept.
+
+        Returns:
+            The new checkpoint directory.
+        """
+        return save_run_checkpoint(
+            Path(save_dir), steps_done, self.model,
+            optimizer_state={"optimizer": self.optimizer.state_dict(),
+                             "num_optimizer_steps": self.num_optimizer_steps},
+            state={**state, "trainer": self.resume_state()}, tokenizer_dir=tokenizer_dir, keep=keep,
         )
 
     def load_optimizer_state(self, checkpoint_dir: Path) -> None:

@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import logging
 import shutil
+from collections.abc import Callable
 from pathlib import Path
 from typing import Literal
 
@@ -47,6 +48,17 @@ class DiskWeightStore:
     def write(self, model: torch.nn.Module, version: str) -> str:
         """Write ``model``'s weights as version ``version``; returns its absolute directory."""
         path = save_weights_dir(model, self.root / version)
+        if path not in self._written:
+            self._written.append(path)
+        return str(path)
+
+    def write_saved(self, save: Callable[[Path], Path], version: str) -> str:
+        """Have ``save`` write version ``version`` into its directory; returns that directory.
+
+        For a trainer that writes its own weights (rank 0 of a sharded trainer gathers the
+        full state dict, :meth:`relaxtrio.train.ranks.RankGroup.save_weights`).
+        """
+        path = Path(save(self.root / version)).resolve()
         if path not in self._written:
             self._written.append(path)
         return str(path)

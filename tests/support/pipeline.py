@@ -37,8 +37,10 @@ async def open_test_pipeline(
     timeout_s: float = 60.0,
     eval_concurrency: int | None = None,
     export_policy: str = "strict",
+    launcher: Any = None,
 ) -> AsyncIterator[tuple[RolloutPipeline, SessionRegistry]]:
-    """Serves the API on 127.0.0.1:0 and opens a pipeline running the httpx test agent."""
+    """Serves the API on 127.0.0.1:0 and opens a pipeline running the httpx test agent
+    (as local subprocesses, or through ``launcher``, e.g. the Ray executor)."""
     agent_dir = tmp_path / "agent"
     agent_dir.mkdir(exist_ok=True)
     command = write_httpx_agent(agent_dir)
@@ -49,7 +51,8 @@ async def open_test_pipeline(
         async with open_rollout_pipeline(
             config=config,
             agent=AgentConfig(command=f"{command} ok", cwd=agent_dir, env=env or {},
-                              timeout_s=timeout_s, term_grace_s=0.5, export_policy=export_policy),
+                              timeout_s=timeout_s, term_grace_s=0.5, export_policy=export_policy,
+                              launcher=launcher),
             registry=registry, handler=handler, base_url=base_url, prompts=stream,
             eval_concurrency=eval_concurrency,
         ) as pipeline:

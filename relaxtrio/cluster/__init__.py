@@ -1,0 +1,11 @@
+"""relaxtrio.cluster: placement on a Ray cluster (``--ray-address``); the only package that imports Ray.
+
+* :mod:`~relaxtrio.cluster.runtime`: connecting to (or starting) Ray, from worker threads only;
+* :mod:`~relaxtrio.cluster.trainer`: trainer ranks as Ray actors in a placement group;
+* :mod:`~relaxtrio.cluster.agents`: ``--agent-executor ray``, each Session's agent in a Ray actor
+  on a node with ``--agent-num-cpus`` free.
+
+Nothing outside this package imports Ray, and this ``__init__`` imports none of its modules:
+the driver imports them only when a run asks for Ray. The trio driver calls Ray only through
+``trio.to_thread.run_sync`` (Ray's own event loop never meets trio's; no asyncio in our code).
+"""

@@ -1,0 +1,58 @@
+"""The scale-out flags and the advertised agent URL (no Ray needed)."""
+
+from __future__ import annotations
+
+import argparse
+from pathlib import Path
+
+import pytest
+
+from relaxtrio._cluster_args import add_cluster_flags, with_cluster_flags
+from relaxtrio._errors import ConfigError
+from relaxtrio.config import AgentConfig, DistributedConfig, TrainRunConfig
+from relaxtrio.driver import advertised_url
+
+
+def _config(tmp_path: Path) -> TrainRunConfig:
+    return TrainRunConfig(prompt_data=tmp_path / "p.jsonl", agent=AgentConfig(command="true", cwd=tmp_path))
+
+
+def _parse(*argv: str) -> argparse.Namespace:
+    p = argparse.ArgumentParser()
+    add_cluster_flags(p)
+    return p.parse_args(list(argv))
+
+
+def test_defaults_are_one_process_on_loopback(tmp_path: Path) -> None:
+    cfg = with_cluster_flags(_config(tmp_path), _parse(), environ={})
+    assert cfg.distributed == DistributedConfig()
+    assert cfg.distributed.world_size == 1 and cfg.distributed.api_host == "127.0.0.1"
+    assert cfg.distributed.ray_address is None and cfg.distributed.agent_executor == "local"
+
+
+def test_flags_and_ray_address_from_the_environment(tmp_path: Path) -> None:
+    args = _parse("--actor-num-nodes", "2", "--actor-num-gpus-per-node", "4", "--agent-executor", "ray",
+                  "--agent-num-cpus", "2", "--agentic-api-host", "0.0.0.0",
+                  "--agentic-api-advertise-url", "http://10.1.2.3/agentic_api/")
+    d = with_cluster_flags(_config(tmp_path), args, environ={"RAY_ADDRESS": "10.1.2.3:6379"}).distributed
+    assert (d.world_size, d.ray_address, d.agent_executor, d.agent_num_cpus) == (8, "10.1.2.3:6379", "ray", 2.0)
+    assert (d.api_host, d.api_advertise_url) == ("0.0.0.0", "http://10.1.2.3/agentic_api/")
+
+
+@pytest.mark.parametrize(("argv", "flag"), [
+    (("--actor-num-nodes", "2"), "--actor-num-nodes"),
+    (("--agent-executor", "ray"), "--agent-executor"),
+    (("--actor-num-gpus-per-node", "0"), "--actor-num-gpus-per-node"),
+    (("--trainer-collective-timeout", "0"), "--trainer-collective-timeout"),
+])
+def test_refusals_name_the_flag(tmp_path: Path, argv: tuple[str, ...], flag: str) -> None:
+    with pytest.raises(ConfigError) as info:
+        with_cluster_flags(_config(tmp_path), _parse(*argv), environ={})
+    assert info.value.param == flag
+
+
+def test_advertised_url_keeps_the_bound_port_and_path() -> None:
+    bound = "http://127.0.0.1:43123/agentic_api/"
+    assert advertised_url(bound, None) == bound
+    assert advertised_url(bound, "http://10.0.0.5") == "http://10.0.0.5:43123/agentic_api/"
+    assert advertised_url(bound, "https://proxy.example:8443/x/") == "https://proxy.example:8443/x/"
