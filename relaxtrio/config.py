@@ -96,6 +96,12 @@ class TrainConfig:
         logprob_chunk_tokens: positions per chunk when reducing over the vocabulary (bounds fp32
             temporaries to about ``logprob_chunk_tokens * V`` floats).
         device: torch device string the model and batches live on (``"cpu"``, ``"cuda"``).
+        temperature: the rollouts' sampling temperature. Every trainer logprob (old, current,
+            reference) and the entropy are computed as ``log_softmax(logits / temperature)``,
+            SGLang's convention for the rollout logprobs, so ratios, KL terms and importance
+            weights compare the distribution that was actually sampled from (a temperature
+            below 1e-6 is greedy and uses 1.0, as the engine does). In a run it is not set by
+            hand: :attr:`TrainRunConfig.trainer_config` copies ``GenerationConfig.temperature``.
     """
 
     lr: float = attrs.field(default=5e-6, validator=positive_number)
@@ -118,6 +124,7 @@ class TrainConfig:
     compute_entropy: bool = True
     logprob_chunk_tokens: int = attrs.field(default=1024, validator=positive_int)
     device: str = "cpu"
+    temperature: float = attrs.field(default=1.0, validator=non_negative_number)
 
 
 @attrs.frozen(kw_only=True)
@@ -442,3 +449,12 @@ class TrainRunConfig:
     def rollout_samples_path(self) -> Path:
         """Where rollout-only runs write their samples."""
         return self.samples_path or self.output_dir / "rollout_samples.jsonl"
+
+    @property
+    def trainer_config(self) -> TrainConfig:
+        """:attr:`train` with the rollout temperature applied to every trainer logprob.
+
+        ``--rollout-temperature`` is the one source of truth: rollout logprobs are
+        ``log_softmax(logits / T)`` (SGLang), so the trainer's must be too.
+        """
+        return attrs.evolve(self.train, temperature=self.generation.temperature)

@@ -205,8 +205,8 @@ class RunCheckpointer:
         Blocking (torch); call it through ``trio.to_thread.run_sync``.
         """
         if self.resume is None:
-            return Trainer.from_pretrained(model_dir, self.config.train)
-        trainer = Trainer.from_pretrained(self.resume.checkpoint_dir, self.config.train)
+            return Trainer.from_pretrained(model_dir, self.config.trainer_config)
+        trainer = Trainer.from_pretrained(self.resume.checkpoint_dir, self.config.trainer_config)
         trainer.load_resume_state(self.resume.checkpoint_dir, self.resume.state["trainer"])
         restore_rng_state(self.resume.state["rng"])
         return trainer

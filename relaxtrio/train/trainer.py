@@ -45,7 +45,13 @@ from .batching import (
     validate_samples,
 )
 from .checkpoint import OPTIMIZER_FILE, save_checkpoint_dir, save_weights_dir
-from .loss import _forward_logits, entropy_from_logits, logprobs_from_logits, policy_loss
+from .loss import (
+    _forward_logits,
+    entropy_from_logits,
+    logprob_temperature,
+    logprobs_from_logits,
+    policy_loss,
+)
 from .stats import TrainStats
 
 __all__ = ["Trainer"]
@@ -81,6 +87,7 @@ class Trainer:
             weight_decay=self.config.weight_decay,
         )
         self.num_optimizer_steps = 0
+        self._temperature = logprob_temperature(self.config.temperature)
         self._rng = random.Random(self.config.seed)
         model_config = getattr(model, "config", None)
         text_config = model_config.get_text_config() if hasattr(model_config, "get_text_config") else model_config
@@ -158,7 +165,7 @@ class Trainer:
                 )  # (B, T, V)
                 logprobs = logprobs_from_logits(
                     logits, batch.token_ids, batch.attention_mask,
-                    chunk_tokens=cfg.logprob_chunk_tokens,
+                    chunk_tokens=cfg.logprob_chunk_tokens, temperature=self._temperature,
                 )  # (B, T)
                 if fused:  # weights untouched so far: this pass *is* the pre-update policy
                     pre = logprobs.detach()
@@ -237,7 +244,8 @@ class Trainer:
                 model_inputs=batch.model_inputs,
             )  # (B, T, V)
             logprobs = logprobs_from_logits(
-                logits, batch.token_ids, batch.attention_mask, chunk_tokens=cfg.logprob_chunk_tokens
+                logits, batch.token_ids, batch.attention_mask, chunk_tokens=cfg.logprob_chunk_tokens,
+                temperature=self._temperature,
             )  # (B, T)
             if acc is not None:
                 self._observe_pre_update(batch, logprobs, logits, acc)
@@ -254,7 +262,8 @@ class Trainer:
             entropy = None
             if self.config.compute_entropy:
                 ent = entropy_from_logits(
-                    logits.detach(), chunk_tokens=self.config.logprob_chunk_tokens
+                    logits.detach(), chunk_tokens=self.config.logprob_chunk_tokens,
+                    temperature=self._temperature,
                 )  # (B, T)
                 entropy = float(ent[mask].sum().item())
             acc.observe_pre_update(diff, entropy)
