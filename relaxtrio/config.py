@@ -13,7 +13,7 @@ from __future__ import annotations
 
 from collections.abc import Callable, Mapping
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Final, Literal
+from typing import TYPE_CHECKING, Any, Final, Literal, get_args
 
 import attrs
 
@@ -24,6 +24,8 @@ if TYPE_CHECKING:
     from .forest import TrainingSample
 
 __all__ = [
+    "ADVANTAGE_ESTIMATORS",
+    "AdvantageEstimator",
     "AgentConfig",
     "ApiConfig",
     "DEFAULT_HEARTBEAT_S",
@@ -31,6 +33,9 @@ __all__ = [
     "EvalConfig",
     "FleetConfig",
     "GenerationConfig",
+    "KlLossType",
+    "LossAggregation",
+    "PolicyRatio",
     "RESERVED_ENV_PREFIX",
     "RolloutConfig",
     "TERM_GRACE_S",
@@ -53,6 +58,43 @@ DEFAULT_MAX_BODY_BYTES: Final = 256 * 1024 * 1024
 Quart's 16 MiB default."""
 
 
+AdvantageEstimator = Literal["grpo", "dr_grpo", "rloo", "reinforce_plus_plus_baseline", "gspo"]
+"""``--advantage-estimator``: how a Group's rewards become each context's base credit (see
+:mod:`relaxtrio.rollout.advantages`; ``gspo`` is GRPO credit with GSPO's sequence-level ratio)."""
+
+ADVANTAGE_ESTIMATORS: Final[tuple[str, ...]] = get_args(AdvantageEstimator)
+
+ESTIMATORS_REJECTING_CUSTOM_ADVANTAGE: Final = ("rloo", "reinforce_plus_plus_baseline")
+"""Their baseline is built from the Group's rewards, which custom advantage replaces."""
+
+ESTIMATORS_WITH_KL_SHAPING: Final = ("rloo", "reinforce_plus_plus_baseline")
+"""REINFORCE-style estimators whose returns may carry a reference-KL penalty (``--kl-coef``);
+GRPO-style ones regularize with the KL loss instead (DeepSeekMath §4.1)."""
+
+LossAggregation = Literal["token_mean", "sequence_mean", "sequence_sum_norm"]
+"""``--loss-aggregation``: how per-token loss terms become one number (see
+:func:`relaxtrio.train.loss.aggregate`)."""
+
+PolicyRatio = Literal["token", "sequence"]
+"""``--policy-ratio``: PPO's per-token ratio, or GSPO's length-normalized sequence ratio."""
+
+KlLossType = Literal["k1", "k2", "k3", "low_var_kl"]
+"""``--kl-loss-type``: the estimator of KL(current || reference) in the KL loss."""
+
+
+def _one_of(choices: tuple[str, ...]) -> Callable[[Any, attrs.Attribute, Any], None]:
+    def check(instance: Any, attribute: attrs.Attribute, value: Any) -> None:
+        if value not in choices:
+            raise ValueError(f"{attribute.name} must be one of {', '.join(choices)}, got {value!r}")
+
+    return check
+
+
+def _optional_above_one(instance: Any, attribute: attrs.Attribute, value: float | None) -> None:
+    if value is not None and not (isinstance(value, (int, float)) and math.isfinite(value) and value > 1):
+        raise ValueError(f"{attribute.name} must be a finite number > 1, got {value!r}")
+
+
 def _betas(instance: object, attribute: attrs.Attribute, value: tuple[float, float]) -> None:
     if len(value) != 2 or not all(0.0 <= b < 1.0 for b in value):
         raise ConfigError.at(attribute.name, f"must be two numbers in [0, 1), got {value!r}")
@@ -61,6 +103,11 @@ def _betas(instance: object, attribute: attrs.Attribute, value: tuple[float, flo
 @attrs.frozen(kw_only=True)
 class TrainConfig:
     """How :class:`~relaxtrio.train.Trainer` updates the policy.
+
+    The fields after ``temperature`` follow the spec's order of what happens after the
+    per-context base credit ("What Happens After Custom Advantage"): returns with optional KL
+    shaping, whitening, the ratio and its clipping, off-policy weights and masks, entropy and KL
+    loss terms, reduction; then batching.
 
     Attributes:
         lr: AdamW learning rate. Default 5e-6, chosen so a short demo run visibly moves
@@ -102,6 +149,52 @@ class TrainConfig:
             weights compare the distribution that was actually sampled from (a temperature
             below 1e-6 is greedy and uses 1.0, as the engine does). In a run it is not set by
             hand: :attr:`TrainRunConfig.trainer_config` copies ``GenerationConfig.temperature``.
+        kl_coef: reference-KL reward shaping while the estimator builds returns
+            (``--kl-coef``): token ``t`` gets ``A - kl_coef * sum_{s >= t} KL_s`` with
+            ``KL_s = old - ref`` logprob (k1). Only REINFORCE-style estimators support it.
+        normalize_advantages: whiten the step's token advantages over every trained token
+            (``(A - mean) / sqrt(var + 1e-8)``), after shaping (``--normalize-advantages``).
+            :attr:`TrainRunConfig.trainer_config` turns it on for
+            ``reinforce_plus_plus_baseline``, whose batch normalization is part of the method.
+        clip_ratio_c: dual-clip bound ``c > 1`` for negative advantages (``--eps-clip-c``), or
+            None (off).
+        policy_ratio: ``token`` (PPO) or ``sequence`` (GSPO's length-normalized sequence ratio,
+            ``--policy-ratio``; set by ``--advantage-estimator gspo``).
+        loss_aggregation: ``token_mean`` (DAPO token-level), ``sequence_mean`` (GRPO's mean over
+            each sample's tokens, then over samples) or ``sequence_sum_norm`` (Dr. GRPO: each
+            sample's token sum over a constant, then the mean over samples).
+        loss_norm_tokens: the constant of ``sequence_sum_norm`` in tokens; None uses the
+            minibatch's largest trained-token count.
+        use_tis: truncated importance sampling: weight each token's policy loss by
+            ``clamp(exp(old - rollout), tis_clip_low, tis_clip)`` (trainer old vs engine
+            rollout logprobs; ``--use-tis``).
+        tis_clip: upper clamp of the TIS weight (``--tis-clip``).
+        tis_clip_low: lower clamp of the TIS weight (``--tis-clip-low``).
+        use_icepop: IcePop-style masking: the same weight ``k = exp(old - rollout)`` is kept where
+            ``icepop_low <= k <= icepop_high`` and the token is masked (weight 0) elsewhere.
+        icepop_low: lower bound of the kept band.
+        icepop_high: upper bound of the kept band.
+        use_opsm: off-policy sequence masking (``--use-opsm``): a sample's negative-advantage
+            tokens are masked when its mean ``rollout - current`` logprob exceeds
+            ``opsm_delta``.
+        opsm_delta: the OPSM threshold in nats per token (``--opsm-delta``).
+        mask_offpolicy_in_partial_rollout: train only the tokens sampled by a sample's newest
+            weight version; older attempts of a resumed request, and turns sampled in an
+            earlier step, get loss mask 0 (``--mask-offpolicy-in-partial-rollout``).
+        entropy_coef: entropy bonus: the loss gets ``- entropy_coef * entropy`` aggregated like
+            the policy loss (``--entropy-coef``).
+        use_kl_loss: add an independent KL(current || reference) loss term against a frozen
+            copy of the initial weights (``--use-kl-loss``); reported as ``kl_loss`` even when
+            its coefficient is 0.
+        kl_loss_coef: its coefficient (``--kl-loss-coef``).
+        kl_loss_type: its estimator (``k1``, ``k2``, ``k3``, ``low_var_kl``; ``--kl-loss-type``).
+        use_dynamic_batch_size: pack each minibatch into micro-batches by a padded-token budget
+            (longest first) instead of ``micro_batch_size`` samples (``--use-dynamic-batch-size``).
+        max_tokens_per_gpu: that budget in padded tokens per forward (``--max-tokens-per-gpu``);
+            a longer sample gets a micro-batch of its own.
+
+    Raises:
+        InvalidRequestError: (a ``ValueError``) a combination that cannot work, naming the flags.
     """
 
     lr: float = attrs.field(default=5e-6, validator=positive_number)
@@ -125,6 +218,65 @@ class TrainConfig:
     logprob_chunk_tokens: int = attrs.field(default=1024, validator=positive_int)
     device: str = "cpu"
     temperature: float = attrs.field(default=1.0, validator=non_negative_number)
+    # advantages
+    kl_coef: float = attrs.field(default=0.0, validator=non_negative_number)
+    normalize_advantages: bool = False
+    # policy loss
+    clip_ratio_c: float | None = attrs.field(default=None, validator=_optional_above_one)
+    policy_ratio: PolicyRatio = attrs.field(default="token", validator=_one_of(get_args(PolicyRatio)))
+    loss_aggregation: LossAggregation = attrs.field(
+        default="token_mean", validator=_one_of(get_args(LossAggregation))
+    )
+    loss_norm_tokens: int | None = attrs.field(default=None, validator=optional_positive_int)
+    use_tis: bool = False
+    tis_clip: float = attrs.field(default=2.0, validator=positive_number)
+    tis_clip_low: float = attrs.field(default=0.0, validator=non_negative_number)
+    use_icepop: bool = False
+    icepop_low: float = attrs.field(default=0.5, validator=non_negative_number)
+    icepop_high: float = attrs.field(default=5.0, validator=positive_number)
+    use_opsm: bool = False
+    opsm_delta: float = attrs.field(default=1e-4, validator=non_negative_number)
+    mask_offpolicy_in_partial_rollout: bool = False
+    entropy_coef: float = attrs.field(default=0.0, validator=non_negative_number)
+    use_kl_loss: bool = False
+    kl_loss_coef: float = attrs.field(default=0.0, validator=non_negative_number)
+    kl_loss_type: KlLossType = attrs.field(default="k1", validator=_one_of(get_args(KlLossType)))
+    # batching
+    use_dynamic_batch_size: bool = False
+    max_tokens_per_gpu: int | None = attrs.field(default=None, validator=optional_positive_int)
+
+    def __attrs_post_init__(self) -> None:
+        def refuse(condition: bool, message: str, param: str) -> None:
+            if condition:
+                raise InvalidRequestError(message, param=param)
+
+        refuse(self.use_dynamic_batch_size and self.max_tokens_per_gpu is None,
+               "--use-dynamic-batch-size needs --max-tokens-per-gpu N (the padded-token budget "
+               "of one micro-batch).", "max_tokens_per_gpu")
+        refuse(self.use_tis and self.use_icepop,
+               "--use-tis and --use-icepop are two corrections of the same rollout/trainer "
+               "mismatch; choose one.", "use_icepop")
+        refuse((self.use_tis or self.use_icepop) and self.use_rollout_logprobs_as_old,
+               "--use-tis / --use-icepop weight by exp(old - rollout) logprobs; with rollout "
+               "logprobs as the old policy that weight is always 1 (the ratio already corrects "
+               "the mismatch).", "use_tis")
+        refuse(self.tis_clip_low > self.tis_clip,
+               f"--tis-clip-low {self.tis_clip_low:g} must be <= --tis-clip {self.tis_clip:g}.",
+               "tis_clip_low")
+        refuse(self.icepop_low >= self.icepop_high,
+               f"--icepop-low {self.icepop_low:g} must be < --icepop-high {self.icepop_high:g}.",
+               "icepop_low")
+        refuse(self.kl_coef > 0 and self.kl_loss_coef > 0,
+               "--kl-coef (KL reward shaping in the estimator's returns) and --kl-loss-coef (an "
+               "independent KL loss) penalize the same reference KL twice; set only one.",
+               "kl_coef")
+        refuse(self.kl_loss_coef > 0 and not self.use_kl_loss,
+               "--kl-loss-coef has no effect without --use-kl-loss.", "kl_loss_coef")
+
+    @property
+    def needs_reference_model(self) -> bool:
+        """Whether a frozen reference copy of the initial weights is kept (KL loss or shaping)."""
+        return self.use_kl_loss or self.kl_coef > 0
 
 
 @attrs.frozen(kw_only=True)
@@ -226,6 +378,14 @@ class RolloutConfig:
         custom_advantage: per-context credit function (see :mod:`relaxtrio.rollout.hooks`);
             required when a Session exports more than one context.
         show_progress: whether to draw the tqdm progress bar.
+        advantage_estimator: how a Group's rewards become each context's base credit
+            (``--advantage-estimator``, see :mod:`relaxtrio.rollout.advantages`); bypassed by
+            ``custom_advantage``, which ``rloo`` and ``reinforce_plus_plus_baseline`` refuse.
+        grpo_std_normalization: GRPO divides the centered rewards by the Group's std; False
+            (``--disable-grpo-std-normalization``) only centers them, as ``dr_grpo`` does.
+
+    Raises:
+        InvalidRequestError: an estimator that refuses custom advantage is combined with it.
     """
 
     n_samples_per_prompt: int = 4
@@ -242,6 +402,20 @@ class RolloutConfig:
     custom_rm: Callable[[TrainingSample], float] | None = None
     custom_advantage: Callable[..., Any] | None = None
     show_progress: bool = True
+    advantage_estimator: AdvantageEstimator = attrs.field(
+        default="grpo", validator=_one_of(ADVANTAGE_ESTIMATORS)
+    )
+    grpo_std_normalization: bool = True
+
+    def __attrs_post_init__(self) -> None:
+        if self.custom_advantage is not None and self.advantage_estimator in ESTIMATORS_REJECTING_CUSTOM_ADVANTAGE:
+            raise InvalidRequestError(
+                f"--advantage-estimator {self.advantage_estimator} cannot be combined with "
+                "--agentic-custom-advantage-path: it builds its baseline from the Group's rewards, "
+                "while custom advantage already returns each context's base credit (normalize "
+                "inside the function, or use grpo / dr_grpo / gspo).",
+                param="advantage_estimator",
+            )
 
     @property
     def demand(self) -> int:
@@ -450,11 +624,37 @@ class TrainRunConfig:
         """Where rollout-only runs write their samples."""
         return self.samples_path or self.output_dir / "rollout_samples.jsonl"
 
+    def __attrs_post_init__(self) -> None:
+        estimator = self.rollout.advantage_estimator
+        if self.train.kl_coef > 0 and estimator not in ESTIMATORS_WITH_KL_SHAPING:
+            raise InvalidRequestError(
+                f"--kl-coef shapes the returns of {' / '.join(ESTIMATORS_WITH_KL_SHAPING)}; "
+                f"--advantage-estimator {estimator} does not build returns from a KL-shaped "
+                "reward (GRPO regularizes through the loss): use --use-kl-loss --kl-loss-coef.",
+                param="kl_coef",
+            )
+        if self.train.mask_offpolicy_in_partial_rollout and not self.rollout.keeps_resident:
+            raise InvalidRequestError(
+                "--mask-offpolicy-in-partial-rollout requires --partial-rollout (or "
+                "--fully-async): without them every token is sampled by the current weights.",
+                param="mask_offpolicy_in_partial_rollout",
+            )
+
     @property
     def trainer_config(self) -> TrainConfig:
-        """:attr:`train` with the rollout temperature applied to every trainer logprob.
+        """:attr:`train` with what the rollout side decides applied to it.
 
-        ``--rollout-temperature`` is the one source of truth: rollout logprobs are
-        ``log_softmax(logits / T)`` (SGLang), so the trainer's must be too.
+        * ``--rollout-temperature`` is the one source of truth for the temperature: rollout
+          logprobs are ``log_softmax(logits / T)`` (SGLang), so the trainer's must be too;
+        * ``reinforce_plus_plus_baseline`` whitens its advantages over the batch (REINFORCE++,
+          arXiv 2501.03262), so ``normalize_advantages`` is on;
+        * ``gspo`` trains GRPO credit with the sequence-level ratio (arXiv 2507.18071).
         """
-        return attrs.evolve(self.train, temperature=self.generation.temperature)
+        estimator = self.rollout.advantage_estimator
+        return attrs.evolve(
+            self.train,
+            temperature=self.generation.temperature,
+            normalize_advantages=(self.train.normalize_advantages
+                                  or estimator == "reinforce_plus_plus_baseline"),
+            policy_ratio="sequence" if estimator == "gspo" else self.train.policy_ratio,
+        )

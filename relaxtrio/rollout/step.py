@@ -12,7 +12,7 @@ from .._errors import ExportError
 from ..config import RolloutConfig
 from ..forest import TrainingSample
 from ..nursery.group import Group
-from .advantages import grpo_advantages, scalar_reward
+from .advantages import group_advantages, scalar_reward
 from .hooks import custom_advantages
 
 
@@ -34,8 +34,8 @@ class ScoredGroup:
         samples: its samples, Session order then export order.
         rewards: scalar reward per sample (None for contexts without a reward under custom
             advantage).
-        advantages: per sample: GRPO advantage (reward normalized within the Group), or the
-            custom advantage function's credit.
+        advantages: per sample: the estimator's base credit (e.g. GRPO: reward normalized
+            within the Group), or the custom advantage function's credit.
     """
 
     group: Group
@@ -72,8 +72,9 @@ def _score_custom(group: Group, config: RolloutConfig) -> ScoredGroup:
 def score_group(group: Group, config: RolloutConfig) -> ScoredGroup:
     """Scalar rewards and advantages for a completed Group.
 
-    With a custom advantage function its credits are used as they are (no GRPO normalization);
-    otherwise every Session must export exactly one context and GRPO normalizes the rewards.
+    With a custom advantage function its credits are used as they are (no estimator
+    normalization); otherwise every Session must export exactly one context and
+    ``config.advantage_estimator`` turns the Group's rewards into credits.
 
     Raises:
         ExportError: a Session exported several contexts without custom advantage, a sample has
@@ -107,8 +108,10 @@ def score_group(group: Group, config: RolloutConfig) -> ScoredGroup:
                               session_id=session.session_id)
         samples.append(sample)
         rewards.append(value)
+    credits = group_advantages(config.advantage_estimator, rewards,
+                               std_normalize=config.grpo_std_normalization)
     return ScoredGroup(group=group, samples=tuple(samples), rewards=tuple(rewards),
-                       advantages=tuple(grpo_advantages(rewards)))
+                       advantages=tuple(credits))
 
 
 @attrs.frozen(kw_only=True)

@@ -1,4 +1,4 @@
-"""The synchronous policy trainer: samples + advantages in, one or more AdamW steps out.
+"""The synchronous policy trainer: samples + base credits in, one or more AdamW steps out.
 
 Everything here blocks (torch). The trio driver calls it through
 ``await trio.to_thread.run_sync(trainer.train_step, samples, advantages)``; a :class:`Trainer`
@@ -6,24 +6,33 @@ is not thread-safe, so the driver never runs two of its methods at once. It neve
 torch's global state (thread count, default dtype, global RNG); the caller owns those.
 
 One :meth:`Trainer.train_step` is GRPO/PPO on one rollout's samples (DeepSeekMath,
-arXiv 2402.03300, section 4.1; PPO, arXiv 1707.06347):
+arXiv 2402.03300, §4.1; PPO, arXiv 1707.06347), in the spec's order ("What Happens After Custom
+Advantage"):
 
-1. pad the samples into micro-batches (right padding + attention mask);
-2. old logprobs: the trainer's own logprobs before any update (no grad), or the engine's
-   ``rollout_logprobs`` when ``TrainConfig.use_rollout_logprobs_as_old``; either way
-   ``rollout_logprob_abs_diff`` is measured against the pre-update trainer logprobs;
-3. per minibatch: forward/backward every micro-batch with the loss divided by the minibatch's
-   trained-token count (so accumulation equals the big-batch token mean, DAPO's token-level loss),
-   clip the gradient norm, AdamW step.
+1. loss masks: with ``mask_offpolicy_in_partial_rollout``, tokens sampled by an older weight
+   version are removed (:func:`~relaxtrio.train.offpolicy.newest_version_loss_mask`);
+2. no-grad passes where needed: the frozen reference model's logprobs (KL loss or shaping), and
+   the pre-update ("old") logprobs when there are several minibatches or KL shaping needs them
+   before any loss; ``rollout_logprob_abs_diff`` is measured against the pre-update logprobs;
+3. token advantages: each sample's base credit broadcast over its trained tokens, KL-shaped
+   returns (``kl_coef``), whitening (``normalize_advantages``), see
+   :mod:`relaxtrio.train.estimators`;
+4. per minibatch: forward/backward every micro-batch (``micro_batch_size`` samples, or packed by
+   ``max_tokens_per_gpu`` with dynamic batching) with the loss reduced against the *minibatch's*
+   denominators, so accumulation equals the unsplit loss; the loss is the clipped surrogate with
+   its ratio options and off-policy weights (TIS, IcePop, OPSM), minus the entropy bonus, plus
+   the KL loss; clip the gradient norm, AdamW step.
 
-With a single minibatch the old logprobs are the detached logprobs of the same forward pass
-(the weights have not moved yet), which saves one full forward per step and gives a ratio of
-exactly 1. Samples whose advantage is 0 still count in the token denominator (the standard
-GRPO/DAPO choice: they dilute the step rather than being dropped).
+With a single minibatch and no KL shaping the old logprobs are the detached logprobs of the same
+forward pass (the weights have not moved yet), which saves one full forward per step and gives a
+ratio of exactly 1. Samples whose advantage is 0 still count in the denominators (the standard
+GRPO/DAPO choice: they dilute the step rather than being dropped). All logprobs use
+``config.temperature``, the rollout's sampling temperature.
 """
 
 from __future__ import annotations
 
+import copy
 import math
 import random
 import time
@@ -31,7 +40,6 @@ from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
-import attrs
 import torch
 from torch import Tensor
 
@@ -40,19 +48,17 @@ from .batching import (
     MicroBatch,
     SampleLike,
     collate,
+    plan_dynamic_micro_batches,
     plan_micro_batches,
     split_minibatches,
     validate_samples,
 )
 from .checkpoint import OPTIMIZER_FILE, save_checkpoint_dir, save_weights_dir
-from .loss import (
-    _forward_logits,
-    entropy_from_logits,
-    logprob_temperature,
-    logprobs_from_logits,
-    policy_loss,
-)
-from .stats import TrainStats
+from .estimators import kl_shaped_advantages, whiten_advantages
+from .logprobs import entropy_from_logits, forward_logits, logprob_temperature, logprobs_from_logits
+from .loss import LossDenominators, aggregate, policy_loss, reference_kl
+from .offpolicy import icepop_weights, newest_version_loss_mask, opsm_mask, tis_weights
+from .stats import StepAccumulator, TrainStats
 
 __all__ = ["Trainer"]
 
@@ -65,13 +71,15 @@ class Trainer:
 
     Args:
         model: a transformers causal LM (``PreTrainedModel``); moved to ``config.device``.
-        config: optimizer, clipping and batching settings.
+        config: optimizer, loss and batching settings.
 
     Attributes:
         model: the policy being trained.
         config: the :class:`TrainConfig` in use.
         optimizer: ``torch.optim.AdamW`` over the trainable parameters.
         num_optimizer_steps: optimizer steps taken since construction (or the loaded state).
+        ref_model: a frozen copy of the initial weights when the KL loss or KL shaping needs a
+            reference policy (``config.needs_reference_model``), else None.
     """
 
     def __init__(self, model: torch.nn.Module, config: TrainConfig | None = None) -> None:
@@ -88,6 +96,9 @@ class Trainer:
         )
         self.num_optimizer_steps = 0
         self._temperature = logprob_temperature(self.config.temperature)
+        self.ref_model: torch.nn.Module | None = None
+        if self.config.needs_reference_model:
+            self.ref_model = copy.deepcopy(self.model).requires_grad_(False).eval()
         self._rng = random.Random(self.config.seed)
         model_config = getattr(model, "config", None)
         text_config = model_config.get_text_config() if hasattr(model_config, "get_text_config") else model_config
@@ -127,8 +138,9 @@ class Trainer:
 
         Args:
             samples: ``TrainingSample``-like objects (see :class:`~relaxtrio.train.SampleLike`).
-            advantages: one finite float per sample, broadcast over its ``loss_mask == 1``
-                tokens; ``len(advantages) == len(samples)``.
+            advantages: one finite base credit per sample (an estimator's or the custom advantage
+                function's), broadcast over its ``loss_mask == 1`` tokens before KL shaping and
+                whitening; ``len(advantages) == len(samples)``.
 
         Returns:
             The step's :class:`TrainStats`.
@@ -141,44 +153,25 @@ class Trainer:
         validate_samples(samples, advantages)
         cfg = self.config
         lengths = [len(s.token_ids) for s in samples]
+        masks = self._loss_masks(samples)
+        acc = StepAccumulator()
+        acc.extra["offpolicy_masked_tokens"] = sum(sum(s.loss_mask) for s in samples) - sum(map(sum, masks))
         minibatches = split_minibatches(len(samples), cfg.num_minibatches, self._rng)
-        acc = _StepAccumulator()
-        fused = len(minibatches) == 1
-        old_by_sample = None if fused else self._pre_update_logprobs(samples, lengths, acc)
+        fused = len(minibatches) == 1 and cfg.kl_coef <= 0
+        old_by_sample = None if fused else self._no_grad_logprobs(self.model, samples, masks, acc)
+        ref_by_sample = None
+        if self.ref_model is not None:
+            ref_by_sample = self._no_grad_logprobs(self.ref_model, samples, masks, None)
+        token_adv = self._token_advantages(advantages, masks, old_by_sample, ref_by_sample, acc)
         steps = micro = padded = 0
         for mb in minibatches:
-            mb_tokens = sum(sum(samples[i].loss_mask) for i in mb)
-            plan = plan_micro_batches(
-                mb,
-                lengths,
-                micro_batch_size=cfg.micro_batch_size,
-                max_tokens_per_micro_batch=cfg.max_tokens_per_micro_batch,
-            )
-            if mb_tokens == 0:
+            den = self._denominators(mb, masks)
+            if den.num_tokens == 0:
                 continue  # nothing to learn from; an AdamW step would still move the weights
             self.optimizer.zero_grad(set_to_none=True)
-            for indices in plan:
-                batch = self._collate(samples, advantages, indices)
-                logits = _forward_logits(
-                    self.model, batch.token_ids, batch.attention_mask,
-                    autocast_bf16=cfg.bf16_autocast, model_inputs=batch.model_inputs,
-                )  # (B, T, V)
-                logprobs = logprobs_from_logits(
-                    logits, batch.token_ids, batch.attention_mask,
-                    chunk_tokens=cfg.logprob_chunk_tokens, temperature=self._temperature,
-                )  # (B, T)
-                if fused:  # weights untouched so far: this pass *is* the pre-update policy
-                    pre = logprobs.detach()
-                    self._observe_pre_update(batch, pre, logits, acc)
-                else:
-                    pre = _gather_rows(old_by_sample, batch)
-                del logits
-                old = batch.rollout_logprobs if cfg.use_rollout_logprobs_as_old else pre
-                loss, stats = policy_loss(
-                    logprobs, old, batch.advantages, batch.loss_mask,
-                    clip_eps_low=cfg.clip_eps_low, clip_eps_high=cfg.clip_eps_high,
-                    loss_denominator_tokens=mb_tokens,
-                )
+            for indices in self._plan(mb, lengths):
+                batch = self._collate(samples, token_adv, indices, masks)
+                loss, stats = self._micro_batch_loss(batch, den, old_by_sample, ref_by_sample, acc)
                 loss.backward()
                 acc.observe_loss(stats)
                 micro += 1
@@ -201,6 +194,129 @@ class Trainer:
             elapsed_s=time.perf_counter() - t0,
         )
 
+    def _micro_batch_loss(
+        self,
+        batch: MicroBatch,
+        den: LossDenominators,
+        old_by_sample: dict[int, Tensor] | None,
+        ref_by_sample: dict[int, Tensor] | None,
+        acc: StepAccumulator,
+    ) -> tuple[Tensor, dict[str, float]]:
+        """Forward one micro-batch and build its loss (policy, entropy, KL terms) with grad."""
+        cfg = self.config
+        logits = forward_logits(
+            self.model, batch.token_ids, batch.attention_mask,
+            autocast_bf16=cfg.bf16_autocast, model_inputs=batch.model_inputs,
+        )  # (B, T, V)
+        logprobs = logprobs_from_logits(
+            logits, batch.token_ids, batch.attention_mask,
+            chunk_tokens=cfg.logprob_chunk_tokens, temperature=self._temperature,
+        )  # (B, T)
+        if old_by_sample is None:  # weights untouched so far: this pass *is* the pre-update policy
+            pre = logprobs.detach()
+            self._observe_pre_update(batch, pre, logits, acc)
+        else:
+            pre = _gather_rows(old_by_sample, batch)
+        old = batch.rollout_logprobs if cfg.use_rollout_logprobs_as_old else pre
+        weights, off_stats = self._offpolicy_weights(batch, pre, logprobs)
+        loss, stats = policy_loss(
+            logprobs, old, batch.advantages, batch.loss_mask,
+            clip_eps_low=cfg.clip_eps_low, clip_eps_high=cfg.clip_eps_high,
+            clip_ratio_c=cfg.clip_ratio_c, policy_ratio=cfg.policy_ratio, token_weights=weights,
+            aggregation=cfg.loss_aggregation, denominators=den,
+        )
+        if cfg.clip_ratio_c is None:
+            del stats["dual_clip_fraction"]
+        stats.update(off_stats)
+        if cfg.entropy_coef > 0:
+            entropy = entropy_from_logits(
+                logits, chunk_tokens=cfg.logprob_chunk_tokens, temperature=self._temperature
+            )  # (B, T), with grad
+            loss = loss - cfg.entropy_coef * aggregate(
+                entropy, batch.loss_mask, cfg.loss_aggregation, den
+            )
+        del logits
+        if ref_by_sample is not None and cfg.use_kl_loss:
+            kl = reference_kl(logprobs, _gather_rows(ref_by_sample, batch), cfg.kl_loss_type)
+            if cfg.kl_loss_coef > 0:
+                loss = loss + cfg.kl_loss_coef * aggregate(kl, batch.loss_mask, cfg.loss_aggregation, den)
+            mask = batch.loss_mask.bool()
+            stats["kl_loss"] = float(kl.detach()[mask].sum().item()) / max(float(mask.sum().item()), 1.0)
+        return loss, stats
+
+    def _offpolicy_weights(
+        self, batch: MicroBatch, pre: Tensor, logprobs: Tensor
+    ) -> tuple[Tensor | None, dict[str, float]]:
+        """TIS / IcePop weights times the OPSM mask, ``(B, T)``, or None when all are off."""
+        cfg = self.config
+        weights: Tensor | None = None
+        stats: dict[str, float] = {}
+        if cfg.use_tis:
+            weights, stats = tis_weights(pre, batch.rollout_logprobs, batch.loss_mask,
+                                         clip_high=cfg.tis_clip, clip_low=cfg.tis_clip_low)
+        elif cfg.use_icepop:
+            weights, stats = icepop_weights(pre, batch.rollout_logprobs, batch.loss_mask,
+                                            low=cfg.icepop_low, high=cfg.icepop_high)
+        if cfg.use_opsm:
+            keep, opsm_stats = opsm_mask(batch.rollout_logprobs, logprobs, batch.advantages,
+                                         batch.loss_mask, delta=cfg.opsm_delta)
+            weights = keep if weights is None else weights * keep
+            stats.update(opsm_stats)
+        return weights, stats
+
+    def _loss_masks(self, samples: Sequence[SampleLike]) -> list[list[int]]:
+        if not self.config.mask_offpolicy_in_partial_rollout:
+            return [list(s.loss_mask) for s in samples]
+        return [newest_version_loss_mask(s.loss_mask, getattr(s, "weight_versions", ())) for s in samples]
+
+    def _token_advantages(
+        self,
+        advantages: Sequence[float],
+        masks: Sequence[Sequence[int]],
+        old_by_sample: dict[int, Tensor] | None,
+        ref_by_sample: dict[int, Tensor] | None,
+        acc: StepAccumulator,
+    ) -> list[Tensor]:
+        """Per sample ``(len_i,)``: base credit → KL-shaped returns → optional whitening."""
+        cfg = self.config
+        mask_tensors = [torch.tensor(m, dtype=torch.float32) for m in masks]
+        shaping = cfg.kl_coef > 0
+        order = range(len(masks))
+        token_adv, shaping_kl = kl_shaped_advantages(
+            advantages, mask_tensors,
+            old_logprobs=[old_by_sample[i].cpu() for i in order] if shaping and old_by_sample else None,
+            ref_logprobs=[ref_by_sample[i].cpu() for i in order] if shaping and ref_by_sample else None,
+            kl_coef=cfg.kl_coef,
+        )
+        if shaping_kl is not None:
+            acc.extra["reward_shaping_kl"] = shaping_kl
+        if cfg.normalize_advantages:
+            token_adv = whiten_advantages(token_adv, mask_tensors)
+        values = torch.cat([a[m.bool()] for a, m in zip(token_adv, mask_tensors, strict=True)])
+        if values.numel():
+            acc.extra["advantage_mean"] = float(values.mean().item())
+            acc.extra["advantage_std"] = float(values.std(correction=0).item())
+        return token_adv
+
+    def _denominators(self, minibatch: Sequence[int], masks: Sequence[Sequence[int]]) -> LossDenominators:
+        counts = [sum(masks[i]) for i in minibatch]
+        norm = self.config.loss_norm_tokens
+        return LossDenominators(
+            num_tokens=float(sum(counts)),
+            num_samples=float(sum(1 for c in counts if c > 0)),
+            norm_tokens=float(norm if norm is not None else max(counts, default=0)),
+        )
+
+    def _plan(self, indices: Sequence[int], lengths: Sequence[int]) -> list[list[int]]:
+        cfg = self.config
+        if cfg.use_dynamic_batch_size:
+            assert cfg.max_tokens_per_gpu is not None  # TrainConfig checks it
+            return plan_dynamic_micro_batches(indices, lengths, max_tokens=cfg.max_tokens_per_gpu)
+        return plan_micro_batches(
+            indices, lengths, micro_batch_size=cfg.micro_batch_size,
+            max_tokens_per_micro_batch=cfg.max_tokens_per_micro_batch,
+        )
+
     @torch.no_grad()
     def compute_logprobs(self, samples: Sequence[SampleLike]) -> list[list[float]]:
         """Current-policy logprobs of every sample (no grad, micro-batched like training).
@@ -211,36 +327,31 @@ class Trainer:
 
         Returns:
             One list per sample, ``len == len(sample.token_ids)``; entry ``t`` is
-            ``log p(token_ids[t] | token_ids[:t])`` and entry 0 is 0.0.
+            ``log p(token_ids[t] | token_ids[:t])`` at ``config.temperature`` and entry 0 is 0.0.
 
         Raises:
             ValueError: a sample breaks its length invariants.
         """
         validate_samples(samples, None)
-        lengths = [len(s.token_ids) for s in samples]
-        per_sample = self._pre_update_logprobs(samples, lengths, None)
+        per_sample = self._no_grad_logprobs(self.model, samples, [s.loss_mask for s in samples], None)
         return [per_sample[i].tolist() for i in range(len(samples))]
 
     @torch.no_grad()
-    def _pre_update_logprobs(
+    def _no_grad_logprobs(
         self,
+        model: torch.nn.Module,
         samples: Sequence[SampleLike],
-        lengths: Sequence[int],
-        acc: _StepAccumulator | None,
+        masks: Sequence[Sequence[int]],
+        acc: StepAccumulator | None,
     ) -> dict[int, Tensor]:
-        """No-grad logprobs of all samples; returns ``{index: (len_i,) float32}``."""
+        """No-grad logprobs of all samples under ``model``; returns ``{index: (len_i,) float32}``."""
         cfg = self.config
+        lengths = [len(s.token_ids) for s in samples]
         out: dict[int, Tensor] = {}
-        plan = plan_micro_batches(
-            range(len(samples)),
-            lengths,
-            micro_batch_size=cfg.micro_batch_size,
-            max_tokens_per_micro_batch=cfg.max_tokens_per_micro_batch,
-        )
-        for indices in plan:
-            batch = self._collate(samples, None, indices)
-            logits = _forward_logits(
-                self.model, batch.token_ids, batch.attention_mask, autocast_bf16=cfg.bf16_autocast,
+        for indices in self._plan(range(len(samples)), lengths):
+            batch = self._collate(samples, None, indices, masks)
+            logits = forward_logits(
+                model, batch.token_ids, batch.attention_mask, autocast_bf16=cfg.bf16_autocast,
                 model_inputs=batch.model_inputs,
             )  # (B, T, V)
             logprobs = logprobs_from_logits(
@@ -254,7 +365,7 @@ class Trainer:
         return out
 
     def _observe_pre_update(
-        self, batch: MicroBatch, pre: Tensor, logits: Tensor, acc: _StepAccumulator
+        self, batch: MicroBatch, pre: Tensor, logits: Tensor, acc: StepAccumulator
     ) -> None:
         with torch.no_grad():
             mask = batch.loss_mask.bool()  # (B, T)
@@ -269,11 +380,15 @@ class Trainer:
             acc.observe_pre_update(diff, entropy)
 
     def _collate(
-        self, samples: Sequence[SampleLike], advantages: Sequence[float] | None, indices: list[int]
+        self,
+        samples: Sequence[SampleLike],
+        advantages: Sequence[float | Tensor] | None,
+        indices: list[int],
+        masks: Sequence[Sequence[int]] | None = None,
     ) -> MicroBatch:
         return collate(
             samples, advantages, indices, pad_token_id=self._pad_token_id, device=self.config.device,
-            image_token_id=self._image_token_id,
+            image_token_id=self._image_token_id, loss_masks=masks,
         )
 
     # ------------------------------------------------------------------ saving
@@ -372,55 +487,3 @@ def _gather_rows(per_sample: dict[int, Tensor] | None, batch: MicroBatch) -> Ten
         row = per_sample[i]
         out[b, : row.shape[0]] = row
     return out
-
-
-@attrs.define(eq=False, kw_only=True)
-class _StepAccumulator:
-    """Token-weighted running sums for one train step's statistics."""
-
-    loss_sum: float = 0.0
-    clip_sum: float = 0.0
-    kl_sum: float = 0.0
-    k3_sum: float = 0.0
-    loss_tokens: float = 0.0
-    entropy_sum: float | None = None
-    diff_sum: float = 0.0
-    diff_max: float = 0.0
-    pre_tokens: int = 0
-    grad_norms: list[float] = attrs.Factory(list)
-    num_nonfinite_grad_steps: int = 0
-
-    def observe_loss(self, stats: dict[str, float]) -> None:
-        n = stats["num_tokens"]
-        self.loss_sum += stats["pg_loss"] * n
-        self.clip_sum += stats["clip_fraction"] * n
-        self.kl_sum += stats["ppo_kl"] * n
-        self.k3_sum += stats["approx_kl_k3"] * n
-        self.loss_tokens += n
-
-    def observe_pre_update(self, abs_diff: Tensor, entropy_sum: float | None) -> None:
-        if abs_diff.numel():
-            self.diff_sum += float(abs_diff.sum().item())
-            self.diff_max = max(self.diff_max, float(abs_diff.max().item()))
-        self.pre_tokens += abs_diff.numel()
-        if entropy_sum is not None:
-            self.entropy_sum = (self.entropy_sum or 0.0) + entropy_sum
-
-    def finish(self, **fields: float) -> TrainStats:
-        def mean(total: float | None, count: float) -> float:
-            return total / count if total is not None and count > 0 else math.nan
-
-        norms = self.grad_norms
-        return TrainStats(
-            loss=mean(self.loss_sum, self.loss_tokens),
-            clip_fraction=mean(self.clip_sum, self.loss_tokens),
-            ppo_kl=mean(self.kl_sum, self.loss_tokens),
-            approx_kl_k3=mean(self.k3_sum, self.loss_tokens),
-            entropy=mean(self.entropy_sum, self.pre_tokens),
-            grad_norm=sum(norms) / len(norms) if norms else math.nan,
-            rollout_logprob_abs_diff=mean(self.diff_sum, self.pre_tokens),
-            rollout_logprob_abs_diff_max=self.diff_max if self.pre_tokens else math.nan,
-            num_tokens=self.pre_tokens,
-            num_nonfinite_grad_steps=self.num_nonfinite_grad_steps,
-            **fields,
-        )

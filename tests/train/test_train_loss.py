@@ -200,7 +200,7 @@ def test_logprobs_and_entropy_use_the_temperature(temperature: float) -> None:
 
 
 def test_greedy_temperature_uses_the_unscaled_distribution() -> None:
-    from relaxtrio.train.loss import logprob_temperature
+    from relaxtrio.train.logprobs import logprob_temperature
 
     assert logprob_temperature(0.0) == 1.0 and logprob_temperature(5e-7) == 1.0
     assert logprob_temperature(0.7) == 0.7
