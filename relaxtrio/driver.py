@@ -1,7 +1,7 @@
 """The training driver: one trio loop holding the API server, the rollout pipeline and the trainer.
 
-Per step: run ``rollout_batch_size`` Groups through the user's agent → GRPO advantages → one
-PPO/GRPO update (torch, off the trio thread) → write the weights (version directory or shared
+Per step: run ``rollout_batch_size`` Groups through the user's agent → the estimator's advantages →
+one policy update (torch, off the trio thread) → write the weights (version directory or shared
 memory, :mod:`relaxtrio.inference`) → on every engine of the fleet: ``pause_generation(retract)``
 → ``update_weights_from_disk`` → check ``/model_info`` → ``continue_generation`` (generations
 still in flight, as with fully async, continue on the new weights and record both versions) →
@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import json
 import logging
+import math
 import time
 from contextlib import AsyncExitStack
 from pathlib import Path
@@ -44,7 +45,7 @@ from .rollout.step import StepResult, group_metrics
 from .rollout.turns import EngineTurnHandler
 from .run_checkpoint import RunCheckpointer, weight_version_name
 from .sglang.client import EngineClient
-from .train import Trainer
+from .train import Trainer, TrainStats
 
 log = logging.getLogger(__name__)
 
@@ -99,6 +100,25 @@ def check_capacity(cfg: TrainRunConfig) -> None:
 def _announce(line: str) -> None:
     """Prints a start-up line for the operator (stdout, not the log: it carries the token)."""
     print(line, flush=True)
+
+
+_OPTIONAL_TRAIN_METRICS = (
+    "kl_loss", "reward_shaping_kl", "dual_clip_fraction", "tis_weight_mean", "tis_clip_fraction",
+    "icepop_masked_fraction", "opsm_masked_fraction", "advantage_mean", "advantage_std",
+)
+
+
+def optional_train_metrics(stats: TrainStats) -> dict[str, float]:
+    """The step's metrics that only some configurations produce (finite values only).
+
+    The three meanings of KL stay apart: ``ppo_kl`` (old/current ratio, always logged),
+    ``kl_loss`` (``--use-kl-loss``) and ``reward_shaping_kl`` (``--kl-coef``).
+    """
+    out = {name: getattr(stats, name) for name in _OPTIONAL_TRAIN_METRICS
+           if math.isfinite(getattr(stats, name))}
+    if stats.offpolicy_masked_tokens:
+        out["offpolicy_masked_tokens"] = float(stats.offpolicy_masked_tokens)
+    return out
 
 
 def _resolve_model(cfg: TrainRunConfig) -> Path:
@@ -188,6 +208,7 @@ async def _train_step(
             rollout_logprob_abs_diff=stats.rollout_logprob_abs_diff,
             train_tokens=stats.num_tokens, train_s=time.monotonic() - train_start,
         )
+        row.update(optional_train_metrics(stats))
     elif not result.samples:
         log.warning("rollout %d produced no samples; skipping the update", rollout_id)
     await trio.to_thread.run_sync(outputs.write, cfg, result, trainer, stats)

@@ -23,13 +23,15 @@ Shapes: one ``(len_i,) float32`` tensor per sample, zero off its loss mask.
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from typing import Final
 
 import torch
 from torch import Tensor
 
-__all__ = ["kl_shaped_advantages", "whiten_advantages"]
+from ..config import TrainConfig
+
+__all__ = ["kl_shaped_advantages", "token_advantages", "whiten_advantages"]
 
 WHITEN_EPS: Final = 1e-8
 """Added to the variance before the square root when whitening."""
@@ -103,3 +105,44 @@ def whiten_advantages(advantages: Sequence[Tensor], loss_masks: Sequence[Tensor]
         torch.where(m, (a - mean) * scale, torch.zeros_like(a))
         for a, m in zip(advantages, masks, strict=True)
     ]
+
+
+def token_advantages(
+    config: TrainConfig,
+    base: Sequence[float],
+    loss_masks: Sequence[Sequence[int]],
+    old_by_sample: Mapping[int, Tensor] | None,
+    ref_by_sample: Mapping[int, Tensor] | None,
+) -> tuple[list[Tensor], dict[str, float]]:
+    """A step's token advantages as ``config`` asks: shaping (``kl_coef``), then whitening.
+
+    Args:
+        config: the trainer settings.
+        base: one base credit per sample.
+        loss_masks: per sample, the (possibly off-policy masked) loss mask.
+        old_by_sample: ``{i: (len_i,)}`` pre-update logprobs, needed when ``kl_coef > 0``.
+        ref_by_sample: ``{i: (len_i,)}`` reference logprobs, needed when ``kl_coef > 0``.
+
+    Returns:
+        ``(advantages, stats)``: per sample ``(len_i,) float32`` on CPU; stats
+        ``reward_shaping_kl`` (when shaping), ``advantage_mean`` and ``advantage_std`` over
+        trained tokens (when any).
+    """
+    masks = [torch.tensor(m, dtype=torch.float32) for m in loss_masks]
+    shaping = config.kl_coef > 0
+    order = range(len(masks))
+    old = [old_by_sample[i].cpu() for i in order] if shaping and old_by_sample is not None else None
+    ref = [ref_by_sample[i].cpu() for i in order] if shaping and ref_by_sample is not None else None
+    advantages, shaping_kl = kl_shaped_advantages(
+        base, masks, old_logprobs=old, ref_logprobs=ref, kl_coef=config.kl_coef
+    )
+    stats: dict[str, float] = {}
+    if shaping_kl is not None:
+        stats["reward_shaping_kl"] = shaping_kl
+    if config.normalize_advantages:
+        advantages = whiten_advantages(advantages, masks)
+    values = torch.cat([a[m.bool()] for a, m in zip(advantages, masks, strict=True)])  # (N,)
+    if values.numel():
+        stats["advantage_mean"] = float(values.mean().item())
+        stats["advantage_std"] = float(values.std(correction=0).item())
+    return advantages, stats

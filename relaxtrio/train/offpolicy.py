@@ -16,7 +16,9 @@ from typing import Final, Protocol
 import torch
 from torch import Tensor
 
-__all__ = ["SpanLike", "icepop_weights", "newest_version_loss_mask", "opsm_mask", "tis_weights"]
+from ..config import TrainConfig
+
+__all__ = ["SpanLike", "icepop_weights", "newest_version_loss_mask", "offpolicy_token_weights", "opsm_mask", "tis_weights"]
 
 _MAX_LOG_RATIO: Final = 20.0
 
@@ -150,6 +152,44 @@ def opsm_mask(
     drop = (advantages < 0) & (seq_kl[:, None] > delta) & mask  # (B, T)
     n = max(float(mask.sum().item()), 1.0)
     return (~drop).to(torch.float32), {"opsm_masked_fraction": float(drop.sum().item()) / n}
+
+
+def offpolicy_token_weights(
+    config: TrainConfig,
+    *,
+    old: Tensor,
+    rollout: Tensor,
+    logprobs: Tensor,
+    advantages: Tensor,
+    loss_mask: Tensor,
+) -> tuple[Tensor | None, dict[str, float]]:
+    """The per-token factors ``config`` asks for: TIS or IcePop weights, times the OPSM mask.
+
+    Args:
+        config: the trainer settings (``use_tis``, ``use_icepop``, ``use_opsm`` and their bounds).
+        old: ``(B, T)`` the trainer's pre-update logprobs.
+        rollout: ``(B, T)`` the engine's.
+        logprobs: ``(B, T)`` the current policy's (OPSM; detached here).
+        advantages: ``(B, T)``.
+        loss_mask: ``(B, T)``.
+
+    Returns:
+        ``(weights, stats)``: ``(B, T)`` factors for ``policy_loss(token_weights=...)``, or None
+        when every correction is off; the corrections' stats.
+    """
+    weights: Tensor | None = None
+    stats: dict[str, float] = {}
+    if config.use_tis:
+        weights, stats = tis_weights(old, rollout, loss_mask, clip_high=config.tis_clip,
+                                     clip_low=config.tis_clip_low)
+    elif config.use_icepop:
+        weights, stats = icepop_weights(old, rollout, loss_mask, low=config.icepop_low,
+                                        high=config.icepop_high)
+    if config.use_opsm:
+        keep, opsm_stats = opsm_mask(rollout, logprobs, advantages, loss_mask, delta=config.opsm_delta)
+        weights = keep if weights is None else weights * keep
+        stats.update(opsm_stats)
+    return weights, stats
 
 
 def newest_version_loss_mask(loss_mask: Sequence[int], weight_versions: Sequence[SpanLike]) -> list[int]:

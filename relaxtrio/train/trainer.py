@@ -54,10 +54,15 @@ from .batching import (
     validate_samples,
 )
 from .checkpoint import OPTIMIZER_FILE, save_checkpoint_dir, save_weights_dir
-from .estimators import kl_shaped_advantages, whiten_advantages
-from .logprobs import entropy_from_logits, forward_logits, logprob_temperature, logprobs_from_logits
+from .estimators import token_advantages
+from .logprobs import (
+    entropy_from_logits,
+    forward_logits,
+    logprob_temperature,
+    logprobs_from_logits,
+)
 from .loss import LossDenominators, aggregate, policy_loss, reference_kl
-from .offpolicy import icepop_weights, newest_version_loss_mask, opsm_mask, tis_weights
+from .offpolicy import newest_version_loss_mask, offpolicy_token_weights
 from .stats import StepAccumulator, TrainStats
 
 __all__ = ["Trainer"]
@@ -162,7 +167,8 @@ class Trainer:
         ref_by_sample = None
         if self.ref_model is not None:
             ref_by_sample = self._no_grad_logprobs(self.ref_model, samples, masks, None)
-        token_adv = self._token_advantages(advantages, masks, old_by_sample, ref_by_sample, acc)
+        token_adv, adv_stats = token_advantages(cfg, advantages, masks, old_by_sample, ref_by_sample)
+        acc.extra.update(adv_stats)
         steps = micro = padded = 0
         for mb in minibatches:
             den = self._denominators(mb, masks)
@@ -218,7 +224,10 @@ class Trainer:
         else:
             pre = _gather_rows(old_by_sample, batch)
         old = batch.rollout_logprobs if cfg.use_rollout_logprobs_as_old else pre
-        weights, off_stats = self._offpolicy_weights(batch, pre, logprobs)
+        weights, off_stats = offpolicy_token_weights(
+            cfg, old=pre, rollout=batch.rollout_logprobs, logprobs=logprobs,
+            advantages=batch.advantages, loss_mask=batch.loss_mask,
+        )
         loss, stats = policy_loss(
             logprobs, old, batch.advantages, batch.loss_mask,
             clip_eps_low=cfg.clip_eps_low, clip_eps_high=cfg.clip_eps_high,
@@ -244,59 +253,10 @@ class Trainer:
             stats["kl_loss"] = float(kl.detach()[mask].sum().item()) / max(float(mask.sum().item()), 1.0)
         return loss, stats
 
-    def _offpolicy_weights(
-        self, batch: MicroBatch, pre: Tensor, logprobs: Tensor
-    ) -> tuple[Tensor | None, dict[str, float]]:
-        """TIS / IcePop weights times the OPSM mask, ``(B, T)``, or None when all are off."""
-        cfg = self.config
-        weights: Tensor | None = None
-        stats: dict[str, float] = {}
-        if cfg.use_tis:
-            weights, stats = tis_weights(pre, batch.rollout_logprobs, batch.loss_mask,
-                                         clip_high=cfg.tis_clip, clip_low=cfg.tis_clip_low)
-        elif cfg.use_icepop:
-            weights, stats = icepop_weights(pre, batch.rollout_logprobs, batch.loss_mask,
-                                            low=cfg.icepop_low, high=cfg.icepop_high)
-        if cfg.use_opsm:
-            keep, opsm_stats = opsm_mask(batch.rollout_logprobs, logprobs, batch.advantages,
-                                         batch.loss_mask, delta=cfg.opsm_delta)
-            weights = keep if weights is None else weights * keep
-            stats.update(opsm_stats)
-        return weights, stats
-
     def _loss_masks(self, samples: Sequence[SampleLike]) -> list[list[int]]:
         if not self.config.mask_offpolicy_in_partial_rollout:
             return [list(s.loss_mask) for s in samples]
         return [newest_version_loss_mask(s.loss_mask, getattr(s, "weight_versions", ())) for s in samples]
-
-    def _token_advantages(
-        self,
-        advantages: Sequence[float],
-        masks: Sequence[Sequence[int]],
-        old_by_sample: dict[int, Tensor] | None,
-        ref_by_sample: dict[int, Tensor] | None,
-        acc: StepAccumulator,
-    ) -> list[Tensor]:
-        """Per sample ``(len_i,)``: base credit → KL-shaped returns → optional whitening."""
-        cfg = self.config
-        mask_tensors = [torch.tensor(m, dtype=torch.float32) for m in masks]
-        shaping = cfg.kl_coef > 0
-        order = range(len(masks))
-        token_adv, shaping_kl = kl_shaped_advantages(
-            advantages, mask_tensors,
-            old_logprobs=[old_by_sample[i].cpu() for i in order] if shaping and old_by_sample else None,
-            ref_logprobs=[ref_by_sample[i].cpu() for i in order] if shaping and ref_by_sample else None,
-            kl_coef=cfg.kl_coef,
-        )
-        if shaping_kl is not None:
-            acc.extra["reward_shaping_kl"] = shaping_kl
-        if cfg.normalize_advantages:
-            token_adv = whiten_advantages(token_adv, mask_tensors)
-        values = torch.cat([a[m.bool()] for a, m in zip(token_adv, mask_tensors, strict=True)])
-        if values.numel():
-            acc.extra["advantage_mean"] = float(values.mean().item())
-            acc.extra["advantage_std"] = float(values.std(correction=0).item())
-        return token_adv
 
     def _denominators(self, minibatch: Sequence[int], masks: Sequence[Sequence[int]]) -> LossDenominators:
         counts = [sum(masks[i]) for i in minibatch]
