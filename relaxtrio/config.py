@@ -82,6 +82,15 @@ KlLossType = Literal["k1", "k2", "k3", "low_var_kl"]
 """``--kl-loss-type``: the estimator of KL(current || reference) in the KL loss."""
 
 
+MULTI_CONTEXT_NEEDS_DYNAMIC_BATCHING: Final = (
+    "--agentic-custom-advantage-path means a Session may export more than one context, and a "
+    "recipe that may export several contexts from a Session must also enable dynamic batching "
+    "(--use-dynamic-batch-size --max-tokens-per-gpu N): the number of training rows, and their "
+    "lengths, then vary from Session to Session and step to step, so micro-batches are packed by "
+    "a token budget rather than a fixed sample count (spec: Multi-Context Dynamic Batching)."
+)
+
+
 def _one_of(choices: tuple[str, ...]) -> Callable[[Any, attrs.Attribute, Any], None]:
     def check(instance: Any, attribute: attrs.Attribute, value: Any) -> None:
         if value not in choices:
@@ -554,6 +563,11 @@ class FleetConfig:
 class TrainRunConfig:
     """Everything ``python -m relaxtrio train`` needs.
 
+    Raises:
+        InvalidRequestError: custom advantage (several contexts per Session) without dynamic
+            batching; ``--kl-coef`` with an estimator that builds no KL-shaped returns;
+            ``--mask-offpolicy-in-partial-rollout`` without partial rollout or fully async.
+
     Attributes:
         prompt_data: JSONL prompt file.
         input_key: row field holding messages.
@@ -626,6 +640,8 @@ class TrainRunConfig:
 
     def __attrs_post_init__(self) -> None:
         estimator = self.rollout.advantage_estimator
+        if self.rollout.custom_advantage is not None and not self.train.use_dynamic_batch_size:
+            raise InvalidRequestError(MULTI_CONTEXT_NEEDS_DYNAMIC_BATCHING, param="use_dynamic_batch_size")
         if self.train.kl_coef > 0 and estimator not in ESTIMATORS_WITH_KL_SHAPING:
             raise InvalidRequestError(
                 f"--kl-coef shapes the returns of {' / '.join(ESTIMATORS_WITH_KL_SHAPING)}; "

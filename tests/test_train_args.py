@@ -99,3 +99,14 @@ def test_estimators_imply_their_trainer_side() -> None:
 def test_bad_combinations_are_refused_at_startup(flags, message) -> None:
     with pytest.raises(RelaxError, match=message.replace("(", r"\(")):
         _config(*flags)
+
+
+def test_multi_context_export_without_dynamic_batching_is_refused_with_the_spec_reason() -> None:
+    path = "support.credit.outcome_times_usefulness"
+    with pytest.raises(RelaxError, match="must also enable dynamic batching") as info:
+        _config("--agentic-custom-advantage-path", path)
+    assert "Multi-Context Dynamic Batching" in str(info.value)
+    assert "--use-dynamic-batch-size --max-tokens-per-gpu N" in str(info.value)
+    cfg = _config("--agentic-custom-advantage-path", path, "--use-dynamic-batch-size",
+                  "--max-tokens-per-gpu", "8192")
+    assert cfg.rollout.custom_advantage is not None and cfg.train.use_dynamic_batch_size
