@@ -649,7 +649,8 @@ class TrainRunConfig:
                 "reward (GRPO regularizes through the loss): use --use-kl-loss --kl-loss-coef.",
                 param="kl_coef",
             )
-        if self.train.mask_offpolicy_in_partial_rollout and not self.rollout.keeps_resident:
+        if self.train.mask_offpolicy_in_partial_rollout and not (
+                self.rollout.partial_rollout or self.rollout.fully_async):
             raise InvalidRequestError(
                 "--mask-offpolicy-in-partial-rollout requires --partial-rollout (or "
                 "--fully-async): without them every token is sampled by the current weights.",

@@ -48,6 +48,10 @@ class TrainingSample:
             ``token_ids`` only through multimodal processor expansion).
         multimodal_inputs: the observations' media payloads in lineage order (observations
             without media are skipped); empty for text-only contexts.
+        export_metadata: the export's own metadata alone: the Session output's ``metadata``
+            overlaid by the record's (implicit export: the output's). This, not ``metadata``, is
+            what custom advantage receives (spec: "Only export metadata is passed") and what the
+            ``<field>/mean|median|max|min`` metrics read.
     """
 
     name: str | None
@@ -64,6 +68,7 @@ class TrainingSample:
         default=attrs.Factory(lambda self: self.token_ids, takes_self=True), converter=_int_tuple, hash=False
     )
     multimodal_inputs: tuple[Any, ...] = attrs.field(default=(), converter=tuple, hash=False)
+    export_metadata: dict[str, Any] = attrs.field(factory=dict, hash=False)
 
     def __attrs_post_init__(self) -> None:
         n = len(self.token_ids)
@@ -98,8 +103,10 @@ def export_samples(
 ) -> list[TrainingSample]:
     """Turns a finished Session's output into training samples.
 
-    Implicit export (no records) needs exactly one leaf whose lineage holds a response; its
-    sample gets the output's metadata and reward and ``name=None``. Explicit export builds one
+    Implicit export (no records) needs a strictly linear history: exactly one leaf, and its
+    lineage holds a response (spec: "Any nonlinear history requires explicit export, even when it
+    currently has one exportable leaf"); its sample gets the output's metadata and reward and
+    ``name=None``. Explicit export builds one
     sample per record, in record order: the record's state (its messages, tools and
     ``{**server_template_kwargs, **record kwargs}``) must be a committed node with a response in
     its lineage; the sample metadata is the output metadata overlaid by the record's.
@@ -115,17 +122,26 @@ def export_samples(
 
     Raises:
         ExportError: ``implicit export requires one committed leaf, found N`` (with
-            ``num_leaves == N``);
+            ``num_leaves == N``); ``implicit export requires a linear history`` (a branch or a
+            second subtree, even without a response);
             ``explicit export does not match a committed Forest state``; ``export leaf has no
             committed response``; invalid server template kwargs.
     """
     output = output if output is not None else SessionOutput()
     if output.is_implicit:
-        candidates = [leaf for leaf in forest.leaves() if leaf.num_responses > 0]
+        leaves = forest.leaves()
+        candidates = [leaf for leaf in leaves if leaf.num_responses > 0]
         if len(candidates) != 1:
             raise ExportError(
                 f"implicit export requires one committed leaf, found {len(candidates)}",
                 num_leaves=len(candidates),
+                session_id=forest.session_id,
+            )
+        if len(leaves) > 1:
+            raise ExportError(
+                f"implicit export requires a linear history, but the Forest has {len(leaves)} "
+                "leaves (branches or subtrees); any nonlinear history requires explicit export, "
+                "even with one exportable leaf: write a named record for each context to train",
                 session_id=forest.session_id,
             )
         return [
@@ -245,6 +261,7 @@ def build_sample(
         metadata=metadata,
         rollout_token_ids=rollout_ids,
         multimodal_inputs=multimodal,
+        export_metadata=copy.deepcopy(export_metadata),
     )
 
 

@@ -56,7 +56,9 @@ def _reward_of(sample: TrainingSample, session_index: int, config: RolloutConfig
 
 def _score_custom(group: Group, config: RolloutConfig) -> ScoredGroup:
     assert config.custom_advantage is not None
-    exports = [[(s.name, s.metadata) for s in session.samples] for session in group.sessions]
+    # Only each export's own metadata (spec: "Only export metadata is passed through this
+    # mapping"): no dataset metadata, tools, template kwargs or trace fields.
+    exports = [[(s.name, s.export_metadata) for s in session.samples] for session in group.sessions]
     credits = custom_advantages(config.custom_advantage, exports)
     if credits is None:
         raise ExportError("Filtered 1 group: the custom advantage function returned None")

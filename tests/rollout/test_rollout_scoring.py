@@ -66,3 +66,74 @@ def test_grpo_family_accepts_custom_advantage(estimator: str) -> None:
 def test_unknown_estimator_is_a_config_error() -> None:
     with pytest.raises(ValueError, match="advantage_estimator must be one of"):
         RolloutConfig(advantage_estimator="ppo")  # type: ignore[arg-type]
+
+
+def _exported_group(records_per_session: list[list[dict]]) -> Group:
+    """A Group whose Sessions exported real samples (forest + explicit records)."""
+    import json
+
+    from relaxtrio.forest import Conversation, export_samples, parse_session_output
+
+    group = Group(group_id="train:group_000002")
+    for i, records in enumerate(records_per_session):
+        forest = SessionForest(f"s{i}")
+        lines = []
+        for r, record in enumerate(records):
+            history = [{"role": "user", "content": f"task {r}"}]
+            obs = forest.add_observation(forest.match(Conversation.from_wire(history)), token_ids=[1, 2])
+            reply = {"role": "assistant", "content": f"answer {r}"}
+            forest.add_response(obs, reply, token_ids=[3, 4], rollout_logprobs=[-0.5, -0.5],
+                                finish_reason="stop", request_id=f"q{r}", rollout_id=0)
+            lines.append(json.dumps({**record, "messages": [*history, reply]}))
+        session = Session(session_id=f"s{i}", group=group, index=i, input_payload={},
+                          forest=forest, budget=ActiveBudget(total_s=1.0))
+        output = parse_session_output("\n".join(lines))
+        session.samples.extend(export_samples(forest, output, dataset_metadata={"id": 41, "label": "L"}))
+        group.sessions.append(session)
+    return group
+
+
+def test_custom_advantage_receives_only_export_metadata() -> None:
+    seen = []
+
+    def record_input(metadata_by_slot):
+        seen.append(metadata_by_slot)
+        return [{name: 1.0 for name in slot} for slot in metadata_by_slot]
+
+    group = _exported_group([
+        [{"name": "main", "metadata": {"outcome": 1.0}, "reward": 1.0},
+         {"name": "searcher_0", "metadata": {"usefulness": 0.6}}],
+        [{"name": "main", "metadata": {"outcome": 0.0}, "reward": 0.0},
+         {"name": "searcher_0", "metadata": {"usefulness": 0.2}}],
+    ])
+    score_group(group, RolloutConfig(custom_advantage=record_input))
+    # The spec's example input, exactly: no dataset metadata, tools, template kwargs or trace.
+    assert seen == [[
+        {"main": {"outcome": 1.0}, "searcher_0": {"usefulness": 0.6}},
+        {"main": {"outcome": 0.0}, "searcher_0": {"usefulness": 0.2}},
+    ]]
+
+
+def test_implicit_export_reaches_custom_advantage_under_the_key_none() -> None:
+    from relaxtrio.forest import Conversation, SessionOutput, export_samples
+
+    seen = []
+
+    def record_input(metadata_by_slot):
+        seen.append(metadata_by_slot)
+        return [{None: 0.5} for _ in metadata_by_slot]
+
+    group = Group(group_id="train:group_000003")
+    forest = SessionForest("s0")
+    obs = forest.add_observation(forest.match(Conversation.from_wire([{"role": "user", "content": "q"}])),
+                                 token_ids=[1, 2])
+    forest.add_response(obs, {"role": "assistant", "content": "a"}, token_ids=[3], rollout_logprobs=[-1.0],
+                        finish_reason="stop", request_id="q", rollout_id=0)
+    session = Session(session_id="s0", group=group, index=0, input_payload={}, forest=forest,
+                      budget=ActiveBudget(total_s=1.0))
+    session.samples.extend(export_samples(forest, SessionOutput(metadata={"score": 3}, reward=1.0),
+                                          dataset_metadata={"id": 1}))
+    group.sessions.append(session)
+    scored = score_group(group, RolloutConfig(custom_advantage=record_input))
+    assert seen == [[{None: {"score": 3}}]]
+    assert list(scored.advantages) == [0.5]
