@@ -137,10 +137,23 @@ def add_train_parser(sub: argparse._SubParsersAction, name: str = "train") -> ar
                       help="how reasoning is split from generated text")
     roll.add_argument("--reward-key", default=None, help="primary key of object rewards")
     roll.add_argument("--custom-rm-path", default=None,
-                      help="package.module.fn(sample) -> float for samples without an agent reward")
+                      help="package.module.fn(sample) -> reward (sync or async) for samples without "
+                           "an agent reward; with --group-rm fn(samples) -> [reward, ...]")
     roll.add_argument("--agentic-custom-advantage-path", default=None,
                       help="package.module.fn(metadata_by_slot) -> per-context credits "
                            "(required when a Session exports several contexts)")
+
+    rw = p.add_argument_group("rewards and filters")
+    rw.add_argument("--group-rm", action="store_true",
+                    help="call --custom-rm-path once per Group: fn(samples) -> [reward, ...]")
+    rw.add_argument("--eval-reward-key", default=None,
+                    help="primary key of object rewards in evaluation (unset: --reward-key)")
+    rw.add_argument("--log-passrate", action="store_true",
+                    help="log rollout/pass@k (one rewarded 0/1 context per Session)")
+    rw.add_argument("--dynamic-sampling-filter-path", default=None,
+                    help="package.module.fn(samples, rewards) -> bool | DynamicFilterOutput; "
+                         "filtered train Groups are replaced (built in: "
+                         "relaxtrio.rollout.filters.check_reward_nonzero_std)")
 
     ev = p.add_argument_group("eval")
     ev.add_argument("--eval-prompt-data", nargs="+", default=[], metavar="NAME PATH",
@@ -509,6 +522,12 @@ def train_config(args: argparse.Namespace) -> Any:
             fully_async=args.fully_async,
             barrier_warn_s=args.barrier_warn_s,
             reward_key=args.reward_key,
+            eval_reward_key=args.eval_reward_key,
+            group_rm=args.group_rm,
+            log_passrate=args.log_passrate,
+            dynamic_filter=(load_function(args.dynamic_sampling_filter_path,
+                                          flag="--dynamic-sampling-filter-path")
+                            if args.dynamic_sampling_filter_path else None),
             advantage_estimator=args.advantage_estimator,
             grpo_std_normalization=not args.disable_grpo_std_normalization,
             custom_rm=(load_function(args.custom_rm_path, flag="--custom-rm-path")

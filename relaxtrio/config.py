@@ -99,6 +99,11 @@ def _one_of(choices: tuple[str, ...]) -> Callable[[Any, attrs.Attribute, Any], N
     return check
 
 
+def _optional_non_negative_int(instance: Any, attribute: attrs.Attribute, value: int | None) -> None:
+    if value is not None and (isinstance(value, bool) or not isinstance(value, int) or value < 0):
+        raise ValueError(f"{attribute.name} must be None or an int >= 0, got {value!r}")
+
+
 def _optional_above_one(instance: Any, attribute: attrs.Attribute, value: float | None) -> None:
     if value is not None and not (isinstance(value, (int, float)) and math.isfinite(value) and value > 1):
         raise ValueError(f"{attribute.name} must be a finite number > 1, got {value!r}")
@@ -383,7 +388,19 @@ class RolloutConfig:
         abort_wait_s: at step close, how long to wait (seconds) for aborted generations to come
             back before reporting the engine as not honouring aborts.
         reward_key: primary key of object rewards.
-        custom_rm: ``fn(sample) -> float`` for samples the agent did not reward, or None.
+        eval_reward_key: primary key of object rewards in evaluation (``--eval-reward-key``);
+            None uses ``reward_key``.
+        custom_rm: the reward model (``--custom-rm-path``, sync or async, see
+            :mod:`relaxtrio.rollout.rewards`): ``fn(sample) -> reward`` for samples the agent did
+            not reward, or with ``group_rm`` ``fn(samples) -> [reward, ...]`` once per Group.
+        group_rm: call ``custom_rm`` once per Group over all its samples (``--group-rm``).
+        log_passrate: log ``rollout/pass@k`` (``--log-passrate``; one rewarded 0/1 context per
+            Session).
+        dynamic_filter: ``fn(samples, rewards) -> bool | DynamicFilterOutput`` run on every
+            scored train Group (``--dynamic-sampling-filter-path``, see
+            :mod:`relaxtrio.rollout.filters`); a filtered Group is new demand.
+        max_filtered_groups: filtered Groups a step may replace before it closes short (default:
+            ``8 * rollout_batch_size``), so a filter that rejects everything cannot spin forever.
         custom_advantage: per-context credit function (see :mod:`relaxtrio.rollout.hooks`);
             required when a Session exports more than one context.
         show_progress: whether to draw the tqdm progress bar.
@@ -394,7 +411,8 @@ class RolloutConfig:
             (``--disable-grpo-std-normalization``) only centers them, as ``dr_grpo`` does.
 
     Raises:
-        InvalidRequestError: an estimator that refuses custom advantage is combined with it.
+        InvalidRequestError: an estimator that refuses custom advantage is combined with it, or
+            ``group_rm`` without ``custom_rm``.
     """
 
     n_samples_per_prompt: int = 4
@@ -408,7 +426,12 @@ class RolloutConfig:
     barrier_warn_s: float = 120.0
     abort_wait_s: float = 30.0
     reward_key: str | None = None
-    custom_rm: Callable[[TrainingSample], float] | None = None
+    eval_reward_key: str | None = None
+    custom_rm: Callable[..., Any] | None = None
+    group_rm: bool = False
+    log_passrate: bool = False
+    dynamic_filter: Callable[..., Any] | None = None
+    max_filtered_groups: int | None = attrs.field(default=None, validator=_optional_non_negative_int)
     custom_advantage: Callable[..., Any] | None = None
     show_progress: bool = True
     advantage_estimator: AdvantageEstimator = attrs.field(
@@ -417,6 +440,9 @@ class RolloutConfig:
     grpo_std_normalization: bool = True
 
     def __attrs_post_init__(self) -> None:
+        if self.group_rm and self.custom_rm is None:
+            raise InvalidRequestError("--group-rm needs --custom-rm-path (the function called once per "
+                                      "Group).", param="group_rm")
         if self.custom_advantage is not None and self.advantage_estimator in ESTIMATORS_REJECTING_CUSTOM_ADVANTAGE:
             raise InvalidRequestError(
                 f"--advantage-estimator {self.advantage_estimator} cannot be combined with "
@@ -430,6 +456,13 @@ class RolloutConfig:
     def demand(self) -> int:
         """Groups started per step (over-sampling included)."""
         return max(self.over_sampling_batch_size or 0, self.rollout_batch_size)
+
+    @property
+    def filter_budget(self) -> int:
+        """Filtered Groups a step may replace with new ones."""
+        if self.max_filtered_groups is not None:
+            return self.max_filtered_groups
+        return 8 * self.rollout_batch_size
 
     @property
     def concurrency(self) -> int:

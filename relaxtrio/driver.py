@@ -196,7 +196,7 @@ async def _train_step(
     step on the operator dashboard)."""
     step_start = time.monotonic()
     result = await pipeline.run_step(rollout_id, last=rollout_id == cfg.num_rollout - 1)
-    row: dict[str, Any] = dict(group_metrics(result))
+    row: dict[str, Any] = dict(group_metrics(result, cfg.rollout))
     stats = None
     if result.samples and trainer is not None:
         train_start = time.monotonic()

@@ -110,3 +110,21 @@ def test_multi_context_export_without_dynamic_batching_is_refused_with_the_spec_
     cfg = _config("--agentic-custom-advantage-path", path, "--use-dynamic-batch-size",
                   "--max-tokens-per-gpu", "8192")
     assert cfg.rollout.custom_advantage is not None and cfg.train.use_dynamic_batch_size
+
+
+def test_reward_and_filter_flags_reach_the_rollout_config() -> None:
+    from relaxtrio.rollout.filters import check_reward_nonzero_std
+
+    cfg = _config("--custom-rm-path", "support.rewards.group_rank_reward", "--group-rm",
+                  "--eval-reward-key", "accuracy", "--log-passrate", "--reward-key", "score",
+                  "--dynamic-sampling-filter-path", "relaxtrio.rollout.filters.check_reward_nonzero_std")
+    r = cfg.rollout
+    assert r.group_rm and r.log_passrate and r.eval_reward_key == "accuracy" and r.reward_key == "score"
+    assert r.dynamic_filter is check_reward_nonzero_std and r.custom_rm is not None
+
+
+def test_group_rm_needs_a_reward_model() -> None:
+    with pytest.raises(RelaxError, match="--group-rm needs --custom-rm-path"):
+        _config("--group-rm")
+    with pytest.raises(RelaxError, match="--dynamic-sampling-filter-path: cannot import"):
+        _config("--dynamic-sampling-filter-path", "no_such_module_xyz.fn")

@@ -39,7 +39,8 @@ from __future__ import annotations
 import math
 from collections.abc import Mapping, Sequence
 
-from .._errors import InvalidRequestError
+from .._errors import ExportError
+from .._validate import is_real, require_real
 from ..config import AdvantageEstimator
 
 __all__ = [
@@ -149,14 +150,13 @@ def group_advantages(
 
 
 def _centered(rewards: Sequence[float]) -> list[float]:
-    """``r_i - mean(r)``; exactly 0.0 everywhere when all rewards are equal."""
-    values: list[float] = []
-    for index, reward in enumerate(rewards):
-        if isinstance(reward, bool) or not isinstance(reward, (int, float)):
-            raise ValueError(f"rewards[{index}] must be a number, got {type(reward).__name__}")
-        if not math.isfinite(reward):
-            raise ValueError(f"rewards[{index}] must be finite, got {reward!r}")
-        values.append(float(reward))
+    """``r_i - mean(r)``; exactly 0.0 everywhere when all rewards are equal.
+
+    Raises:
+        ValueError: ``rewards[i] must be a finite number`` (nan, inf, bools, non-numbers).
+    """
+    values = [require_real(reward, f"rewards[{index}]", error=ValueError)
+              for index, reward in enumerate(rewards)]
     if not values or min(values) == max(values):
         # Exactly equal rewards carry no relative signal; don't let rounding of the mean leak in.
         return [0.0] * len(values)

@@ -3,10 +3,11 @@
 from __future__ import annotations
 
 import pytest
+from support.groups import exported_group, group_of
 
 from relaxtrio import InvalidRequestError
 from relaxtrio.config import RolloutConfig
-from relaxtrio.forest import SessionForest, TrainingSample
+from relaxtrio.forest import SessionForest
 from relaxtrio.nursery.agent import ActiveBudget
 from relaxtrio.nursery.group import Group
 from relaxtrio.nursery.session import Session
@@ -14,16 +15,7 @@ from relaxtrio.rollout.step import score_group
 
 
 def _group(rewards: list[float]) -> Group:
-    group = Group(group_id="train:group_000001")
-    for i, reward in enumerate(rewards):
-        session = Session(session_id=f"s{i}", group=group, index=i, input_payload={},
-                          forest=SessionForest(f"s{i}"), budget=ActiveBudget(total_s=1.0))
-        session.samples.append(TrainingSample(
-            name=None, session_id=f"s{i}", token_ids=(1, 2, 3), prompt_length=1,
-            loss_mask=(0, 1, 1), rollout_logprobs=(0.0, -1.0, -1.0), reward=reward,
-            status="completed", weight_versions=(), metadata={}))
-        group.sessions.append(session)
-    return group
+    return group_of([[r] for r in rewards])
 
 
 @pytest.mark.parametrize(
@@ -68,31 +60,6 @@ def test_unknown_estimator_is_a_config_error() -> None:
         RolloutConfig(advantage_estimator="ppo")  # type: ignore[arg-type]
 
 
-def _exported_group(records_per_session: list[list[dict]]) -> Group:
-    """A Group whose Sessions exported real samples (forest + explicit records)."""
-    import json
-
-    from relaxtrio.forest import Conversation, export_samples, parse_session_output
-
-    group = Group(group_id="train:group_000002")
-    for i, records in enumerate(records_per_session):
-        forest = SessionForest(f"s{i}")
-        lines = []
-        for r, record in enumerate(records):
-            history = [{"role": "user", "content": f"task {r}"}]
-            obs = forest.add_observation(forest.match(Conversation.from_wire(history)), token_ids=[1, 2])
-            reply = {"role": "assistant", "content": f"answer {r}"}
-            forest.add_response(obs, reply, token_ids=[3, 4], rollout_logprobs=[-0.5, -0.5],
-                                finish_reason="stop", request_id=f"q{r}", rollout_id=0)
-            lines.append(json.dumps({**record, "messages": [*history, reply]}))
-        session = Session(session_id=f"s{i}", group=group, index=i, input_payload={},
-                          forest=forest, budget=ActiveBudget(total_s=1.0))
-        output = parse_session_output("\n".join(lines))
-        session.samples.extend(export_samples(forest, output, dataset_metadata={"id": 41, "label": "L"}))
-        group.sessions.append(session)
-    return group
-
-
 def test_custom_advantage_receives_only_export_metadata() -> None:
     seen = []
 
@@ -100,7 +67,7 @@ def test_custom_advantage_receives_only_export_metadata() -> None:
         seen.append(metadata_by_slot)
         return [{name: 1.0 for name in slot} for slot in metadata_by_slot]
 
-    group = _exported_group([
+    group = exported_group([
         [{"name": "main", "metadata": {"outcome": 1.0}, "reward": 1.0},
          {"name": "searcher_0", "metadata": {"usefulness": 0.6}}],
         [{"name": "main", "metadata": {"outcome": 0.0}, "reward": 0.0},

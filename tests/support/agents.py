@@ -75,7 +75,9 @@ elif mode == "garbage_output":
     open(out, "w").write("{{{ not json")
 else:
     reward = os.environ.get("AGENT_REWARD", "1.0")
-    if reward == "random":
+    if reward == "none":  # leave scoring to a reward model
+        reward = None
+    elif reward == "random":
         reward = float(hash(os.environ["RELAX_SESSION_ID"]) % 1000) / 1000
     elif reward == "content":  # deterministic: a function of the model's last reply only
         reward = float(sum(map(ord, messages[-1].get("content") or "")) % 101) / 100
