@@ -287,7 +287,7 @@ def _with_checkpoint_flags(config: Any, args: argparse.Namespace) -> Any:
 
 
 def _add_algorithm_flags(p: argparse.ArgumentParser) -> None:
-    """The estimator, policy-loss and batching flags (spec: "What Happens After Custom Advantage").
+    """The estimator, policy-loss and batching flags (docs/export-and-credit.md#what-the-trainer-does-with-an-advantage).
 
     Defaults are None / False so that TrainConfig's documented defaults stay the one source.
     """

@@ -69,7 +69,7 @@ ESTIMATORS_REJECTING_CUSTOM_ADVANTAGE: Final = ("rloo", "reinforce_plus_plus_bas
 
 ESTIMATORS_WITH_KL_SHAPING: Final = ("rloo", "reinforce_plus_plus_baseline")
 """REINFORCE-style estimators whose returns may carry a reference-KL penalty (``--kl-coef``);
-GRPO-style ones regularize with the KL loss instead (DeepSeekMath §4.1)."""
+GRPO-style ones regularize with the KL loss instead (DeepSeekMath, arXiv 2402.03300, section 4.1)."""
 
 LossAggregation = Literal["token_mean", "sequence_mean", "sequence_sum_norm"]
 """``--loss-aggregation``: how per-token loss terms become one number (see
@@ -87,7 +87,7 @@ MULTI_CONTEXT_NEEDS_DYNAMIC_BATCHING: Final = (
     "recipe that may export several contexts from a Session must also enable dynamic batching "
     "(--use-dynamic-batch-size --max-tokens-per-gpu N): the number of training rows, and their "
     "lengths, then vary from Session to Session and step to step, so micro-batches are packed by "
-    "a token budget rather than a fixed sample count (spec: Multi-Context Dynamic Batching)."
+    "a token budget rather than a fixed sample count (docs/export-and-credit.md#multi-context-dynamic-batching)."
 )
 
 
@@ -118,10 +118,10 @@ def _betas(instance: object, attribute: attrs.Attribute, value: tuple[float, flo
 class TrainConfig:
     """How :class:`~relaxtrio.train.Trainer` updates the policy.
 
-    The fields after ``temperature`` follow the spec's order of what happens after the
-    per-context base credit ("What Happens After Custom Advantage"): returns with optional KL
-    shaping, whitening, the ratio and its clipping, off-policy weights and masks, entropy and KL
-    loss terms, reduction; then batching.
+    The fields after ``temperature`` follow what happens after the per-context base credit
+    (docs/export-and-credit.md#what-the-trainer-does-with-an-advantage): returns with optional
+    KL shaping, whitening, the ratio and its clipping, off-policy weights and masks, entropy and
+    KL loss terms, reduction; then batching.
 
     Attributes:
         lr: AdamW learning rate. Default 5e-6, chosen so a short demo run visibly moves

@@ -50,7 +50,7 @@ class TrainingSample:
             without media are skipped); empty for text-only contexts.
         export_metadata: the export's own metadata alone: the Session output's ``metadata``
             overlaid by the record's (implicit export: the output's). This, not ``metadata``, is
-            what custom advantage receives (spec: "Only export metadata is passed") and what the
+            what custom advantage receives (docs/export-and-credit.md#custom-advantage) and what the
             ``<field>/mean|median|max|min`` metrics read.
     """
 
@@ -104,9 +104,9 @@ def export_samples(
     """Turns a finished Session's output into training samples.
 
     Implicit export (no records) needs a strictly linear history: exactly one leaf, and its
-    lineage holds a response (spec: "Any nonlinear history requires explicit export, even when it
-    currently has one exportable leaf"); its sample gets the output's metadata and reward and
-    ``name=None``. Explicit export builds one
+    lineage holds a response (docs/export-and-credit.md#implicit-export: any nonlinear history
+    needs explicit export, even with one exportable leaf); its sample gets the output's metadata
+    and reward and ``name=None``. Explicit export builds one
     sample per record, in record order: the record's state (its messages, tools and
     ``{**server_template_kwargs, **record kwargs}``) must be a committed node with a response in
     its lineage; the sample metadata is the output metadata overlaid by the record's.

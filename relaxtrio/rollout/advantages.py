@@ -7,19 +7,19 @@ whitening may follow (:mod:`relaxtrio.train.estimators`).
 
 Estimators (``--advantage-estimator``), for a Group of ``n`` rewards ``r`` with mean ``m``:
 
-- ``grpo``: GRPO with outcome supervision (DeepSeekMath, arXiv 2402.03300, §4.1.2) gives every
+- ``grpo``: GRPO with outcome supervision (DeepSeekMath, arXiv 2402.03300, section 4.1.2) gives every
   token of output ``i`` the advantage ``(r_i - m) / std(r)``.
-- ``dr_grpo``: Dr. GRPO (arXiv 2503.20783, §3.1) argues the division by ``std`` biases the update
+- ``dr_grpo``: Dr. GRPO (arXiv 2503.20783, section 3.1) argues the division by ``std`` biases the update
   towards too-easy and too-hard prompts and drops it: ``r_i - m``. (``grpo`` with
   ``std_normalize=False`` is the same.) The paper also drops GRPO's per-response length
   normalization; that is the loss side's ``sequence_sum_norm`` aggregation.
-- ``rloo``: REINFORCE Leave-One-Out (Ahmadian et al., "Back to Basics", arXiv 2402.14740, §3.2,
+- ``rloo``: REINFORCE Leave-One-Out (Ahmadian et al., "Back to Basics", arXiv 2402.14740, section 3.2,
   after Kool et al. 2019): the baseline of sample ``i`` is the mean of the *other* ``n - 1``
   rewards, ``r_i - (sum(r) - r_i) / (n - 1) = n / (n - 1) * (r_i - m)``.
-- ``reinforce_plus_plus_baseline``: REINFORCE++-baseline (Hu et al., arXiv 2501.03262, §3):
+- ``reinforce_plus_plus_baseline``: REINFORCE++-baseline (Hu et al., arXiv 2501.03262, section 3):
   subtract the Group mean, ``r_i - m``; the method then normalizes by the *batch* statistics,
   which the trainer does over every trained token of the step (``normalize_advantages``).
-- ``gspo``: GSPO (arXiv 2507.18071) keeps GRPO's Group-normalized credit (§4) and changes the
+- ``gspo``: GSPO (arXiv 2507.18071) keeps GRPO's Group-normalized credit (section 4) and changes the
   policy ratio to a sequence-level one; the credit here is ``grpo``'s.
 
 Deviations from the papers, on purpose:
@@ -30,7 +30,7 @@ Deviations from the papers, on purpose:
   Group whose rewards are exactly equal gets exactly 0.0 advantages (no signal), whatever ``eps``.
 - A Group of one context gets 0.0 from every estimator (RLOO's baseline is undefined there).
 
-Custom advantage (spec: "What Happens After Custom Advantage") bypasses this module entirely: the
+Custom advantage (docs/export-and-credit.md#what-the-trainer-does-with-an-advantage) bypasses this module entirely: the
 hook's scalar already is the base credit of one context.
 """
 
@@ -62,7 +62,7 @@ def grpo_advantages(
         rewards: one finite scalar reward per context of the Group, length ``n`` (``n >= 0``),
             in the Group's Session order.
         std_normalize: True (default) divides the centered rewards by ``std + eps`` (GRPO,
-            arXiv 2402.03300 §4.1.2); False only subtracts the mean (Dr. GRPO, arXiv 2503.20783).
+            arXiv 2402.03300 section 4.1.2); False only subtracts the mean (Dr. GRPO, arXiv 2503.20783).
         eps: added to the population standard deviation before dividing; must be >= 0.
 
     Returns:
@@ -85,7 +85,7 @@ def grpo_advantages(
 
 
 def dr_grpo_advantages(rewards: Sequence[float]) -> list[float]:
-    """Dr. GRPO credit: the Group-centered rewards ``r_i - mean(r)`` (arXiv 2503.20783, §3.1).
+    """Dr. GRPO credit: the Group-centered rewards ``r_i - mean(r)`` (arXiv 2503.20783, section 3.1).
 
     Raises:
         ValueError: a reward is not a finite real number.
@@ -110,7 +110,7 @@ def rloo_advantages(rewards: Sequence[float]) -> list[float]:
 
 
 def reinforce_plus_plus_baseline_advantages(rewards: Sequence[float]) -> list[float]:
-    """REINFORCE++-baseline's Group step: ``r_i - mean(r)`` (arXiv 2501.03262, §3).
+    """REINFORCE++-baseline's Group step: ``r_i - mean(r)`` (arXiv 2501.03262, section 3).
 
     The batch-level normalization that follows is the trainer's whitening
     (``TrainConfig.normalize_advantages``, turned on for this estimator).

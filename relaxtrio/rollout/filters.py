@@ -1,4 +1,4 @@
-"""Dynamic sampling filters: drop a scored train Group before it is trained on (reference N-6).
+"""Dynamic sampling filters: drop a scored train Group before it is trained on.
 
 ``--dynamic-sampling-filter-path pkg.mod.fn`` names ``fn(samples, rewards)``: the Group's
 samples (Session order, then export order, reward-model rewards applied) and their primary
@@ -7,7 +7,7 @@ rewards (None for a context without reward). It returns ``True`` (keep), ``False
 logged (``Filtered 1 group``), counted as ``rollout/dynamic_filter/drop_<reason>``, and it is new
 demand: the step starts another Group in its place. Filters run for train Groups only.
 
-Built in: :func:`check_reward_nonzero_std` (DAPO's dynamic sampling, arXiv 2503.14476, §3.2):
+Built in: :func:`check_reward_nonzero_std` (DAPO's dynamic sampling, arXiv 2503.14476, section 3.2):
 a Group whose rewards are all equal has zero GRPO advantage everywhere and teaches nothing.
 """
 

@@ -1,11 +1,11 @@
 """Rewards of a finished Group: the custom reward model (sync or async, per sample or per Group),
 and the reward metrics (raw reward, reward-object and export-metadata helper fields, pass rates).
 
-Reward model (``--custom-rm-path``; reference N-1, N-2):
+Reward model (``--custom-rm-path``; docs/export-and-credit.md#reward-models):
 
 * **ordinary RM**: ``fn(sample) -> reward`` for every exported sample whose agent wrote no
   reward; samples carrying an agent reward are not re-scored. Skipped for train Groups with
-  custom advantage (spec: "Without --group-rm, the ordinary custom RM path is skipped").
+  custom advantage (the credit comes from the custom function).
 * **Group RM** (``--group-rm``): ``fn(samples) -> [reward, ...]``, one call per Group over the
   flattened samples in Session order, then export order; it writes every sample's reward.
 
@@ -226,7 +226,7 @@ def metadata_metrics(samples: Sequence[TrainingSample]) -> dict[str, float]:
 def passrate_metrics(
     sessions_rewards: Sequence[Sequence[Sequence[float | None]]], *, prefix: str = "rollout/"
 ) -> dict[str, float]:
-    """``pass@k`` over Groups (``--log-passrate``), with the spec's rules.
+    """``pass@k`` over Groups (``--log-passrate``), with the rules of docs/export-and-credit.md#reward-metrics-and-pass-rate.
 
     Each Session contributes its one representative outcome: exactly one of its exported
     contexts carries a reward (usually ``main``; siblings leave it unset), and that primary
@@ -235,7 +235,7 @@ def passrate_metrics(
     and counted in ``<prefix>passrate/skipped_groups``: its logical-Session grouping is lost.
 
     ``pass@k`` is the unbiased estimator ``1 - C(n - c, k) / C(n, k)`` of a Group of ``n``
-    Sessions with ``c`` successes (Chen et al. 2021, arXiv 2107.03374, §2.1), averaged over
+    Sessions with ``c`` successes (Chen et al. 2021, arXiv 2107.03374, section 2.1), averaged over
     Groups, for ``k = 1, 2, 4, ...`` up to the smallest Group size.
 
     Args:

@@ -59,8 +59,8 @@ def _reward_of(sample: TrainingSample, session_index: int, reward_key: str | Non
 
 def _score_custom(group: Group, config: RolloutConfig) -> ScoredGroup:
     assert config.custom_advantage is not None
-    # Only each export's own metadata (spec: "Only export metadata is passed through this
-    # mapping"): no dataset metadata, tools, template kwargs or trace fields.
+    # Only each export's own metadata (docs/export-and-credit.md#custom-advantage): no dataset
+    # metadata, tools, template kwargs or trace fields.
     exports = [[(s.name, s.export_metadata) for s in session.samples] for session in group.sessions]
     credits = custom_advantages(config.custom_advantage, exports)
     if credits is None:
@@ -94,7 +94,7 @@ def _fallback_rm(sample: TrainingSample, config: RolloutConfig) -> Any:
 
 
 def _score_eval(group: Group, config: RolloutConfig) -> ScoredGroup:
-    """An eval Group's rewards: never custom advantage, never a filter (spec, reference O-3).
+    """An eval Group's rewards: never custom advantage, never a filter.
 
     Only contexts with a reward are scored (evaluation often exports only ``main``); the
     primary value uses ``eval_reward_key`` (else ``reward_key``). Advantages are all 0.0.
@@ -123,7 +123,7 @@ def score_group(group: Group, config: RolloutConfig) -> ScoredGroup:
     """Scalar rewards and advantages for a completed Group.
 
     Eval Groups (``group.mode == "eval"``) are only scored for their rewards: custom advantage
-    and the dynamic filter are never called (spec: "Evaluation does not call this function").
+    and the dynamic filter are never called (docs/export-and-credit.md#custom-advantage).
     For train Groups, a custom advantage function's credits are used as they are (no estimator
     normalization); otherwise every Session must export exactly one context and
     ``config.advantage_estimator`` turns the Group's rewards into credits. Then the dynamic
@@ -228,7 +228,7 @@ def group_metrics(result: StepResult, config: RolloutConfig | None = None) -> Ma
     All values are floats except ``prompt_indices``: the dataset rows of the trained Groups, in
     acceptance order (what a resumed run is checked against).
 
-    With ``config`` also the spec's reward metrics ("Metrics and Passrate"):
+    With ``config`` also the reward metrics of docs/export-and-credit.md#reward-metrics-and-pass-rate:
     ``rollout/raw_reward``, ``rollout/<field>/mean|median|max|min`` of reward objects,
     ``<field>/mean|median|max|min`` of numeric export metadata, ``rollout/pass@k`` with
     ``log_passrate``, and ``filtered_groups`` with ``rollout/dynamic_filter/drop_<reason>``.

@@ -1,13 +1,13 @@
 """From one base credit per context to token advantages: KL-shaped returns, then whitening.
 
 The rollout side gives every context one base scalar: an estimator's Group-level credit
-(:mod:`relaxtrio.rollout.advantages`) or the custom advantage function's. What follows here is the
-spec's order ("What Happens After Custom Advantage"):
+(:mod:`relaxtrio.rollout.advantages`) or the custom advantage function's. What follows here is
+steps 3 of docs/export-and-credit.md#what-the-trainer-does-with-an-advantage:
 
 1. **returns and token advantages**: the scalar is broadcast over the context's trained tokens;
    with ``kl_coef > 0`` (``--kl-coef``, REINFORCE-style estimators only) each token's return
-   carries the reference-KL penalty of the tokens from it to the end (REINFORCE++, arXiv
-   2501.03262, §3: per-token reward ``-kl_coef * KL_t`` plus the outcome at the end, ``gamma =
+   carries a reference-KL penalty for the tokens from it to the end (REINFORCE++, arXiv
+   2501.03262, section 3: per-token reward ``-kl_coef * KL_t`` plus the outcome at the end, ``gamma =
    1``)::
 
        A_t = A - kl_coef * sum_{s >= t, mask_s = 1} (old_s - ref_s)

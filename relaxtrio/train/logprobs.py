@@ -153,7 +153,7 @@ def logprobs_from_logits(
     """
     _check_temperature(temperature)
     B, T, _ = logits.shape
-    targets = token_ids[:, 1:].unsqueeze(-1)  # (B, T-1, 1)
+    targets = token_ids[:, 1:].unsqueeze(-1)  # (B, T - 1, 1)
     step = max(1, chunk_tokens // max(B, 1))
     pieces = []
     for start in range(0, T - 1, step):

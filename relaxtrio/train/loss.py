@@ -1,4 +1,4 @@
-"""The policy objective's terms: the clipped surrogate, the reference-KL loss, and their reduction.
+"""The policy objective's terms: the clipped surrogate, a reference-KL loss, and their reduction.
 
 Every function here is pure: no globals, no optimizer, no module state. Shapes use ``B`` = samples in
 the (micro-)batch, ``T`` = padded sequence length in tokens. Positions follow
@@ -6,7 +6,7 @@ the (micro-)batch, ``T`` = padded sequence length in tokens. Positions follow
 ``loss_mask == 1`` positions count, and garbage (``inf``/``nan``) elsewhere never reaches a value
 or a gradient.
 
-The word KL names three different things (spec, "What Happens After Custom Advantage"); here
+The word KL names three different things (docs/export-and-credit.md#three-meanings-of-kl); here
 only two of them live, under distinct names:
 
 * ``ppo_kl`` / ``approx_kl_k3``: statistics of the old/current log ratio that the clip acts on
@@ -83,12 +83,12 @@ def aggregate(
 
     With ``n_b`` trained tokens in row ``b``, ``N = sum_b n_b`` and ``S`` rows with ``n_b > 0``:
 
-    * ``token_mean``: ``sum_{b,t} v / N``: DAPO's token-level loss (arXiv 2503.14476, §3.3), long
+    * ``token_mean``: ``sum_{b,t} v / N``: DAPO's token-level loss (arXiv 2503.14476, section 3.3), long
       responses are not down-weighted (the default);
     * ``sequence_mean``: ``sum_b (sum_t v / n_b) / S``: GRPO's objective as written
       (DeepSeekMath, arXiv 2402.03300, eq. 3);
     * ``sequence_sum_norm``: ``sum_b (sum_t v / L) / S`` with a constant ``L``: Dr. GRPO
-      (arXiv 2503.20783, §3.1) removes the per-response ``1 / n_b`` length bias.
+      (arXiv 2503.20783, section 3.1) removes the per-response ``1 / n_b`` length bias.
 
     Args:
         values: ``(B, T) float32`` per-token terms (already zero or arbitrary off the mask).
@@ -170,15 +170,15 @@ def policy_loss(
 
         loss_t = -min(ratio * A_t, clip(ratio, 1 - clip_eps_low, 1 + clip_eps_high) * A_t)
 
-    ``clip_eps_high > clip_eps_low`` is DAPO's "clip-higher" (arXiv 2503.14476, §3.1), which
+    ``clip_eps_high > clip_eps_low`` is DAPO's "clip-higher" (arXiv 2503.14476, section 3.1), which
     leaves low-probability tokens more room to grow. Options, in the order they apply:
 
-    * ``policy_ratio="sequence"``: GSPO (arXiv 2507.18071, §4.1 and its GSPO-token variant):
+    * ``policy_ratio="sequence"``: GSPO (arXiv 2507.18071, section 4.1 and its GSPO-token variant):
       every token of row ``b`` uses the row's length-normalized ratio
       ``s_b = exp(mean_t(logprobs - old_logprobs))``, clipped as a whole; the gradient reaches
       each token as ``s_b * grad log p_t`` (``sg[s_b] * p_t / sg[p_t]``), so with per-sequence
       advantages and ``sequence_mean`` this is GSPO's sequence objective exactly.
-    * ``clip_ratio_c``: dual-clip PPO (Ye et al., arXiv 1912.09729, §"Dual-clip PPO"): for
+    * ``clip_ratio_c``: dual-clip PPO (Ye et al., arXiv 1912.09729, section "Dual-clip PPO"): for
       ``A_t < 0`` the loss is also capped at ``-clip_ratio_c * A_t``, so a huge ratio on a bad
       token cannot dominate the update.
     * ``token_weights``: constant per-token factors on the loss (truncated importance weights,

@@ -6,8 +6,8 @@ is not thread-safe, so the driver never runs two of its methods at once. It neve
 torch's global state (thread count, default dtype, global RNG); the caller owns those.
 
 One :meth:`Trainer.train_step` is GRPO/PPO on one rollout's samples (DeepSeekMath,
-arXiv 2402.03300, §4.1; PPO, arXiv 1707.06347), in the spec's order ("What Happens After Custom
-Advantage"):
+arXiv 2402.03300, section 4.1; PPO, arXiv 1707.06347), in the order of
+docs/export-and-credit.md#what-the-trainer-does-with-an-advantage:
 
 1. loss masks: with ``mask_offpolicy_in_partial_rollout``, tokens sampled by an older weight
    version are removed (:func:`~relaxtrio.train.offpolicy.newest_version_loss_mask`);

@@ -224,8 +224,8 @@ def test_implicit_export_counts_only_leaves_with_a_response() -> None:
     with pytest.raises(ExportError, match=r"^implicit export requires one committed leaf, found 0$"):
         export_samples(forest, SessionOutput())
     drive.turn([user("q")], assistant("a"))
-    # One exportable leaf, but the observation-only branch makes the history nonlinear: the spec
-    # requires explicit export then (this export used to succeed).
+    # One exportable leaf, but the observation-only branch makes the history nonlinear: that
+    # needs explicit export (this export used to succeed).
     with pytest.raises(ExportError, match=r"^implicit export requires a linear history, but the "
                                           r"Forest has 2 leaves"):
         export_samples(forest, SessionOutput())

@@ -218,7 +218,7 @@ def test_random_sessions_keep_matching_and_export_invariants(ops, max_context_to
             _check_sample(forest, node, sample)
 
     # Implicit export works exactly when the history is linear (one leaf) and that leaf holds a
-    # response; one exportable leaf next to other leaves is still nonlinear (spec).
+    # response; one exportable leaf next to other leaves is still nonlinear.
     candidates = [leaf for leaf in forest.leaves() if leaf.num_responses > 0]
     if len(candidates) == 1 and len(forest.leaves()) == 1:
         (sample,) = export_samples(forest, None)

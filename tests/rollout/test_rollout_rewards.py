@@ -169,7 +169,7 @@ def test_pass_at_k_by_hand() -> None:
 
 
 def test_passrate_uses_the_one_representative_context_per_session() -> None:
-    # main carries the outcome, searchers leave reward unset (spec).
+    # main carries the outcome, searchers leave reward unset.
     group = [[1.0, None, None], [0.0, None, None]]
     assert passrate_metrics([group]) == {"rollout/pass@1": 0.5, "rollout/pass@2": 1.0}
 

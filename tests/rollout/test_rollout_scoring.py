@@ -74,7 +74,7 @@ def test_custom_advantage_receives_only_export_metadata() -> None:
          {"name": "searcher_0", "metadata": {"usefulness": 0.2}}],
     ])
     score_group(group, RolloutConfig(custom_advantage=record_input))
-    # The spec's example input, exactly: no dataset metadata, tools, template kwargs or trace.
+    # The documented example input, exactly: no dataset metadata, tools, template kwargs or trace.
     assert seen == [[
         {"main": {"outcome": 1.0}, "searcher_0": {"usefulness": 0.6}},
         {"main": {"outcome": 0.0}, "searcher_0": {"usefulness": 0.2}},

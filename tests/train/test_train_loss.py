@@ -192,7 +192,7 @@ def test_logprobs_and_entropy_use_the_temperature(temperature: float) -> None:
     token_ids = torch.randint(0, 11, (2, 5))
     got = logprobs_from_logits(logits, token_ids, temperature=temperature, chunk_tokens=3)
     manual = torch.log_softmax(logits / temperature, dim=-1)  # (B, T, V)
-    expected = manual[:, :-1].gather(-1, token_ids[:, 1:, None]).squeeze(-1)  # (B, T-1)
+    expected = manual[:, :-1].gather(-1, token_ids[:, 1:, None]).squeeze(-1)  # (B, T - 1)
     torch.testing.assert_close(got[:, 1:], expected)
     assert (got[:, 0] == 0).all()
     ent = entropy_from_logits(logits, temperature=temperature, chunk_tokens=3)

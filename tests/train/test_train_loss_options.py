@@ -1,5 +1,5 @@
 """Policy-loss options against hand-computed examples: dual clip, the GSPO sequence ratio, token
-weights, the three aggregations, the reference-KL estimators and the off-policy corrections."""
+weights, the three aggregations, reference-KL estimators and the off-policy corrections."""
 
 from __future__ import annotations
 
