@@ -123,7 +123,7 @@ def add_train_parser(sub: argparse._SubParsersAction, name: str = "train") -> ar
     roll.add_argument("--rollout-top-p", type=float, default=1.0, help="nucleus mass in (0, 1]")
     roll.add_argument("--rollout-top-k", type=int, default=-1, help="top-k (-1: off)")
     roll.add_argument("--rollout-max-response-len", type=int, default=128,
-                      help="tokens per model turn (a request's own limit can only lower it)")
+                      help="tokens per model turn when the request sets no limit of its own")
     roll.add_argument("--rollout-max-context-len", type=int, default=None,
                       help="training tokens per context (unset: the model's context length)")
     roll.add_argument("--rollout-stop", nargs="*", default=[], help="extra stop strings")

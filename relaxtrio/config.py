@@ -478,8 +478,10 @@ class GenerationConfig:
         temperature: sampling temperature (logprobs use the same temperature, SGLang convention).
         top_p: nucleus sampling mass in (0, 1].
         top_k: top-k cut-off, -1 for none.
-        max_response_tokens: per-turn cap in tokens (``--rollout-max-response-len``); a request's
-            own limit can only lower it.
+        max_response_tokens: the turn limit in tokens of a request that sets none
+            (``--rollout-max-response-len``); a request's own ``max_completion_tokens`` /
+            ``max_output_tokens`` / ``max_tokens`` is its turn limit, higher or lower. The
+            context limit bounds both.
         max_context_tokens: training-token limit of a lineage (``--rollout-max-context-len``),
             or None for the model's limit as reported by the engine.
         stop: extra stop strings for every turn.
