@@ -40,7 +40,8 @@ _TRAIN_FLAGS = {"lr": "--lr", "clip_eps_low": "--eps-clip", "clip_eps_high": "--
                 "loss_norm_tokens": "--loss-norm-tokens", "tis_clip_low": "--tis-clip-low",
                 "tis_clip": "--tis-clip", "icepop_low": "--icepop-low", "icepop_high": "--icepop-high",
                 "opsm_delta": "--opsm-delta", "entropy_coef": "--entropy-coef",
-                "kl_loss_coef": "--kl-loss-coef", "max_tokens_per_gpu": "--max-tokens-per-gpu"}
+                "kl_loss_coef": "--kl-loss-coef", "max_tokens_per_gpu": "--max-tokens-per-gpu",
+                "lora_rank": "--lora-rank", "lora_alpha": "--lora-alpha"}
 
 # flag dest → TrainConfig field, for the algorithm flags below (None values keep the default).
 _ALGORITHM_FIELDS = {
@@ -55,6 +56,7 @@ _ALGORITHM_FIELDS = {
     "entropy_coef": "entropy_coef", "use_kl_loss": "use_kl_loss", "kl_loss_coef": "kl_loss_coef",
     "kl_loss_type": "kl_loss_type", "use_dynamic_batch_size": "use_dynamic_batch_size",
     "max_tokens_per_gpu": "max_tokens_per_gpu",
+    "lora_rank": "lora_rank", "lora_alpha": "lora_alpha", "lora_target_modules": "lora_target_modules",
 }
 
 
@@ -337,6 +339,14 @@ def _add_algorithm_flags(p: argparse.ArgumentParser) -> None:
     loss.add_argument("--kl-loss-coef", type=float, default=None, help="KL loss coefficient (unset: 0)")
     loss.add_argument("--kl-loss-type", default=None, choices=get_args(KlLossType),
                       help="KL loss estimator (unset: k1)")
+
+    lora = p.add_argument_group("LoRA")
+    lora.add_argument("--lora-rank", type=int, default=None,
+                      help="train a LoRA adapter of this rank (peft) instead of every weight; the "
+                           "engines get the merged weights after each step (unset: off)")
+    lora.add_argument("--lora-alpha", type=float, default=None, help="LoRA alpha (unset: 2 * rank)")
+    lora.add_argument("--lora-target-modules", nargs="+", default=None,
+                      help="module names to adapt (unset: all-linear, every linear layer but the head)")
 
     batch = p.add_argument_group("batching")
     batch.add_argument("--use-dynamic-batch-size", action="store_true",

@@ -104,6 +104,16 @@ def _optional_non_negative_int(instance: Any, attribute: attrs.Attribute, value:
         raise ValueError(f"{attribute.name} must be None or an int >= 0, got {value!r}")
 
 
+def _non_negative_int(instance: Any, attribute: attrs.Attribute, value: int) -> None:
+    if isinstance(value, bool) or not isinstance(value, int) or value < 0:
+        raise ValueError(f"{attribute.name} must be an int >= 0, got {value!r}")
+
+
+def _optional_positive_number(instance: Any, attribute: attrs.Attribute, value: float | None) -> None:
+    if value is not None:
+        positive_number(instance, attribute, value)
+
+
 def _optional_above_one(instance: Any, attribute: attrs.Attribute, value: float | None) -> None:
     if value is not None and not (isinstance(value, (int, float)) and math.isfinite(value) and value > 1):
         raise ValueError(f"{attribute.name} must be a finite number > 1, got {value!r}")
@@ -206,6 +216,12 @@ class TrainConfig:
             (longest first) instead of ``micro_batch_size`` samples (``--use-dynamic-batch-size``).
         max_tokens_per_gpu: that budget in padded tokens per forward (``--max-tokens-per-gpu``);
             a longer sample gets a micro-batch of its own.
+        lora_rank: train a LoRA adapter of this rank instead of the full weights
+            (``--lora-rank``; 0: off). The engines get the merged weights after every step (see
+            :mod:`relaxtrio.train.lora`).
+        lora_alpha: LoRA's scale numerator (``--lora-alpha``; None: ``2 * lora_rank``).
+        lora_target_modules: module names to adapt (``--lora-target-modules``);
+            ``("all-linear",)`` adapts every linear layer except the output head.
 
     Raises:
         InvalidRequestError: (a ``ValueError``) a combination that cannot work, naming the flags.
@@ -258,6 +274,10 @@ class TrainConfig:
     # batching
     use_dynamic_batch_size: bool = False
     max_tokens_per_gpu: int | None = attrs.field(default=None, validator=optional_positive_int)
+    # LoRA
+    lora_rank: int = attrs.field(default=0, validator=_non_negative_int)
+    lora_alpha: float | None = attrs.field(default=None, validator=_optional_positive_number)
+    lora_target_modules: tuple[str, ...] = attrs.field(default=("all-linear",), converter=tuple)
 
     def __attrs_post_init__(self) -> None:
         def refuse(condition: bool, message: str, param: str) -> None:
@@ -286,6 +306,9 @@ class TrainConfig:
                "kl_coef")
         refuse(self.kl_loss_coef > 0 and not self.use_kl_loss,
                "--kl-loss-coef has no effect without --use-kl-loss.", "kl_loss_coef")
+        refuse(not self.lora_target_modules or not all(isinstance(m, str) and m for m in self.lora_target_modules),
+               "--lora-target-modules needs at least one module name (or all-linear).",
+               "lora_target_modules")
 
     @property
     def needs_reference_model(self) -> bool:

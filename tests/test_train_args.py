@@ -105,7 +105,7 @@ def test_multi_context_export_without_dynamic_batching_is_refused_with_the_spec_
     path = "support.credit.outcome_times_usefulness"
     with pytest.raises(RelaxError, match="must also enable dynamic batching") as info:
         _config("--agentic-custom-advantage-path", path)
-    assert "Multi-Context Dynamic Batching" in str(info.value)
+    assert "docs/export-and-credit.md#multi-context-dynamic-batching" in str(info.value)
     assert "--use-dynamic-batch-size --max-tokens-per-gpu N" in str(info.value)
     cfg = _config("--agentic-custom-advantage-path", path, "--use-dynamic-batch-size",
                   "--max-tokens-per-gpu", "8192")
@@ -128,3 +128,11 @@ def test_group_rm_needs_a_reward_model() -> None:
         _config("--group-rm")
     with pytest.raises(RelaxError, match="--dynamic-sampling-filter-path: cannot import"):
         _config("--dynamic-sampling-filter-path", "no_such_module_xyz.fn")
+
+
+def test_lora_flags_reach_the_train_config() -> None:
+    t = _config("--lora-rank", "8", "--lora-alpha", "16", "--lora-target-modules", "q_proj", "v_proj").train
+    assert (t.lora_rank, t.lora_alpha, t.lora_target_modules) == (8, 16.0, ("q_proj", "v_proj"))
+    assert _config().train.lora_rank == 0
+    with pytest.raises(RelaxError, match="--lora-rank must be an int >= 0"):
+        _config("--lora-rank", "-2")

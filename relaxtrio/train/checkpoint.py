@@ -103,7 +103,9 @@ _ITER_RE: Final = re.compile(r"^iter_(\d{7,})$")
 _WEIGHT_SUFFIXES: Final = (".safetensors", ".safetensors.index.json")
 
 
-def save_weights_dir(model: torch.nn.Module, out_dir: Path) -> Path:
+def save_weights_dir(
+    model: torch.nn.Module, out_dir: Path, *, state_dict: dict[str, torch.Tensor] | None = None
+) -> Path:
     """Write ``model.safetensors``, ``config.json`` (and ``generation_config.json``) to ``out_dir``.
 
     Each file is replaced atomically (written to a temporary directory inside ``out_dir``, then
@@ -112,6 +114,8 @@ def save_weights_dir(model: torch.nn.Module, out_dir: Path) -> Path:
     Args:
         model: a transformers ``PreTrainedModel``.
         out_dir: created if missing.
+        state_dict: the tensors to write instead of ``model``'s own (LoRA: the merged weights,
+            see :func:`relaxtrio.train.lora.merged_state_dict`).
 
     Returns:
         ``out_dir``, ready for ``AutoModelForCausalLM.from_pretrained`` or an engine's
@@ -119,7 +123,7 @@ def save_weights_dir(model: torch.nn.Module, out_dir: Path) -> Path:
     """
     out_dir.mkdir(parents=True, exist_ok=True)
     with tempfile.TemporaryDirectory(dir=out_dir, prefix=".tmp-weights-") as tmp:
-        _save_pretrained(model, Path(tmp))
+        _save_pretrained(model, Path(tmp), state_dict)
         names = sorted(os.listdir(tmp), key=lambda n: (n.endswith(_WEIGHT_SUFFIXES), n))
         for name in names:
             os.replace(Path(tmp) / name, out_dir / name)
@@ -132,6 +136,7 @@ def save_checkpoint_dir(
     *,
     tokenizer_dir: Path | None = None,
     optimizer_state: dict[str, Any] | None = None,
+    state_dict: dict[str, torch.Tensor] | None = None,
 ) -> Path:
     """Write a complete Hugging Face model directory, replacing ``out_dir`` as a whole.
 
@@ -145,6 +150,7 @@ def save_checkpoint_dir(
         tokenizer_dir: directory to copy tokenizer files from (:data:`TOKENIZER_FILES` and any
             ``*.jinja``), or None for weights + config only.
         optimizer_state: if given, ``torch.save``-d to ``out_dir / "optimizer.pt"``.
+        state_dict: the tensors to write instead of ``model``'s own (LoRA: merged weights).
 
     Returns:
         ``out_dir``; ``AutoModelForCausalLM.from_pretrained(out_dir)`` (and
@@ -157,7 +163,7 @@ def save_checkpoint_dir(
     out_dir.parent.mkdir(parents=True, exist_ok=True)
     tmp = Path(tempfile.mkdtemp(dir=out_dir.parent, prefix=f".{out_dir.name}.tmp-"))
     try:
-        _save_pretrained(model, tmp)
+        _save_pretrained(model, tmp, state_dict)
         if tokenizer_dir is not None:
             _copy_tokenizer(Path(tokenizer_dir), tmp)
         if optimizer_state is not None:
@@ -185,9 +191,9 @@ def _ordinary_permissions(directory: Path) -> None:
         path.chmod((0o777 if path.is_dir() else 0o666) & ~mask)
 
 
-def _save_pretrained(model: Any, directory: Path) -> None:
+def _save_pretrained(model: Any, directory: Path, state_dict: dict[str, torch.Tensor] | None = None) -> None:
     # One shard: engines load exactly ``model.safetensors``.
-    model.save_pretrained(directory, max_shard_size="1000GB")
+    model.save_pretrained(directory, max_shard_size="1000GB", state_dict=state_dict)
 
 
 def _copy_tokenizer(tokenizer_dir: Path, dest: Path) -> None:

@@ -61,6 +61,7 @@ from .logprobs import (
     logprob_temperature,
     logprobs_from_logits,
 )
+from .lora import apply_lora, merged_state_dict
 from .loss import LossDenominators, aggregate, policy_loss, reference_kl
 from .offpolicy import newest_version_loss_mask, offpolicy_token_weights
 from .stats import StepAccumulator, TrainStats
@@ -84,12 +85,17 @@ class Trainer:
         optimizer: ``torch.optim.AdamW`` over the trainable parameters.
         num_optimizer_steps: optimizer steps taken since construction (or the loaded state).
         ref_model: a frozen copy of the initial weights when the KL loss or KL shaping needs a
-            reference policy (``config.needs_reference_model``), else None.
+            reference policy (``config.needs_reference_model``), else None (also with LoRA,
+            whose reference is the base model with the adapter disabled).
+        lora: whether the model carries a LoRA adapter (``config.lora_rank > 0``): only the
+            adapter trains, and :meth:`save_weights` / :meth:`save_checkpoint` write the merged
+            weights.
     """
 
     def __init__(self, model: torch.nn.Module, config: TrainConfig | None = None) -> None:
         self.config = config if config is not None else TrainConfig()
-        self.model = model.to(self.config.device)
+        self.lora = self.config.lora_rank > 0
+        self.model = (apply_lora(model, self.config) if self.lora else model).to(self.config.device)
         self.model.eval()
         self._params = [p for p in self.model.parameters() if p.requires_grad]
         self.optimizer = torch.optim.AdamW(
@@ -102,7 +108,8 @@ class Trainer:
         self.num_optimizer_steps = 0
         self._temperature = logprob_temperature(self.config.temperature)
         self.ref_model: torch.nn.Module | None = None
-        if self.config.needs_reference_model:
+        if self.config.needs_reference_model and not self.lora:
+            # With LoRA, the KL reference policy is the base model itself, with the adapter disabled.
             self.ref_model = copy.deepcopy(self.model).requires_grad_(False).eval()
         self._rng = random.Random(self.config.seed)
         model_config = getattr(model, "config", None)
@@ -164,9 +171,7 @@ class Trainer:
         minibatches = split_minibatches(len(samples), cfg.num_minibatches, self._rng)
         fused = len(minibatches) == 1 and cfg.kl_coef <= 0
         old_by_sample = None if fused else self._no_grad_logprobs(self.model, samples, masks, acc)
-        ref_by_sample = None
-        if self.ref_model is not None:
-            ref_by_sample = self._no_grad_logprobs(self.ref_model, samples, masks, None)
+        ref_by_sample = self._reference_logprobs(samples, masks) if cfg.needs_reference_model else None
         token_adv, adv_stats = token_advantages(cfg, advantages, masks, old_by_sample, ref_by_sample)
         acc.extra.update(adv_stats)
         steps = micro = padded = 0
@@ -277,6 +282,16 @@ class Trainer:
             max_tokens_per_micro_batch=cfg.max_tokens_per_micro_batch,
         )
 
+    def _reference_logprobs(
+        self, samples: Sequence[SampleLike], masks: Sequence[Sequence[int]]
+    ) -> dict[int, Tensor]:
+        """The frozen reference policy's logprobs: the initial weights, or the bare LoRA base."""
+        if self.lora:
+            with self.model.disable_adapter():  # type: ignore[operator]
+                return self._no_grad_logprobs(self.model, samples, masks, None)
+        assert self.ref_model is not None
+        return self._no_grad_logprobs(self.ref_model, samples, masks, None)
+
     @torch.no_grad()
     def compute_logprobs(self, samples: Sequence[SampleLike]) -> list[list[float]]:
         """Current-policy logprobs of every sample (no grad, micro-batched like training).
@@ -365,6 +380,9 @@ class Trainer:
         Returns:
             ``out_dir`` (pass it to the engine's update-weights-from-disk call).
         """
+        if self.lora:  # the engines serve base + adapter, merged (train/lora.py)
+            base, merged = merged_state_dict(self.model)
+            return save_weights_dir(base, Path(out_dir), state_dict=merged)
         return save_weights_dir(self.model, Path(out_dir))
 
     def save_checkpoint(
@@ -391,8 +409,9 @@ class Trainer:
                 "optimizer": self.optimizer.state_dict(),
                 "num_optimizer_steps": self.num_optimizer_steps,
             }
+        model, merged = (merged_state_dict(self.model) if self.lora else (self.model, None))
         return save_checkpoint_dir(
-            self.model, Path(out_dir), tokenizer_dir=tokenizer_dir, optimizer_state=state
+            model, Path(out_dir), tokenizer_dir=tokenizer_dir, optimizer_state=state, state_dict=merged
         )
 
     def load_optimizer_state(self, checkpoint_dir: Path) -> None:
