@@ -40,6 +40,7 @@ __all__ = [
     "passrate_metrics",
     "reward_metrics",
     "score_rewards",
+    "summary_metrics",
 ]
 
 log = logging.getLogger(__name__)
@@ -144,7 +145,8 @@ async def _score_each(group: Group, fn: Callable[..., Any]) -> None:
 # ---------------------------------------------------------------------------- metrics
 
 
-def _summary(prefix: str, values: Sequence[float]) -> dict[str, float]:
+def summary_metrics(prefix: str, values: Sequence[float]) -> dict[str, float]:
+    """``<prefix>/mean``, ``/median``, ``/max`` and ``/min`` of a non-empty list of numbers."""
     return {
         f"{prefix}/mean": math.fsum(values) / len(values),
         f"{prefix}/median": float(statistics.median(values)),
@@ -204,7 +206,7 @@ def reward_metrics(samples: Sequence[TrainingSample], reward_key: str | None) ->
     out = {"rollout/raw_reward": math.fsum(raw) / len(raw)} if raw else {}
     objects = [s.reward for s in samples if isinstance(s.reward, Mapping)]
     for field, values in sorted(_collect(objects, lambda key: False).items()):
-        out.update(_summary(f"rollout/{field}", values))
+        out.update(summary_metrics(f"rollout/{field}", values))
     return out
 
 
@@ -219,7 +221,7 @@ def metadata_metrics(samples: Sequence[TrainingSample]) -> dict[str, float]:
                       lambda key: key in METADATA_METRIC_SKIP or key.startswith("_"))
     out: dict[str, float] = {}
     for field, values in sorted(fields.items()):
-        out.update(_summary(field, values))
+        out.update(summary_metrics(field, values))
     return out
 
 

@@ -16,7 +16,7 @@ from ..nursery.group import Group
 from .advantages import group_advantages, scalar_reward
 from .filters import run_dynamic_filter
 from .hooks import custom_advantages
-from .rewards import metadata_metrics, passrate_metrics, reward_metrics
+from .rewards import metadata_metrics, passrate_metrics, reward_metrics, summary_metrics
 
 
 def agentic_event(component: str, event: str, **fields: Any) -> str:
@@ -231,7 +231,9 @@ def group_metrics(result: StepResult, config: RolloutConfig | None = None) -> Ma
     With ``config`` also the reward metrics of docs/export-and-credit.md#reward-metrics-and-pass-rate:
     ``rollout/raw_reward``, ``rollout/<field>/mean|median|max|min`` of reward objects,
     ``<field>/mean|median|max|min`` of numeric export metadata, ``rollout/pass@k`` with
-    ``log_passrate``, and ``filtered_groups`` with ``rollout/dynamic_filter/drop_<reason>``.
+    ``log_passrate``, ``credit/<context name>/mean|median|max|min`` of the base credit of every
+    named (explicitly exported) context, and ``filtered_groups`` with
+    ``rollout/dynamic_filter/drop_<reason>``.
     """
     out = dict(_base_metrics(result))
     if config is None:
@@ -241,6 +243,13 @@ def group_metrics(result: StepResult, config: RolloutConfig | None = None) -> Ma
     out.update(metadata_metrics(samples))
     if config.log_passrate:
         out.update(passrate_metrics([_session_rewards(g, config.reward_key) for g in result.groups]))
+    credits: dict[str, list[float]] = {}
+    for scored in result.groups:
+        for sample, credit in zip(scored.samples, scored.advantages, strict=True):
+            if sample.name is not None:
+                credits.setdefault(sample.name, []).append(credit)
+    for name, values in sorted(credits.items()):
+        out.update(summary_metrics(f"credit/{name}", values))
     out["filtered_groups"] = float(len(result.filtered))
     for _, reason in result.filtered:
         if reason is not None:
