@@ -206,7 +206,9 @@ class RunCheckpointer:
         """
         if self.resume is None:
             return Trainer.from_pretrained(model_dir, self.config.trainer_config)
-        trainer = Trainer.from_pretrained(self.resume.checkpoint_dir, self.config.trainer_config)
+        # The KL reference stays the initial policy (model_dir), not the resumed weights.
+        trainer = Trainer.from_pretrained(self.resume.checkpoint_dir, self.config.trainer_config,
+                                          reference_dir=model_dir)
         trainer.load_resume_state(self.resume.checkpoint_dir, self.resume.state["trainer"])
         restore_rng_state(self.resume.state["rng"])
         return trainer

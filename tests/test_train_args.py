@@ -92,8 +92,8 @@ def test_estimators_imply_their_trainer_side() -> None:
         (["--use-dynamic-batch-size"], "--use-dynamic-batch-size needs --max-tokens-per-gpu"),
         (["--eps-clip-c", "1"], "--eps-clip-c must be a finite number > 1"),
         (["--entropy-coef", "-1"], "--entropy-coef must be a finite number >= 0"),
-        (["--max-tokens-per-gpu", "0"], "--max-tokens-per-gpu must be an int >= 1"),
-        (["--loss-norm-tokens", "0"], "--loss-norm-tokens must be an int >= 1"),
+        (["--max-tokens-per-gpu", "0"], "--max-tokens-per-gpu must be a positive integer, got 0"),
+        (["--loss-norm-tokens", "0"], "--loss-norm-tokens must be a positive integer, got 0"),
     ],
 )
 def test_bad_combinations_are_refused_at_startup(flags, message) -> None:
@@ -136,3 +136,8 @@ def test_lora_flags_reach_the_train_config() -> None:
     assert _config().train.lora_rank == 0
     with pytest.raises(RelaxError, match="--lora-rank must be an int >= 0"):
         _config("--lora-rank", "-2")
+
+
+def test_lora_run_checkpoints_are_refused(tmp_path) -> None:
+    with pytest.raises(RelaxError, match="--lora-rank cannot be combined with --save / --load"):
+        _config("--lora-rank", "4", "--save", str(tmp_path / "ckpt"))

@@ -92,7 +92,13 @@ class Trainer:
             weights.
     """
 
-    def __init__(self, model: torch.nn.Module, config: TrainConfig | None = None) -> None:
+    def __init__(
+        self,
+        model: torch.nn.Module,
+        config: TrainConfig | None = None,
+        *,
+        reference_model: torch.nn.Module | None = None,
+    ) -> None:
         self.config = config if config is not None else TrainConfig()
         self.lora = self.config.lora_rank > 0
         self.model = (apply_lora(model, self.config) if self.lora else model).to(self.config.device)
@@ -110,7 +116,8 @@ class Trainer:
         self.ref_model: torch.nn.Module | None = None
         if self.config.needs_reference_model and not self.lora:
             # With LoRA, the KL reference policy is the base model itself, with the adapter disabled.
-            self.ref_model = copy.deepcopy(self.model).requires_grad_(False).eval()
+            ref = reference_model if reference_model is not None else copy.deepcopy(self.model)
+            self.ref_model = ref.to(self.config.device).requires_grad_(False).eval()
         self._rng = random.Random(self.config.seed)
         model_config = getattr(model, "config", None)
         text_config = model_config.get_text_config() if hasattr(model_config, "get_text_config") else model_config
@@ -122,7 +129,9 @@ class Trainer:
         self._pad_token_id = pad if ok else 0  # any valid id: padding is masked out
 
     @classmethod
-    def from_pretrained(cls, model_dir: Path, config: TrainConfig | None = None) -> Trainer:
+    def from_pretrained(
+        cls, model_dir: Path, config: TrainConfig | None = None, *, reference_dir: Path | None = None
+    ) -> Trainer:
         """Load ``model_dir`` (HF layout) in float32 and build a trainer around it.
 
         Args:
@@ -130,16 +139,15 @@ class Trainer:
                 or a vision-language model directory (its ``config.json`` has a
                 ``vision_config``; loaded with ``AutoModelForImageTextToText``).
             config: trainer settings; defaults to ``TrainConfig()``.
+            reference_dir: where the frozen reference policy's weights come from when the
+                config needs one (a resumed run passes the original model here, so the KL terms
+                keep measuring the distance from the initial policy); None: ``model_dir``.
         """
-        import json
-
-        from transformers import AutoModelForCausalLM, AutoModelForImageTextToText
-
-        config_file = Path(model_dir) / "config.json"
-        is_vlm = config_file.is_file() and "vision_config" in json.loads(config_file.read_text("utf-8"))
-        auto = AutoModelForImageTextToText if is_vlm else AutoModelForCausalLM
-        model = auto.from_pretrained(Path(model_dir), dtype=torch.float32, local_files_only=True)
-        return cls(model, config)
+        reference = None
+        cfg = config if config is not None else TrainConfig()
+        if reference_dir is not None and cfg.needs_reference_model and cfg.lora_rank == 0:
+            reference = _load_model(Path(reference_dir))
+        return cls(_load_model(Path(model_dir)), config, reference_model=reference)
 
     # ------------------------------------------------------------------ training
 
@@ -456,6 +464,18 @@ class Trainer:
         version, internal, gauss = state["shuffle_rng"]
         self._rng.setstate((version, tuple(internal), gauss))
         self.num_optimizer_steps = int(state["num_optimizer_steps"])
+
+
+def _load_model(model_dir: Path) -> torch.nn.Module:
+    """A causal LM (or a VLM, when ``config.json`` has a ``vision_config``) in float32."""
+    import json
+
+    from transformers import AutoModelForCausalLM, AutoModelForImageTextToText
+
+    config_file = model_dir / "config.json"
+    is_vlm = config_file.is_file() and "vision_config" in json.loads(config_file.read_text("utf-8"))
+    auto = AutoModelForImageTextToText if is_vlm else AutoModelForCausalLM
+    return auto.from_pretrained(model_dir, dtype=torch.float32, local_files_only=True)
 
 
 def _gather_rows(per_sample: dict[int, Tensor] | None, batch: MicroBatch) -> Tensor:

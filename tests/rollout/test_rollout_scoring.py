@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 from support.groups import exported_group, group_of
 
-from relaxtrio import InvalidRequestError
+from relaxtrio import ConfigError
 from relaxtrio.config import RolloutConfig
 from relaxtrio.forest import SessionForest
 from relaxtrio.nursery.agent import ActiveBudget
@@ -45,7 +45,7 @@ def test_grpo_std_normalization_switch_changes_the_scale() -> None:
 
 @pytest.mark.parametrize("estimator", ["rloo", "reinforce_plus_plus_baseline"])
 def test_estimators_with_their_own_baseline_refuse_custom_advantage(estimator: str) -> None:
-    with pytest.raises(InvalidRequestError, match=f"--advantage-estimator {estimator} cannot be "
+    with pytest.raises(ConfigError, match=f"--advantage-estimator {estimator} cannot be "
                                                   "combined with --agentic-custom-advantage-path"):
         RolloutConfig(advantage_estimator=estimator, custom_advantage=lambda slots: None)
 

@@ -172,3 +172,18 @@ def test_driver_logs_only_the_metrics_a_configuration_produces(tiny_model_dir: P
     full = Trainer.from_pretrained(tiny_model_dir, cfg).train_step(samples, [1.0, -1.0])
     assert {"kl_loss", "tis_weight_mean", "tis_clip_fraction", "opsm_masked_fraction",
             "dual_clip_fraction"} <= set(optional_train_metrics(full))
+
+
+def test_a_resumed_trainer_keeps_the_initial_policy_as_its_kl_reference(tiny_model_dir: Path, tmp_path: Path) -> None:
+    cfg = attrs.evolve(BASE, lr=1e-2, use_kl_loss=True, kl_loss_coef=0.1, kl_loss_type="k3")
+    first = Trainer.from_pretrained(tiny_model_dir, cfg)
+    samples = _on_policy(tiny_model_dir, make_samples(3, seed=31))
+    first.train_step(samples, [1.0, -1.0, 0.5])
+    moved = first.save_weights(tmp_path / "moved")  # the weights a run checkpoint would hold
+    resumed = Trainer.from_pretrained(moved, cfg, reference_dir=tiny_model_dir)
+    initial = Trainer.from_pretrained(tiny_model_dir, BASE).model.state_dict()
+    for name, value in resumed.ref_model.state_dict().items():
+        torch.testing.assert_close(value, initial[name], rtol=0, atol=0, msg=name)
+    # measured from the initial policy, the moved weights already have a positive KL
+    assert resumed.train_step(samples, [1.0, -1.0, 0.5]).kl_loss > 0
+    assert Trainer.from_pretrained(moved, cfg).train_step(samples, [1.0, -1.0, 0.5]).kl_loss == 0.0
