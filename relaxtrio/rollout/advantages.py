@@ -13,13 +13,14 @@ Estimators (``--advantage-estimator``), for a Group of ``n`` rewards ``r`` with 
   towards too-easy and too-hard prompts and drops it: ``r_i - m``. (``grpo`` with
   ``std_normalize=False`` is the same.) The paper also drops GRPO's per-response length
   normalization; that is the loss side's ``sequence_sum_norm`` aggregation.
-- ``rloo``: REINFORCE Leave-One-Out (Ahmadian et al., "Back to Basics", arXiv 2402.14740, section 3.2,
-  after Kool et al. 2019): the baseline of sample ``i`` is the mean of the *other* ``n - 1``
-  rewards, ``r_i - (sum(r) - r_i) / (n - 1) = n / (n - 1) * (r_i - m)``.
-- ``reinforce_plus_plus_baseline``: REINFORCE++-baseline (Hu et al., arXiv 2501.03262, section 3):
-  subtract the Group mean, ``r_i - m``; the method then normalizes by the *batch* statistics,
-  which the trainer does over every trained token of the step (``normalize_advantages``).
-- ``gspo``: GSPO (arXiv 2507.18071) keeps GRPO's Group-normalized credit (section 4) and changes the
+- ``rloo``: REINFORCE Leave-One-Out (Ahmadian et al., "Back to Basics", arXiv 2402.14740, its
+  leave-one-out estimator, after Kool et al. 2019): the baseline of sample ``i`` is the mean of
+  the *other* ``n - 1`` rewards, ``r_i - (sum(r) - r_i) / (n - 1) = n / (n - 1) * (r_i - m)``.
+- ``reinforce_plus_plus_baseline``: REINFORCE++-baseline (Hu et al., arXiv 2501.03262, the
+  -baseline variant): subtract the Group mean, ``r_i - m``; the method then normalizes by the
+  *batch* statistics, which the trainer does over every trained token of the step
+  (``normalize_advantages``).
+- ``gspo``: GSPO (arXiv 2507.18071) keeps GRPO's Group-normalized credit and changes the
   policy ratio to a sequence-level one; the credit here is ``grpo``'s.
 
 Deviations from the papers, on purpose:
@@ -110,7 +111,7 @@ def rloo_advantages(rewards: Sequence[float]) -> list[float]:
 
 
 def reinforce_plus_plus_baseline_advantages(rewards: Sequence[float]) -> list[float]:
-    """REINFORCE++-baseline's Group step: ``r_i - mean(r)`` (arXiv 2501.03262, section 3).
+    """REINFORCE++-baseline's Group step: ``r_i - mean(r)`` (arXiv 2501.03262, the -baseline variant).
 
     The batch-level normalization that follows is the trainer's whitening
     (``TrainConfig.normalize_advantages``, turned on for this estimator).

@@ -7,7 +7,7 @@ steps 3 of docs/export-and-credit.md#what-the-trainer-does-with-an-advantage:
 1. **returns and token advantages**: the scalar is broadcast over the context's trained tokens;
    with ``kl_coef > 0`` (``--kl-coef``, REINFORCE-style estimators only) each token's return
    carries a reference-KL penalty for the tokens from it to the end (REINFORCE++, arXiv
-   2501.03262, section 3: per-token reward ``-kl_coef * KL_t`` plus the outcome at the end, ``gamma =
+   2501.03262: per-token reward ``-kl_coef * KL_t`` plus the outcome at the end, ``gamma =
    1``)::
 
        A_t = A - kl_coef * sum_{s >= t, mask_s = 1} (old_s - ref_s)

@@ -173,7 +173,7 @@ def policy_loss(
     ``clip_eps_high > clip_eps_low`` is DAPO's "clip-higher" (arXiv 2503.14476, section 3.1), which
     leaves low-probability tokens more room to grow. Options, in the order they apply:
 
-    * ``policy_ratio="sequence"``: GSPO (arXiv 2507.18071, section 4.1 and its GSPO-token variant):
+    * ``policy_ratio="sequence"``: GSPO (arXiv 2507.18071, its sequence-level ratio and GSPO-token variant):
       every token of row ``b`` uses the row's length-normalized ratio
       ``s_b = exp(mean_t(logprobs - old_logprobs))``, clipped as a whole; the gradient reaches
       each token as ``s_b * grad log p_t`` (``sg[s_b] * p_t / sg[p_t]``), so with per-sequence

@@ -127,7 +127,8 @@ def opsm_mask(
     *,
     delta: float,
 ) -> tuple[Tensor, dict[str, float]]:
-    """Off-policy sequence masking (``--use-opsm``; DeepSeek-V3.2, arXiv 2512.02556, section 3.1).
+    """Off-policy sequence masking (``--use-opsm``; DeepSeek-V3.2, arXiv 2512.02556, its
+    "Off-Policy Sequence Masking").
 
     Row ``b``'s tokens with a negative advantage are masked when the row drifted too far from the
     policy that sampled it: ``mean_t(log pi_rollout(y_t) - log pi_theta(y_t)) > delta`` over the
