@@ -4,13 +4,11 @@ from __future__ import annotations
 
 import pytest
 from support.groups import exported_group, group_of
+from support.sessions import add_session
 
 from relaxtrio import ConfigError
 from relaxtrio.config import RolloutConfig
-from relaxtrio.forest import SessionForest
-from relaxtrio.nursery.agent import ActiveBudget
 from relaxtrio.nursery.group import Group
-from relaxtrio.nursery.session import Session
 from relaxtrio.rollout.step import score_group
 
 
@@ -91,16 +89,14 @@ def test_implicit_export_reaches_custom_advantage_under_the_key_none() -> None:
         return [{None: 0.5} for _ in metadata_by_slot]
 
     group = Group(group_id="train:group_000003")
-    forest = SessionForest("s0")
+    session = add_session(group, session_id="s0", budget_s=1.0)
+    forest = session.forest
     obs = forest.add_observation(forest.match(Conversation.from_wire([{"role": "user", "content": "q"}])),
                                  token_ids=[1, 2])
     forest.add_response(obs, {"role": "assistant", "content": "a"}, token_ids=[3], rollout_logprobs=[-1.0],
                         finish_reason="stop", request_id="q", rollout_id=0)
-    session = Session(session_id="s0", group=group, index=0, input_payload={}, forest=forest,
-                      budget=ActiveBudget(total_s=1.0))
     session.samples.extend(export_samples(forest, SessionOutput(metadata={"score": 3}, reward=1.0),
                                           dataset_metadata={"id": 1}))
-    group.sessions.append(session)
     scored = score_group(group, RolloutConfig(custom_advantage=record_input))
     assert seen == [[{None: {"score": 3}}]]
     assert list(scored.advantages) == [0.5]

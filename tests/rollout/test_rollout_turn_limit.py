@@ -9,28 +9,15 @@ from pathlib import Path
 
 import pytest
 import trio
+from support.sessions import leased_session
 
 from relaxtrio.chat.compiler import ChatCompiler
 from relaxtrio.config import GenerationConfig
-from relaxtrio.forest import Conversation, SessionForest
+from relaxtrio.forest import Conversation
 from relaxtrio.models import load_tokenizer
-from relaxtrio.nursery.agent import ActiveBudget
-from relaxtrio.nursery.group import Group
-from relaxtrio.nursery.session import Session
 from relaxtrio.nursery.turns import TurnRequest
 from relaxtrio.rollout.turns import EngineTurnHandler
 from relaxtrio.testing.scripted_engine import Reply, ScriptedEngine
-
-
-def _session(max_context_tokens: int | None) -> Session:
-    group = Group(group_id="train:group_turn_limit")
-    session = Session(session_id="s", group=group, index=0, input_payload={},
-                      forest=SessionForest("s", max_context_tokens=max_context_tokens),
-                      budget=ActiveBudget(total_s=10))
-    group.sessions.append(session)
-    group.lease()
-    group.note_request(session)
-    return session
 
 
 async def _turn_budget(model_dir: Path, *, request_limit: int | None, default: int,
@@ -39,10 +26,10 @@ async def _turn_budget(model_dir: Path, *, request_limit: int | None, default: i
     engine = ScriptedEngine(tokenizer=tok, eos_id=tok.eos_token_id, replies=lambda ids: Reply(text="ok"))
     handler = EngineTurnHandler(client=engine, compiler=ChatCompiler(tok),
                                 config=GenerationConfig(max_response_tokens=default))
-    session = _session(max_context_tokens)
+    session = leased_session(session_id="s", max_context_tokens=max_context_tokens, budget_s=10)
     conversation = Conversation.from_wire([{"role": "user", "content": "hello there"}])
     with trio.fail_after(10):
-        await handler.complete(session, TurnRequest(conversation=conversation, max_new_tokens=request_limit))
+        await handler.complete(session.turn_context(), TurnRequest(conversation=conversation, max_new_tokens=request_limit))
     [(prompt_ids, sampling, _)] = engine.calls
     return sampling.max_new_tokens, len(prompt_ids)
 

@@ -12,17 +12,18 @@ from relaxtrio.forest import (
     export_samples,
     parse_session_output,
 )
-from relaxtrio.nursery.agent import ActiveBudget
 from relaxtrio.nursery.group import Group
 from relaxtrio.nursery.session import Session
+from support.sessions import add_session
 
 _SEQ = iter(range(1, 10**9))
 
 
 def _session(group: Group, index: int, forest: SessionForest | None = None) -> Session:
-    sid = f"{group.group_id}-s{index}"
-    return Session(session_id=sid, group=group, index=index, input_payload={},
-                   forest=forest or SessionForest(sid), budget=ActiveBudget(total_s=1.0))
+    session = add_session(group, session_id=f"{group.group_id}-s{index}", budget_s=1.0)
+    if forest is not None:
+        session.forest = forest
+    return session
 
 
 def sample(reward: Any = None, *, name: str | None = None, session_id: str = "s",
@@ -45,7 +46,6 @@ def group_of(rewards_per_session: list[list[Any]], *, mode: str = "train",
             meta = metadata[i][k] if metadata else None
             session.samples.append(sample(reward, name=name, session_id=session.session_id,
                                           export_metadata=meta))
-        group.sessions.append(session)
     return group
 
 
@@ -65,5 +65,4 @@ def exported_group(records_per_session: list[list[dict]], *, mode: str = "train"
         session = _session(group, i, forest)
         output = parse_session_output("\n".join(lines))
         session.samples.extend(export_samples(forest, output, dataset_metadata={"id": 41, "label": "L"}))
-        group.sessions.append(session)
     return group
