@@ -145,17 +145,7 @@ def add_train_parser(sub: argparse._SubParsersAction, name: str = "train") -> ar
                       help="package.module.fn(metadata_by_slot) -> per-context credits "
                            "(required when a Session exports several contexts)")
 
-    rw = p.add_argument_group("rewards and filters")
-    rw.add_argument("--group-rm", action="store_true",
-                    help="call --custom-rm-path once per Group: fn(samples) -> [reward, ...]")
-    rw.add_argument("--eval-reward-key", default=None,
-                    help="primary key of object rewards in evaluation (unset: --reward-key)")
-    rw.add_argument("--log-passrate", action="store_true",
-                    help="log rollout/pass@k (one rewarded 0/1 context per Session)")
-    rw.add_argument("--dynamic-sampling-filter-path", default=None,
-                    help="package.module.fn(samples, rewards) -> bool | DynamicFilterOutput; "
-                         "filtered train Groups are replaced (built in: "
-                         "relaxtrio.rollout.filters.check_reward_nonzero_std)")
+    _add_reward_flags(p)
 
     ev = p.add_argument_group("eval")
     ev.add_argument("--eval-prompt-data", nargs="+", default=[], metavar="NAME PATH",
@@ -286,6 +276,21 @@ def _with_checkpoint_flags(config: Any, args: argparse.Namespace) -> Any:
         generation = attrs.evolve(generation, seed=args.rollout_seed, seed_per_sample=True)
     return attrs.evolve(config, save_dir=args.save, save_interval=args.save_interval,
                         load_dir=args.load, output_dir=output_dir, generation=generation)
+
+
+def _add_reward_flags(p: argparse.ArgumentParser) -> None:
+    """The reward-model, pass-rate and dynamic-filter flags (docs/export-and-credit.md#reward-models)."""
+    rw = p.add_argument_group("rewards and filters")
+    rw.add_argument("--group-rm", action="store_true",
+                    help="call --custom-rm-path once per Group: fn(samples) -> [reward, ...]")
+    rw.add_argument("--eval-reward-key", default=None,
+                    help="primary key of object rewards in evaluation (unset: --reward-key)")
+    rw.add_argument("--log-passrate", action="store_true",
+                    help="log rollout/pass@k (one rewarded 0/1 context per Session)")
+    rw.add_argument("--dynamic-sampling-filter-path", default=None,
+                    help="package.module.fn(samples, rewards) -> bool | DynamicFilterOutput; "
+                         "filtered train Groups are replaced (built in: "
+                         "relaxtrio.rollout.filters.check_reward_nonzero_std)")
 
 
 def _add_algorithm_flags(p: argparse.ArgumentParser) -> None:
