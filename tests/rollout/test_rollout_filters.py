@@ -1,9 +1,9 @@
-"""Dynamic sampling filters and the eval scoring path (no custom advantage, no filter)."""
+"""Dynamic sampling filters and the eval scoring path (no filter, its own reward key)."""
 
 from __future__ import annotations
 
 import pytest
-from support.groups import exported_group, group_of
+from support.groups import group_of
 
 from relaxtrio import ExportError
 from relaxtrio.config import RolloutConfig
@@ -63,23 +63,6 @@ def test_eval_groups_are_never_filtered() -> None:
     config = RolloutConfig(dynamic_filter=lambda s, r: False)
     scored = score_group(group_of([[1.0], [1.0]], mode="eval"), config)
     assert list(scored.rewards) == [1.0, 1.0]
-
-
-def test_eval_never_calls_custom_advantage() -> None:
-    # Today's shared scoring path called the hook during eval, and a hook error killed the run.
-    def hook(metadata_by_slot):
-        raise AssertionError("custom advantage called during eval")
-
-    config = RolloutConfig(custom_advantage=hook, reward_key="score")
-    group = exported_group([
-        [{"name": "main", "metadata": {"outcome": 1.0}, "reward": {"score": 1.0}},
-         {"name": "searcher_0", "metadata": {"usefulness": 0.6}}],
-        [{"name": "main", "metadata": {"outcome": 0.0}, "reward": {"score": 0.0}}],
-    ], mode="eval")
-    scored = score_group(group, config)
-    # Only rewarded contexts are scored in eval; siblings without a reward are not.
-    assert [s.name for s in scored.samples] == ["main", "main"]
-    assert list(scored.rewards) == [1.0, 0.0]
 
 
 def test_eval_reward_key_overrides_reward_key_in_eval_only() -> None:

@@ -100,3 +100,20 @@ def test_implicit_export_reaches_custom_advantage_under_the_key_none() -> None:
     scored = score_group(group, RolloutConfig(custom_advantage=record_input))
     assert seen == [[{None: {"score": 3}}]]
     assert list(scored.advantages) == [0.5]
+
+
+def test_eval_never_calls_custom_advantage() -> None:
+    # Evaluation never calls the hook (spec): a hook error there would end the run.
+    def hook(metadata_by_slot):
+        raise AssertionError("custom advantage called during eval")
+
+    config = RolloutConfig(custom_advantage=hook, reward_key="score")
+    group = exported_group([
+        [{"name": "main", "metadata": {"outcome": 1.0}, "reward": {"score": 1.0}},
+         {"name": "searcher_0", "metadata": {"usefulness": 0.6}}],
+        [{"name": "main", "metadata": {"outcome": 0.0}, "reward": {"score": 0.0}}],
+    ], mode="eval")
+    scored = score_group(group, config)
+    # Only rewarded contexts are scored in eval; siblings without a reward are not.
+    assert [s.name for s in scored.samples] == ["main", "main"]
+    assert list(scored.rewards) == [1.0, 0.0]
