@@ -174,7 +174,9 @@ class _StepOutputs:
             generation=attrs.asdict(cfg.generation),
             rollout_config={"n_samples_per_prompt": cfg.rollout.n_samples_per_prompt,
                             "reward_key": cfg.rollout.reward_key,
-                            "custom_advantage": cfg.rollout.custom_advantage is not None},
+                            "custom_advantage": cfg.rollout.custom_advantage is not None,
+                            "advantage_estimator": cfg.rollout.advantage_estimator,
+                            "grpo_std_normalization": cfg.rollout.grpo_std_normalization},
             trainer_config=None if trainer is None else attrs.asdict(trainer.config),
             train=None if stats is None else attrs.asdict(stats),
         ))
