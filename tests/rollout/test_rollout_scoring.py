@@ -103,7 +103,7 @@ def test_implicit_export_reaches_custom_advantage_under_the_key_none() -> None:
 
 
 def test_eval_never_calls_custom_advantage() -> None:
-    # Evaluation never calls the hook (spec): a hook error there would end the run.
+    # Evaluation never calls the hook: a hook error there would end the run.
     def hook(metadata_by_slot):
         raise AssertionError("custom advantage called during eval")
 
