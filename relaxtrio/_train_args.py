@@ -16,10 +16,15 @@ from pathlib import Path
 from typing import Any
 
 from ._cluster_args import add_cluster_flags, with_cluster_flags
+from ._algorithm_args import add_algorithm_flags, add_reward_flags, algorithm_overrides
 from ._errors import ConfigError
 from ._validate import is_real
 from .chat.parsers import REASONING_PARSERS, TOOL_CALL_PARSERS
-from .config import AgentConfig, GenerationConfig, RolloutConfig
+from .config import (
+    AgentConfig,
+    GenerationConfig,
+    RolloutConfig,
+)
 from .nursery.agent import parse_agent_env
 from .rollout.dumps import check_dump_template
 from .rollout.hooks import load_function
@@ -29,8 +34,12 @@ EXAMPLE_DIR = Path(__file__).resolve().parent.parent / "examples" / "quiz_feedba
 # TrainConfig field → flag, for error messages in the user's words.
 _TRAIN_FLAGS = {"lr": "--lr", "clip_eps_low": "--eps-clip", "clip_eps_high": "--eps-clip-high",
                 "micro_batch_size": "--micro-batch-size", "num_minibatches": "--num-steps-per-rollout",
-                "seed": "--seed"}
-
+                "seed": "--seed", "clip_ratio_c": "--eps-clip-c", "kl_coef": "--kl-coef",
+                "loss_norm_tokens": "--loss-norm-tokens", "tis_clip_low": "--tis-clip-low",
+                "tis_clip": "--tis-clip", "icepop_low": "--icepop-low", "icepop_high": "--icepop-high",
+                "opsm_delta": "--opsm-delta", "entropy_coef": "--entropy-coef",
+                "kl_loss_coef": "--kl-loss-coef", "max_tokens_per_gpu": "--max-tokens-per-gpu",
+                "lora_rank": "--lora-rank", "lora_alpha": "--lora-alpha"}
 
 def _json_object(text: str) -> dict[str, Any]:
     try:
@@ -97,7 +106,7 @@ def add_train_parser(sub: argparse._SubParsersAction, name: str = "train") -> ar
     roll.add_argument("--rollout-top-p", type=float, default=1.0, help="nucleus mass in (0, 1]")
     roll.add_argument("--rollout-top-k", type=int, default=-1, help="top-k (-1: off)")
     roll.add_argument("--rollout-max-response-len", type=int, default=128,
-                      help="tokens per model turn (a request's own limit can only lower it)")
+                      help="tokens per model turn when the request sets no limit of its own")
     roll.add_argument("--rollout-max-context-len", type=int, default=None,
                       help="training tokens per context (unset: the model's context length)")
     roll.add_argument("--rollout-stop", nargs="*", default=[], help="extra stop strings")
@@ -111,7 +120,8 @@ def add_train_parser(sub: argparse._SubParsersAction, name: str = "train") -> ar
                       help="how reasoning is split from generated text")
     roll.add_argument("--reward-key", default=None, help="primary key of object rewards")
     roll.add_argument("--custom-rm-path", default=None,
-                      help="package.module.fn(sample) -> float for samples without an agent reward")
+                      help="package.module.fn(sample) -> reward (sync or async) for samples without "
+                           "an agent reward; with --group-rm fn(samples) -> [reward, ...]")
     roll.add_argument("--agentic-custom-advantage-path", default=None,
                       help="package.module.fn(metadata_by_slot) -> per-context credits "
                            "(required when a Session exports several contexts)")
@@ -119,6 +129,8 @@ def add_train_parser(sub: argparse._SubParsersAction, name: str = "train") -> ar
                       help="implicit export of a Session whose requests branched: strict (one leaf, else "
                            "the Group is dropped), final (the lineage of the last response; other leaves "
                            "logged and counted), all-leaves (every leaf a context; needs custom advantage)")
+
+    add_reward_flags(p)
 
     ev = p.add_argument_group("eval")
     ev.add_argument("--eval-prompt-data", nargs="+", default=[], metavar="NAME PATH",
@@ -180,6 +192,7 @@ def add_train_parser(sub: argparse._SubParsersAction, name: str = "train") -> ar
     train.add_argument("--num-steps-per-rollout", type=int, default=None,
                        help="optimizer steps per rollout (unset: 1 = fully on-policy)")
     train.add_argument("--seed", type=int, default=1234, help="trainer seed")
+    add_algorithm_flags(p)
 
     _add_checkpoint_flags(p)
     add_cluster_flags(p)
@@ -381,7 +394,8 @@ def _train_section(args: argparse.Namespace) -> Any:
         "num_minibatches": args.num_steps_per_rollout,
     }
     try:
-        return TrainConfig(**{k: v for k, v in overrides.items() if v is not None})
+        return TrainConfig(**{k: v for k, v in overrides.items() if v is not None},
+                           **algorithm_overrides(args))
     except ConfigError as exc:  # the validators name the field; the user typed the flag
         flag = _TRAIN_FLAGS.get(exc.param or "")
         if flag is None:
@@ -421,6 +435,14 @@ def train_config(args: argparse.Namespace) -> Any:
             fully_async=args.fully_async,
             barrier_warn_s=args.barrier_warn_s,
             reward_key=args.reward_key,
+            eval_reward_key=args.eval_reward_key,
+            group_rm=args.group_rm,
+            log_passrate=args.log_passrate,
+            dynamic_filter=(load_function(args.dynamic_sampling_filter_path,
+                                          flag="--dynamic-sampling-filter-path")
+                            if args.dynamic_sampling_filter_path else None),
+            advantage_estimator=args.advantage_estimator,
+            grpo_std_normalization=not args.disable_grpo_std_normalization,
             custom_rm=(load_function(args.custom_rm_path, flag="--custom-rm-path")
                        if args.custom_rm_path else None),
             custom_advantage=(load_function(args.agentic_custom_advantage_path,

@@ -35,6 +35,7 @@ uses it, and the forest stays pure).
 from __future__ import annotations
 
 import math
+from collections.abc import Callable
 from typing import Any
 
 import attrs
@@ -46,6 +47,8 @@ __all__ = [
     "is_number",
     "is_real",
     "non_negative_number",
+    "one_of",
+    "optional_non_negative_int",
     "optional_positive_int",
     "positive_int",
     "positive_number",
@@ -191,3 +194,19 @@ def positive_int(instance: Any, attribute: attrs.Attribute, value: int) -> None:
 def optional_positive_int(instance: Any, attribute: attrs.Attribute, value: int | None) -> None:
     """attrs validator: None or an int >= 1."""
     require_positive_int(value, attribute.name, optional=True, error=ConfigError)
+
+
+def one_of(choices: tuple[str, ...]) -> Callable[[Any, attrs.Attribute, Any], None]:
+    """attrs validator factory: the value is one of ``choices``."""
+
+    def check(instance: Any, attribute: attrs.Attribute, value: Any) -> None:
+        if value not in choices:
+            raise ConfigError.at(attribute.name, f"must be one of {', '.join(choices)}, got {value!r}")
+
+    return check
+
+
+def optional_non_negative_int(instance: Any, attribute: attrs.Attribute, value: int | None) -> None:
+    """attrs validator: None or an int >= 0 (not bool)."""
+    if value is not None and (isinstance(value, bool) or not isinstance(value, int) or value < 0):
+        raise ConfigError.at(attribute.name, f"must be None or an int >= 0, got {value!r}")

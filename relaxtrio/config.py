@@ -13,21 +13,30 @@ from __future__ import annotations
 
 from collections.abc import Callable, Mapping
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Final, Literal
+from typing import Any, Final, Literal
 
 import attrs
 
 from ._errors import ConfigError
+from ._train_config import (
+    ADVANTAGE_ESTIMATORS,
+    ESTIMATORS_REJECTING_CUSTOM_ADVANTAGE,
+    ESTIMATORS_WITH_KL_SHAPING,
+    MULTI_CONTEXT_NEEDS_DYNAMIC_BATCHING,
+    AdvantageEstimator,
+    KlLossType,
+    LossAggregation,
+    PolicyRatio,
+    TrainConfig,
+)
 from ._validate import (
     is_real,
-    non_negative_number,
+    one_of,
+    optional_non_negative_int,
     optional_positive_int,
     positive_int,
     positive_number,
 )
-
-if TYPE_CHECKING:
-    from .forest import TrainingSample
 
 ExportPolicyName = Literal["strict", "final", "all-leaves"]
 EXPORT_POLICY_NAMES: Final[tuple[str, ...]] = ("strict", "final", "all-leaves")
@@ -35,16 +44,21 @@ EXPORT_POLICY_NAMES: Final[tuple[str, ...]] = ("strict", "final", "all-leaves")
 config does not import the forest)."""
 
 __all__ = [
+    "ADVANTAGE_ESTIMATORS",
     "DEFAULT_HEARTBEAT_S",
     "DEFAULT_MAX_BODY_BYTES",
     "RESERVED_ENV_PREFIX",
     "TERM_GRACE_S",
+    "AdvantageEstimator",
     "AgentConfig",
     "ApiConfig",
     "DistributedConfig",
     "EvalConfig",
     "FleetConfig",
     "GenerationConfig",
+    "KlLossType",
+    "LossAggregation",
+    "PolicyRatio",
     "RolloutConfig",
     "TrainConfig",
     "TrainRunConfig",
@@ -63,73 +77,6 @@ See docs/agent-contract.md#buffered-sse.
 DEFAULT_MAX_BODY_BYTES: Final = 256 * 1024 * 1024
 """Largest accepted request body in bytes; long agent contexts and images need far more than
 Quart's 16 MiB default."""
-
-
-def _betas(instance: object, attribute: attrs.Attribute, value: tuple[float, float]) -> None:
-    if len(value) != 2 or not all(0.0 <= b < 1.0 for b in value):
-        raise ConfigError.at(attribute.name, f"must be two numbers in [0, 1), got {value!r}")
-
-
-@attrs.frozen(kw_only=True)
-class TrainConfig:
-    """How :class:`~relaxtrio.train.Trainer` updates the policy.
-
-    Attributes:
-        lr: AdamW learning rate. Default 5e-6, chosen so a short demo run visibly moves
-            SmolLM2-135M fp32: measured over 3 steps on 4 contexts (advantages +1/-1, ~10
-            response tokens each) the +1 responses' summed logprobs rose by 1.6 and 1.1 nats
-            and the -1 ones fell by 17 and 5.5 nats. Longer runs and bigger models usually want
-            ~1e-6; the tiny random test model needs ~1e-3.
-        weight_decay: AdamW decoupled weight decay (0.0: the usual choice for RL fine-tuning).
-        betas: AdamW ``(beta1, beta2)``.
-        adam_eps: AdamW epsilon.
-        clip_eps_low: PPO lower clip range (ratio floor ``1 - clip_eps_low``).
-        clip_eps_high: PPO upper clip range (ratio ceiling ``1 + clip_eps_high``). The default
-            0.28 is DAPO's clip-higher (arXiv 2503.14476); set 0.2 for DeepSeekMath's symmetric
-            GRPO clip. With one minibatch per rollout and trainer-side old logprobs the ratio is
-            exactly 1, so clipping only matters with ``num_minibatches > 1`` or rollout logprobs.
-        max_grad_norm: global L2 norm the gradient is clipped to before every optimizer step.
-        micro_batch_size: samples per forward/backward pass (gradient accumulation unit).
-        max_tokens_per_micro_batch: optional padded-token budget per forward
-            (``num_samples * longest_length <= budget``; a single longer sample gets its own
-            micro-batch). None: only ``micro_batch_size`` bounds a micro-batch.
-        num_minibatches: optimizer steps per :meth:`~relaxtrio.train.Trainer.train_step`; the
-            samples are shuffled (seeded) and split into this many minibatches.
-        seed: seeds the trainer's own minibatch shuffling RNG (it never touches global RNGs).
-        use_rollout_logprobs_as_old: False (default): the PPO ratio's old logprobs are the
-            trainer's logprobs before the update (recomputed, so ratio == 1 on the first
-            minibatch). True: use the engine's ``rollout_logprobs`` instead, which makes the
-            ratio also correct for engine/trainer numerical mismatch and stale weights.
-        bf16_autocast: run forwards under ``torch.autocast(bfloat16)`` (~3x faster on AVX512-BF16
-            CPUs, but logprobs are off by ~0.05 nats on average, so ratios are noisier). Default
-            fp32, which matches the embedded engine's logprobs to ~1e-5.
-        compute_entropy: report the mean policy entropy over trained tokens (costs one extra
-            softmax over the vocabulary per forward, no grad).
-        logprob_chunk_tokens: positions per chunk when reducing over the vocabulary (bounds fp32
-            temporaries to about ``logprob_chunk_tokens * V`` floats).
-        device: torch device string the model and batches live on (``"cpu"``, ``"cuda"``).
-    """
-
-    lr: float = attrs.field(default=5e-6, validator=positive_number)
-    weight_decay: float = attrs.field(default=0.0, validator=non_negative_number)
-    betas: tuple[float, float] = attrs.field(
-        default=(0.9, 0.999), converter=tuple, validator=_betas
-    )
-    adam_eps: float = attrs.field(default=1e-8, validator=positive_number)
-    clip_eps_low: float = attrs.field(default=0.2, validator=non_negative_number)
-    clip_eps_high: float = attrs.field(default=0.28, validator=non_negative_number)
-    max_grad_norm: float = attrs.field(default=1.0, validator=positive_number)
-    micro_batch_size: int = attrs.field(default=4, validator=positive_int)
-    max_tokens_per_micro_batch: int | None = attrs.field(
-        default=None, validator=optional_positive_int
-    )
-    num_minibatches: int = attrs.field(default=1, validator=positive_int)
-    seed: int = 0
-    use_rollout_logprobs_as_old: bool = False
-    bf16_autocast: bool = False
-    compute_entropy: bool = True
-    logprob_chunk_tokens: int = attrs.field(default=1024, validator=positive_int)
-    device: str = "cpu"
 
 
 @attrs.frozen(kw_only=True)
@@ -241,10 +188,31 @@ class RolloutConfig:
         abort_wait_s: at step close, how long to wait (seconds) for aborted generations to come
             back before reporting the engine as not honouring aborts.
         reward_key: primary key of object rewards.
-        custom_rm: ``fn(sample) -> float`` for samples the agent did not reward, or None.
+        eval_reward_key: primary key of object rewards in evaluation (``--eval-reward-key``);
+            None uses ``reward_key``.
+        custom_rm: the reward model (``--custom-rm-path``, sync or async, see
+            :mod:`relaxtrio.rollout.rewards`): ``fn(sample) -> reward`` for samples the agent did
+            not reward, or with ``group_rm`` ``fn(samples) -> [reward, ...]`` once per Group.
+        group_rm: call ``custom_rm`` once per Group over all its samples (``--group-rm``).
+        log_passrate: log ``rollout/pass@k`` (``--log-passrate``; one rewarded 0/1 context per
+            Session).
+        dynamic_filter: ``fn(samples, rewards) -> bool | DynamicFilterOutput`` run on every
+            scored train Group (``--dynamic-sampling-filter-path``, see
+            :mod:`relaxtrio.rollout.filters`); a filtered Group is new demand.
+        max_filtered_groups: filtered Groups a step may replace before it closes short (default:
+            ``8 * rollout_batch_size``), so a filter that rejects everything cannot spin forever.
         custom_advantage: per-context credit function (see :mod:`relaxtrio.rollout.hooks`);
             required when a Session exports more than one context.
         show_progress: whether to draw the tqdm progress bar.
+        advantage_estimator: how a Group's rewards become each context's base credit
+            (``--advantage-estimator``, see :mod:`relaxtrio.rollout.advantages`); bypassed by
+            ``custom_advantage``, which ``rloo`` and ``reinforce_plus_plus_baseline`` refuse.
+        grpo_std_normalization: GRPO divides the centered rewards by the Group's std; False
+            (``--disable-grpo-std-normalization``) only centers them, as ``dr_grpo`` does.
+
+    Raises:
+        ConfigError: an estimator that refuses custom advantage is combined with it, or
+            ``group_rm`` without ``custom_rm``.
     """
 
     n_samples_per_prompt: int = 4
@@ -258,14 +226,43 @@ class RolloutConfig:
     barrier_warn_s: float = 120.0
     abort_wait_s: float = 30.0
     reward_key: str | None = None
-    custom_rm: Callable[[TrainingSample], float] | None = None
+    eval_reward_key: str | None = None
+    custom_rm: Callable[..., Any] | None = None
+    group_rm: bool = False
+    log_passrate: bool = False
+    dynamic_filter: Callable[..., Any] | None = None
+    max_filtered_groups: int | None = attrs.field(default=None, validator=optional_non_negative_int)
     custom_advantage: Callable[..., Any] | None = None
     show_progress: bool = True
+    advantage_estimator: AdvantageEstimator = attrs.field(
+        default="grpo", validator=one_of(ADVANTAGE_ESTIMATORS)
+    )
+    grpo_std_normalization: bool = True
+
+    def __attrs_post_init__(self) -> None:
+        if self.group_rm and self.custom_rm is None:
+            raise ConfigError("--group-rm needs --custom-rm-path (the function called once per "
+                                      "Group).", param="group_rm")
+        if self.custom_advantage is not None and self.advantage_estimator in ESTIMATORS_REJECTING_CUSTOM_ADVANTAGE:
+            raise ConfigError(
+                f"--advantage-estimator {self.advantage_estimator} cannot be combined with "
+                "--agentic-custom-advantage-path: it builds its baseline from the Group's rewards, "
+                "while custom advantage already returns each context's base credit (normalize "
+                "inside the function, or use grpo / dr_grpo / gspo).",
+                param="advantage_estimator",
+            )
 
     @property
     def demand(self) -> int:
         """Groups started per step (over-sampling included)."""
         return max(self.over_sampling_batch_size or 0, self.rollout_batch_size)
+
+    @property
+    def filter_budget(self) -> int:
+        """Filtered Groups a step may replace with new ones."""
+        if self.max_filtered_groups is not None:
+            return self.max_filtered_groups
+        return 8 * self.rollout_batch_size
 
     @property
     def concurrency(self) -> int:
@@ -281,8 +278,10 @@ class GenerationConfig:
         temperature: sampling temperature (logprobs use the same temperature, SGLang convention).
         top_p: nucleus sampling mass in (0, 1].
         top_k: top-k cut-off, -1 for none.
-        max_response_tokens: per-turn cap in tokens (``--rollout-max-response-len``); a request's
-            own limit can only lower it.
+        max_response_tokens: the turn limit in tokens of a request that sets none
+            (``--rollout-max-response-len``); a request's own ``max_completion_tokens`` /
+            ``max_output_tokens`` / ``max_tokens`` is its turn limit, higher or lower. The
+            context limit bounds both.
         max_context_tokens: training-token limit of a lineage (``--rollout-max-context-len``),
             or None for the model's limit as reported by the engine.
         stop: extra stop strings for every turn.
@@ -456,6 +455,11 @@ class DistributedConfig:
 class TrainRunConfig:
     """Everything ``python -m relaxtrio train`` needs.
 
+    Raises:
+        ConfigError: custom advantage (several contexts per Session) without dynamic
+            batching; ``--kl-coef`` with an estimator that builds no KL-shaped returns;
+            ``--mask-offpolicy-in-partial-rollout`` without partial rollout or fully async.
+
     Attributes:
         prompt_data: JSONL prompt file.
         input_key: row field holding messages.
@@ -527,3 +531,48 @@ class TrainRunConfig:
     def rollout_samples_path(self) -> Path:
         """Where rollout-only runs write their samples."""
         return self.samples_path or self.output_dir / "rollout_samples.jsonl"
+
+    def __attrs_post_init__(self) -> None:
+        estimator = self.rollout.advantage_estimator
+        if self.rollout.custom_advantage is not None and not self.train.use_dynamic_batch_size:
+            raise ConfigError(MULTI_CONTEXT_NEEDS_DYNAMIC_BATCHING, param="use_dynamic_batch_size")
+        if self.train.lora_rank > 0 and (self.save_dir is not None or self.load_dir is not None):
+            raise ConfigError(
+                "--lora-rank cannot be combined with --save / --load yet: a run checkpoint holds "
+                "full weights, and resuming would restart the adapter on top of merged weights "
+                "(the final checkpoint of a LoRA run does hold the merged weights).",
+                param="lora_rank",
+            )
+        if self.train.kl_coef > 0 and estimator not in ESTIMATORS_WITH_KL_SHAPING:
+            raise ConfigError(
+                f"--kl-coef shapes the returns of {' / '.join(ESTIMATORS_WITH_KL_SHAPING)}; "
+                f"--advantage-estimator {estimator} does not build returns from a KL-shaped "
+                "reward (GRPO regularizes through the loss): use --use-kl-loss --kl-loss-coef.",
+                param="kl_coef",
+            )
+        if self.train.mask_offpolicy_in_partial_rollout and not (
+                self.rollout.partial_rollout or self.rollout.fully_async):
+            raise ConfigError(
+                "--mask-offpolicy-in-partial-rollout requires --partial-rollout (or "
+                "--fully-async): without them every token is sampled by the current weights.",
+                param="mask_offpolicy_in_partial_rollout",
+            )
+
+    @property
+    def trainer_config(self) -> TrainConfig:
+        """:attr:`train` with what the rollout side decides applied to it.
+
+        * ``--rollout-temperature`` is the one source of truth for the temperature: rollout
+          logprobs are ``log_softmax(logits / T)`` (SGLang), so the trainer's must be too;
+        * ``reinforce_plus_plus_baseline`` whitens its advantages over the batch (REINFORCE++,
+          arXiv 2501.03262), so ``normalize_advantages`` is on;
+        * ``gspo`` trains GRPO credit with the sequence-level ratio (arXiv 2507.18071).
+        """
+        estimator = self.rollout.advantage_estimator
+        return attrs.evolve(
+            self.train,
+            temperature=self.generation.temperature,
+            normalize_advantages=(self.train.normalize_advantages
+                                  or estimator == "reinforce_plus_plus_baseline"),
+            policy_ratio="sequence" if estimator == "gspo" else self.train.policy_ratio,
+        )

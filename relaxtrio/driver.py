@@ -1,7 +1,7 @@
 """The training driver: one trio loop holding the API server, the rollout pipeline and the trainer.
 
-Per step: run ``rollout_batch_size`` Groups through the user's agent → GRPO advantages → one
-PPO/GRPO update (torch, off the trio thread) → write the weights (version directory or shared
+Per step: run ``rollout_batch_size`` Groups through the user's agent → the estimator's advantages →
+one policy update (torch, off the trio thread) → write the weights (version directory or shared
 memory, :mod:`relaxtrio.inference`) → on every engine of the fleet: ``pause_generation(retract)``
 → ``update_weights_from_disk`` → check ``/model_info`` → ``continue_generation`` (generations
 still in flight, as with fully async, continue on the new weights and record both versions) →
@@ -21,6 +21,7 @@ from __future__ import annotations
 import functools
 import json
 import logging
+import math
 import time
 import urllib.parse
 from contextlib import AsyncExitStack
@@ -47,7 +48,7 @@ from .rollout.step import StepResult, group_metrics
 from .rollout.turns import EngineTurnHandler
 from .run_checkpoint import RunCheckpointer, weight_version_name
 from .sglang.client import EngineClient
-from .train import Trainer
+from .train import Trainer, TrainStats
 from .train.ranks import RankGroup
 
 log = logging.getLogger(__name__)
@@ -105,6 +106,25 @@ def _announce(line: str) -> None:
     print(line, flush=True)
 
 
+_OPTIONAL_TRAIN_METRICS = (
+    "kl_loss", "reward_shaping_kl", "dual_clip_fraction", "tis_weight_mean", "tis_clip_fraction",
+    "icepop_masked_fraction", "opsm_masked_fraction", "advantage_mean", "advantage_std",
+)
+
+
+def optional_train_metrics(stats: TrainStats) -> dict[str, float]:
+    """The step's metrics that only some configurations produce (finite values only).
+
+    The three meanings of KL stay apart: ``ppo_kl`` (old/current ratio, always logged),
+    ``kl_loss`` (``--use-kl-loss``) and ``reward_shaping_kl`` (``--kl-coef``).
+    """
+    out = {name: getattr(stats, name) for name in _OPTIONAL_TRAIN_METRICS
+           if math.isfinite(getattr(stats, name))}
+    if stats.offpolicy_masked_tokens:
+        out["offpolicy_masked_tokens"] = float(stats.offpolicy_masked_tokens)
+    return out
+
+
 def _resolve_model(cfg: TrainRunConfig) -> Path:
     if cfg.hf_checkpoint is not None:
         return cfg.hf_checkpoint
@@ -158,7 +178,9 @@ class _StepOutputs:
             generation=attrs.asdict(cfg.generation),
             rollout_config={"n_samples_per_prompt": cfg.rollout.n_samples_per_prompt,
                             "reward_key": cfg.rollout.reward_key,
-                            "custom_advantage": cfg.rollout.custom_advantage is not None},
+                            "custom_advantage": cfg.rollout.custom_advantage is not None,
+                            "advantage_estimator": cfg.rollout.advantage_estimator,
+                            "grpo_std_normalization": cfg.rollout.grpo_std_normalization},
             trainer_config=None if trainer is None else attrs.asdict(trainer.config),
             train=None if stats is None else attrs.asdict(stats),
         ))
@@ -185,7 +207,7 @@ async def _train_step(
     ``eval_s``; ``step_s`` for all of it."""
     step_start = time.monotonic()
     result = await pipeline.run_step(rollout_id, last=rollout_id == cfg.num_rollout - 1)
-    row: dict[str, Any] = dict(group_metrics(result))
+    row: dict[str, Any] = dict(group_metrics(result, cfg.rollout))
     stats = None
     if result.samples and trainer is not None:
         train_start = time.monotonic()
@@ -200,6 +222,7 @@ async def _train_step(
             train_tokens=stats.num_tokens, train_s=push_end - train_start,
             update_s=push_start - train_start,
         )
+        row.update(optional_train_metrics(stats))
     elif not result.samples:
         log.warning("rollout %d produced no samples; skipping the update", rollout_id)
     await trio.to_thread.run_sync(outputs.write, cfg, result, trainer, stats)

@@ -36,7 +36,7 @@ import attrs
 
 from ._errors import ConfigError
 from .config import TrainConfig
-from .rollout.advantages import grpo_advantages
+from .rollout.advantages import group_advantages
 from .rollout.dumps import DumpedSample, RolloutDump
 
 LOGPROB_ATOL: Final = 1e-3
@@ -210,8 +210,13 @@ def _logprob_check(samples: Sequence[DumpedSample], recomputed: Sequence[Sequenc
     return first, count, worst, (total / count if count else 0.0), above
 
 
-def _advantage_check(samples: Sequence[DumpedSample]) -> tuple[Divergence | None, float, list[float]]:
-    """Recomputes each Group's credits from its recorded scalar rewards (Group order kept)."""
+def _advantage_check(samples: Sequence[DumpedSample], rollout: Mapping[str, Any]
+                     ) -> tuple[Divergence | None, float, list[float]]:
+    """Recomputes each Group's credits from its recorded scalar rewards (Group order kept), with
+    the recorded ``--advantage-estimator`` (``grpo`` with std normalization when the dump has
+    none)."""
+    estimator = rollout.get("advantage_estimator") or "grpo"
+    std_normalize = bool(rollout.get("grpo_std_normalization", True))
     by_group: dict[str, list[DumpedSample]] = {}
     for d in samples:
         by_group.setdefault(d.group_id, []).append(d)
@@ -221,7 +226,9 @@ def _advantage_check(samples: Sequence[DumpedSample]) -> tuple[Divergence | None
         if any(r is None for r in rewards):
             raise ConfigError(f"group {members[0].group_id} has a sample without a scalar "
                                       "reward; its advantages cannot be recomputed", param="samples")
-        for m, a in zip(members, grpo_advantages([float(r) for r in rewards]), strict=True):  # type: ignore[arg-type]
+        credits = group_advantages(estimator, [float(r) for r in rewards],  # type: ignore[arg-type]
+                                   std_normalize=std_normalize)
+        for m, a in zip(members, credits, strict=True):
             recomputed[m.index] = a
     first: Divergence | None = None
     worst = 0.0
@@ -281,7 +288,7 @@ def replay_dump(dump: RolloutDump, checkpoint: Path) -> ReplayReport:
     adv_worst = None
     advantages = [0.0 if d.advantage is None else float(d.advantage) for d in samples]
     if checked:
-        adv_first, adv_worst, advantages = _advantage_check(samples)
+        adv_first, adv_worst, advantages = _advantage_check(samples, rollout)
         if adv_first:
             divergences.append(adv_first)
     recorded_loss = recomputed_loss = None

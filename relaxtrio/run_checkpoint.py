@@ -210,23 +210,31 @@ class RunCheckpointer:
 
         Raises:
             TrainerRankError: a rank failed to start.
+            ConfigError: a sharded trainer with a KL reference model or LoRA.
         """
         dist = self.config.distributed
+        train_cfg = self.config.trainer_config
         source = model_dir if self.resume is None else self.resume.checkpoint_dir
         trainer_state = None if self.resume is None else self.resume.state["trainer"]
         trainer: Trainer | RankGroup
-        if dist.ray_address is not None:
-            from .cluster.trainer import RayRankGroup
+        if dist.ray_address is not None or dist.world_size > 1:
+            if train_cfg.needs_reference_model or train_cfg.lora_rank > 0:
+                raise ConfigError("a sharded trainer (--actor-num-gpus-per-node / --actor-num-nodes "
+                                  "> 1 or --ray-address) does not support a KL reference model or "
+                                  "LoRA yet; use one process", param="actor_num_gpus_per_node")
+            start = RankStart(model_dir=source, config=train_cfg, resume_state=trainer_state)
+            if dist.ray_address is not None:
+                from .cluster.trainer import RayRankGroup
 
-            trainer = RayRankGroup.start(RankStart(model_dir=source, config=self.config.train,
-                                                   resume_state=trainer_state), dist)
-        elif dist.world_size > 1:
-            trainer = LocalRankGroup.start(RankStart(model_dir=source, config=self.config.train,
-                                                     resume_state=trainer_state), dist)
+                trainer = RayRankGroup.start(start, dist)
+            else:
+                trainer = LocalRankGroup.start(start, dist)
+        elif self.resume is None:
+            trainer = Trainer.from_pretrained(model_dir, train_cfg)
         else:
-            trainer = Trainer.from_pretrained(source, self.config.train)
-            if trainer_state is not None:
-                trainer.load_resume_state(source, trainer_state)
+            # The KL reference stays the initial policy (model_dir), not the resumed weights.
+            trainer = Trainer.from_pretrained(source, train_cfg, reference_dir=model_dir)
+            trainer.load_resume_state(source, trainer_state)
         if self.resume is not None:
             restore_rng_state(self.resume.state["rng"])
         return trainer

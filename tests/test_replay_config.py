@@ -1,4 +1,4 @@
-"""replay's trainer settings: what the dump recorded, on CPU; unknown settings become notes."""
+"""replay's recorded settings: the trainer's on CPU (unknown ones become notes) and the estimator."""
 
 from __future__ import annotations
 
@@ -6,10 +6,12 @@ import json
 from pathlib import Path
 
 import attrs
+import pytest
+from support.groups import sample
 
 from relaxtrio.config import TrainConfig
-from relaxtrio.replay import train_config_of
-from relaxtrio.rollout.dumps import DUMP_FORMAT, load_dump, write_dump
+from relaxtrio.replay import replay_dump, train_config_of
+from relaxtrio.rollout.dumps import DUMP_FORMAT, load_dump, sample_record, write_dump
 
 
 def _dump(tmp_path: Path, **sections: object):
@@ -32,3 +34,23 @@ def test_a_rollout_only_dump_gets_trainer_defaults(tmp_path: Path) -> None:
     if "temperature" in fields:  # trainers that compute logprobs at the rollout temperature
         assert config.temperature == 0.7
     assert notes == ["the dump has no trainer settings (rollout only): trainer defaults used"]
+
+
+@pytest.mark.parametrize(
+    ("rollout_config", "credits"),
+    [
+        ({"advantage_estimator": "rloo", "grpo_std_normalization": True},
+         [-4 / 3, -4 / 3, 4 / 3, 4 / 3]),  # 0 - (0 + 2 + 2) / 3, 2 - (0 + 0 + 2) / 3
+        ({"advantage_estimator": "grpo", "grpo_std_normalization": False}, [-1.0, -1.0, 1.0, 1.0]),
+        ({}, [-1 / (1 + 1e-6), -1 / (1 + 1e-6), 1 / (1 + 1e-6), 1 / (1 + 1e-6)]),  # no estimator
+        # recorded: GRPO, (r - 1) / (std 1 + eps 1e-6)
+    ],
+)
+def test_advantages_are_recomputed_with_the_recorded_estimator(
+        tmp_path: Path, tiny_model_dir: Path, rollout_config: dict, credits: list[float]) -> None:
+    rewards = [0.0, 0.0, 2.0, 2.0]
+    records = [sample_record(sample(r, session_id=f"s{i}"), group_id="g", index=i, scalar_reward=r,
+                             advantage=a) for i, (r, a) in enumerate(zip(rewards, credits, strict=True))]
+    report = replay_dump(_dump(tmp_path, samples=records, rollout_config=rollout_config), tiny_model_dir)
+    assert report.advantages_checked and report.advantage_max_abs_diff < 1e-12
+    assert all(d.kind != "advantage" for d in report.divergences)

@@ -119,7 +119,8 @@ def sample_to_json(sample: TrainingSample) -> dict[str, Any]:
     Returns:
         ``name`` (the context name), ``session_id``, ``state_hash`` (the leaf), ``token_ids``,
         ``prompt_length``, ``loss_mask``, ``rollout_logprobs``, ``reward``, ``status``,
-        ``weight_versions``, ``metadata``, ``num_multimodal_inputs`` and, when they differ from
+        ``weight_versions``, ``metadata``, ``export_metadata``, ``num_multimodal_inputs`` and,
+        when they differ from
         ``token_ids``, ``rollout_token_ids``.
     """
     out: dict[str, Any] = {
@@ -134,6 +135,7 @@ def sample_to_json(sample: TrainingSample) -> dict[str, Any]:
         "status": sample.status,
         "weight_versions": _spans(sample.weight_versions),
         "metadata": sample.metadata,
+        "export_metadata": sample.export_metadata,
         "num_multimodal_inputs": len(sample.multimodal_inputs),
     }
     if tuple(sample.rollout_token_ids) != tuple(sample.token_ids):
@@ -162,5 +164,6 @@ def sample_from_json(record: Mapping[str, Any]) -> TrainingSample:
             for s in record.get("weight_versions", ())
         ),
         metadata=dict(record.get("metadata") or {}),
+        export_metadata=dict(record.get("export_metadata") or {}),
         rollout_token_ids=record.get("rollout_token_ids", record["token_ids"]),
     )

@@ -49,6 +49,10 @@ class TrainingSample:
             ``token_ids`` only through multimodal processor expansion).
         multimodal_inputs: the observations' media payloads in lineage order (observations
             without media are skipped); empty for text-only contexts.
+        export_metadata: the export's own metadata alone: the Session output's ``metadata``
+            overlaid by the record's (implicit export: the output's). This, not ``metadata``, is
+            what custom advantage receives (docs/export-and-credit.md#custom-advantage) and what the
+            ``<field>/mean|median|max|min`` metrics read.
     """
 
     name: str | None
@@ -65,6 +69,7 @@ class TrainingSample:
         default=attrs.Factory(lambda self: self.token_ids, takes_self=True), converter=_int_tuple, hash=False
     )
     multimodal_inputs: tuple[Any, ...] = attrs.field(default=(), converter=tuple, hash=False)
+    export_metadata: dict[str, Any] = attrs.field(factory=dict, hash=False)
 
     def __attrs_post_init__(self) -> None:
         n = len(self.token_ids)
@@ -101,9 +106,10 @@ def export_samples(
     """Turns a finished Session's output into training samples.
 
     Implicit export (no records) trains the states :func:`select_leaves` picks under
-    ``policy``: with ``strict``, exactly one leaf whose lineage holds a response, with ``name=None``
-    (docs/export-and-credit.md#export-policies); every implicit sample gets the output's
-    metadata and reward. Explicit export builds one
+    ``policy``: with ``strict``, a strictly linear history (exactly one leaf, and its lineage
+    holds a response; any nonlinear history fails, even with one exportable leaf), with
+    ``name=None`` (docs/export-and-credit.md#export-policies); every implicit sample gets the
+    output's metadata and reward. Explicit export builds one
     sample per record, in record order: the record's state (its messages, tools and
     ``{**server_template_kwargs, **record kwargs}``) must be a committed node with a response in
     its lineage; the sample metadata is the output metadata overlaid by the record's.
@@ -122,6 +128,8 @@ def export_samples(
     Raises:
         ExportError: ``implicit export requires one committed leaf, found N`` (with
             ``num_leaves == N``; under ``final`` and ``all-leaves`` only for N == 0);
+            ``implicit export requires a linear history`` (``strict``: a branch or a second
+            subtree, even without a response);
             ``explicit export does not match a committed Forest state``; ``export leaf has no
             committed response``; invalid server template kwargs.
     """
@@ -246,6 +254,7 @@ def build_sample(
         metadata=metadata,
         rollout_token_ids=rollout_ids,
         multimodal_inputs=multimodal,
+        export_metadata=copy.deepcopy(export_metadata),
     )
 
 

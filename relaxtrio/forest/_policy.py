@@ -5,8 +5,9 @@ drops an unparsable reply and resends the history with a format-error message; o
 title request with its own system prompt) leave several leaves in a Session's forest. The policy
 decides what implicit export (no JSONL records) makes of them:
 
-* ``strict`` (the default, the contract's original rule): exactly one leaf with a response, else the Session
-  fails its export (and its Group is dropped);
+* ``strict`` (the default, the contract's rule): a strictly linear history, exactly one leaf and
+  its lineage holds a response, else the Session fails its export (and its Group is dropped);
+  one exportable leaf next to any other leaf is still nonlinear;
 * ``final``: the lineage ending in the Session's last response of its *main* subtree; every other
   leaf is reported, not trained. The main subtree is the one with the most response nodes (ties:
   the most generated tokens, then the latest answer), so a side conversation in a subtree of its
@@ -65,9 +66,11 @@ def select_leaves(forest: SessionForest, policy: ExportPolicy = "strict") -> Lea
 
     Raises:
         ExportError: no leaf holds a response (``num_leaves == 0``), or ``strict`` found
-            several (``num_leaves == N``); an unknown policy.
+            several (``num_leaves == N``) or a nonlinear history (``implicit export requires a
+            linear history``); an unknown policy.
     """
-    candidates = [leaf for leaf in forest.leaves() if leaf.num_responses > 0]
+    leaves = forest.leaves()
+    candidates = [leaf for leaf in leaves if leaf.num_responses > 0]
     if policy not in EXPORT_POLICIES:
         raise ExportError(f"unknown export policy {policy!r}", param="agentic_export_policy")
     if policy == "strict" or not candidates:
@@ -75,6 +78,14 @@ def select_leaves(forest: SessionForest, policy: ExportPolicy = "strict") -> Lea
             raise ExportError(
                 f"implicit export requires one committed leaf, found {len(candidates)}",
                 num_leaves=len(candidates),
+                session_id=forest.session_id,
+            )
+        if policy == "strict" and len(leaves) > 1:
+            raise ExportError(
+                f"implicit export requires a linear history, but the Forest has {len(leaves)} "
+                "leaves (branches or subtrees); any nonlinear history requires explicit export "
+                "(or --agentic-export-policy final), even with one exportable leaf: write a "
+                "named record for each context to train",
                 session_id=forest.session_id,
             )
         return LeafSelection(contexts=((None, candidates[0]),))

@@ -9,11 +9,14 @@ Conversions (docs/agent-contract.md#session-input, docs/canonical-contract.md#im
   fetched here). A local path, raw bytes, a ``PIL.Image.Image`` or a Hugging Face datasets
   ``{"bytes": ..., "path": ...}`` object is decoded, converted to RGB, encoded as PNG and returned
   as ``data:image/png;base64,...``.
+* :func:`fetch_image_url` downloads a remote ``http(s)://`` image an agent sent, once, bounded
+  in bytes and seconds, and returns it as a ``data:`` URL of the exact bytes received; every
+  later use (the engine's ``image_data``, the training inputs) reads those bytes, so a second
+  download can never differ from the first. Failures are a clear 400
+  (:class:`~relaxtrio.InvalidRequestError` naming the field).
 * :func:`decode_image_url` turns a ``data:`` URL (or, for the engine, bare base64) back into an
-  RGB image. Remote URLs are refused with a clear :class:`~relaxtrio.InvalidRequestError`:
-  relaxtrio renders training inputs from the exact image bytes it sent, and it does not download
-  media at rollout time (no network in the sandboxes it runs in, and a second download could
-  differ from what the agent saw).
+  RGB image. It never fetches: a remote URL reaching it is refused with a clear
+  :class:`~relaxtrio.InvalidRequestError` (callers resolve remote URLs first).
 * :func:`image_parts` lists the ``image_url`` parts of canonical messages in the order a chat
   template renders them (message order, then part order).
 """
@@ -24,6 +27,9 @@ import base64
 import binascii
 import io
 import os
+import time
+import urllib.error
+import urllib.request
 from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any, Final
@@ -35,11 +41,15 @@ from .._errors import InvalidRequestError
 
 __all__ = [
     "IMAGE_PART_TYPE",
+    "REMOTE_IMAGE_MAX_BYTES",
+    "REMOTE_IMAGE_TIMEOUT_S",
     "ImagePart",
     "decode_image_url",
+    "fetch_image_url",
     "image_content_part",
     "image_parts",
     "is_kept_url",
+    "is_remote_url",
     "png_data_url",
     "resolve_image_path",
     "to_image_url",
@@ -50,6 +60,14 @@ IMAGE_PART_TYPE: Final = "image_url"
 
 _KEPT_PREFIXES: Final = ("data:", "http://", "https://")
 _REMOTE_PREFIXES: Final = ("http://", "https://")
+
+REMOTE_IMAGE_MAX_BYTES: Final = 20 * 1024 * 1024
+"""Default size limit of one fetched remote image, in bytes."""
+
+REMOTE_IMAGE_TIMEOUT_S: Final = 15.0
+"""Default time limit of one remote image fetch (connect, headers and body), in seconds."""
+
+_READ_CHUNK_BYTES: Final = 64 * 1024
 
 
 def is_kept_url(value: str) -> bool:
@@ -168,6 +186,90 @@ def decode_image_url(url: str, *, where: str = "image_url", allow_bare_base64: b
     except (binascii.Error, ValueError) as exc:
         raise InvalidRequestError(f"{where} holds invalid base64 ({exc})", param=where) from exc
     return _open_bytes(data, where)
+
+
+def is_remote_url(url: str) -> bool:
+    """True for ``http://`` and ``https://`` URLs."""
+    return url.startswith(_REMOTE_PREFIXES)
+
+
+def fetch_image_url(
+    url: str,
+    *,
+    where: str = "image_url",
+    max_bytes: int = REMOTE_IMAGE_MAX_BYTES,
+    timeout_s: float = REMOTE_IMAGE_TIMEOUT_S,
+) -> str:
+    """Downloads a remote image once and returns it as a ``data:`` URL of the received bytes.
+
+    Blocking (stdlib ``urllib``): call it from a worker thread. The whole fetch (connect,
+    headers, body) must finish within ``timeout_s``; a body above ``max_bytes`` (announced by
+    ``Content-Length`` or seen while reading) is refused without reading the rest.
+
+    Args:
+        url: an ``http://`` or ``https://`` URL.
+        where: the field path for errors (``messages[1].content[0].image_url.url``).
+        max_bytes: the size limit in bytes.
+        timeout_s: the time limit in seconds.
+
+    Returns:
+        ``data:image/<format>;base64,<the exact bytes>``.
+
+    Raises:
+        InvalidRequestError: (HTTP 400 to the agent, ``param`` = ``where``) the URL is not
+            remote, the server answered an error status, the fetch failed or took longer than
+            ``timeout_s``, the body is larger than ``max_bytes``, or it is no readable image.
+    """
+    if not is_remote_url(url):
+        raise InvalidRequestError(f"{where} is not an http(s) URL", param=where)
+    deadline = time.monotonic() + timeout_s
+
+    def fail(reason: str, exc: BaseException | None = None) -> InvalidRequestError:
+        error = InvalidRequestError(f"{where}: cannot fetch remote image {url[:200]!r}: {reason}", param=where)
+        error.__cause__ = exc
+        return error
+
+    request = urllib.request.Request(url, headers={"User-Agent": "relaxtrio", "Accept": "image/*"})
+    try:
+        with urllib.request.urlopen(request, timeout=timeout_s) as response:
+            announced = response.headers.get("Content-Length")
+            if announced is not None and announced.isdigit() and int(announced) > max_bytes:
+                raise fail(f"{int(announced)} bytes is more than the {max_bytes}-byte limit")
+            chunks: list[bytes] = []
+            received = 0
+            while True:
+                if time.monotonic() > deadline:
+                    raise fail(f"took longer than {timeout_s:g} s")
+                chunk = response.read(_READ_CHUNK_BYTES)
+                if not chunk:
+                    break
+                received += len(chunk)
+                if received > max_bytes:
+                    raise fail(f"more than the {max_bytes}-byte limit")
+                chunks.append(chunk)
+    except urllib.error.HTTPError as exc:
+        exc.close()  # an HTTPError holds the open response; don't leave its socket to the GC
+        raise fail(f"HTTP {exc.code}", exc) from exc
+    except (urllib.error.URLError, OSError, ValueError) as exc:
+        reason = getattr(exc, "reason", exc)
+        if isinstance(reason, TimeoutError) or isinstance(exc, TimeoutError):
+            raise fail(f"took longer than {timeout_s:g} s", exc) from exc
+        raise fail(str(reason), exc) from exc
+    if time.monotonic() > deadline:
+        raise fail(f"took longer than {timeout_s:g} s")
+    data = b"".join(chunks)
+    image_format = _image_format(data, where)
+    return f"data:image/{image_format};base64," + base64.b64encode(data).decode("ascii")
+
+
+def _image_format(data: bytes, where: str) -> str:
+    """The lower-case Pillow format name of image bytes (``png``, ``jpeg``...)."""
+    try:
+        with Image.open(io.BytesIO(data)) as image:
+            image.verify()
+            return (image.format or "png").lower()
+    except (UnidentifiedImageError, OSError, ValueError, SyntaxError) as exc:
+        raise InvalidRequestError(f"{where} is not a readable image ({exc})", param=where) from exc
 
 
 def image_content_part(url: str) -> dict[str, Any]:

@@ -36,7 +36,14 @@ import numpy as np
 from PIL import Image
 
 from .._errors import InvalidRequestError
-from .images import ImagePart, decode_image_url
+from .images import (
+    REMOTE_IMAGE_MAX_BYTES,
+    REMOTE_IMAGE_TIMEOUT_S,
+    ImagePart,
+    decode_image_url,
+    fetch_image_url,
+    is_remote_url,
+)
 
 __all__ = ["MultimodalPayload", "RenderedObservation", "VisionProcessor"]
 
@@ -116,13 +123,24 @@ class VisionProcessor:
             ``t * h * w // merge_size**2`` placeholder ids after expansion.
         cache_images: how many processed images to remember by URL (the engine sees every image
             of a lineage again on each turn); 0 disables the cache.
+        remote_image_max_bytes: size limit of one fetched ``http(s)`` image, in bytes.
+        remote_image_timeout_s: time limit of one fetch, in seconds.
 
     Thread safety: calls may run in worker threads; the cache is guarded by a lock.
     """
 
     def __init__(
-        self, image_processor: Any, *, image_token_id: int, merge_size: int, cache_images: int = 0
+        self,
+        image_processor: Any,
+        *,
+        image_token_id: int,
+        merge_size: int,
+        cache_images: int = 0,
+        remote_image_max_bytes: int = REMOTE_IMAGE_MAX_BYTES,
+        remote_image_timeout_s: float = REMOTE_IMAGE_TIMEOUT_S,
     ) -> None:
+        self.remote_image_max_bytes = remote_image_max_bytes
+        self.remote_image_timeout_s = remote_image_timeout_s
         self.image_processor = image_processor
         self.image_token_id = int(image_token_id)
         self.merge_size = int(merge_size)
@@ -214,21 +232,35 @@ class VisionProcessor:
         Returns:
             ``(training ids, payload)``.
 
+        Remote ``http(s)`` images are fetched here, once (blocking: this runs in a worker
+        thread), bounded by ``remote_image_max_bytes`` and ``remote_image_timeout_s``; the
+        payload keeps the fetched bytes as ``data:`` URLs, so the engine and the trainer see
+        exactly what was downloaded. The committed message keeps the agent's URL.
+
         Raises:
-            InvalidRequestError: a remote or undecodable image (``param`` is its field path), or a
-                placeholder count that differs from the number of images.
+            InvalidRequestError: a remote image that cannot be fetched within the bounds, an
+                undecodable image (``param`` is its field path), or a placeholder count that
+                differs from the number of images.
         """
-        decoded = [decode_image_url(part.url, where=part.param) for part in images]
+        urls = [self._inline(part) for part in images]
+        decoded = [decode_image_url(url, where=part.param) for url, part in zip(urls, images, strict=True)]
         pixel_values, grid = self.process(decoded)
         per_image = self.tokens_per_image(grid)
         train_ids = self.expand(rollout_ids, per_image, param=images[0].param if images else None)
         payload = MultimodalPayload(
-            image_urls=[part.url for part in images],
+            image_urls=urls,
             pixel_values=pixel_values,
             image_grid_thw=grid,
             num_image_tokens=per_image,
         )
         return train_ids, payload
+
+    def _inline(self, part: ImagePart) -> str:
+        """The part's URL, with a remote image fetched into a ``data:`` URL."""
+        if not is_remote_url(part.url):
+            return part.url
+        return fetch_image_url(part.url, where=part.param, max_bytes=self.remote_image_max_bytes,
+                               timeout_s=self.remote_image_timeout_s)
 
     def engine_inputs(
         self, input_ids: Sequence[int], image_data: Sequence[str]

@@ -185,11 +185,20 @@ class Group:
         while protected := self._protected_sessions():
             await protected[0].wait_ended()
 
+    @property
+    def in_runtime(self) -> bool:
+        """Whether the Sessions are in Runtime: the lease is held and the barrier has passed."""
+        return self.leased and self.barrier_passed
+
     def note_request(self, session: Session) -> None:
-        """Records that ``session`` sent a request (first-request barrier)."""
+        """Records that ``session`` sent a request (first-request barrier).
+
+        The request that completes the barrier of a leased Group starts the agent budgets.
+        """
         self._requested.setdefault(session.session_id, trio.current_time())
         if self.barrier_passed:
             self._barrier.set()
+        self._start_budgets()
         self._update_gate()
 
     async def wait_barrier_passed(self) -> None:
@@ -202,15 +211,25 @@ class Group:
             await self._barrier.wait()
 
     def lease(self, rollout_id: int | None = None) -> None:
-        """Grants the Runtime lease for step ``rollout_id`` (None: keep :attr:`rollout_id`):
-        agent budgets start, held requests may generate."""
+        """Grants the Runtime lease for step ``rollout_id`` (None: keep :attr:`rollout_id`): held
+        requests may generate once the barrier has passed.
+
+        The Sessions enter Runtime when both hold (the lease, and every Session's first request),
+        and only then do their agent budgets start (docs/agent-contract.md#active-time-budget):
+        agent start-up and the wait for the siblings' first requests never spend
+        ``--agent-timeout``, with or without prelaunch.
+        """
         self.leased = True
         if rollout_id is not None:
             self.rollout_id = rollout_id
-        if not self.paused:
+        self._start_budgets()
+        self._update_gate()
+
+    def _start_budgets(self) -> None:
+        """Starts every budget once the Group is in Runtime and not paused (idempotent)."""
+        if self.in_runtime and not self.paused:
             for session in self.sessions:
                 session.budget.resume()
-        self._update_gate()
 
     def pause(self) -> None:
         """Closes generation for non-protected Sessions and pauses their budgets."""
@@ -230,9 +249,7 @@ class Group:
         for session in self.sessions:
             session.partial.resume()
         self.paused = False
-        if self.leased:
-            for session in self.sessions:
-                session.budget.resume()
+        self._start_budgets()
         self._update_gate()
 
     def enter_step(self, rollout_id: int) -> None:

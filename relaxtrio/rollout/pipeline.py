@@ -5,7 +5,8 @@
   back when its last Session ended (completed or dropped).
 * **Steps.** :meth:`RolloutPipeline.run_step` starts (or leases) Groups until
   ``rollout_batch_size`` of them completed and were scored; a dropped Group is logged, counted and
-  replaced while the refill budget lasts. Accepted Groups keep their finishing order; Sessions keep
+  replaced while the refill budget lasts. A Group the dynamic sampling filter drops is
+  *filtered*: logged, counted, and replaced within its own budget (``filter_budget``). Accepted Groups keep their finishing order; Sessions keep
   sample order.
 * **Step close.** Without partial rollout or fully async, the tail (leased Groups not needed) is
   dropped. With ``partial_rollout`` resident Groups are paused: in-flight generations are aborted,
@@ -42,6 +43,8 @@ from ..nursery.group import run_group as run_group_sessions
 from ..nursery.partial import PartialRollout
 from ..nursery.session import SessionRegistry
 from .dataset import Prompt, PromptStream
+from .filters import GroupFiltered
+from .rewards import score_rewards
 from .step import ScoredGroup, StepResult, agentic_event, score_group
 from .turns import EngineTurnHandler
 from .watchdog import BarrierWatchdog
@@ -62,6 +65,7 @@ class _Step:
         bar: the progress bar of completed Sessions.
         accepted: scored Groups, in acceptance order.
         dropped: Groups dropped during the step.
+        filtered: Groups the dynamic sampling filter dropped, with its reason (new demand).
     """
 
     rollout_id: int
@@ -72,6 +76,7 @@ class _Step:
     bar: tqdm
     accepted: list[ScoredGroup] = attrs.field(factory=list)
     dropped: list[Group] = attrs.field(factory=list)
+    filtered: list[tuple[Group, str | None]] = attrs.field(factory=list)
 
 
 @attrs.define(eq=False, kw_only=True)
@@ -156,6 +161,7 @@ class RolloutPipeline:
         self.nursery.start_soon(self.watchdog.watch, group)
         await run_group_sessions(group, agent=self.agent, base_url=self.base_url, registry=self.registry,
                                  server_template_kwargs=self.server_template_kwargs, lease=False)
+        await score_rewards(group, self.config)
 
     async def _group_task(self, group: Group) -> None:
         try:
@@ -273,6 +279,12 @@ class RolloutPipeline:
                     step.bar.update(len(group.sessions))
                     step.bar.set_postfix(scored=len(step.accepted) * cfg.n_samples_per_prompt)
                     continue
+                except GroupFiltered as exc:  # new demand, within the filter budget
+                    step.filtered.append((group, exc.reason))
+                    log.info("Filtered 1 group %s: %s", group.group_id, exc)
+                    if len(step.filtered) <= cfg.filter_budget:
+                        step.starts_left += 1
+                    continue
                 except ExportError as exc:
                     group.dropped_reason = str(exc)
                     log.warning("Dropped group %s: %s", group.group_id, exc)
@@ -303,11 +315,13 @@ class RolloutPipeline:
             rollout_s=time.monotonic() - step.started, aborted_requests=aborted,
             resident_groups=len(self._resident),
             barrier_warnings=self.barrier_warnings - step.warnings_before,
+            filtered=tuple(step.filtered),
         )
         log.info(agentic_event(
             "rollout", "accounting_end", rollout=step.rollout_id, groups=len(result.groups),
             rows=len(result.samples), debt=max(step.target - len(result.groups), 0),
-            dropped_groups=len(step.dropped), resident_groups=len(self._resident),
+            dropped_groups=len(step.dropped), filtered_groups=len(step.filtered),
+            resident_groups=len(self._resident),
             aborted_requests=aborted))
         return result
 

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import inspect
 import math
 from collections.abc import Mapping
 from typing import Any
@@ -12,8 +13,10 @@ from .._errors import ExportError
 from ..config import RolloutConfig
 from ..forest import TrainingSample
 from ..nursery.group import Group
-from .advantages import grpo_advantages, scalar_reward
+from .advantages import group_advantages, scalar_reward
+from .filters import run_dynamic_filter
 from .hooks import custom_advantages
+from .rewards import metadata_metrics, passrate_metrics, reward_metrics, summary_metrics
 
 
 def agentic_event(component: str, event: str, **fields: Any) -> str:
@@ -34,8 +37,8 @@ class ScoredGroup:
         samples: its samples, Session order then export order.
         rewards: scalar reward per sample (None for contexts without a reward under custom
             advantage).
-        advantages: per sample: GRPO advantage (reward normalized within the Group), or the
-            custom advantage function's credit.
+        advantages: per sample: the estimator's base credit (e.g. GRPO: reward normalized
+            within the Group), or the custom advantage function's credit.
     """
 
     group: Group
@@ -44,9 +47,9 @@ class ScoredGroup:
     advantages: tuple[float, ...]
 
 
-def _reward_of(sample: TrainingSample, session_index: int, config: RolloutConfig) -> float:
+def _reward_of(sample: TrainingSample, session_index: int, reward_key: str | None) -> float:
     try:
-        value = scalar_reward(sample.reward, config.reward_key)
+        value = scalar_reward(sample.reward, reward_key)
     except ExportError as exc:
         raise ExportError(f"session {session_index}: {exc}", param=exc.param) from exc
     if not math.isfinite(value):
@@ -56,32 +59,96 @@ def _reward_of(sample: TrainingSample, session_index: int, config: RolloutConfig
 
 def _score_custom(group: Group, config: RolloutConfig) -> ScoredGroup:
     assert config.custom_advantage is not None
-    exports = [[(s.name, s.metadata) for s in session.samples] for session in group.sessions]
+    # Only each export's own metadata (docs/export-and-credit.md#custom-advantage): no dataset
+    # metadata, tools, template kwargs or trace fields.
+    exports = [[(s.name, s.export_metadata) for s in session.samples] for session in group.sessions]
     credits = custom_advantages(config.custom_advantage, exports)
     if credits is None:
         raise ExportError("Filtered 1 group: the custom advantage function returned None")
     samples = [s for session in group.sessions for s in session.samples]
     rewards = [
-        None if s.reward is None else _reward_of(s, session.index, config)
+        None if s.reward is None else _reward_of(s, session.index, config.reward_key)
         for session in group.sessions for s in session.samples
     ]
     return ScoredGroup(group=group, samples=tuple(samples), rewards=tuple(rewards),
                        advantages=tuple(c for row in credits for c in row))
 
 
+def _unrewarded(session: Any) -> ExportError:
+    return ExportError(
+        f"session {session.index} wrote no reward; write reward in RELAX_OUTPUT_JSON or "
+        "configure --custom-rm-path", session_id=session.session_id)
+
+
+def _fallback_rm(sample: TrainingSample, config: RolloutConfig) -> Any:
+    """The synchronous reward model inline, for a Group no :func:`score_rewards` ran on."""
+    assert config.custom_rm is not None and not config.group_rm
+    value = config.custom_rm(sample)
+    if inspect.isawaitable(value):
+        close = getattr(value, "close", None)
+        if close is not None:
+            close()
+        raise ExportError("an async reward model must run through score_rewards (the pipeline "
+                          "awaits it when the Group finishes)")
+    return value
+
+
+def _score_eval(group: Group, config: RolloutConfig) -> ScoredGroup:
+    """An eval Group's rewards: never custom advantage, never a filter.
+
+    Only contexts with a reward are scored (evaluation often exports only ``main``); the
+    primary value uses ``eval_reward_key`` (else ``reward_key``). Advantages are all 0.0.
+    """
+    key = config.eval_reward_key if config.eval_reward_key is not None else config.reward_key
+    samples: list[TrainingSample] = []
+    rewards: list[float] = []
+    for session in group.sessions:
+        scored = 0
+        for sample in session.samples:
+            reward = sample.reward
+            if reward is None and config.custom_rm is not None and not config.group_rm:
+                reward = _fallback_rm(sample, config)
+            if reward is None:
+                continue
+            samples.append(sample)
+            rewards.append(_reward_of(attrs.evolve(sample, reward=reward), session.index, key))
+            scored += 1
+        if not scored:
+            raise _unrewarded(session)
+    return ScoredGroup(group=group, samples=tuple(samples), rewards=tuple(rewards),
+                       advantages=(0.0,) * len(samples))
+
+
 def score_group(group: Group, config: RolloutConfig) -> ScoredGroup:
     """Scalar rewards and advantages for a completed Group.
 
-    With a custom advantage function its credits are used as they are (no GRPO normalization);
-    otherwise every Session must export exactly one context and GRPO normalizes the rewards.
+    Eval Groups (``group.mode == "eval"``) are only scored for their rewards: custom advantage
+    and the dynamic filter are never called (docs/export-and-credit.md#custom-advantage).
+    For train Groups, a custom advantage function's credits are used as they are (no estimator
+    normalization); otherwise every Session must export exactly one context and
+    ``config.advantage_estimator`` turns the Group's rewards into credits. Then the dynamic
+    sampling filter, if any, may filter the Group. Reward-model rewards are expected to be
+    written already (:func:`relaxtrio.rollout.rewards.score_rewards`); a synchronous per-sample
+    reward model is still called inline for samples without reward.
 
     Raises:
+        GroupFiltered: the dynamic sampling filter dropped the Group (new demand).
         ExportError: a Session exported several contexts without custom advantage, a sample has
             no reward and no custom RM is configured, a reward is not a finite number, the custom
-            advantage answer is invalid, or it filtered the Group.
+            advantage answer is invalid, it filtered the Group, or the filter failed.
     """
+    if group.mode == "eval":
+        return _score_eval(group, config)
     if config.custom_advantage is not None:
-        return _score_custom(group, config)
+        scored = _score_custom(group, config)
+    else:
+        scored = _score_rewards_only(group, config)
+    if config.dynamic_filter is not None:
+        run_dynamic_filter(config.dynamic_filter, scored.samples, scored.rewards)
+    return scored
+
+
+def _score_rewards_only(group: Group, config: RolloutConfig) -> ScoredGroup:
     samples: list[TrainingSample] = []
     rewards: list[float] = []
     for session in group.sessions:
@@ -93,22 +160,21 @@ def score_group(group: Group, config: RolloutConfig) -> ScoredGroup:
             )
         sample = session.samples[0]
         if sample.reward is None:
-            if config.custom_rm is None:
-                raise ExportError(
-                    f"session {session.index} wrote no reward; write reward in "
-                    "RELAX_OUTPUT_JSON or configure --custom-rm-path",
-                    session_id=session.session_id,
-                )
-            value = float(config.custom_rm(sample))
+            if config.custom_rm is None or config.group_rm:
+                raise _unrewarded(session)
+            value = _reward_of(attrs.evolve(sample, reward=_fallback_rm(sample, config)),
+                               session.index, config.reward_key)
         else:
-            value = _reward_of(sample, session.index, config)
+            value = _reward_of(sample, session.index, config.reward_key)
         if not math.isfinite(value):
             raise ExportError(f"session {session.index}: reward is not finite",
                               session_id=session.session_id)
         samples.append(sample)
         rewards.append(value)
+    credits = group_advantages(config.advantage_estimator, rewards,
+                               std_normalize=config.grpo_std_normalization)
     return ScoredGroup(group=group, samples=tuple(samples), rewards=tuple(rewards),
-                       advantages=tuple(grpo_advantages(rewards)))
+                       advantages=tuple(credits))
 
 
 @attrs.frozen(kw_only=True)
@@ -123,6 +189,8 @@ class StepResult:
         aborted_requests: generations aborted (and parked) at step close.
         resident_groups: Groups still resident after the step closed.
         barrier_warnings: barrier watchdog warnings logged during the step.
+        filtered: Groups the dynamic sampling filter dropped (each replaced by new demand),
+            with the filter's reason (or None).
     """
 
     rollout_id: int
@@ -132,6 +200,7 @@ class StepResult:
     aborted_requests: int = 0
     resident_groups: int = 0
     barrier_warnings: int = 0
+    filtered: tuple[tuple[Group, str | None], ...] = ()
 
     @property
     def samples(self) -> list[TrainingSample]:
@@ -153,12 +222,57 @@ def _mean(values: list[float]) -> float:
     return sum(values) / len(values) if values else float("nan")
 
 
-def group_metrics(result: StepResult) -> Mapping[str, Any]:
+def group_metrics(result: StepResult, config: RolloutConfig | None = None) -> Mapping[str, Any]:
     """Reward, length and scheduling statistics of a step (means over samples).
 
     All values are floats except ``prompt_indices``: the dataset rows of the trained Groups, in
     acceptance order (what a resumed run is checked against).
+
+    With ``config`` also the reward metrics of docs/export-and-credit.md#reward-metrics-and-pass-rate:
+    ``rollout/raw_reward``, ``rollout/<field>/mean|median|max|min`` of reward objects,
+    ``<field>/mean|median|max|min`` of numeric export metadata, ``rollout/pass@k`` with
+    ``log_passrate``, ``credit/<context name>/mean|median|max|min`` of the base credit of every
+    named (explicitly exported) context, and ``filtered_groups`` with
+    ``rollout/dynamic_filter/drop_<reason>``.
     """
+    out = dict(_base_metrics(result))
+    if config is None:
+        return out
+    samples = result.samples
+    out.update(reward_metrics(samples, config.reward_key))
+    out.update(metadata_metrics(samples))
+    if config.log_passrate:
+        out.update(passrate_metrics([_session_rewards(g, config.reward_key) for g in result.groups]))
+    credits: dict[str, list[float]] = {}
+    for scored in result.groups:
+        for sample, credit in zip(scored.samples, scored.advantages, strict=True):
+            if sample.name is not None:
+                credits.setdefault(sample.name, []).append(credit)
+    for name, values in sorted(credits.items()):
+        out.update(summary_metrics(f"credit/{name}", values))
+    out["filtered_groups"] = float(len(result.filtered))
+    for _, reason in result.filtered:
+        if reason is not None:
+            key = f"rollout/dynamic_filter/drop_{reason}"
+            out[key] = out.get(key, 0.0) + 1.0
+    return out
+
+
+def _session_rewards(scored: ScoredGroup, reward_key: str | None) -> list[list[float | None]]:
+    """Per Session, the primary reward of each exported context (None when unset)."""
+    out = []
+    for session in scored.group.sessions:
+        row: list[float | None] = []
+        for sample in session.samples:
+            try:
+                row.append(None if sample.reward is None else scalar_reward(sample.reward, reward_key))
+            except ExportError:
+                row.append(None)
+        out.append(row)
+    return out
+
+
+def _base_metrics(result: StepResult) -> Mapping[str, Any]:
     rewards = [r for r in result.rewards if r is not None]
     mean = _mean(rewards)
     std = math.sqrt(_mean([(r - mean) ** 2 for r in rewards])) if rewards else float("nan")

@@ -219,15 +219,16 @@ class EngineTurnHandler:
         )
 
     def _token_budget(self, forest: SessionForest, parent: _Node, request: TurnRequest) -> int:
-        """Tokens the turn may generate: the configured cap, the request's own limit, and the
-        room the context limit leaves after the lineage.
+        """Tokens the turn may generate: the request's own limit (its turn limit,
+        docs/canonical-contract.md#context-limits), else ``--rollout-max-response-len``, bounded
+        by the room the context limit leaves after the lineage.
 
         Raises:
             ContextLengthExceededError: the lineage leaves no room.
         """
         budget = self.config.max_response_tokens
         if request.max_new_tokens is not None:
-            budget = min(budget, request.max_new_tokens)
+            budget = request.max_new_tokens
         if forest.max_context_tokens is not None:
             used = forest.train_token_count(parent)
             room = forest.max_context_tokens - used

@@ -10,10 +10,10 @@ from .batching import MicroBatch as MicroBatch
 from .batching import SampleLike as SampleLike
 from .checkpoint import save_checkpoint_dir as save_checkpoint_dir
 from .checkpoint import save_weights_dir as save_weights_dir
-from .loss import entropy_from_logits as entropy_from_logits
-from .loss import logprobs_from_logits as logprobs_from_logits
+from .logprobs import entropy_from_logits as entropy_from_logits
+from .logprobs import logprobs_from_logits as logprobs_from_logits
+from .logprobs import token_logprobs as token_logprobs
 from .loss import policy_loss as policy_loss
-from .loss import token_logprobs as token_logprobs
 from .multimodal import merge_multimodal_inputs as merge_multimodal_inputs
 from .multimodal import multimodal_model_inputs as multimodal_model_inputs
 from .stats import TrainStats as TrainStats

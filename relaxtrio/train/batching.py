@@ -18,7 +18,14 @@ from torch import Tensor
 from .._validate import require_real
 from .multimodal import multimodal_model_inputs
 
-__all__ = ["MicroBatch", "SampleLike", "collate", "plan_micro_batches", "split_minibatches"]
+__all__ = [
+    "MicroBatch",
+    "SampleLike",
+    "collate",
+    "plan_dynamic_micro_batches",
+    "plan_micro_batches",
+    "split_minibatches",
+]
 
 
 class SampleLike(Protocol):
@@ -26,7 +33,8 @@ class SampleLike(Protocol):
 
     ``len(token_ids) == len(loss_mask) == len(rollout_logprobs) >= 1``; ``loss_mask[0] == 0``
     (the first token has no context to be predicted from). An optional ``multimodal_inputs``
-    (payloads with ``train_inputs``, lineage order) is read when present.
+    (payloads with ``train_inputs``, lineage order) is read when present, and so are the
+    optional ``weight_versions`` spans (``--mask-offpolicy-in-partial-rollout``).
     """
 
     @property
@@ -50,7 +58,7 @@ class MicroBatch:
         loss_mask: ``(B, T) float32``; 1 on trained tokens.
         rollout_logprobs: ``(B, T) float32``; engine logprobs (0.0 off the loss mask).
         advantages: ``(B, T) float32``; each sample's scalar advantage broadcast over its whole
-            row (the loss only reads it where ``loss_mask == 1``).
+            row, or its per-token advantages (the loss only reads it where ``loss_mask == 1``).
         model_inputs: extra model keyword tensors (a VLM's ``pixel_values``, ``image_grid_thw``,
             ``mm_token_type_ids``); empty for text.
     """
@@ -160,24 +168,62 @@ def plan_micro_batches(
     return out
 
 
+def plan_dynamic_micro_batches(
+    indices: Sequence[int], lengths: Sequence[int], *, max_tokens: int
+) -> list[list[int]]:
+    """Pack sample indices into micro-batches by a padded-token budget (dynamic batching).
+
+    First-fit decreasing: samples are taken longest first and each goes into the first
+    micro-batch that stays within ``len(mb) * longest(mb) <= max_tokens`` with it (the padded
+    size of a right-padded forward), else into a new one. Sorting keeps similar lengths
+    together, so little padding is wasted; the sample count per micro-batch is not bounded.
+    Accumulation makes the split irrelevant to the gradient (the loss denominators are the
+    minibatch's), so any packing is correct; this one is just small.
+
+    Args:
+        indices: the minibatch's sample indices.
+        lengths: token count of every sample of the step (indexed by sample index).
+        max_tokens: the padded-token budget (``--max-tokens-per-gpu``); a longer sample gets a
+            micro-batch of its own.
+
+    Returns:
+        Non-empty lists of sample indices covering ``indices`` exactly once; each list is
+        ordered longest first.
+    """
+    order = sorted(indices, key=lambda i: (-lengths[i], i))
+    bins: list[list[int]] = []
+    for i in order:
+        for mb in bins:
+            if (len(mb) + 1) * lengths[mb[0]] <= max_tokens:  # mb[0] is its longest
+                mb.append(i)
+                break
+        else:
+            bins.append([i])
+    return bins
+
+
 def collate(
     samples: Sequence[SampleLike],
-    advantages: Sequence[float] | None,
+    advantages: Sequence[float | Tensor] | None,
     indices: Sequence[int],
     *,
     pad_token_id: int,
     device: torch.device | str,
     image_token_id: int | None = None,
+    loss_masks: Sequence[Sequence[int]] | None = None,
 ) -> MicroBatch:
     """Right-pad the chosen samples into one :class:`MicroBatch` on ``device``.
 
     Args:
         samples: the step's samples.
-        advantages: one per sample, or None.
+        advantages: one per sample (a scalar, or a ``(len_i,)`` tensor of token advantages),
+            or None.
         indices: which samples, in batch order.
         pad_token_id: id written at padding positions.
         device: where the tensors go.
         image_token_id: the model's image placeholder id, for samples with images.
+        loss_masks: per-sample loss masks replacing ``sample.loss_mask`` (e.g. off-policy
+            tokens masked), indexed like ``samples``; None keeps the samples' own.
 
     Raises:
         ValueError: a sample's rollout logprob is ``nan``/``inf`` on a trained token, or a sample
@@ -194,10 +240,15 @@ def collate(
         n = len(s.token_ids)
         token_ids[b, :n] = torch.tensor(s.token_ids, dtype=torch.long)
         attention_mask[b, :n] = 1
-        loss_mask[b, :n] = torch.tensor(s.loss_mask, dtype=torch.float32)
+        mask = s.loss_mask if loss_masks is None else loss_masks[i]
+        loss_mask[b, :n] = torch.tensor(mask, dtype=torch.float32)
         rollout_logprobs[b, :n] = torch.tensor(s.rollout_logprobs, dtype=torch.float32)
         if advantages is not None:
-            adv[b, :n] = float(advantages[i])
+            value = advantages[i]
+            if isinstance(value, Tensor):
+                adv[b, :n] = value.to(torch.float32)
+            else:
+                adv[b, :n] = float(value)
     on_mask = loss_mask.bool()
     bad = (on_mask & ~torch.isfinite(rollout_logprobs)).any(dim=1)  # (B,)
     if bad.any():

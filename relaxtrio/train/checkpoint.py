@@ -115,7 +115,8 @@ def save_weights_dir(
         model: a transformers ``PreTrainedModel``.
         out_dir: created if missing.
         state_dict: the tensors to write instead of ``model``'s own (a sharded trainer: the
-            full weights gathered on rank 0, see :mod:`relaxtrio.train.distributed`).
+            full weights gathered on rank 0, see :mod:`relaxtrio.train.distributed`; LoRA: the
+            merged weights, see :func:`relaxtrio.train.lora.merged_state_dict`).
 
     Returns:
         ``out_dir``, ready for ``AutoModelForCausalLM.from_pretrained`` or an engine's
@@ -150,7 +151,8 @@ def save_checkpoint_dir(
         tokenizer_dir: directory to copy tokenizer files from (:data:`TOKENIZER_FILES` and any
             ``*.jinja``), or None for weights + config only.
         optimizer_state: if given, ``torch.save``-d to ``out_dir / "optimizer.pt"``.
-        state_dict: the tensors to write instead of ``model``'s own (sharded: the gathered weights).
+        state_dict: the tensors to write instead of ``model``'s own (sharded: the gathered
+            weights; LoRA: merged weights).
 
     Returns:
         ``out_dir``; ``AutoModelForCausalLM.from_pretrained(out_dir)`` (and

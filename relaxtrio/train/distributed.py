@@ -199,9 +199,13 @@ class ShardedTrainer(Trainer):
         return mine
 
     def _collate(
-        self, samples: Sequence[SampleLike], advantages: Sequence[float] | None, indices: list[int]
+        self,
+        samples: Sequence[SampleLike],
+        advantages: Sequence[float | Tensor] | None,
+        indices: list[int],
+        masks: Sequence[Sequence[int]] | None = None,
     ) -> MicroBatch:
-        batch = super()._collate(samples, advantages, indices)
+        batch = super()._collate(samples, advantages, indices, masks)
         if not isinstance(indices, _Padding):
             return batch
         zero = torch.zeros_like(batch.loss_mask)  # (B, T)
@@ -235,15 +239,8 @@ class ShardedTrainer(Trainer):
         acc.diff_max = float(top.item())
 
     @torch.no_grad()
-    def _pre_update_logprobs(self, samples: Sequence[SampleLike], lengths: Sequence[int], acc: Any) -> dict[int, Tensor]:
-        # Each rank computes its share; all get all, because the minibatches split differently.
-        self._owned = set()
-        local = super()._pre_update_logprobs(samples, lengths, acc)
-        return _all_gather_rows({i: row for i, row in local.items() if i in self._owned}, self.world_size)
-
-    @torch.no_grad()
     def _no_grad_logprobs(self, model: torch.nn.Module, samples: Sequence[SampleLike], masks: Any, acc: Any) -> dict[int, Tensor]:
-        # The same for a trainer whose no-grad passes take the model (reference policy, KL).
+        # Each rank computes its share; all get all, because the minibatches split differently.
         parent = super()._no_grad_logprobs  # type: ignore[misc]
         self._owned = set()
         local = parent(model, samples, masks, acc)

@@ -1,4 +1,4 @@
-"""The synchronous policy trainer: samples + advantages in, one or more AdamW steps out.
+"""The synchronous policy trainer: samples + base credits in, one or more AdamW steps out.
 
 Everything here blocks (torch). The trio driver calls it through
 ``await trio.to_thread.run_sync(trainer.train_step, samples, advantages)``; a :class:`Trainer`
@@ -6,24 +6,33 @@ is not thread-safe, so the driver never runs two of its methods at once. It neve
 torch's global state (thread count, default dtype, global RNG); the caller owns those.
 
 One :meth:`Trainer.train_step` is GRPO/PPO on one rollout's samples (DeepSeekMath,
-arXiv 2402.03300, section 4.1; PPO, arXiv 1707.06347):
+arXiv 2402.03300, section 4.1; PPO, arXiv 1707.06347), in the order of
+docs/export-and-credit.md#what-the-trainer-does-with-an-advantage:
 
-1. pad the samples into micro-batches (right padding + attention mask);
-2. old logprobs: the trainer's own logprobs before any update (no grad), or the engine's
-   ``rollout_logprobs`` when ``TrainConfig.use_rollout_logprobs_as_old``; either way
-   ``rollout_logprob_abs_diff`` is measured against the pre-update trainer logprobs;
-3. per minibatch: forward/backward every micro-batch with the loss divided by the minibatch's
-   trained-token count (so accumulation equals the big-batch token mean, DAPO's token-level loss),
-   clip the gradient norm, AdamW step.
+1. loss masks: with ``mask_offpolicy_in_partial_rollout``, tokens sampled by an older weight
+   version are removed (:func:`~relaxtrio.train.offpolicy.newest_version_loss_mask`);
+2. no-grad passes where needed: the frozen reference model's logprobs (KL loss or shaping), and
+   the pre-update ("old") logprobs when there are several minibatches or KL shaping needs them
+   before any loss; ``rollout_logprob_abs_diff`` is measured against the pre-update logprobs;
+3. token advantages: each sample's base credit broadcast over its trained tokens, KL-shaped
+   returns (``kl_coef``), whitening (``normalize_advantages``), see
+   :mod:`relaxtrio.train.estimators`;
+4. per minibatch: forward/backward every micro-batch (``micro_batch_size`` samples, or packed by
+   ``max_tokens_per_gpu`` with dynamic batching) with the loss reduced against the *minibatch's*
+   denominators, so accumulation equals the unsplit loss; the loss is the clipped surrogate with
+   its ratio options and off-policy weights (TIS, IcePop, OPSM), minus the entropy bonus, plus
+   the KL loss; clip the gradient norm, AdamW step.
 
-With a single minibatch the old logprobs are the detached logprobs of the same forward pass
-(the weights have not moved yet), which saves one full forward per step and gives a ratio of
-exactly 1. Samples whose advantage is 0 still count in the token denominator (the standard
-GRPO/DAPO choice: they dilute the step rather than being dropped).
+With a single minibatch and no KL shaping the old logprobs are the detached logprobs of the same
+forward pass (the weights have not moved yet), which saves one full forward per step and gives a
+ratio of exactly 1. Samples whose advantage is 0 still count in the denominators (the standard
+GRPO/DAPO choice: they dilute the step rather than being dropped). All logprobs use
+``config.temperature``, the rollout's sampling temperature.
 """
 
 from __future__ import annotations
 
+import copy
 import math
 import random
 import time
@@ -31,7 +40,6 @@ from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
-import attrs
 import torch
 from torch import Tensor
 
@@ -40,23 +48,23 @@ from .batching import (
     MicroBatch,
     SampleLike,
     collate,
+    plan_dynamic_micro_batches,
     plan_micro_batches,
     split_minibatches,
     validate_samples,
 )
-from .checkpoint import (
-    OPTIMIZER_FILE,
-    save_checkpoint_dir,
-    save_run_checkpoint,
-    save_weights_dir,
-)
-from .loss import (
-    _forward_logits,
+from .checkpoint import OPTIMIZER_FILE, save_checkpoint_dir, save_run_checkpoint, save_weights_dir
+from .estimators import token_advantages
+from .logprobs import (
     entropy_from_logits,
+    forward_logits,
+    logprob_temperature,
     logprobs_from_logits,
-    policy_loss,
 )
-from .stats import TrainStats
+from .lora import apply_lora, merged_state_dict
+from .loss import LossDenominators, aggregate, policy_loss, reference_kl
+from .offpolicy import newest_version_loss_mask, offpolicy_token_weights
+from .stats import StepAccumulator, TrainStats
 
 __all__ = ["Trainer"]
 
@@ -69,18 +77,31 @@ class Trainer:
 
     Args:
         model: a transformers causal LM (``PreTrainedModel``); moved to ``config.device``.
-        config: optimizer, clipping and batching settings.
+        config: optimizer, loss and batching settings.
 
     Attributes:
         model: the policy being trained.
         config: the :class:`TrainConfig` in use.
         optimizer: ``torch.optim.AdamW`` over the trainable parameters.
         num_optimizer_steps: optimizer steps taken since construction (or the loaded state).
+        ref_model: a frozen copy of the initial weights when the KL loss or KL shaping needs a
+            reference policy (``config.needs_reference_model``), else None (also with LoRA,
+            whose reference is the base model with the adapter disabled).
+        lora: whether the model carries a LoRA adapter (``config.lora_rank > 0``): only the
+            adapter trains, and :meth:`save_weights` / :meth:`save_checkpoint` write the merged
+            weights.
     """
 
-    def __init__(self, model: torch.nn.Module, config: TrainConfig | None = None) -> None:
+    def __init__(
+        self,
+        model: torch.nn.Module,
+        config: TrainConfig | None = None,
+        *,
+        reference_model: torch.nn.Module | None = None,
+    ) -> None:
         self.config = config if config is not None else TrainConfig()
-        self.model = model.to(self.config.device)
+        self.lora = self.config.lora_rank > 0
+        self.model = (apply_lora(model, self.config) if self.lora else model).to(self.config.device)
         self.model.eval()
         self._params = [p for p in self.model.parameters() if p.requires_grad]
         self.optimizer = torch.optim.AdamW(
@@ -91,6 +112,12 @@ class Trainer:
             weight_decay=self.config.weight_decay,
         )
         self.num_optimizer_steps = 0
+        self._temperature = logprob_temperature(self.config.temperature)
+        self.ref_model: torch.nn.Module | None = None
+        if self.config.needs_reference_model and not self.lora:
+            # With LoRA, the KL reference policy is the base model itself, with the adapter disabled.
+            ref = reference_model if reference_model is not None else copy.deepcopy(self.model)
+            self.ref_model = ref.to(self.config.device).requires_grad_(False).eval()
         self._rng = random.Random(self.config.seed)
         model_config = getattr(model, "config", None)
         text_config = model_config.get_text_config() if hasattr(model_config, "get_text_config") else model_config
@@ -102,7 +129,9 @@ class Trainer:
         self._pad_token_id = pad if ok else 0  # any valid id: padding is masked out
 
     @classmethod
-    def from_pretrained(cls, model_dir: Path, config: TrainConfig | None = None) -> Trainer:
+    def from_pretrained(
+        cls, model_dir: Path, config: TrainConfig | None = None, *, reference_dir: Path | None = None
+    ) -> Trainer:
         """Load ``model_dir`` (HF layout) in float32 and build a trainer around it.
 
         Args:
@@ -110,16 +139,15 @@ class Trainer:
                 or a vision-language model directory (its ``config.json`` has a
                 ``vision_config``; loaded with ``AutoModelForImageTextToText``).
             config: trainer settings; defaults to ``TrainConfig()``.
+            reference_dir: where the frozen reference policy's weights come from when the
+                config needs one (a resumed run passes the original model here, so the KL terms
+                keep measuring the distance from the initial policy); None: ``model_dir``.
         """
-        import json
-
-        from transformers import AutoModelForCausalLM, AutoModelForImageTextToText
-
-        config_file = Path(model_dir) / "config.json"
-        is_vlm = config_file.is_file() and "vision_config" in json.loads(config_file.read_text("utf-8"))
-        auto = AutoModelForImageTextToText if is_vlm else AutoModelForCausalLM
-        model = auto.from_pretrained(Path(model_dir), dtype=torch.float32, local_files_only=True)
-        return cls(model, config)
+        reference = None
+        cfg = config if config is not None else TrainConfig()
+        if reference_dir is not None and cfg.needs_reference_model and cfg.lora_rank == 0:
+            reference = _load_model(Path(reference_dir))
+        return cls(_load_model(Path(model_dir)), config, reference_model=reference)
 
     # ------------------------------------------------------------------ training
 
@@ -130,8 +158,9 @@ class Trainer:
 
         Args:
             samples: ``TrainingSample``-like objects (see :class:`~relaxtrio.train.SampleLike`).
-            advantages: one finite float per sample, broadcast over its ``loss_mask == 1``
-                tokens; ``len(advantages) == len(samples)``.
+            advantages: one finite base credit per sample (an estimator's or the custom advantage
+                function's), broadcast over its ``loss_mask == 1`` tokens before KL shaping and
+                whitening; ``len(advantages) == len(samples)``.
 
         Returns:
             The step's :class:`TrainStats`.
@@ -144,39 +173,24 @@ class Trainer:
         validate_samples(samples, advantages)
         cfg = self.config
         lengths = [len(s.token_ids) for s in samples]
+        masks = self._loss_masks(samples)
+        acc = StepAccumulator()
+        acc.extra["offpolicy_masked_tokens"] = sum(sum(s.loss_mask) for s in samples) - sum(map(sum, masks))
         minibatches = split_minibatches(len(samples), cfg.num_minibatches, self._rng)
-        acc = _StepAccumulator()
-        fused = len(minibatches) == 1
-        old_by_sample = None if fused else self._pre_update_logprobs(samples, lengths, acc)
+        fused = len(minibatches) == 1 and cfg.kl_coef <= 0
+        old_by_sample = None if fused else self._no_grad_logprobs(self.model, samples, masks, acc)
+        ref_by_sample = self._reference_logprobs(samples, masks) if cfg.needs_reference_model else None
+        token_adv, adv_stats = token_advantages(cfg, advantages, masks, old_by_sample, ref_by_sample)
+        acc.extra.update(adv_stats)
         steps = micro = padded = 0
         for mb in minibatches:
-            mb_tokens = sum(sum(samples[i].loss_mask) for i in mb)
-            plan = self._plan(mb, lengths)
-            if mb_tokens == 0:
+            den = self._denominators(mb, masks)
+            if den.num_tokens == 0:
                 continue  # nothing to learn from; an AdamW step would still move the weights
             self.optimizer.zero_grad(set_to_none=True)
-            for indices in plan:
-                batch = self._collate(samples, advantages, indices)
-                logits = _forward_logits(
-                    self.model, batch.token_ids, batch.attention_mask,
-                    autocast_bf16=cfg.bf16_autocast, model_inputs=batch.model_inputs,
-                )  # (B, T, V)
-                logprobs = logprobs_from_logits(
-                    logits, batch.token_ids, batch.attention_mask,
-                    chunk_tokens=cfg.logprob_chunk_tokens,
-                )  # (B, T)
-                if fused:  # weights untouched so far: this pass *is* the pre-update policy
-                    pre = logprobs.detach()
-                    self._observe_pre_update(batch, pre, logits, acc)
-                else:
-                    pre = _gather_rows(old_by_sample, batch)
-                del logits
-                old = batch.rollout_logprobs if cfg.use_rollout_logprobs_as_old else pre
-                loss, stats = policy_loss(
-                    logprobs, old, batch.advantages, batch.loss_mask,
-                    clip_eps_low=cfg.clip_eps_low, clip_eps_high=cfg.clip_eps_high,
-                    loss_denominator_tokens=mb_tokens,
-                )
+            for indices in self._plan(mb, lengths):
+                batch = self._collate(samples, token_adv, indices, masks)
+                loss, stats = self._micro_batch_loss(batch, den, old_by_sample, ref_by_sample, acc)
                 loss.backward()
                 acc.observe_loss(stats)
                 micro += 1
@@ -200,6 +214,93 @@ class Trainer:
             elapsed_s=time.perf_counter() - t0,
         )
 
+    def _micro_batch_loss(
+        self,
+        batch: MicroBatch,
+        den: LossDenominators,
+        old_by_sample: dict[int, Tensor] | None,
+        ref_by_sample: dict[int, Tensor] | None,
+        acc: StepAccumulator,
+    ) -> tuple[Tensor, dict[str, float]]:
+        """Forward one micro-batch and build its loss (policy, entropy, KL terms) with grad."""
+        cfg = self.config
+        logits = forward_logits(
+            self.model, batch.token_ids, batch.attention_mask,
+            autocast_bf16=cfg.bf16_autocast, model_inputs=batch.model_inputs,
+        )  # (B, T, V)
+        logprobs = logprobs_from_logits(
+            logits, batch.token_ids, batch.attention_mask,
+            chunk_tokens=cfg.logprob_chunk_tokens, temperature=self._temperature,
+        )  # (B, T)
+        if old_by_sample is None:  # weights untouched so far: this pass *is* the pre-update policy
+            pre = logprobs.detach()
+            self._observe_pre_update(batch, pre, logits, acc)
+        else:
+            pre = _gather_rows(old_by_sample, batch)
+        old = batch.rollout_logprobs if cfg.use_rollout_logprobs_as_old else pre
+        weights, off_stats = offpolicy_token_weights(
+            cfg, old=pre, rollout=batch.rollout_logprobs, logprobs=logprobs,
+            advantages=batch.advantages, loss_mask=batch.loss_mask,
+        )
+        loss, stats = policy_loss(
+            logprobs, old, batch.advantages, batch.loss_mask,
+            clip_eps_low=cfg.clip_eps_low, clip_eps_high=cfg.clip_eps_high,
+            clip_ratio_c=cfg.clip_ratio_c, policy_ratio=cfg.policy_ratio, token_weights=weights,
+            aggregation=cfg.loss_aggregation, denominators=den,
+        )
+        if cfg.clip_ratio_c is None:
+            del stats["dual_clip_fraction"]
+        stats.update(off_stats)
+        if cfg.entropy_coef > 0:
+            entropy = entropy_from_logits(
+                logits, chunk_tokens=cfg.logprob_chunk_tokens, temperature=self._temperature
+            )  # (B, T), with grad
+            loss = loss - cfg.entropy_coef * aggregate(
+                entropy, batch.loss_mask, cfg.loss_aggregation, den
+            )
+        del logits
+        if ref_by_sample is not None and cfg.use_kl_loss:
+            kl = reference_kl(logprobs, _gather_rows(ref_by_sample, batch), cfg.kl_loss_type)
+            if cfg.kl_loss_coef > 0:
+                loss = loss + cfg.kl_loss_coef * aggregate(kl, batch.loss_mask, cfg.loss_aggregation, den)
+            mask = batch.loss_mask.bool()
+            stats["kl_loss"] = float(kl.detach()[mask].sum().item()) / max(float(mask.sum().item()), 1.0)
+        return loss, stats
+
+    def _loss_masks(self, samples: Sequence[SampleLike]) -> list[list[int]]:
+        if not self.config.mask_offpolicy_in_partial_rollout:
+            return [list(s.loss_mask) for s in samples]
+        return [newest_version_loss_mask(s.loss_mask, getattr(s, "weight_versions", ())) for s in samples]
+
+    def _denominators(self, minibatch: Sequence[int], masks: Sequence[Sequence[int]]) -> LossDenominators:
+        counts = [sum(masks[i]) for i in minibatch]
+        norm = self.config.loss_norm_tokens
+        return LossDenominators(
+            num_tokens=float(sum(counts)),
+            num_samples=float(sum(1 for c in counts if c > 0)),
+            norm_tokens=float(norm if norm is not None else max(counts, default=0)),
+        )
+
+    def _plan(self, indices: Sequence[int], lengths: Sequence[int]) -> list[list[int]]:
+        cfg = self.config
+        if cfg.use_dynamic_batch_size:
+            assert cfg.max_tokens_per_gpu is not None  # TrainConfig checks it
+            return plan_dynamic_micro_batches(indices, lengths, max_tokens=cfg.max_tokens_per_gpu)
+        return plan_micro_batches(
+            indices, lengths, micro_batch_size=cfg.micro_batch_size,
+            max_tokens_per_micro_batch=cfg.max_tokens_per_micro_batch,
+        )
+
+    def _reference_logprobs(
+        self, samples: Sequence[SampleLike], masks: Sequence[Sequence[int]]
+    ) -> dict[int, Tensor]:
+        """The frozen reference policy's logprobs: the initial weights, or the bare LoRA base."""
+        if self.lora:
+            with self.model.disable_adapter():  # type: ignore[operator]
+                return self._no_grad_logprobs(self.model, samples, masks, None)
+        assert self.ref_model is not None
+        return self._no_grad_logprobs(self.ref_model, samples, masks, None)
+
     @torch.no_grad()
     def compute_logprobs(self, samples: Sequence[SampleLike]) -> list[list[float]]:
         """Current-policy logprobs of every sample (no grad, micro-batched like training).
@@ -210,34 +311,36 @@ class Trainer:
 
         Returns:
             One list per sample, ``len == len(sample.token_ids)``; entry ``t`` is
-            ``log p(token_ids[t] | token_ids[:t])`` and entry 0 is 0.0.
+            ``log p(token_ids[t] | token_ids[:t])`` at ``config.temperature`` and entry 0 is 0.0.
 
         Raises:
             ValueError: a sample breaks its length invariants.
         """
         validate_samples(samples, None)
-        lengths = [len(s.token_ids) for s in samples]
-        per_sample = self._pre_update_logprobs(samples, lengths, None)
+        per_sample = self._no_grad_logprobs(self.model, samples, [s.loss_mask for s in samples], None)
         return [per_sample[i].tolist() for i in range(len(samples))]
 
     @torch.no_grad()
-    def _pre_update_logprobs(
+    def _no_grad_logprobs(
         self,
+        model: torch.nn.Module,
         samples: Sequence[SampleLike],
-        lengths: Sequence[int],
-        acc: _StepAccumulator | None,
+        masks: Sequence[Sequence[int]],
+        acc: StepAccumulator | None,
     ) -> dict[int, Tensor]:
-        """No-grad logprobs of all samples; returns ``{index: (len_i,) float32}``."""
+        """No-grad logprobs of all samples under ``model``; returns ``{index: (len_i,) float32}``."""
         cfg = self.config
+        lengths = [len(s.token_ids) for s in samples]
         out: dict[int, Tensor] = {}
         for indices in self._plan(range(len(samples)), lengths):
-            batch = self._collate(samples, None, indices)
-            logits = _forward_logits(
-                self.model, batch.token_ids, batch.attention_mask, autocast_bf16=cfg.bf16_autocast,
+            batch = self._collate(samples, None, indices, masks)
+            logits = forward_logits(
+                model, batch.token_ids, batch.attention_mask, autocast_bf16=cfg.bf16_autocast,
                 model_inputs=batch.model_inputs,
             )  # (B, T, V)
             logprobs = logprobs_from_logits(
-                logits, batch.token_ids, batch.attention_mask, chunk_tokens=cfg.logprob_chunk_tokens
+                logits, batch.token_ids, batch.attention_mask, chunk_tokens=cfg.logprob_chunk_tokens,
+                temperature=self._temperature,
             )  # (B, T)
             if acc is not None:
                 self._observe_pre_update(batch, logprobs, logits, acc)
@@ -245,24 +348,18 @@ class Trainer:
                 out[i] = logprobs[b, : lengths[i]].clone()
         return out
 
-    # Overridden by the sharded trainer (relaxtrio.train.distributed): which micro-batches this
-    # process runs, the gradient norm over every rank, and the step's statistics over every rank.
-
-    def _plan(self, indices: Sequence[int], lengths: Sequence[int]) -> list[list[int]]:
-        cfg = self.config
-        return plan_micro_batches(
-            indices, lengths, micro_batch_size=cfg.micro_batch_size,
-            max_tokens_per_micro_batch=cfg.max_tokens_per_micro_batch,
-        )
+    # Overridden by the sharded trainer (relaxtrio.train.distributed), with ``_plan`` above:
+    # which micro-batches this process runs, the gradient norm over every rank, and the step's
+    # statistics over every rank.
 
     def _clip_grad_norm(self) -> float:
         return float(torch.nn.utils.clip_grad_norm_(self._params, self.config.max_grad_norm))
 
-    def _reduce_stats(self, acc: _StepAccumulator) -> None:
+    def _reduce_stats(self, acc: StepAccumulator) -> None:
         """One process holds the whole step's statistics already."""
 
     def _observe_pre_update(
-        self, batch: MicroBatch, pre: Tensor, logits: Tensor, acc: _StepAccumulator
+        self, batch: MicroBatch, pre: Tensor, logits: Tensor, acc: StepAccumulator
     ) -> None:
         with torch.no_grad():
             mask = batch.loss_mask.bool()  # (B, T)
@@ -270,17 +367,22 @@ class Trainer:
             entropy = None
             if self.config.compute_entropy:
                 ent = entropy_from_logits(
-                    logits.detach(), chunk_tokens=self.config.logprob_chunk_tokens
+                    logits.detach(), chunk_tokens=self.config.logprob_chunk_tokens,
+                    temperature=self._temperature,
                 )  # (B, T)
                 entropy = float(ent[mask].sum().item())
             acc.observe_pre_update(diff, entropy)
 
     def _collate(
-        self, samples: Sequence[SampleLike], advantages: Sequence[float] | None, indices: list[int]
+        self,
+        samples: Sequence[SampleLike],
+        advantages: Sequence[float | Tensor] | None,
+        indices: list[int],
+        masks: Sequence[Sequence[int]] | None = None,
     ) -> MicroBatch:
         return collate(
             samples, advantages, indices, pad_token_id=self._pad_token_id, device=self.config.device,
-            image_token_id=self._image_token_id,
+            image_token_id=self._image_token_id, loss_masks=masks,
         )
 
     # ------------------------------------------------------------------ saving
@@ -297,6 +399,9 @@ class Trainer:
         Returns:
             ``out_dir`` (pass it to the engine's update-weights-from-disk call).
         """
+        if self.lora:  # the engines serve base + adapter, merged (train/lora.py)
+            base, merged = merged_state_dict(self.model)
+            return save_weights_dir(base, Path(out_dir), state_dict=merged)
         return save_weights_dir(self.model, Path(out_dir))
 
     def save_checkpoint(
@@ -323,8 +428,9 @@ class Trainer:
                 "optimizer": self.optimizer.state_dict(),
                 "num_optimizer_steps": self.num_optimizer_steps,
             }
+        model, merged = (merged_state_dict(self.model) if self.lora else (self.model, None))
         return save_checkpoint_dir(
-            self.model, Path(out_dir), tokenizer_dir=tokenizer_dir, optimizer_state=state
+            model, Path(out_dir), tokenizer_dir=tokenizer_dir, optimizer_state=state, state_dict=merged
         )
 
     def save_run_checkpoint(
@@ -395,6 +501,18 @@ class Trainer:
         self.num_optimizer_steps = int(state["num_optimizer_steps"])
 
 
+def _load_model(model_dir: Path) -> torch.nn.Module:
+    """A causal LM (or a VLM, when ``config.json`` has a ``vision_config``) in float32."""
+    import json
+
+    from transformers import AutoModelForCausalLM, AutoModelForImageTextToText
+
+    config_file = model_dir / "config.json"
+    is_vlm = config_file.is_file() and "vision_config" in json.loads(config_file.read_text("utf-8"))
+    auto = AutoModelForImageTextToText if is_vlm else AutoModelForCausalLM
+    return auto.from_pretrained(model_dir, dtype=torch.float32, local_files_only=True)
+
+
 def _gather_rows(per_sample: dict[int, Tensor] | None, batch: MicroBatch) -> Tensor:
     """Pad precomputed per-sample logprobs back into the batch's ``(B, T)`` layout."""
     assert per_sample is not None
@@ -403,55 +521,3 @@ def _gather_rows(per_sample: dict[int, Tensor] | None, batch: MicroBatch) -> Ten
         row = per_sample[i]
         out[b, : row.shape[0]] = row
     return out
-
-
-@attrs.define(eq=False, kw_only=True)
-class _StepAccumulator:
-    """Token-weighted running sums for one train step's statistics."""
-
-    loss_sum: float = 0.0
-    clip_sum: float = 0.0
-    kl_sum: float = 0.0
-    k3_sum: float = 0.0
-    loss_tokens: float = 0.0
-    entropy_sum: float | None = None
-    diff_sum: float = 0.0
-    diff_max: float = 0.0
-    pre_tokens: int = 0
-    grad_norms: list[float] = attrs.Factory(list)
-    num_nonfinite_grad_steps: int = 0
-
-    def observe_loss(self, stats: dict[str, float]) -> None:
-        n = stats["num_tokens"]
-        self.loss_sum += stats["pg_loss"] * n
-        self.clip_sum += stats["clip_fraction"] * n
-        self.kl_sum += stats["ppo_kl"] * n
-        self.k3_sum += stats["approx_kl_k3"] * n
-        self.loss_tokens += n
-
-    def observe_pre_update(self, abs_diff: Tensor, entropy_sum: float | None) -> None:
-        if abs_diff.numel():
-            self.diff_sum += float(abs_diff.sum().item())
-            self.diff_max = max(self.diff_max, float(abs_diff.max().item()))
-        self.pre_tokens += abs_diff.numel()
-        if entropy_sum is not None:
-            self.entropy_sum = (self.entropy_sum or 0.0) + entropy_sum
-
-    def finish(self, **fields: float) -> TrainStats:
-        def mean(total: float | None, count: float) -> float:
-            return total / count if total is not None and count > 0 else math.nan
-
-        norms = self.grad_norms
-        return TrainStats(
-            loss=mean(self.loss_sum, self.loss_tokens),
-            clip_fraction=mean(self.clip_sum, self.loss_tokens),
-            ppo_kl=mean(self.kl_sum, self.loss_tokens),
-            approx_kl_k3=mean(self.k3_sum, self.loss_tokens),
-            entropy=mean(self.entropy_sum, self.pre_tokens),
-            grad_norm=sum(norms) / len(norms) if norms else math.nan,
-            rollout_logprob_abs_diff=mean(self.diff_sum, self.pre_tokens),
-            rollout_logprob_abs_diff_max=self.diff_max if self.pre_tokens else math.nan,
-            num_tokens=self.pre_tokens,
-            num_nonfinite_grad_steps=self.num_nonfinite_grad_steps,
-            **fields,
-        )

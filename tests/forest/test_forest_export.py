@@ -224,12 +224,47 @@ def test_implicit_export_counts_only_leaves_with_a_response() -> None:
     with pytest.raises(ExportError, match=r"^implicit export requires one committed leaf, found 0$"):
         export_samples(forest, SessionOutput())
     drive.turn([user("q")], assistant("a"))
-    (sample,) = export_samples(forest, SessionOutput())
-    assert sample.status == "completed"
+    # One exportable leaf, but the observation-only branch makes the history nonlinear: that
+    # needs explicit export (this export used to succeed).
+    with pytest.raises(ExportError, match=r"^implicit export requires a linear history, but the "
+                                          r"Forest has 2 leaves"):
+        export_samples(forest, SessionOutput())
     drive.turn([user("q")], assistant("b"))  # a retry: a second branch
     with pytest.raises(ExportError, match=r"^implicit export requires one committed leaf, found 2$") as caught:
         export_samples(forest, SessionOutput())
     assert caught.value.num_leaves == 2
+
+
+def test_implicit_export_of_a_strictly_linear_history() -> None:
+    forest = SessionForest("s")
+    drive = Driver(forest)
+    first = drive.turn([user("q")], assistant("a"))
+    drive.turn([user("q"), first.message, user("more")], assistant("b"))
+    (sample,) = export_samples(forest, SessionOutput())
+    assert sample.status == "completed" and len(forest.leaves()) == 1
+
+
+def test_implicit_export_refuses_a_second_subtree_without_response() -> None:
+    forest = SessionForest("s")
+    drive = Driver(forest)
+    drive.turn([user("q")], assistant("a"))
+    drive.observe([user("q")], tools=[SEARCH_TOOL])  # other tools: another subtree, no response
+    with pytest.raises(ExportError, match="any nonlinear history requires explicit export"):
+        export_samples(forest, SessionOutput())
+
+
+def test_export_metadata_is_kept_apart_from_the_sample_metadata() -> None:
+    forest, history = _two_turn_session()
+    output = parse_session_output(json.dumps({"name": "main", "messages": history,
+                                              "metadata": {"outcome": 1.0}}))
+    (sample,) = export_samples(forest, output, dataset_metadata={"id": 7, "label": "x"})
+    assert sample.export_metadata == {"outcome": 1.0}
+    assert sample.metadata["id"] == 7 and sample.metadata["outcome"] == 1.0
+    assert "agentic_trace" in sample.metadata and "tools" in sample.metadata
+    implicit_forest, _ = _two_turn_session()
+    (implicit,) = export_samples(implicit_forest, SessionOutput(metadata={"score": 0.5}),
+                                 dataset_metadata={"id": 7})
+    assert implicit.export_metadata == {"score": 0.5}
 
 
 def test_duplicated_identical_responses_collapse_into_one_leaf() -> None:

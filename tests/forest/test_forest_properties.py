@@ -217,11 +217,15 @@ def test_random_sessions_keep_matching_and_export_invariants(ops, max_context_to
         for node, sample in zip(exportable, samples, strict=True):
             _check_sample(forest, node, sample)
 
-    # Implicit export works exactly when one leaf holds a response.
+    # Implicit export works exactly when the history is linear (one leaf) and that leaf holds a
+    # response; one exportable leaf next to other leaves is still nonlinear.
     candidates = [leaf for leaf in forest.leaves() if leaf.num_responses > 0]
-    if len(candidates) == 1:
+    if len(candidates) == 1 and len(forest.leaves()) == 1:
         (sample,) = export_samples(forest, None)
         _check_sample(forest, candidates[0], sample)
+    elif len(candidates) == 1:
+        with pytest.raises(ExportError, match="implicit export requires a linear history"):
+            export_samples(forest, None)
     else:
         with pytest.raises(ExportError, match=f"found {len(candidates)}$"):
             export_samples(forest, None)

@@ -52,3 +52,13 @@ def full_forward_logprobs(model, token_ids: Sequence[int], image_token_id: int, 
     rows = torch.log_softmax(logits[start - 1 : len(token_ids) - 1] / temperature, dim=-1)  # (N, V)
     targets = torch.tensor(list(token_ids[start:])).unsqueeze(1)
     return rows.gather(1, targets).squeeze(1).tolist()
+
+
+def closed_port_url(path: str = "/a.png") -> str:
+    """An ``http://127.0.0.1:<port>`` URL nothing listens on (connections are refused)."""
+    import socket
+
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        port = sock.getsockname()[1]
+    return f"http://127.0.0.1:{port}{path}"

@@ -10,7 +10,7 @@ from types import SimpleNamespace
 
 import numpy as np
 import pytest
-from mm_helpers import data_url
+from mm_helpers import closed_port_url, data_url
 from support.chat import observation
 from transformers import Qwen2VLProcessor
 
@@ -126,8 +126,9 @@ def test_text_observations_are_unchanged(vision_compiler: ChatCompiler) -> None:
 
 
 def test_unusable_images_are_client_errors(vision_compiler: ChatCompiler, tiny_model_dir: Path) -> None:
-    remote = [{"role": "user", "content": [{"type": "image_url", "image_url": {"url": "https://x.org/a.png"}}]}]
-    with pytest.raises(InvalidRequestError, match="remote image URLs are not fetched") as caught:
+    # A remote image that cannot be fetched (test_multimodal_remote.py covers the fetch itself).
+    remote = [{"role": "user", "content": [{"type": "image_url", "image_url": {"url": closed_port_url()}}]}]
+    with pytest.raises(InvalidRequestError, match="cannot fetch remote image") as caught:
         observation(vision_compiler, remote, delta=True, message_offset=4)
     assert caught.value.param == "messages[4].content[0].image_url.url"
     # A literal placeholder in text would smuggle an image token without an image.

@@ -7,7 +7,7 @@ from typing import Any
 
 import pytest
 import trio
-from mm_helpers import data_url
+from mm_helpers import closed_port_url, data_url
 from support.chat import observation
 
 from relaxtrio import ContextLengthExceededError, InvalidRequestError
@@ -97,8 +97,8 @@ async def test_context_limit_counts_expanded_ids(vlm_compiler: ChatCompiler) -> 
 async def test_unusable_images_are_refused_before_commit(vlm_compiler: ChatCompiler, tiny_model_dir: Path) -> None:
     handler, engine = _handler(vlm_compiler, [])
     session = _session(None)
-    with pytest.raises(InvalidRequestError, match="remote image URLs are not fetched") as caught:
-        await handler.complete(session.turn_context(), _request(_user("look", "https://example.com/a.png")))
+    with pytest.raises(InvalidRequestError, match="cannot fetch remote image") as caught:
+        await handler.complete(session.turn_context(), _request(_user("look", closed_port_url())))
     assert caught.value.param == "messages[0].content[1].image_url.url"
     text_compiler = ChatCompiler(load_tokenizer(tiny_model_dir))
     text_handler, _ = _handler(text_compiler, [])

@@ -24,8 +24,15 @@ async def _expire_times(group: Group, out: dict[int, float]) -> None:
             nursery.start_soon(agent, session)
 
 
+def _all_requested(group: Group) -> Group:
+    """Every Session has sent its first request (the barrier has passed)."""
+    for session in group.sessions:
+        group.note_request(session)
+    return group
+
+
 async def test_prelaunched_group_spends_no_budget_until_leased(autojump_clock: trio.testing.MockClock) -> None:
-    group = _group(2, budget_s=10.0)
+    group = _all_requested(_group(2, budget_s=10.0))  # first requests sent early, and held
     expired: dict[int, float] = {}
     async with trio.open_nursery() as nursery:
         nursery.start_soon(_expire_times, group, expired)
@@ -38,7 +45,7 @@ async def test_prelaunched_group_spends_no_budget_until_leased(autojump_clock: t
 async def test_pause_stops_budget_and_protection_keeps_it_running(
     autojump_clock: trio.testing.MockClock,
 ) -> None:
-    group = _group(2, budget_s=10.0)
+    group = _all_requested(_group(2, budget_s=10.0))
     expired: dict[int, float] = {}
     async with trio.open_nursery() as nursery:
         nursery.start_soon(_expire_times, group, expired)
@@ -85,3 +92,36 @@ async def test_generation_gate_needs_lease_barrier_and_no_pause(
         assert len(passed) == 1, "a paused Group does not generate"
         group.resume()                          # t=8
     assert passed == [(0, 2.0), (1, 8.0)]
+
+
+async def test_budget_starts_when_the_sessions_enter_runtime(autojump_clock: trio.testing.MockClock) -> None:
+    # Without prelaunch a Group is leased as soon as its agents start. Start-up and the wait for
+    # the siblings' first requests used to spend the budget (expiry at t=10); Runtime begins only
+    # when the lease is held and every Session has asked.
+    group = _group(2, budget_s=10.0)
+    expired: dict[int, float] = {}
+    async with trio.open_nursery() as nursery:
+        nursery.start_soon(_expire_times, group, expired)
+        group.lease()                          # t=0: leased, nobody has asked yet
+        await trio.sleep(30)                   # agent start-up
+        group.note_request(group.sessions[0])  # t=30: session 0 waits at the barrier
+        await trio.sleep(20)
+        assert expired == {} and not group.in_runtime
+        group.note_request(group.sessions[1])  # t=50: barrier passes, Runtime begins
+        assert group.in_runtime
+    assert expired == {0: 60.0, 1: 60.0}
+
+
+async def test_a_barrier_passed_while_paused_starts_budgets_on_resume(
+    autojump_clock: trio.testing.MockClock,
+) -> None:
+    group = _group(1, budget_s=5.0)
+    expired: dict[int, float] = {}
+    async with trio.open_nursery() as nursery:
+        nursery.start_soon(_expire_times, group, expired)
+        group.lease()
+        group.pause()
+        group.note_request(group.sessions[0])  # in Runtime, but paused between steps
+        await trio.sleep(100)
+        group.resume()                         # t=100
+    assert expired == {0: 105.0}

@@ -23,12 +23,6 @@ if mode == "wait_file":
         time.sleep(0.02)
 if mode == "sigkill":
     os.kill(os.getpid(), 9)
-if mode == "grandchildren":
-    import subprocess
-    for _ in range(2):
-        child = subprocess.Popen(["bash", "-c", "sleep 3600 & echo $! >> " + os.environ["AGENT_PID_FILE"] + "; wait"])
-        open(os.environ["AGENT_PID_FILE"], "a").write(f"{child.pid}\n")
-    time.sleep(3600)
 if mode == "crash_before":
     print("agent crashed before its first request", file=sys.stderr)
     sys.exit(1)
@@ -48,6 +42,14 @@ with httpx.Client(timeout=600) as client:
         messages.append(r.json()["choices"][0]["message"])
         if turn + 1 < turns:
             messages.append({"role": "user", "content": f"continue {turn}"})
+if mode == "grandchildren":
+    # After its first request (so the Session is in Runtime and its budget runs), the agent
+    # leaves descendants behind and hangs.
+    import subprocess
+    for _ in range(2):
+        child = subprocess.Popen(["bash", "-c", "sleep 3600 & echo $! >> " + os.environ["AGENT_PID_FILE"] + "; wait"])
+        open(os.environ["AGENT_PID_FILE"], "a").write(f"{child.pid}\n")
+    time.sleep(3600)
 if mode == "multi":
     # One Session, three contexts: the main conversation above and two searcher conversations.
     records = [{"name": "main", "messages": messages, "metadata": {"outcome": 1.0}, "reward": 1.0}]
@@ -86,7 +88,9 @@ elif mode == "garbage_output":
     open(out, "w").write("{{{ not json")
 else:
     reward = os.environ.get("AGENT_REWARD", "1.0")
-    if reward == "random":
+    if reward == "none":  # leave scoring to a reward model
+        reward = None
+    elif reward == "random":
         reward = float(hash(os.environ["RELAX_SESSION_ID"]) % 1000) / 1000
     elif reward == "content":  # deterministic: a function of the model's last reply only
         reward = float(sum(map(ord, messages[-1].get("content") or "")) % 101) / 100

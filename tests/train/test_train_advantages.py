@@ -92,3 +92,56 @@ def test_scalar_reward_value_must_be_finite_number(bad: object) -> None:
     if bad is not None and not isinstance(bad, (str, list)):
         with pytest.raises(ExportError):
             scalar_reward(bad, None)  # type: ignore[arg-type]
+
+
+# ---------------------------------------------------------------- the other estimators
+# One Group of rewards (1, 2, 6): mean 3, centered (-2, -1, 3), population std sqrt(14 / 3).
+
+
+def test_dr_grpo_is_the_centered_reward() -> None:
+    from relaxtrio.rollout.advantages import dr_grpo_advantages
+
+    assert dr_grpo_advantages([1.0, 2.0, 6.0]) == [-2.0, -1.0, 3.0]
+    assert dr_grpo_advantages([4.0, 4.0]) == [0.0, 0.0]
+
+
+def test_rloo_subtracts_the_mean_of_the_other_rewards() -> None:
+    from relaxtrio.rollout.advantages import rloo_advantages
+
+    # 1 - (2 + 6) / 2 = -3;  2 - (1 + 6) / 2 = -1.5;  6 - (1 + 2) / 2 = 4.5
+    assert rloo_advantages([1.0, 2.0, 6.0]) == pytest.approx([-3.0, -1.5, 4.5], abs=1e-12)
+    assert rloo_advantages([0.0, 1.0]) == [-1.0, 1.0]  # 0 - 1, 1 - 0
+    assert rloo_advantages([5.0]) == [0.0]  # no other sample to compare with
+    assert rloo_advantages([]) == []
+
+
+def test_reinforce_plus_plus_baseline_group_step_is_the_centered_reward() -> None:
+    from relaxtrio.rollout.advantages import reinforce_plus_plus_baseline_advantages
+
+    # the batch normalization is the trainer's whitening (test_train_estimators.py)
+    assert reinforce_plus_plus_baseline_advantages([1.0, 2.0, 6.0]) == [-2.0, -1.0, 3.0]
+
+
+@pytest.mark.parametrize(
+    ("estimator", "std_normalize", "expected"),
+    [
+        ("grpo", True, [-2 / math.sqrt(14 / 3), -1 / math.sqrt(14 / 3), 3 / math.sqrt(14 / 3)]),
+        ("grpo", False, [-2.0, -1.0, 3.0]),
+        ("gspo", True, [-2 / math.sqrt(14 / 3), -1 / math.sqrt(14 / 3), 3 / math.sqrt(14 / 3)]),
+        ("dr_grpo", True, [-2.0, -1.0, 3.0]),
+        ("rloo", True, [-3.0, -1.5, 4.5]),
+        ("reinforce_plus_plus_baseline", True, [-2.0, -1.0, 3.0]),
+    ],
+)
+def test_group_advantages_dispatches_every_estimator(estimator, std_normalize, expected) -> None:
+    from relaxtrio.rollout.advantages import group_advantages
+
+    got = group_advantages(estimator, [1.0, 2.0, 6.0], std_normalize=std_normalize)
+    assert got == pytest.approx(expected, abs=1e-5)  # eps 1e-6 in GRPO's denominator
+
+
+def test_unknown_estimator_is_rejected() -> None:
+    from relaxtrio.rollout.advantages import group_advantages
+
+    with pytest.raises(ValueError, match="unknown advantage estimator"):
+        group_advantages("ppo", [1.0])  # type: ignore[arg-type]

@@ -183,3 +183,28 @@ def test_entropy_from_logits_matches_definition() -> None:
     ref = -(p * p.log()).sum(-1).float()  # (3, 4)
     assert torch.all(ent[:, 0] == 0)
     torch.testing.assert_close(ent[:, 1:], ref, rtol=0, atol=1e-5)
+
+
+@pytest.mark.parametrize("temperature", [0.3, 0.7, 1.0, 2.5])
+def test_logprobs_and_entropy_use_the_temperature(temperature: float) -> None:
+    torch.manual_seed(0)
+    logits = torch.randn(2, 5, 11) * 3  # (B, T, V)
+    token_ids = torch.randint(0, 11, (2, 5))
+    got = logprobs_from_logits(logits, token_ids, temperature=temperature, chunk_tokens=3)
+    manual = torch.log_softmax(logits / temperature, dim=-1)  # (B, T, V)
+    expected = manual[:, :-1].gather(-1, token_ids[:, 1:, None]).squeeze(-1)  # (B, T - 1)
+    torch.testing.assert_close(got[:, 1:], expected)
+    assert (got[:, 0] == 0).all()
+    ent = entropy_from_logits(logits, temperature=temperature, chunk_tokens=3)
+    torch.testing.assert_close(ent[:, 1:], -(manual.exp() * manual).sum(-1)[:, :-1], atol=1e-4, rtol=1e-4)
+
+
+def test_greedy_temperature_uses_the_unscaled_distribution() -> None:
+    from relaxtrio.train.logprobs import logprob_temperature
+
+    assert logprob_temperature(0.0) == 1.0 and logprob_temperature(5e-7) == 1.0
+    assert logprob_temperature(0.7) == 0.7
+    with pytest.raises(ValueError, match="temperature"):
+        logprob_temperature(-1.0)
+    with pytest.raises(ValueError, match="temperature"):
+        logprobs_from_logits(torch.zeros(1, 2, 3), torch.zeros(1, 2, dtype=torch.long), temperature=0.0)

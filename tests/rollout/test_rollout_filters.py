@@ -1,0 +1,77 @@
+"""Dynamic sampling filters and the eval scoring path (no filter, its own reward key)."""
+
+from __future__ import annotations
+
+import pytest
+from support.groups import group_of
+
+from relaxtrio import ExportError
+from relaxtrio.config import RolloutConfig
+from relaxtrio.rollout.filters import (
+    DynamicFilterOutput,
+    GroupFiltered,
+    check_reward_nonzero_std,
+    run_dynamic_filter,
+)
+from relaxtrio.rollout.step import score_group
+
+
+def test_builtin_filter_drops_groups_whose_rewards_are_all_equal() -> None:
+    assert check_reward_nonzero_std([], [1.0, 0.0, 1.0]) == DynamicFilterOutput(keep=True)
+    assert check_reward_nonzero_std([], [1.0, 1.0]) == DynamicFilterOutput(keep=False, reason="zero_std")
+    assert check_reward_nonzero_std([], [0.3]).keep is False  # a single reward has no spread
+    assert check_reward_nonzero_std([], [1.0, None, 0.0]).keep is True  # unset rewards ignored
+
+
+@pytest.mark.parametrize(
+    ("verdict", "reason"),
+    [(False, None), (DynamicFilterOutput(False, "too easy!"), "too_easy_"),
+     (DynamicFilterOutput(False, ""), None)],
+)
+def test_a_dropping_verdict_raises_group_filtered(verdict, reason) -> None:
+    with pytest.raises(GroupFiltered, match="^Filtered 1 group") as caught:
+        run_dynamic_filter(lambda samples, rewards: verdict, [], [])
+    assert caught.value.reason == reason
+    assert isinstance(caught.value, ExportError)  # an unaware caller still drops, never trains it
+
+
+def test_keeping_verdicts_and_bad_filters() -> None:
+    assert run_dynamic_filter(lambda s, r: True, [], []) is None
+    assert run_dynamic_filter(lambda s, r: DynamicFilterOutput(True), [], []) is None
+    with pytest.raises(ExportError, match="must return a bool or a DynamicFilterOutput, got int"):
+        run_dynamic_filter(lambda s, r: 1, [], [])
+    with pytest.raises(ExportError, match="dynamic sampling filter raised KeyError"):
+        run_dynamic_filter(lambda s, r: {}["x"], [], [])
+
+
+def test_score_group_runs_the_filter_on_train_groups_with_their_rewards() -> None:
+    seen = []
+
+    def spy(samples, rewards):
+        seen.append((len(samples), rewards))
+        return check_reward_nonzero_std(samples, rewards)
+
+    config = RolloutConfig(dynamic_filter=spy)
+    assert list(score_group(group_of([[0.0], [1.0]]), config).rewards) == [0.0, 1.0]
+    with pytest.raises(GroupFiltered) as caught:
+        score_group(group_of([[1.0], [1.0]]), config)
+    assert caught.value.reason == "zero_std"
+    assert seen == [(2, [0.0, 1.0]), (2, [1.0, 1.0])]
+
+
+def test_eval_groups_are_never_filtered() -> None:
+    config = RolloutConfig(dynamic_filter=lambda s, r: False)
+    scored = score_group(group_of([[1.0], [1.0]], mode="eval"), config)
+    assert list(scored.rewards) == [1.0, 1.0]
+
+
+def test_eval_reward_key_overrides_reward_key_in_eval_only() -> None:
+    config = RolloutConfig(reward_key="train_score", eval_reward_key="accuracy")
+    rewards = [[{"train_score": 0.2, "accuracy": 1.0}], [{"train_score": 0.4, "accuracy": 0.0}]]
+    assert list(score_group(group_of(rewards, mode="eval"), config).rewards) == [1.0, 0.0]
+    assert list(score_group(group_of(rewards), config).rewards) == [0.2, 0.4]
+
+
+def test_an_eval_session_without_any_reward_is_an_error() -> None:
+    with pytest.raises(ExportError, match="session 1 wrote no reward"):
+        score_group(group_of([[1.0], [None]], mode="eval"), RolloutConfig())
