@@ -19,7 +19,8 @@
     ├── InternalError                            500 a bug; never reveals details to clients
     ├── AgentExecutionError                      an agent process timed out, crashed or wrote bad output
     ├── ExportError                              a Session's output cannot become training samples
-    │                                            (carries ``num_leaves`` for implicit export)
+    │   │                                        (carries ``num_leaves`` for implicit export)
+    │   └── GroupFilteredError                   the custom advantage function filtered a Group
     └── ConfigError(RelaxError, ValueError)      a bad flag, config field or dataset row; the command
                                                  line exits with status 2 (never an HTTP answer)
 
@@ -234,6 +235,14 @@ class ExportError(RelaxError):
                  session_id: str | None = None):
         super().__init__(message, param=param, session_id=session_id)
         self.num_leaves = num_leaves
+
+
+class GroupFilteredError(ExportError):
+    """The custom advantage function returned None for a Group: it is filtered, not trained on.
+
+    Logged as ``Filtered group ...`` and counted in ``filtered_groups`` (a dropped Group is a
+    failure; a filtered one is the user's choice).
+    """
 
 
 class ConfigError(RelaxError, ValueError):

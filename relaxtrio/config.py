@@ -146,6 +146,9 @@ class AgentConfig:
         env: extra environment entries (no ``RELAX_`` keys).
         timeout_s: active-time budget per Session, in seconds (> 0).
         term_grace_s: seconds between SIGTERM and SIGKILL of the process group.
+        failed_log_dir: where the log (stdout + stderr) of an agent whose Session failed is
+            kept, as ``<group id>_session<index>.log``; None: logs go with the Session's IO
+            directory (only the last 8 KiB survive, in the failure reason).
 
     Raises:
         ConfigError: a blank command, a missing ``cwd``, a timeout that is not a positive
@@ -157,6 +160,7 @@ class AgentConfig:
     env: Mapping[str, str] = attrs.field(factory=dict)
     timeout_s: float = 1800.0
     term_grace_s: float = TERM_GRACE_S
+    failed_log_dir: Path | None = None
 
     def __attrs_post_init__(self) -> None:
         if not self.command.strip():
@@ -214,6 +218,9 @@ class RolloutConfig:
             barrier, naming the Sessions that have not sent their first request.
         abort_wait_s: at step close, how long to wait (seconds) for aborted generations to come
             back before reporting the engine as not honouring aborts.
+        idle_heartbeat_s: while a step waits this long (seconds, trio clock) without a Group
+            finishing, log an ``event=idle_heartbeat`` line with the pipeline snapshot; again
+            every ``idle_heartbeat_s`` after that.
         reward_key: primary key of object rewards.
         custom_rm: ``fn(sample) -> float`` for samples the agent did not reward, or None.
         custom_advantage: per-context credit function (see :mod:`relaxtrio.rollout.hooks`);
@@ -231,6 +238,7 @@ class RolloutConfig:
     max_refills: int | None = None
     barrier_warn_s: float = 120.0
     abort_wait_s: float = 30.0
+    idle_heartbeat_s: float = 30.0
     reward_key: str | None = None
     custom_rm: Callable[[TrainingSample], float] | None = None
     custom_advantage: Callable[..., Any] | None = None
@@ -369,6 +377,35 @@ class FleetConfig:
         return self.router_url is None and not self.engine_urls
 
 
+WandbMode = Literal["online", "offline", "disabled"]
+
+
+@attrs.frozen(kw_only=True)
+class TrackerConfig:
+    """Which trackers a run writes to.
+
+    Attributes:
+        tensorboard_dir: event-file directory (``--use-tensorboard``; default
+            ``<run dir>/tensorboard``), or None for no TensorBoard.
+        wandb_dir: directory W&B writes its run under (``<run dir>``), or None for no W&B.
+        wandb_project: W&B project name.
+        wandb_mode: ``online``, ``offline`` (no network needed) or ``disabled``; None lets W&B
+            decide (``WANDB_MODE``, else online).
+        wandb_run_name: the W&B run name, or None for W&B's own.
+    """
+
+    tensorboard_dir: Path | None = None
+    wandb_dir: Path | None = None
+    wandb_project: str = "relaxtrio"
+    wandb_mode: WandbMode | None = None
+    wandb_run_name: str | None = None
+
+    @property
+    def enabled(self) -> bool:
+        """Whether any tracker is configured."""
+        return self.tensorboard_dir is not None or self.wandb_dir is not None
+
+
 @attrs.frozen(kw_only=True)
 class TrainRunConfig:
     """Everything ``python -m relaxtrio train`` needs.
@@ -409,6 +446,7 @@ class TrainRunConfig:
         operator_port: ``--operator-port``: serve ``/debug_state`` and ``/dashboard`` on
             127.0.0.1 at this port (0: a free one) behind a token printed at start-up
             (docs/dashboard.md); None: no operator listener.
+        trackers: TensorBoard / W&B beside ``metrics.jsonl`` (:mod:`relaxtrio.trackers`).
     """
 
     prompt_data: Path
@@ -437,6 +475,7 @@ class TrainRunConfig:
     samples_path: Path | None = None
     debug_rollout_data: str | None = None
     operator_port: int | None = None
+    trackers: TrackerConfig = attrs.field(factory=lambda: TrackerConfig())
 
     @property
     def rollout_samples_path(self) -> Path:

@@ -9,7 +9,13 @@ metrics line → optional eval → with ``--save``, a run checkpoint when due. A
 checkpoint and a reward plot. ``--load`` resumes a checkpointed run (:mod:`relaxtrio.run_checkpoint`).
 
 Rollout only (``TrainRunConfig.rollout_only``): no trainer is loaded, nothing is pushed or
-checkpointed; each step's samples are appended to a JSONL file instead. Either way, with
+checkpointed; each step's samples are appended to a JSONL file instead.
+
+What a run leaves in its directory besides metrics and checkpoints: ``run.log`` (the log lines
+of the run, as the console shows them), ``engine.log`` (the embedded engine), ``agent_logs/``
+(the whole log of every agent whose Session failed; logs of Sessions that completed are
+removed), and with ``--use-tensorboard`` / ``--use-wandb`` the trackers' files
+(:mod:`relaxtrio.trackers`). Either way, with
 ``debug_rollout_data`` every step also writes a debug dump (:mod:`relaxtrio.rollout.dumps`,
 docs/dumps.md) after its update, so the dump holds the trainer's statistics next to the samples
 it trained on. With ``operator_port`` the operator listener (``/debug_state``, ``/dashboard``,
@@ -21,9 +27,10 @@ from __future__ import annotations
 import json
 import logging
 import time
-from contextlib import AsyncExitStack
+from collections.abc import Iterator
+from contextlib import AsyncExitStack, contextmanager
 from pathlib import Path
-from typing import Any
+from typing import Any, Final
 
 import attrs
 import trio
@@ -33,7 +40,7 @@ from .api.operator import start_operator
 from .chat.compiler import ChatCompiler
 from .config import TrainRunConfig
 from .inference import Inference, LifecycleRegistry, open_inference
-from .rollout.capacity import check_external_slots, plan_capacity
+from .rollout.capacity import CapacityPlan, check_external_slots, plan_capacity
 from .rollout.dataset import PromptStream, load_prompts
 from .rollout.dumps import append_samples, dump_path, step_dump, step_samples, write_dump
 from .rollout.eval import EvalDataset, run_eval
@@ -45,6 +52,7 @@ from .rollout.turns import EngineTurnHandler
 from .run_checkpoint import RunCheckpointer, weight_version_name
 from .sglang.client import EngineClient
 from .train import Trainer
+from .trackers import Trackers
 
 log = logging.getLogger(__name__)
 
@@ -72,8 +80,14 @@ class TrainSummary:
     num_samples: int = 0
 
 
-def check_capacity(cfg: TrainRunConfig) -> None:
+def check_capacity(cfg: TrainRunConfig) -> CapacityPlan:
     """Evaluates the capacity formula and refuses a run the external executor cannot hold.
+
+    Logs nothing: :func:`run_training` logs the plan once (the command line checks it before
+    starting the run too, so a logging check printed the line twice).
+
+    Returns:
+        The capacity plan.
 
     Raises:
         ConfigError: ``agent_external_slots`` is below the required slots (unless
@@ -87,13 +101,38 @@ def check_capacity(cfg: TrainRunConfig) -> None:
         agentic_eval_concurrency=cfg.eval.agentic_eval_concurrency,
         prelaunch=r.prelaunch, partial_rollout=r.partial_rollout, fully_async=r.fully_async,
     )
+    if not cfg.skip_capacity_check:
+        check_external_slots(plan, cfg.agent_external_slots)
+    return plan
+
+
+def _log_capacity(cfg: TrainRunConfig, plan: CapacityPlan) -> None:
     log.info("agent capacity: %s", plan.describe())
-    if cfg.skip_capacity_check:
-        if cfg.agent_external_slots is not None and cfg.agent_external_slots < plan.required:
-            log.warning("capacity check skipped although %d slots < %d required; the barrier "
-                        "watchdog will report stuck Groups", cfg.agent_external_slots, plan.required)
-        return
-    check_external_slots(plan, cfg.agent_external_slots)
+    if cfg.skip_capacity_check and cfg.agent_external_slots is not None \
+            and cfg.agent_external_slots < plan.required:
+        log.warning("capacity check skipped although %d slots < %d required; the barrier "
+                    "watchdog will report stuck Groups", cfg.agent_external_slots, plan.required)
+
+
+RUN_LOG_FORMAT: Final = "%(asctime)s %(levelname)s %(name)s: %(message)s"
+
+
+@contextmanager
+def record_run_log(path: Path) -> Iterator[Path]:
+    """Copies relaxtrio's log lines (at the level the console shows) to ``path`` while inside.
+
+    The file is appended to, so a resumed run keeps the interrupted run's lines before its own.
+    """
+    path.parent.mkdir(parents=True, exist_ok=True)
+    handler = logging.FileHandler(path, encoding="utf-8")
+    handler.setFormatter(logging.Formatter(RUN_LOG_FORMAT))
+    logger = logging.getLogger("relaxtrio")
+    logger.addHandler(handler)
+    try:
+        yield path
+    finally:
+        logger.removeHandler(handler)
+        handler.close()
 
 
 def _announce(line: str) -> None:
@@ -211,9 +250,36 @@ async def run_training(cfg: TrainRunConfig) -> TrainSummary:
         Cancelling (e.g. Ctrl-C) terminates every agent process group and the embedded engine
         before returning.
     """
-    check_capacity(cfg)
+    plan = check_capacity(cfg)
     out = cfg.output_dir
     out.mkdir(parents=True, exist_ok=True)
+    with record_run_log(out / "run.log"):
+        _log_capacity(cfg, plan)
+        trackers = await trio.to_thread.run_sync(Trackers.open, cfg.trackers, _tracker_run_config(cfg))
+        try:
+            return await _run_training(cfg, trackers)
+        finally:
+            with trio.CancelScope(shield=True):
+                await trio.to_thread.run_sync(trackers.close)
+
+
+def _tracker_run_config(cfg: TrainRunConfig) -> dict[str, Any]:
+    """The run settings a tracker records (W&B's run config)."""
+    r = cfg.rollout
+    return {"num_rollout": cfg.num_rollout, "n_samples_per_prompt": r.n_samples_per_prompt,
+            "rollout_batch_size": r.rollout_batch_size, "prompt_data": str(cfg.prompt_data),
+            "output_dir": str(cfg.output_dir), "rollout_only": cfg.rollout_only,
+            "generation": attrs.asdict(cfg.generation), "train": attrs.asdict(cfg.train)}
+
+
+async def _run_training(cfg: TrainRunConfig, trackers: Trackers) -> TrainSummary:
+    """The body of :func:`run_training`, inside its run log and trackers.
+
+    Cancellation:
+        As :func:`run_training`.
+    """
+    out = cfg.output_dir
+    agent = attrs.evolve(cfg.agent, failed_log_dir=out / "agent_logs")
     checkpointer = RunCheckpointer.open(cfg)
     metrics = checkpointer.open_metrics(out / "metrics.jsonl")
     model_dir = await trio.to_thread.run_sync(_resolve_model, cfg)
@@ -246,7 +312,7 @@ async def run_training(cfg: TrainRunConfig) -> TrainSummary:
             if cfg.operator_port is not None:
                 await start_operator(nursery, view, port=cfg.operator_port, announce=_announce)
             async with open_rollout_pipeline(
-                config=cfg.rollout, agent=cfg.agent, registry=registry, handler=handler,
+                config=cfg.rollout, agent=agent, registry=registry, handler=handler,
                 base_url=base_url, prompts=prompts, max_context_tokens=max_context,
                 server_template_kwargs=dict(cfg.generation.template_kwargs),
                 eval_concurrency=cfg.eval.agentic_eval_concurrency,
@@ -256,7 +322,8 @@ async def run_training(cfg: TrainRunConfig) -> TrainSummary:
                     row = await _train_step(cfg, pipeline, trainer, inference, rollout_id,
                                             eval_sets, outputs, view)
                     checkpointer.note_step(rollout_id, row)
-                    metrics.append(rollout_id, row)
+                    written = metrics.append(rollout_id, row)
+                    await trio.to_thread.run_sync(trackers.log, rollout_id, written)
                     log.info("step %d metrics %s", rollout_id,
                              json.dumps(metrics.rows[-1], sort_keys=True))
                     if trainer is not None and checkpointer.save_due(rollout_id):

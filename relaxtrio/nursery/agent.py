@@ -335,6 +335,7 @@ async def run_agent(
     input_payload: Mapping[str, object],
     budget: ActiveBudget,
     *,
+    log_path: Path | None = None,
     task_status: trio.TaskStatus[int] = trio.TASK_STATUS_IGNORED,
 ) -> AgentRun:
     """Runs one agent process to its end under the Session's active-time budget.
@@ -345,6 +346,8 @@ async def run_agent(
         input_payload: JSON object written to ``RELAX_INPUT_JSON`` before the start.
         budget: the pausable active-time budget; the caller resumes it when the Runtime lease
             starts (before that, waiting costs nothing).
+        log_path: where the agent's stdout + stderr go (truncated first); the caller owns the
+            file. None: ``agent.log`` in the IO directory, removed with it.
         task_status: receives the process-group id once the process started.
 
     Returns:
@@ -362,7 +365,11 @@ async def run_agent(
     try:
         input_path = io_dir / "session_input.json"
         output_path = io_dir / "session_output.json"
-        log_path = io_dir / "agent.log"
+        if log_path is None:
+            log_path = io_dir / "agent.log"
+        else:
+            log_path.parent.mkdir(parents=True, exist_ok=True)
+            log_path.write_bytes(b"")
         input_path.write_text(json.dumps(input_payload, ensure_ascii=False, separators=(",", ":")),
                               encoding="utf-8")
         with log_path.open("ab") as log_file:

@@ -3,14 +3,15 @@
 from __future__ import annotations
 
 import math
+from collections import Counter
 from collections.abc import Mapping
 from typing import Any
 
 import attrs
 
-from .._errors import ExportError
+from .._errors import ExportError, GroupFilteredError
 from ..config import RolloutConfig
-from ..forest import TrainingSample
+from ..forest import TRACE_KEY, TrainingSample
 from ..nursery.group import Group
 from .advantages import grpo_advantages, scalar_reward
 from .hooks import custom_advantages
@@ -59,7 +60,7 @@ def _score_custom(group: Group, config: RolloutConfig) -> ScoredGroup:
     exports = [[(s.name, s.metadata) for s in session.samples] for session in group.sessions]
     credits = custom_advantages(config.custom_advantage, exports)
     if credits is None:
-        raise ExportError("Filtered 1 group: the custom advantage function returned None")
+        raise GroupFilteredError("Filtered 1 group: the custom advantage function returned None")
     samples = [s for session in group.sessions for s in session.samples]
     rewards = [
         None if s.reward is None else _reward_of(s, session.index, config)
@@ -78,7 +79,7 @@ def score_group(group: Group, config: RolloutConfig) -> ScoredGroup:
     Raises:
         ExportError: a Session exported several contexts without custom advantage, a sample has
             no reward and no custom RM is configured, a reward is not a finite number, the custom
-            advantage answer is invalid, or it filtered the Group.
+            advantage answer is invalid, or (:class:`GroupFilteredError`) it filtered the Group.
     """
     if config.custom_advantage is not None:
         return _score_custom(group, config)
@@ -123,6 +124,8 @@ class StepResult:
         aborted_requests: generations aborted (and parked) at step close.
         resident_groups: Groups still resident after the step closed.
         barrier_warnings: barrier watchdog warnings logged during the step.
+        interrupted_groups: resident Groups paused at step close (partial rollout).
+        filtered_groups: how many of ``dropped`` the custom advantage function filtered.
     """
 
     rollout_id: int
@@ -132,6 +135,8 @@ class StepResult:
     aborted_requests: int = 0
     resident_groups: int = 0
     barrier_warnings: int = 0
+    interrupted_groups: int = 0
+    filtered_groups: int = 0
 
     @property
     def samples(self) -> list[TrainingSample]:
@@ -153,11 +158,50 @@ def _mean(values: list[float]) -> float:
     return sum(values) / len(values) if values else float("nan")
 
 
+def stop_reason(sample: TrainingSample) -> str:
+    """Why a sample's rollout stopped: the export metadata's ``rollout_stop_reason``, then its
+    ``stop_reason``, then the finish reason of the context's last turn; ``unknown`` when none is
+    set. ``env_error:<detail>`` counts as ``env_error``."""
+    meta = sample.metadata
+    reason = meta.get("rollout_stop_reason") or meta.get("stop_reason")
+    if not (isinstance(reason, str) and reason.strip()):
+        turns = (meta.get(TRACE_KEY) or {}).get("turns") or []
+        reason = turns[-1].get("finish_reason") if turns else None
+    if not (isinstance(reason, str) and reason.strip()):
+        return "unknown"
+    return reason.strip().split(":", 1)[0]
+
+
+def _percentile(sorted_values: list[float], q: float) -> float:
+    """Nearest-rank percentile ``q`` in [0, 100] of non-empty ascending values."""
+    rank = max(math.ceil(q / 100 * len(sorted_values)), 1)
+    return sorted_values[rank - 1]
+
+
+def family_metrics(samples: list[TrainingSample]) -> dict[str, float]:
+    """``stop_reason/<reason>/{count,ratio}`` and ``num_turn/{min,mean,max,p50,p90,p95,p99}``
+    (turns per exported context, from ``rollout_turns``) of a step's samples."""
+    out: dict[str, float] = {}
+    if not samples:
+        return out
+    reasons = Counter(stop_reason(s) for s in samples)
+    for reason, count in sorted(reasons.items()):
+        out[f"stop_reason/{reason}/count"] = float(count)
+        out[f"stop_reason/{reason}/ratio"] = count / len(samples)
+    turns = sorted(float(s.metadata.get("rollout_turns", 0)) for s in samples)
+    out.update({"num_turn/min": turns[0], "num_turn/mean": _mean(turns), "num_turn/max": turns[-1]})
+    for q in (50, 90, 95, 99):
+        out[f"num_turn/p{q}"] = _percentile(turns, q)
+    return out
+
+
 def group_metrics(result: StepResult) -> Mapping[str, Any]:
     """Reward, length and scheduling statistics of a step (means over samples).
 
     All values are floats except ``prompt_indices``: the dataset rows of the trained Groups, in
-    acceptance order (what a resumed run is checked against).
+    acceptance order (what a resumed run is checked against). ``rollout_tokens_per_s`` is sampled
+    (loss-mask) tokens of the accepted samples per second of rollout; the ``stop_reason/`` and
+    ``num_turn/`` families come from :func:`family_metrics`.
     """
     rewards = [r for r in result.rewards if r is not None]
     mean = _mean(rewards)
@@ -175,6 +219,11 @@ def group_metrics(result: StepResult) -> Mapping[str, Any]:
         "aborted_requests": float(result.aborted_requests),
         "resident_groups": float(result.resident_groups),
         "barrier_warnings": float(result.barrier_warnings),
+        "interrupted_groups": float(result.interrupted_groups),
+        "filtered_groups": float(result.filtered_groups),
         "rollout_s": result.rollout_s,
+        "rollout_tokens_per_s": (sum(sum(s.loss_mask) for s in samples) / result.rollout_s
+                                 if result.rollout_s > 0 else float("nan")),
         "prompt_indices": [g.group.prompt_index for g in result.groups],
+        **family_metrics(samples),
     }

@@ -36,6 +36,7 @@ async def open_test_pipeline(
     env: dict[str, str] | None = None,
     timeout_s: float = 60.0,
     eval_concurrency: int | None = None,
+    failed_log_dir: Path | None = None,
 ) -> AsyncIterator[tuple[RolloutPipeline, SessionRegistry]]:
     """Serves the API on 127.0.0.1:0 and opens a pipeline running the httpx test agent."""
     agent_dir = tmp_path / "agent"
@@ -48,7 +49,7 @@ async def open_test_pipeline(
         async with open_rollout_pipeline(
             config=config,
             agent=AgentConfig(command=f"{command} ok", cwd=agent_dir, env=env or {},
-                              timeout_s=timeout_s, term_grace_s=0.5),
+                              timeout_s=timeout_s, term_grace_s=0.5, failed_log_dir=failed_log_dir),
             registry=registry, handler=handler, base_url=base_url, prompts=stream,
             eval_concurrency=eval_concurrency,
         ) as pipeline:
