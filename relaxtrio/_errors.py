@@ -219,7 +219,18 @@ class AgentExecutionError(RelaxError):
     """An agent process timed out, exited non-zero, or wrote output that cannot be parsed.
 
     The message ends with the last 8 KiB of the agent's combined stdout and stderr.
+
+    Attributes:
+        return_code: the agent's exit code when it exited non-zero (negative: killed by that
+            signal), else None.
+        timed_out: whether the agent ran out of active time.
     """
+
+    def __init__(self, message: str, *, session_id: str | None = None, return_code: int | None = None,
+                 timed_out: bool = False):
+        super().__init__(message, session_id=session_id)
+        self.return_code = return_code
+        self.timed_out = timed_out
 
 
 class ExportError(RelaxError):

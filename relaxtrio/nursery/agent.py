@@ -397,13 +397,14 @@ async def run_agent(
         if budget.expired:
             raise AgentExecutionError(
                 f"Agent timed out after {config.timeout_s:g} s of active time.\n{tail}".rstrip(),
-                session_id=session.session_id,
+                session_id=session.session_id, timed_out=True,
             )
         rc = process.returncode
         assert rc is not None
         if rc != 0:
             raise AgentExecutionError(
-                f"Agent exited with code {rc}.\n{tail}".rstrip(), session_id=session.session_id
+                f"Agent exited with code {rc}.\n{tail}".rstrip(), session_id=session.session_id,
+                return_code=rc,
             )
         output_text = _read_output(output_path, tail, session.session_id)
         return AgentRun(return_code=rc, output_text=output_text, log_tail=tail, active_s=active_s)
