@@ -51,8 +51,8 @@ from .rollout.step import StepResult, group_metrics
 from .rollout.turns import EngineTurnHandler
 from .run_checkpoint import RunCheckpointer, weight_version_name
 from .sglang.client import EngineClient
-from .train import Trainer
 from .trackers import Trackers
+from .train import Trainer
 
 log = logging.getLogger(__name__)
 

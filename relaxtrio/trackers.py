@@ -39,7 +39,7 @@ def family_of(key: str) -> str:
         return key
     if key in _TRAIN_KEYS:
         return f"train/{key}"
-    if key.endswith("_s") or key.endswith("_per_s"):
+    if key.endswith("_s"):  # durations and rates (``*_per_s``)
         return f"perf/{key}"
     return f"rollout/{key}"
 

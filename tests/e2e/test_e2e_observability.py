@@ -12,7 +12,13 @@ import trio
 from support.agents import write_httpx_agent
 from support.trackers import tensorboard_scalars, wandb_history
 
-from relaxtrio.config import AgentConfig, GenerationConfig, RolloutConfig, TrackerConfig, TrainRunConfig
+from relaxtrio.config import (
+    AgentConfig,
+    GenerationConfig,
+    RolloutConfig,
+    TrackerConfig,
+    TrainRunConfig,
+)
 from relaxtrio.driver import run_training
 from relaxtrio.train import TrainConfig
 

@@ -35,7 +35,11 @@ async def test_heartbeat_every_interval_without_progress(autojump_clock) -> None
 
 async def test_no_heartbeat_when_progress_comes_in_time(autojump_clock) -> None:
     beats: list[float] = []
-    await wait_with_heartbeat(lambda: trio.sleep(29.5), interval_s=30.0, on_idle=beats.append)
+
+    async def progress_in_time() -> None:
+        await trio.sleep(29.5)
+
+    await wait_with_heartbeat(progress_in_time, interval_s=30.0, on_idle=beats.append)
     assert beats == [] and trio.current_time() == 29.5
 
 
@@ -93,10 +97,10 @@ async def test_accounting_lines_and_idle_heartbeat_of_a_waiting_step(
     with trio.fail_after(60):
         async with open_test_pipeline(tmp_path, tokenizer, _engine(tokenizer),
                                       prompts([{"mode": "wait_file"}]), config=config,
-                                      env={"AGENT_WAIT_FILE": str(flag)}) as (pipeline, _):
-            async with trio.open_nursery() as nursery:
-                nursery.start_soon(release_after_a_heartbeat)
-                result = await pipeline.run_step(0)
+                                      env={"AGENT_WAIT_FILE": str(flag)}) as (pipeline, _), \
+                trio.open_nursery() as nursery:
+            nursery.start_soon(release_after_a_heartbeat)
+            result = await pipeline.run_step(0)
     assert len(result.groups) == 1
     [start] = [r.message for r in caplog.records if "event=accounting_start" in r.message]
     assert start == ("AGENTIC ROLLOUT event=accounting_start rollout=0 sessions=2 groups=1 debt=1 "
