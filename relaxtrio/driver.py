@@ -9,7 +9,13 @@ metrics line → optional eval → with ``--save``, a run checkpoint when due. A
 checkpoint and a reward plot. ``--load`` resumes a checkpointed run (:mod:`relaxtrio.run_checkpoint`).
 
 Rollout only (``TrainRunConfig.rollout_only``): no trainer is loaded, nothing is pushed or
-checkpointed; each step's samples are appended to a JSONL file instead. Either way, with
+checkpointed; each step's samples are appended to a JSONL file instead.
+
+What a run leaves in its directory besides metrics and checkpoints: ``run.log`` (the log lines
+of the run, as the console shows them), ``engine.log`` (the embedded engine), ``agent_logs/``
+(the whole log of every agent whose Session failed; logs of Sessions that completed are
+removed), and with ``--use-tensorboard`` / ``--use-wandb`` the trackers' files
+(:mod:`relaxtrio.trackers`). Either way, with
 ``debug_rollout_data`` every step also writes a debug dump (:mod:`relaxtrio.rollout.dumps`,
 docs/dumps.md) after its update, so the dump holds the trainer's statistics next to the samples
 it trained on. With ``operator_port`` the operator listener (``/debug_state``, ``/dashboard``,
@@ -24,9 +30,10 @@ import logging
 import math
 import time
 import urllib.parse
-from contextlib import AsyncExitStack
+from collections.abc import Iterator
+from contextlib import AsyncExitStack, contextmanager
 from pathlib import Path
-from typing import Any
+from typing import Any, Final
 
 import attrs
 import trio
@@ -37,7 +44,7 @@ from .chat.compiler import ChatCompiler
 from ._errors import ConfigError
 from .config import AgentConfig, FleetConfig, TrainRunConfig
 from .inference import Inference, LifecycleRegistry, open_inference
-from .rollout.capacity import check_external_slots, plan_capacity
+from .rollout.capacity import CapacityPlan, check_external_slots, plan_capacity
 from .rollout.dataset import PromptStream, load_prompts
 from .rollout.dumps import append_samples, dump_path, step_dump, step_samples, write_dump
 from .rollout.eval import EvalDataset, run_eval
@@ -48,6 +55,7 @@ from .rollout.step import StepResult, group_metrics
 from .rollout.turns import EngineTurnHandler
 from .run_checkpoint import RunCheckpointer, weight_version_name
 from .sglang.client import EngineClient
+from .trackers import Trackers
 from .train import Trainer, TrainStats
 from .train.ranks import RankGroup
 
@@ -77,8 +85,14 @@ class TrainSummary:
     num_samples: int = 0
 
 
-def check_capacity(cfg: TrainRunConfig) -> None:
+def check_capacity(cfg: TrainRunConfig) -> CapacityPlan:
     """Evaluates the capacity formula and refuses a run the external executor cannot hold.
+
+    Logs nothing: :func:`run_training` logs the plan once (the command line checks it before
+    starting the run too, so a logging check printed the line twice).
+
+    Returns:
+        The capacity plan.
 
     Raises:
         ConfigError: ``agent_external_slots`` is below the required slots (unless
@@ -92,13 +106,38 @@ def check_capacity(cfg: TrainRunConfig) -> None:
         agentic_eval_concurrency=cfg.eval.agentic_eval_concurrency,
         prelaunch=r.prelaunch, partial_rollout=r.partial_rollout, fully_async=r.fully_async,
     )
+    if not cfg.skip_capacity_check:
+        check_external_slots(plan, cfg.agent_external_slots)
+    return plan
+
+
+def _log_capacity(cfg: TrainRunConfig, plan: CapacityPlan) -> None:
     log.info("agent capacity: %s", plan.describe())
-    if cfg.skip_capacity_check:
-        if cfg.agent_external_slots is not None and cfg.agent_external_slots < plan.required:
-            log.warning("capacity check skipped although %d slots < %d required; the barrier "
-                        "watchdog will report stuck Groups", cfg.agent_external_slots, plan.required)
-        return
-    check_external_slots(plan, cfg.agent_external_slots)
+    if cfg.skip_capacity_check and cfg.agent_external_slots is not None \
+            and cfg.agent_external_slots < plan.required:
+        log.warning("capacity check skipped although %d slots < %d required; the barrier "
+                    "watchdog will report stuck Groups", cfg.agent_external_slots, plan.required)
+
+
+RUN_LOG_FORMAT: Final = "%(asctime)s %(levelname)s %(name)s: %(message)s"
+
+
+@contextmanager
+def record_run_log(path: Path) -> Iterator[Path]:
+    """Copies relaxtrio's log lines (at the level the console shows) to ``path`` while inside.
+
+    The file is appended to, so a resumed run keeps the interrupted run's lines before its own.
+    """
+    path.parent.mkdir(parents=True, exist_ok=True)
+    handler = logging.FileHandler(path, encoding="utf-8")
+    handler.setFormatter(logging.Formatter(RUN_LOG_FORMAT))
+    logger = logging.getLogger("relaxtrio")
+    logger.addHandler(handler)
+    try:
+        yield path
+    finally:
+        logger.removeHandler(handler)
+        handler.close()
 
 
 def _announce(line: str) -> None:
@@ -246,9 +285,36 @@ async def run_training(cfg: TrainRunConfig) -> TrainSummary:
         Cancelling (e.g. Ctrl-C) terminates every agent process group and the embedded engine
         before returning; the ranks of a sharded trainer are ended too (shielded).
     """
-    check_capacity(cfg)
+    plan = check_capacity(cfg)
     out = cfg.output_dir
     out.mkdir(parents=True, exist_ok=True)
+    with record_run_log(out / "run.log"):
+        _log_capacity(cfg, plan)
+        trackers = await trio.to_thread.run_sync(Trackers.open, cfg.trackers, _tracker_run_config(cfg))
+        try:
+            return await _run_training(cfg, trackers)
+        finally:
+            with trio.CancelScope(shield=True):
+                await trio.to_thread.run_sync(trackers.close)
+
+
+def _tracker_run_config(cfg: TrainRunConfig) -> dict[str, Any]:
+    """The run settings a tracker records (W&B's run config)."""
+    r = cfg.rollout
+    return {"num_rollout": cfg.num_rollout, "n_samples_per_prompt": r.n_samples_per_prompt,
+            "rollout_batch_size": r.rollout_batch_size, "prompt_data": str(cfg.prompt_data),
+            "output_dir": str(cfg.output_dir), "rollout_only": cfg.rollout_only,
+            "generation": attrs.asdict(cfg.generation), "train": attrs.asdict(cfg.train)}
+
+
+async def _run_training(cfg: TrainRunConfig, trackers: Trackers) -> TrainSummary:
+    """The body of :func:`run_training`, inside its run log and trackers.
+
+    Cancellation:
+        As :func:`run_training`.
+    """
+    out = cfg.output_dir
+    agent = attrs.evolve(cfg.agent, failed_log_dir=out / "agent_logs")
     checkpointer = RunCheckpointer.open(cfg)
     metrics = checkpointer.open_metrics(out / "metrics.jsonl")
     model_dir = await trio.to_thread.run_sync(_resolve_model, cfg)
@@ -260,7 +326,8 @@ async def run_training(cfg: TrainRunConfig) -> TrainSummary:
         log.info("loading trainer model from %s", model_dir)
         trainer = await trio.to_thread.run_sync(checkpointer.load_trainer, model_dir)
     try:
-        return await _run_loaded(cfg, checkpointer, metrics, model_dir, compiler, prompts, eval_sets, trainer)
+        return await _run_loaded(cfg, checkpointer, metrics, model_dir, compiler, prompts, eval_sets,
+                                 trainer, agent=agent, trackers=trackers)
     finally:
         if isinstance(trainer, RankGroup):  # sharded: end every rank (and its Ray actor)
             with trio.CancelScope(shield=True):
@@ -276,6 +343,9 @@ async def _run_loaded(
     prompts: PromptStream,
     eval_sets: tuple[EvalDataset, ...],
     trainer: Trainer | RankGroup | None,
+    *,
+    agent: AgentConfig,
+    trackers: Trackers,
 ) -> TrainSummary:
     """The engines, the agent API and the step loop, once the trainer (if any) is loaded."""
     out = cfg.output_dir
@@ -303,7 +373,8 @@ async def _run_loaded(
             if cfg.operator_port is not None:
                 await start_operator(nursery, view, port=cfg.operator_port, announce=_announce)
             async with open_rollout_pipeline(
-                config=cfg.rollout, agent=await _agent_config(cfg), registry=registry, handler=handler,
+                config=cfg.rollout, agent=await _agent_config(cfg, agent), registry=registry,
+                handler=handler,
                 base_url=base_url, prompts=prompts, max_context_tokens=max_context,
                 server_template_kwargs=dict(cfg.generation.template_kwargs),
                 eval_concurrency=cfg.eval.agentic_eval_concurrency,
@@ -313,7 +384,8 @@ async def _run_loaded(
                     row = await _train_step(cfg, pipeline, trainer, inference, rollout_id,
                                             eval_sets, outputs, view)
                     checkpointer.note_step(rollout_id, row)
-                    metrics.append(rollout_id, row)
+                    written = metrics.append(rollout_id, row)
+                    await trio.to_thread.run_sync(trackers.log, rollout_id, written)
                     log.info("step %d metrics %s", rollout_id,
                              json.dumps(metrics.rows[-1], sort_keys=True))
                     if trainer is not None and checkpointer.save_due(rollout_id):
@@ -356,15 +428,15 @@ def advertised_url(bound_url: str, advertise_url: str | None) -> str:
     return urllib.parse.urlunsplit((want.scheme or "http", netloc, path, "", ""))
 
 
-async def _agent_config(cfg: TrainRunConfig) -> AgentConfig:
-    """The agent settings, with the Ray launcher for ``--agent-executor ray`` (connects to Ray).
+async def _agent_config(cfg: TrainRunConfig, agent: AgentConfig) -> AgentConfig:
+    """``agent``, with the Ray launcher for ``--agent-executor ray`` (connects to Ray).
 
     Raises:
         ConfigError: no Ray cluster at ``--ray-address``.
     """
     d = cfg.distributed
     if d.agent_executor != "ray":
-        return cfg.agent
+        return agent
     from .cluster.agents import ray_agent_launcher
     from .cluster.runtime import connect
 
@@ -373,7 +445,7 @@ async def _agent_config(cfg: TrainRunConfig) -> AgentConfig:
     if d.api_host in ("127.0.0.1", "localhost") and d.api_advertise_url is None:
         log.warning("--agent-executor ray with the agent API on loopback: agents placed on other "
                     "nodes cannot reach it (set --agentic-api-host and --agentic-api-advertise-url)")
-    return attrs.evolve(cfg.agent, launcher=ray_agent_launcher(d.agent_num_cpus))
+    return attrs.evolve(agent, launcher=ray_agent_launcher(d.agent_num_cpus))
 
 
 def _load_datasets(cfg: TrainRunConfig) -> tuple[PromptStream, tuple[EvalDataset, ...]]:

@@ -25,7 +25,7 @@ PACKAGE_DIR = Path(relaxtrio.__file__).resolve().parent
 WEB = ("quart", "quart_trio", "hypercorn")
 HEAVY = ("trio", *WEB, "httpx", "torch", "transformers")
 UPPER = ("relaxtrio.api", "relaxtrio.rollout", "relaxtrio.train", "relaxtrio.driver", "relaxtrio.cli",
-         "relaxtrio.serve", "relaxtrio.replay")
+         "relaxtrio.serve", "relaxtrio.replay", "relaxtrio.doctor", "relaxtrio.trackers")
 
 FORBIDDEN: dict[str, tuple[str, ...]] = {
     "relaxtrio.forest": (*HEAVY, "relaxtrio.nursery", "relaxtrio.chat", "relaxtrio.sglang"),

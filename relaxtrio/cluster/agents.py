@@ -27,6 +27,7 @@ import functools
 import logging
 import threading
 from collections.abc import Mapping
+from pathlib import Path
 from typing import Any, Final
 
 import attrs
@@ -117,6 +118,7 @@ async def run_agent_on_ray(
     budget: ActiveBudget,
     *,
     num_cpus: float = 1.0,
+    log_path: Path | None = None,
     task_status: trio.TaskStatus[int] = trio.TASK_STATUS_IGNORED,
 ) -> AgentRun:
     """:func:`~relaxtrio.nursery.agent.run_agent`, with the agent on a Ray node (module docstring).
@@ -127,6 +129,8 @@ async def run_agent_on_ray(
         input_payload: JSON object written to ``RELAX_INPUT_JSON`` on the node.
         budget: the Session's pausable active-time budget, enforced here in the driver.
         num_cpus: CPUs the agent's actor reserves.
+        log_path: accepted for the launcher signature and not used: the agent's log stays on its
+            node, and only its last 8 KiB reach the driver (in the failure reason).
         task_status: receives the agent's process-group id on its node.
 
     Returns:

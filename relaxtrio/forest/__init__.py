@@ -21,6 +21,7 @@ from ._dump import forest_to_json as forest_to_json
 from ._dump import sample_from_json as sample_from_json
 from ._dump import sample_leaf_hash as sample_leaf_hash
 from ._dump import sample_to_json as sample_to_json
+from ._export import TRACE_KEY as TRACE_KEY
 from ._export import TrainingSample as TrainingSample
 from ._export import export_samples as export_samples
 from ._forest import SessionForest as SessionForest
@@ -39,6 +40,7 @@ from ._policy import LeafSelection as LeafSelection
 from ._policy import select_leaves as select_leaves
 
 __all__ = [
+    "TRACE_KEY",
     "Conversation",
     "ConversationMemo",
     "ExportRecord",

@@ -335,6 +335,7 @@ async def run_agent(
     input_payload: Mapping[str, object],
     budget: ActiveBudget,
     *,
+    log_path: Path | None = None,
     task_status: trio.TaskStatus[int] = trio.TASK_STATUS_IGNORED,
 ) -> AgentRun:
     """Runs one agent process to its end under the Session's active-time budget.
@@ -345,6 +346,8 @@ async def run_agent(
         input_payload: JSON object written to ``RELAX_INPUT_JSON`` before the start.
         budget: the pausable active-time budget; the caller resumes it when the Runtime lease
             starts (before that, waiting costs nothing).
+        log_path: where the agent's stdout + stderr go (truncated first); the caller owns the
+            file. None: ``agent.log`` in the IO directory, removed with it.
         task_status: receives the process-group id once the process started.
 
     Returns:
@@ -362,7 +365,11 @@ async def run_agent(
     try:
         input_path = io_dir / "session_input.json"
         output_path = io_dir / "session_output.json"
-        log_path = io_dir / "agent.log"
+        if log_path is None:
+            log_path = io_dir / "agent.log"
+        else:
+            log_path.parent.mkdir(parents=True, exist_ok=True)
+            log_path.write_bytes(b"")
         input_path.write_text(json.dumps(input_payload, ensure_ascii=False, separators=(",", ":")),
                               encoding="utf-8")
         with log_path.open("ab") as log_file:
@@ -390,13 +397,14 @@ async def run_agent(
         if budget.expired:
             raise AgentExecutionError(
                 f"Agent timed out after {config.timeout_s:g} s of active time.\n{tail}".rstrip(),
-                session_id=session.session_id,
+                session_id=session.session_id, timed_out=True,
             )
         rc = process.returncode
         assert rc is not None
         if rc != 0:
             raise AgentExecutionError(
-                f"Agent exited with code {rc}.\n{tail}".rstrip(), session_id=session.session_id
+                f"Agent exited with code {rc}.\n{tail}".rstrip(), session_id=session.session_id,
+                return_code=rc,
             )
         output_text = _read_output(output_path, tail, session.session_id)
         return AgentRun(return_code=rc, output_text=output_text, log_tail=tail, active_s=active_s)

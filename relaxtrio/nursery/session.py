@@ -18,6 +18,7 @@ import logging
 import secrets
 from collections.abc import AsyncIterator, Mapping
 from contextlib import AbstractContextManager, asynccontextmanager
+from pathlib import Path
 from typing import Any, Literal, Protocol
 
 import attrs
@@ -133,6 +134,8 @@ class Session:
         agent_return_code: the agent's exit code once it exited (negative: killed by that
             signal), else None.
         agent_active_s: active seconds the agent's budget consumed, once it exited.
+        agent_log: the kept log file of a failed Session's agent
+            (``AgentConfig.failed_log_dir``), else None.
     """
 
     session_id: str
@@ -153,6 +156,7 @@ class Session:
     agent_pgid: int | None = None
     agent_return_code: int | None = None
     agent_active_s: float | None = None
+    agent_log: str | None = None
     _turns: trio.Nursery | None = None
     _closed: bool = False
     _ended: trio.Event = attrs.field(factory=trio.Event)
@@ -487,7 +491,29 @@ async def run_session(
         await _run_session(session, agent=agent, base_url=base_url, registry=registry,
                            server_template_kwargs=server_template_kwargs, task_status=task_status)
     finally:
+        _settle_agent_log(agent_log_path(agent, session), session)
         session._ended.set()
+
+
+def agent_log_path(agent: AgentConfig, session: Session) -> Path | None:
+    """Where the agent of ``session`` logs when failed logs are kept
+    (``AgentConfig.failed_log_dir``), else None."""
+    if agent.failed_log_dir is None:
+        return None
+    name = "".join(c if c.isalnum() or c in "-_" else "_" for c in session.group.group_id)
+    return agent.failed_log_dir / f"{name}_session{session.index}.log"
+
+
+def _settle_agent_log(path: Path | None, session: Session) -> None:
+    """Keeps the agent log of a failed Session (and says where); removes any other."""
+    if path is None or not path.exists():
+        return
+    if session.status == "failed":
+        log.warning("session %d of %s failed; its agent log is kept: %s", session.index,
+                    session.group.group_id, path)
+        session.agent_log = str(path)
+    else:
+        path.unlink(missing_ok=True)
 
 
 async def _run_session(
@@ -508,13 +534,14 @@ async def _run_session(
     )
     session.status = "running"
     run = None
+    log_path = agent_log_path(agent, session)
     try:
         async with session.serving():
             task_status.started()
             try:
                 launch = agent.launcher or run_agent  # --agent-executor ray: on a Ray node
                 run = await launch(agent, env, session.input_payload, session.budget,
-                                   task_status=_PgidRecorder(session))
+                                   log_path=log_path, task_status=_PgidRecorder(session))
             except AgentExecutionError as exc:
                 session.fail(str(exc))
             except OSError as exc:

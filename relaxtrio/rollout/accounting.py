@@ -1,0 +1,86 @@
+"""What a rollout step tells the operator while it runs: accounting lines, idle heartbeats and
+the progress bar's postfix.
+
+* ``AGENTIC ROLLOUT event=accounting_start`` opens a step and ``event=accounting_end`` closes it
+  (Groups, rows, debt, resident and interrupted Groups; see :mod:`relaxtrio.rollout.pipeline`);
+* :func:`wait_with_heartbeat` runs a step's wait for progress and calls back every
+  ``interval_s`` seconds (trio clock) in which nothing happened, so a stuck step logs
+  ``event=idle_heartbeat`` with a :class:`PipelineSnapshot` instead of going quiet;
+* :func:`progress_postfix` is the bar's ``scored=`` (and with prelaunch ``prepared=``) count.
+
+The snapshot's keys follow the pipeline's own states: ``prepare`` (started, waiting for the
+lease), ``runtime`` (leased, generating), ``interrupted`` (paused by partial rollout),
+``finalized`` (finished, not yet accounted for), ``scored`` (accepted this step).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Awaitable, Callable
+from typing import Any
+
+import attrs
+import trio
+
+
+@attrs.frozen(kw_only=True)
+class PipelineSnapshot:
+    """Where the Groups of a running step are (what ``event=idle_heartbeat`` logs).
+
+    Attributes:
+        active_rollout_id: the step being run.
+        debt: Groups the step still needs.
+        scored_group_count: Groups accepted this step.
+        prepare_group_count: resident Groups not leased yet (prelaunched).
+        runtime_group_count: leased resident Groups that are not paused.
+        interrupted_group_count: resident Groups paused by partial rollout.
+        finalized_group_count: finished Groups not yet accounted for.
+        resident_group_count: Groups holding a capacity permit.
+        idle_s: seconds (trio clock) since the step last made progress.
+    """
+
+    active_rollout_id: int
+    debt: int
+    scored_group_count: int
+    prepare_group_count: int
+    runtime_group_count: int
+    interrupted_group_count: int
+    finalized_group_count: int
+    resident_group_count: int
+    idle_s: float
+
+    def fields(self) -> dict[str, Any]:
+        """The snapshot as ``key=value`` fields of an ``AGENTIC`` line."""
+        return {k: (f"{v:.1f}" if isinstance(v, float) else v) for k, v in attrs.asdict(self).items()}
+
+
+async def wait_with_heartbeat(wait: Callable[[], Awaitable[None]], *, interval_s: float,
+                              on_idle: Callable[[float], None]) -> None:
+    """Runs ``wait()`` to its end, calling ``on_idle(idle_s)`` after every ``interval_s`` seconds
+    (trio clock) it has been waiting.
+
+    ``wait`` is restarted after each heartbeat, so it must be a wait for a condition (e.g. an
+    event that a finished Group sets), not work that a cancel would lose.
+
+    Args:
+        wait: the wait for progress.
+        interval_s: seconds without progress between heartbeats (> 0).
+        on_idle: receives the seconds waited so far (``interval_s``, ``2 * interval_s``, ...).
+
+    Cancellation:
+        A plain wait; nothing to clean up.
+    """
+    started = trio.current_time()
+    while True:
+        with trio.move_on_after(interval_s):
+            await wait()
+            return
+        on_idle(trio.current_time() - started)
+
+
+def progress_postfix(*, scored_sessions: int, prepared_sessions: int, prelaunch: bool) -> dict[str, int]:
+    """The progress bar's postfix: Sessions of accepted Groups, and with prelaunch the Sessions
+    of Groups started and waiting for the lease."""
+    postfix = {"scored": scored_sessions}
+    if prelaunch:
+        postfix["prepared"] = prepared_sessions
+    return postfix
