@@ -18,7 +18,7 @@ export MSWEA_SILENT_STARTUP=1
 
 # The model endpoint: litellm's OpenAI-compatible provider ("openai/<name>") at relaxtrio's URL,
 # the Session id as key, a long client timeout (requests may be held), no client retries.
-mini --yolo --exit-immediately \
+mini --yolo --exit-immediately --model-class litellm_textbased \
   -c mini_textbased.yaml \
   -c model.model_name=openai/policy \
   -c "model.model_kwargs.api_base=${RELAX_BASE_URL}" \

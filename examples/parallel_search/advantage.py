@@ -1,7 +1,7 @@
 """Per-context credit for examples/parallel_search (``--agentic-custom-advantage-path``).
 
-The spec's outcome x usefulness rule (docs/export-and-credit.md#custom-advantage): ``main`` is
-credited with the task outcome, each ``searcher_<i>`` with ``outcome * usefulness`` (a searcher
+Outcome x usefulness credit (the hook's contract is in docs/export-and-credit.md#custom-advantage):
+``main`` is credited with the task outcome, each ``searcher_<i>`` with ``outcome * usefulness`` (a searcher
 whose note the answer did not use gets nothing for a right answer). Custom advantage bypasses
 GRPO's normalization, so it is done here: each context name's credits are centered over the
 Group's Sessions that exported that name (a Session whose model planned three searches has a

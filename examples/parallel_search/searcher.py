@@ -20,7 +20,7 @@ import httpx
 HERE = Path(__file__).resolve().parent
 LOOKUP_TOOL = {"type": "function", "function": {
     "name": "lookup",
-    "description": "Look a term up in the reference corpus.",
+    "description": "Look a term up in the local corpus.",
     "parameters": {"type": "object", "properties": {"term": {"type": "string"}}, "required": ["term"]},
 }}
 SYSTEM = ("You are a searcher. Use the lookup tool to find facts for the query, "

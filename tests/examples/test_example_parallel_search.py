@@ -52,15 +52,15 @@ async def test_main_and_two_parallel_searchers_export_three_contexts(tiny_model_
 
 
 def _advantage_module():
-    spec = importlib.util.spec_from_file_location("ps_advantage", EXAMPLES / "parallel_search" / "advantage.py")
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
+    found = importlib.util.spec_from_file_location("ps_advantage", EXAMPLES / "parallel_search" / "advantage.py")
+    module = importlib.util.module_from_spec(found)
+    found.loader.exec_module(module)
     return module
 
 
 def test_credit_is_outcome_times_usefulness_centered_per_name() -> None:
     credit = _advantage_module().credit
-    # The spec's two Sessions: outcome 1.0 / usefulness 0.6, outcome 0.0 / usefulness 0.2.
+    # Two Sessions: outcome 1.0 / usefulness 0.6, outcome 0.0 / usefulness 0.2.
     out = credit([{"main": {"outcome": 1.0}, "searcher_0": {"outcome": 1.0, "usefulness": 0.6}},
                   {"main": {"outcome": 0.0}, "searcher_0": {"outcome": 0.0, "usefulness": 0.2}}])
     assert out == [{"main": 0.5, "searcher_0": pytest.approx(0.3)},

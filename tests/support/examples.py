@@ -37,11 +37,16 @@ class ExampleRun:
     returncode: int
     output: str
     samples: list[dict[str, Any]]
+    dump: dict[str, Any]
     engine: ScriptedEngine | None
     output_dir: Path
 
     def names(self) -> list[str | None]:
         return [s["name"] for s in self.samples]
+
+    def sessions(self) -> list[dict[str, Any]]:
+        """The dumped Sessions of every Group (accepted and dropped), forests included."""
+        return [s for g in self.dump.get("groups", []) for s in g["sessions"]]
 
 
 def processes_with_mark(mark: str) -> list[int]:
@@ -125,11 +130,10 @@ async def run_example(
             nursery.cancel_scope.cancel()
     output = done.stdout.decode(errors="replace")
     (tmp_path / "job.log").write_text(output)
-    samples: list[dict[str, Any]] = []
-    dump = out / "dump_0.json"
-    if dump.exists():
-        samples = json.loads(dump.read_text())["samples"]
+    dump_path = out / "dump_0.json"
+    dump = json.loads(dump_path.read_text()) if dump_path.exists() else {}
     left = processes_with_mark(mark)
     assert not left, f"processes of the run left behind: {left}"
-    return ExampleRun(returncode=done.returncode, output=output, samples=samples, engine=engine,
+    return ExampleRun(returncode=done.returncode, output=output, samples=dump.get("samples", []), dump=dump,
+                      engine=engine,
                       output_dir=out)
