@@ -7,7 +7,8 @@ subprocess needs the same thing at a URL: :func:`serve_scripted_engine` serves a
 (``/health``, ``/model_info``, ``/server_info``, ``/abort_request``, ``/pause_generation``,
 ``/continue_generation``, ``/update_weights_from_disk``, ``/update_weight_version``,
 ``/close_session``, ``/flush_cache``), with SGLang 0.5's response shapes. The job is pointed
-at it with ``--sglang-router-url URL`` and reads its tokenizer from ``--hf-checkpoint``.
+at it with ``--engine-url URL`` (a worker, not a gateway) and reads its tokenizer from
+``--hf-checkpoint``.
 
 Replies are chosen by :class:`Rule`: the first rule whose regular expression is found in the
 decoded prompt (the whole lineage, special tokens included) answers. This is how the harness

@@ -124,7 +124,7 @@ async def run_example(
                 tokenizer = load_tokenizer(model_dir)
                 engine = rules_engine(tokenizer, tokenizer.eos_token_id, rules)
                 url = await nursery.start(serve_scripted_engine, engine)
-                argv[argv.index("--output-dir"):argv.index("--output-dir")] = ["--sglang-router-url", url]
+                argv[argv.index("--output-dir"):argv.index("--output-dir")] = ["--engine-url", url]
             done = await trio.run_process(argv, env=env, cwd=tmp_path, check=False,
                                           capture_stdout=True, stderr=subprocess.STDOUT)
             nursery.cancel_scope.cancel()
