@@ -207,6 +207,7 @@ class EngineFleet(FleetMembers):
         session_id: str | None = None,
         routing_key: str | None = None,
         image_data: Sequence[str] | None = None,
+        prefix_key: str | None = None,
     ) -> GenerateResult:
         """Generate on the Session's worker (``POST /generate``, single form).
 
@@ -219,6 +220,8 @@ class EngineFleet(FleetMembers):
                 routing key is sent when this is None).
             routing_key: the Session id: all requests with one key go to one worker.
             image_data: the prompt's images in placeholder order, or None.
+            prefix_key: the family of prompts this one belongs to (the Session id), for the
+                request body's JSON reuse (:meth:`EngineClient.generate`).
 
         Returns:
             The engine's result. When the worker is lost mid-request the result is an abort
@@ -262,7 +265,8 @@ class EngineFleet(FleetMembers):
                 try:
                     return await client.generate(
                         input_ids, sampling, rid=rid, return_logprob=return_logprob,
-                        session_id=session_id, image_data=image_data, headers=headers)
+                        session_id=session_id, image_data=image_data, headers=headers,
+                        prefix_key=prefix_key)
                 except BackendError as exc:
                     if not worker_failure(exc):
                         raise
