@@ -100,15 +100,33 @@ class ConversationMemo:
         self.num_reused += same
         # Only now (everything valid) does the memo move on to this request.
         self._raw, self._items = messages, new_items
-        system = [text for _, texts, canonical, _ in new_items if canonical is None for text in texts]
-        out = [canonical for _, _, canonical, _ in new_items if canonical is not None]
-        encoded_out = [enc for _, _, canonical, enc in new_items if canonical is not None]
-        if system:
-            merged = {"role": "system", "content": "\n\n".join(system)}
-            out.insert(0, merged)
-            encoded_out.insert(0, _encode(merged, "messages[0]"))
+        # The system-message rule of canonical_messages: leading ones merge into one first
+        # message, a later run of them stays in place as one message.
+        leading: list[str] = []
+        out: list[dict[str, Any]] = []
+        encoded_out: list[bytes | None] = []
+        late_run = False
+        for _, chunks, canonical, encoded in new_items:
+            if canonical is not None:
+                out.append(canonical)
+                encoded_out.append(encoded)
+                late_run = False
+            elif not out:
+                leading.extend(chunks)
+            elif chunks and late_run:
+                out[-1] = {"role": "system", "content": out[-1]["content"] + "\n\n" + "\n\n".join(chunks)}
+                encoded_out[-1] = None
+            elif chunks:
+                out.append({"role": "system", "content": "\n\n".join(chunks)})
+                encoded_out.append(None)
+                late_run = True
+        if leading:
+            out.insert(0, {"role": "system", "content": "\n\n".join(leading)})
+            encoded_out.insert(0, None)
+        encoded_all = tuple(enc if enc is not None else _encode(message, f"messages[{i}]")
+                            for i, (message, enc) in enumerate(zip(out, encoded_out, strict=True)))
         return Conversation._from_canonical(
-            tuple(out), tuple(encoded_out),
+            tuple(out), encoded_all,
             canonical_tools(tools, param=tools_param),
             canonical_template_kwargs(template_kwargs, base=base_template_kwargs,
                                       param=template_kwargs_param),
