@@ -39,7 +39,8 @@ async def test_main_and_two_parallel_searchers_export_three_contexts(tiny_model_
                                                                      tmp_path: Path) -> None:
     run = await run_example("parallel_search", tmp_path, tiny_model_dir, rules=RULES, command="rollout",
                             args=["--agentic-custom-advantage-path",
-                                  "examples.parallel_search.advantage.credit"])
+                                  "examples.parallel_search.advantage.credit",
+                                  "--use-dynamic-batch-size", "--max-tokens-per-gpu", "4096"])
     assert run.returncode == 0, run.output[-3000:]
     assert run.names() == ["main", "searcher_0", "searcher_1"]
     by_name = {s["name"]: s for s in run.samples}
