@@ -76,5 +76,10 @@ def test_public_names_are_exported_explicitly() -> None:
         "state_hash",
     }
     assert expected <= set(relaxtrio.forest.__all__)
+    submodules = [m for n, m in sys.modules.items() if n.startswith("relaxtrio.forest.")]
     for name in relaxtrio.forest.__all__:
-        assert getattr(relaxtrio.forest, name).__module__.startswith("relaxtrio.forest")
+        obj = getattr(relaxtrio.forest, name)
+        if isinstance(obj, str):  # a constant (TRACE_KEY): defined by one of the submodules
+            assert any(getattr(m, name, None) is obj for m in submodules), name
+        else:
+            assert obj.__module__.startswith("relaxtrio.forest"), name

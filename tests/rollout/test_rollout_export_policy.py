@@ -82,7 +82,8 @@ def test_the_flag_reaches_the_agent_config(tmp_path: Path) -> None:
     with pytest.raises(ConfigError, match="needs --agentic-custom-advantage-path"):
         _parse(tmp_path, "--agentic-export-policy", "all-leaves")
     config = _parse(tmp_path, "--agentic-export-policy", "all-leaves",
-                    "--agentic-custom-advantage-path", "support.credit.per_leaf")
+                    "--agentic-custom-advantage-path", "support.credit.per_leaf",
+                    "--use-dynamic-batch-size", "--max-tokens-per-gpu", "4096")
     assert config.agent.export_policy == "all-leaves"
     with pytest.raises(ConfigError, match="--agentic-export-policy must be one of"):
         AgentConfig(command="true", cwd=tmp_path, export_policy="newest")  # type: ignore[arg-type]
