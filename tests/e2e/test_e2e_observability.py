@@ -57,8 +57,11 @@ async def test_run_directory_holds_logs_failed_agent_logs_and_tracker_files(
     assert "event=accounting_end rollout=0 groups=1 rows=2 debt=0" in text
     assert "Dropped group train:group_000001" in text
 
+    # Both agents crash; whichever fails second may instead be cancelled by its Group's drop
+    # (a cancelled Session did not fail, so its log is not kept).
     kept = sorted((run / "agent_logs").iterdir())
-    assert [p.name for p in kept] == ["train_group_000001_session0.log", "train_group_000001_session1.log"]
+    assert kept and {p.name for p in kept} <= {"train_group_000001_session0.log",
+                                                "train_group_000001_session1.log"}
     assert all("boom after the request" in p.read_text() for p in kept)
 
     scalars = tensorboard_scalars(run / "tensorboard")
