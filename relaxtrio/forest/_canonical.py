@@ -49,6 +49,7 @@ starts with the same path.
 from __future__ import annotations
 
 import hashlib
+from collections.abc import Sequence
 from typing import Any, Final
 
 import attrs
@@ -81,12 +82,30 @@ def canonical_messages(messages: Any, *, param: str = "messages") -> tuple[dict[
     if messages is None:
         return ()
     require_list(messages, param)
+    entries = []
+    for index, message in enumerate(messages):
+        chunks: list[str] = []
+        entries.append((_canonical_message(message, f"{param}[{index}]", chunks), chunks))
+    return tuple(place_system_messages(entries))
+
+
+def place_system_messages(
+    entries: Sequence[tuple[dict[str, Any] | None, Sequence[str]]],
+) -> list[dict[str, Any]]:
+    """The system-message rule: leading system texts merge into one first message; a later run
+    of system messages stays in place as one message; a system message with no text is dropped.
+
+    Args:
+        entries: per message, ``(canonical, [])`` for a non-system message or ``(None, texts)``
+            for a system one (what :func:`_canonical_message` returns and collects).
+
+    Returns:
+        The messages; non-system ones are the given objects, system ones are fresh dicts.
+    """
     leading: list[str] = []
     out: list[dict[str, Any]] = []
     late_run = False  # out[-1] is a system message after the first non-system message
-    for index, message in enumerate(messages):
-        chunks: list[str] = []
-        canonical = _canonical_message(message, f"{param}[{index}]", chunks)
+    for canonical, chunks in entries:
         if canonical is not None:
             out.append(canonical)
             late_run = False
@@ -99,7 +118,7 @@ def canonical_messages(messages: Any, *, param: str = "messages") -> tuple[dict[
             late_run = True
     if leading:
         out.insert(0, {"role": "system", "content": "\n\n".join(leading)})
-    return tuple(out)
+    return out
 
 
 def canonical_message(message: Any, *, param: str = "message") -> dict[str, Any]:

@@ -25,6 +25,7 @@ from ._canonical import (
     _encode,
     canonical_template_kwargs,
     canonical_tools,
+    place_system_messages,
 )
 
 __all__ = ["ConversationMemo"]
@@ -100,31 +101,10 @@ class ConversationMemo:
         self.num_reused += same
         # Only now (everything valid) does the memo move on to this request.
         self._raw, self._items = messages, new_items
-        # The system-message rule of canonical_messages: leading ones merge into one first
-        # message, a later run of them stays in place as one message.
-        leading: list[str] = []
-        out: list[dict[str, Any]] = []
-        encoded_out: list[bytes | None] = []
-        late_run = False
-        for _, chunks, canonical, encoded in new_items:
-            if canonical is not None:
-                out.append(canonical)
-                encoded_out.append(encoded)
-                late_run = False
-            elif not out:
-                leading.extend(chunks)
-            elif chunks and late_run:
-                out[-1] = {"role": "system", "content": out[-1]["content"] + "\n\n" + "\n\n".join(chunks)}
-                encoded_out[-1] = None
-            elif chunks:
-                out.append({"role": "system", "content": "\n\n".join(chunks)})
-                encoded_out.append(None)
-                late_run = True
-        if leading:
-            out.insert(0, {"role": "system", "content": "\n\n".join(leading)})
-            encoded_out.insert(0, None)
-        encoded_all = tuple(enc if enc is not None else _encode(message, f"messages[{i}]")
-                            for i, (message, enc) in enumerate(zip(out, encoded_out, strict=True)))
+        out = place_system_messages([(canonical, chunks) for _, chunks, canonical, _ in new_items])
+        reused = {id(canonical): enc for _, _, canonical, enc in new_items if canonical is not None}
+        encoded_all = tuple(reused[id(m)] if id(m) in reused else _encode(m, f"messages[{i}]")
+                            for i, m in enumerate(out))
         return Conversation._from_canonical(
             tuple(out), encoded_all,
             canonical_tools(tools, param=tools_param),
