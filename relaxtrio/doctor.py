@@ -48,8 +48,7 @@ from .nursery.agent import SessionEnv, run_agent
 from .nursery.group import Group
 from .nursery.session import SessionRegistry
 from .rollout.turns import EngineTurnHandler
-from .sglang.client import EngineClient, open_engine_client
-from .sglang.launch import open_embedded_engine
+from .serve import open_engine
 
 log = logging.getLogger(__name__)
 
@@ -269,7 +268,7 @@ async def run_doctor(cfg: DoctorConfig) -> DoctorReport:
     compiler = await trio.to_thread.run_sync(ChatCompiler.from_pretrained, model_dir)
     obs = Observation(log_path=out / "agent.log")
     async with AsyncExitStack() as stack:
-        client, max_context = await _open_engine(stack, cfg, model_dir)
+        client, max_context = await open_engine(stack, cfg, model_dir)
         handler = EngineTurnHandler(client=client, compiler=compiler, config=cfg.generation)
         registry = SessionRegistry()
         app = create_app(registry, handler, config=ApiConfig(model_name=model_dir.name))
@@ -296,23 +295,3 @@ def _resolve_model(cfg: DoctorConfig) -> Path:
     from .models import ensure_smollm2
 
     return ensure_smollm2()
-
-
-async def _open_engine(stack: AsyncExitStack, cfg: DoctorConfig,
-                       model_dir: Path) -> tuple[EngineClient, int | None]:
-    """Starts the embedded engine unless URLs are given; returns the client and the context limit.
-
-    Cancellation:
-        What was entered on ``stack`` is stopped when the stack closes.
-    """
-    urls = list(cfg.engine_urls)
-    if not urls:
-        log.info("starting the embedded engine (log: %s)", cfg.output_dir / "engine.log")
-        urls = [await stack.enter_async_context(open_embedded_engine(
-            model_dir, log_path=cfg.output_dir / "engine.log", extra_args=cfg.engine_args))]
-    client = await stack.enter_async_context(open_engine_client(urls))
-    max_context = cfg.generation.max_context_tokens
-    if max_context is None:
-        info = await client.server_info()
-        max_context = info.get("context_length") or info.get("max_req_input_len")
-    return client, max_context

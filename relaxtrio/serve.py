@@ -246,7 +246,7 @@ async def run_serve(cfg: ServeConfig, *, announce: Callable[[str], None] = _anno
         model_dir = await trio.to_thread.run_sync(_resolve_model, cfg)
         compiler = await trio.to_thread.run_sync(ChatCompiler.from_pretrained, model_dir)
         async with AsyncExitStack() as stack:
-            client, max_context = await _open_engine(stack, cfg, model_dir)
+            client, max_context = await open_engine(stack, cfg, model_dir)
             handler = EngineTurnHandler(client=client, compiler=compiler, config=cfg.generation)
             registry = SessionRegistry()
             app = create_app(registry, handler, config=ApiConfig(model_name=model_dir.name))
@@ -283,8 +283,11 @@ def _io_dir(cfg: ServeConfig, index: int) -> Path:
     return io_dir
 
 
-async def _open_engine(stack: AsyncExitStack, cfg: ServeConfig, model_dir: Path) -> tuple[EngineClient, int | None]:
+async def open_engine(stack: AsyncExitStack, cfg: Any, model_dir: Path) -> tuple[EngineClient, int | None]:
     """Starts the embedded engine unless URLs are given; returns the client and the context limit.
+
+    ``cfg`` is a :class:`ServeConfig` or another record with ``engine_urls``, ``output_dir``,
+    ``engine_args`` and ``generation`` (``python -m relaxtrio doctor`` shares this).
 
     Cancellation:
         What was entered on ``stack`` is stopped when the stack closes.
