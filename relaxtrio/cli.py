@@ -151,7 +151,8 @@ def _serve_main(args: argparse.Namespace) -> int:
             raise
         return code
     print(f"dump: {summary.dump_path} ({summary.num_sessions} sessions, "
-          f"{summary.num_samples} exported contexts, {summary.failed} failed exports)", flush=True)
+          f"{summary.num_samples} exported contexts, {summary.failed} failed, "
+          f"{summary.no_requests} with no requests)", flush=True)
     if summary.engine_failed:
         log.error("serve stopped because %s", summary.stopped_by)
         return 1

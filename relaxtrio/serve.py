@@ -12,9 +12,13 @@ RELAX_OUTPUT_JSON=<dir>/session_0/session_output.json  # session 0
 Run the agent in a shell where that line was pasted. On Ctrl-C (SIGINT) or SIGTERM every
 Session is closed (turns still generating are aborted), exported from what its agent wrote to
 ``RELAX_OUTPUT_JSON`` (implicit export when nothing was written) and written, forest and
-exports, as one debug dump (docs/dumps.md); then the command exits 0. A Session whose export
-fails is recorded as ``failed`` with the reason, its forest still in the dump. When a turn sees
-the engine fail, the serve stops the same way, and the command exits 1. With
+exports, as one debug dump (docs/dumps.md); then the command exits 0. A Session that never
+received a model request is not exported and not a failure: it is recorded as ``cancelled``
+with the reason ``no requests`` (a user often opens more Sessions than they drive by hand). A
+Session whose export fails, or whose reward has no primary scalar (an object reward without
+``--reward-key``, or one that lacks that key), is recorded as ``failed`` with the reason, its
+forest (and exported contexts) still in the dump; the other Sessions are exported all the same.
+When a turn sees the engine fail, the serve stops the same way, and the command exits 1. With
 ``--operator-port`` the operator listener (``/debug_state``, ``/dashboard``, docs/dashboard.md)
 shows the served Sessions and their forests while they run.
 """
@@ -31,12 +35,12 @@ import signal
 from collections.abc import Callable
 from contextlib import AsyncExitStack
 from pathlib import Path
-from typing import Any, Literal
+from typing import Any, Final, Literal
 
 import attrs
 import trio
 
-from ._errors import ConfigError, ExportError, InvalidRequestError
+from ._errors import ConfigError, ExportError
 from .api.app import create_app, serve_api
 from .api.operator import start_operator
 from .chat.compiler import ChatCompiler
@@ -61,6 +65,9 @@ log = logging.getLogger(__name__)
 
 SERVE_ROLLOUT_ID = "serve"
 """The ``{rollout_id}`` of a serve dump."""
+
+NO_REQUESTS: Final = "no requests"
+"""The reason recorded for a served Session that never received a model request."""
 
 
 @attrs.frozen(kw_only=True)
@@ -122,7 +129,8 @@ class ServeSummary:
         dump_path: the dump with every Session's forest and exports.
         num_sessions: Sessions served.
         num_samples: contexts exported over all Sessions.
-        failed: Sessions whose export failed.
+        failed: Sessions whose export failed, or whose reward has no primary scalar.
+        no_requests: Sessions that never received a model request (not exported, not failed).
         stopped_by: ``SIGINT``, ``SIGTERM``, or ``engine failed: ...``.
     """
 
@@ -130,6 +138,7 @@ class ServeSummary:
     num_sessions: int
     num_samples: int
     failed: int
+    no_requests: int = 0
     stopped_by: str = "SIGINT"
 
     @property
@@ -152,8 +161,18 @@ def session_line(index: int, base_url: str, session: Session, io_dir: Path, *, w
 
 
 def _export(session: Session, io_dir: Path, template_kwargs: dict[str, Any], policy: Any = "strict") -> None:
-    """Exports one served Session from its output file; a failure becomes Session state."""
+    """Exports one served Session from its output file; a failure becomes Session state.
+
+    A Session without a model request has nothing to export: it becomes ``cancelled`` with the
+    reason :data:`NO_REQUESTS` (an output file its agent wrote anyway is reported, not read).
+    """
     out_file = io_dir / "session_output.json"
+    if session.num_requests == 0:
+        session.status, session.error = "cancelled", NO_REQUESTS
+        if out_file.is_file():
+            log.warning("session %s received no requests: its %s is not exported", session.session_id,
+                        out_file)
+        return
     text = out_file.read_text(encoding="utf-8") if out_file.is_file() else None
     try:
         session.samples = export_samples(session.forest, parse_session_output(text),
@@ -164,22 +183,49 @@ def _export(session: Session, io_dir: Path, template_kwargs: dict[str, Any], pol
     session.status = "completed"
 
 
-def _scalar(reward: Any, reward_key: str | None) -> float | None:
-    try:
-        return scalar_reward(reward, reward_key)
-    except InvalidRequestError:
-        return None
+def _scalar_rewards(session: Session, reward_key: str | None) -> list[float | None]:
+    """The primary reward of each of ``session``'s samples (export order), for the dump.
+
+    A missing reward is None (serve has no reward model and needs no reward). A reward with no
+    primary scalar (an object without ``--reward-key``, or without that key; a non-finite value)
+    fails the Session with the reason, naming ``--reward-key``; its samples keep a None scalar.
+    """
+    scalars: list[float | None] = []
+    for sample in session.samples:
+        if sample.reward is None:
+            scalars.append(None)
+            continue
+        try:
+            scalars.append(scalar_reward(sample.reward, reward_key))
+        except ExportError as exc:
+            hint = ("choose it with --reward-key KEY" if reward_key is None
+                    else f"--reward-key is {reward_key!r}")
+            session.fail(f"reward error: {exc} ({hint})")
+            scalars.append(None)
+    return scalars
 
 
-def serve_dump(groups: list[Group], *, cfg: ServeConfig, model_dir: Path, base_url: str) -> dict[str, Any]:
-    """The dump document of a serve: every Session's record and its exported samples."""
+def serve_dump(groups: list[Group], *, cfg: ServeConfig, model_dir: Path, base_url: str,
+               scalars: dict[str, list[float | None]] | None = None) -> dict[str, Any]:
+    """The dump document of a serve: every Session's record and its exported samples.
+
+    Args:
+        groups: the served Groups (one Session each), exported.
+        cfg: the serve's configuration.
+        model_dir: the model the engine served.
+        base_url: the agent API's base URL.
+        scalars: per Session id, the primary reward of each sample (export order), as
+            :func:`finish_serve` computed them; None: computed here (a Session whose reward has
+            no primary scalar is failed, see :func:`_scalar_rewards`).
+    """
+    if scalars is None:
+        scalars = {s.session_id: _scalar_rewards(s, cfg.reward_key) for g in groups for s in g.sessions}
     samples: list[dict[str, Any]] = []
     for group in groups:
         for session in group.sessions:
-            for sample in session.samples:
+            for sample, scalar in zip(session.samples, scalars[session.session_id], strict=True):
                 samples.append(sample_record(sample, group_id=group.group_id, index=len(samples),
-                                             scalar_reward=_scalar(sample.reward, cfg.reward_key),
-                                             advantage=None))
+                                             scalar_reward=scalar, advantage=None))
     return {
         "format": DUMP_FORMAT,
         "rollout_id": SERVE_ROLLOUT_ID,
@@ -270,7 +316,7 @@ async def run_serve(cfg: ServeConfig, *, announce: Callable[[str], None] = _anno
                     log.info("stopping (%s): closing %d sessions", stopped_by, cfg.num_sessions)
                     sessions.cancel_scope.cancel()
                 nursery.cancel_scope.cancel()
-    return _finish(cfg, groups, model_dir=model_dir, base_url=base_url, stopped_by=stopped_by)
+    return finish_serve(cfg, groups, model_dir=model_dir, base_url=base_url, stopped_by=stopped_by)
 
 
 def _io_dir(cfg: ServeConfig, index: int) -> Path:
@@ -305,19 +351,44 @@ async def open_engine(stack: AsyncExitStack, cfg: Any, model_dir: Path) -> tuple
     return client, max_context
 
 
-def _finish(cfg: ServeConfig, groups: list[Group], *, model_dir: Path, base_url: str,
-            stopped_by: str) -> ServeSummary:
-    """Exports every served Session and writes the dump."""
+def finish_serve(cfg: ServeConfig, groups: list[Group], *, model_dir: Path, base_url: str,
+                 stopped_by: str) -> ServeSummary:
+    """Exports every served Session, scores its rewards and writes the dump.
+
+    Each Session is settled on its own: one that received no request is ``cancelled`` with the
+    reason ``no requests``; one whose export or reward fails is ``failed`` with the reason
+    (logged); neither stops the others from being exported.
+
+    Args:
+        cfg: the serve's configuration (``output_dir`` holds ``session_<i>/``).
+        groups: the served Groups, in Session index order (one Session each).
+        model_dir: the model the engine served.
+        base_url: the agent API's base URL.
+        stopped_by: what ended the serve.
+
+    Returns:
+        Where the dump went and what it holds.
+    """
+    scalars: dict[str, list[float | None]] = {}
     for i, group in enumerate(groups):
-        _export(group.sessions[0], cfg.output_dir / f"session_{i}", dict(cfg.generation.template_kwargs),
+        session = group.sessions[0]
+        _export(session, cfg.output_dir / f"session_{i}", dict(cfg.generation.template_kwargs),
                 cfg.export_policy)
-    path = write_dump(cfg.dump_file, serve_dump(groups, cfg=cfg, model_dir=model_dir, base_url=base_url))
+        scalars[session.session_id] = _scalar_rewards(session, cfg.reward_key)
+        if session.status == "failed":
+            log.warning("session %d (%s) failed: %s", i, session.session_id, session.error)
+        elif session.error == NO_REQUESTS:
+            log.info("session %d (%s): no requests (not exported)", i, session.session_id)
+    path = write_dump(cfg.dump_file, serve_dump(groups, cfg=cfg, model_dir=model_dir, base_url=base_url,
+                                                scalars=scalars))
     served = [g.sessions[0] for g in groups]
     summary = ServeSummary(dump_path=path, num_sessions=len(served),
                            num_samples=sum(len(s.samples) for s in served),
-                           failed=sum(1 for s in served if s.status == "failed"), stopped_by=stopped_by)
-    log.info("serve dump: %s (%d sessions, %d exported contexts, %d failed exports)", path,
-             summary.num_sessions, summary.num_samples, summary.failed)
+                           failed=sum(1 for s in served if s.status == "failed"),
+                           no_requests=sum(1 for s in served if s.error == NO_REQUESTS),
+                           stopped_by=stopped_by)
+    log.info("serve dump: %s (%d sessions, %d exported contexts, %d failed, %d with no requests)", path,
+             summary.num_sessions, summary.num_samples, summary.failed, summary.no_requests)
     return summary
 
 

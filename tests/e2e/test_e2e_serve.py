@@ -106,4 +106,6 @@ async def test_serve_then_ctrl_c_dumps_the_forest_of_a_hand_run_agent(tiny_model
 
     idle = dump.session(exports[1]["RELAX_SESSION_ID"])
     assert idle["forest"]["nodes"] == [] and idle["turn_count"] == 0
-    assert idle["status"] == "failed" and "found 0" in idle["reason"]
+    # No agent used it: not a failed export, but "no requests" (in the dump and the closing line).
+    assert idle["status"] == "cancelled" and idle["reason"] == "no requests"
+    assert b"0 failed, 1 with no requests" in tail
