@@ -19,8 +19,9 @@ docs/agent-contract.md#anthropic-messages describes:
 * ``max_tokens`` is required; ``stop_sequences`` are the turn's stop strings; ``thinking.type`` ∈
   {disabled, enabled, adaptive} → ``chat_template_kwargs = {"enable_thinking": type !=
   "disabled"}``; tools with no ``type`` or ``type: "custom"`` (``name``, ``input_schema``,
-  ``description``?) become function tools, other tool types are dropped. ``temperature``,
-  ``top_p``, ``top_k``, ``tool_choice``, ``metadata`` do not alter generation.
+  ``description``?) become function tools; any other tool type is a 400 naming
+  ``tools[i].type`` (:data:`OTHER_TOOL_TYPES_HINT` says why). ``temperature``, ``top_p``,
+  ``top_k``, ``tool_choice``, ``metadata`` do not alter generation.
 
 Strict where it matters: a non-object message or block is a 400 (it is not skipped); a
 ``tool_result`` whose block list holds no text and no image is a 400 naming the block; errors
@@ -57,6 +58,20 @@ from .wire import ParsedRequest, ProtocolAdapter, dumps, new_id, sse_event
 THINKING_TYPES: Final = frozenset({"disabled", "enabled", "adaptive"})
 STOP_REASONS: Final = {"stop": "end_turn", "length": "max_tokens", "tool_calls": "tool_use"}
 PING_FRAME: Final = sse_event("ping", {"type": "ping"})
+CUSTOM_TOOL_TYPES: Final = (None, "custom")
+"""``tools[i].type`` values of a custom tool (docs/agent-contract.md#anthropic-messages)."""
+OTHER_TOOL_TYPES_HINT: Final = (
+    "only custom tools are served (no type, or type \"custom\", with name and input_schema); "
+    "declare the tool as a custom tool with its own input_schema, or switch off the harness "
+    "feature that adds it"
+)
+"""Why an Anthropic-defined tool (``bash_*``, ``text_editor_*``, ``computer_*``) or a server tool
+(``web_search_*``, ``web_fetch_*``, ``code_execution_*``) is refused rather than rendered or
+dropped: the first kind carries no ``input_schema`` (its schema is built into Anthropic's models,
+versioned by the type's date, and is no contract the policy trained here was given), the second
+is run by Anthropic's servers, not by the agent, so nothing would answer the model's call; and
+dropping either would train the policy on a prompt without a tool the agent believes it offered.
+"""
 
 
 def _blocks_text(value: Any, path: str, *, separator: str, allow_empty_string: bool) -> str | None:
@@ -240,8 +255,8 @@ def _system_entry(content: Any, path: str, proj: Projection) -> None:
 
 
 def _project_tools(tools: Any, proj: Projection) -> None:
-    project_flat_tools(tools, proj, function_types=(None, "custom"), schema_key="input_schema",
-                       schema_required=True)
+    project_flat_tools(tools, proj, function_types=CUSTOM_TOOL_TYPES, schema_key="input_schema",
+                       schema_required=True, other_types_hint=OTHER_TOOL_TYPES_HINT)
 
 
 def _conversation(body: Mapping[str, Any], memo: ConversationMemo | None = None) -> Conversation:

@@ -146,19 +146,25 @@ def project_flat_tools(
     function_types: tuple[Any, ...],
     schema_key: str,
     schema_required: bool,
+    other_types_hint: str,
 ) -> None:
-    """Projects flat tool definitions (Responses and Anthropic shapes) into canonical tools.
+    """Projects flat tool definitions (the Anthropic shape) into canonical tools.
+
+    No entry is skipped: a tool the model could not call through relaxtrio would otherwise be
+    missing from the prompt while the agent believes it offered it.
 
     Args:
         tools: the request's ``tools`` value.
         proj: the projection collecting the canonical request.
-        function_types: ``type`` values that mean a function tool; other entries are skipped.
+        function_types: ``type`` values that mean a function tool.
         schema_key: where the JSON schema lives (``parameters`` or ``input_schema``).
         schema_required: whether the schema must be present.
+        other_types_hint: what the 400 for any other ``type`` tells the client to do.
 
     Raises:
-        InvalidRequestError: not a list, an entry that is not an object, a missing name, a
-            schema that is not an object, or a description that is not a string.
+        InvalidRequestError: not a list, an entry that is not an object, a ``type`` outside
+            ``function_types`` (``param`` ``tools[i].type``), a missing name, a schema that is
+            not an object, or a description that is not a string.
     """
     if tools is None:
         return
@@ -166,8 +172,10 @@ def project_flat_tools(
     for index, tool in enumerate(tools):
         path = f"tools[{index}]"
         require_object(tool, path)
-        if tool.get("type") not in function_types:
-            continue  # server tools (bash, web_search, ...) are not function tools
+        kind = tool.get("type")
+        if kind not in function_types:
+            raise InvalidRequestError(f"{path}.type {kind!r} is not supported: {other_types_hint}",
+                                      param=f"{path}.type")
         name = non_empty_str(tool.get("name"), f"{path}.name")
         schema = tool.get(schema_key)
         if (schema is not None or schema_required) and not isinstance(schema, dict):

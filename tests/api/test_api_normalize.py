@@ -131,8 +131,8 @@ GOLDEN: dict[str, tuple[dict, dict[str, dict]]] = {
                                                     "input": {"city": "Paris"}}]},
                  {"role": "user", "content": [{"type": "tool_result", "tool_use_id": "call_1",
                                                "content": [{"type": "text", "text": "sunny"}]}]}],
-                tools=[{"name": "get_weather", "description": "Weather by city", "input_schema": WEATHER_SCHEMA},
-                       {"type": "bash_20250124", "name": "bash"}]),
+                tools=[{"type": "custom", "name": "get_weather", "description": "Weather by city",
+                        "input_schema": WEATHER_SCHEMA}]),
         },
     ),
     "reasoning_text_and_call": (
@@ -371,6 +371,16 @@ REJECTED = [
     ("messages", _anthropic([{"role": "user", "content": "x"}], thinking={"type": 3}), "thinking.type", None),
     ("messages", _anthropic([{"role": "user", "content": "x"}], tools=[{"name": "f"}]),
      "tools[0].input_schema", None),
+    # Anthropic-defined and server tools are refused, not dropped (api/messages.py OTHER_TOOL_TYPES_HINT).
+    *[("messages", _anthropic([{"role": "user", "content": "x"}],
+                              tools=[{"name": "f", "input_schema": {"type": "object"}}, tool]),
+       "tools[1].type", f"tools[1].type {tool['type']!r} is not supported: only custom tools are served")
+      for tool in ({"type": "bash_20250124", "name": "bash"},
+                   {"type": "text_editor_20250728", "name": "str_replace_based_edit_tool"},
+                   {"type": "computer_20250124", "name": "computer", "display_width_px": 1024,
+                    "display_height_px": 768},
+                   {"type": "web_search_20250305", "name": "web_search", "max_uses": 5},
+                   {"type": "function", "name": "f", "input_schema": {"type": "object"}})],
 ]
 
 

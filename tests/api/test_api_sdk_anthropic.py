@@ -117,6 +117,34 @@ async def test_messages_errors_reach_the_sdk_as_typed_exceptions(registry: Sessi
         await wrong.close()
 
 
+@pytest.mark.parametrize("tool", [
+    {"type": "bash_20250124", "name": "bash"},
+    {"type": "text_editor_20250728", "name": "str_replace_based_edit_tool"},
+    {"type": "web_search_20250305", "name": "web_search", "max_uses": 2},
+])
+async def test_anthropic_defined_tools_are_a_400_naming_their_type(registry: SessionRegistry, compiler: ChatCompiler,
+                                                                   tool: dict[str, Any]) -> None:
+    handler, engine = scripted_pipeline(compiler, [Reply(text="unused")])
+    async with served(registry, handler) as (client, session):
+        messages = [{"role": "user", "content": "List the files."}]
+        expected = {"type": "error", "error": {"type": "invalid_request_error", "message": (
+            f"tools[1].type {tool['type']!r} is not supported: only custom tools are served (no type, or type "
+            '"custom", with name and input_schema); declare the tool as a custom tool with its own '
+            "input_schema, or switch off the harness feature that adds it")}}
+        with pytest.raises(anthropic.BadRequestError) as bad:
+            await client.messages.create(model="c", max_tokens=5, messages=messages, tools=[*TOOLS, tool])
+        assert bad.value.body == expected
+        with pytest.raises(anthropic.BadRequestError) as streamed:  # refused before the stream opens
+            async with client.messages.stream(model="c", max_tokens=5, messages=messages,
+                                              tools=[*TOOLS, tool]) as stream:
+                await stream.get_final_message()
+        assert streamed.value.body == expected
+        assert engine.calls == [] and list(session.forest.nodes()) == []  # nothing generated or committed
+        # The same request with custom tools only is served.
+        reply = await client.messages.create(model="c", max_tokens=5, messages=messages, tools=TOOLS)
+        assert reply.content[0].text == "unused"
+
+
 async def test_stream_failure_is_an_error_event_the_sdk_raises(registry: SessionRegistry) -> None:
     error = BackendError("engine at 10.0.0.7 died")
     async with served(registry, ScriptedHandler(error=error)) as (client, _):
