@@ -11,15 +11,58 @@ the progress bar's postfix.
 The snapshot's keys follow the pipeline's own states: ``prepare`` (started, waiting for the
 lease), ``runtime`` (leased, generating), ``interrupted`` (paused by partial rollout),
 ``finalized`` (finished, not yet accounted for), ``scored`` (accepted this step).
+
+:func:`group_stages` counts the pipeline's Groups by stage once, for both views of it: the
+heartbeat's :class:`PipelineSnapshot` and the operator's ``/debug_state`` pipeline keys
+(:func:`relaxtrio.rollout.operator_view.pipeline_snapshot`) are built from its
+:class:`GroupStages`, so the two cannot count a stage differently.
 """
 
 from __future__ import annotations
 
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Sequence
 from typing import Any
 
 import attrs
 import trio
+
+from ..nursery.group import Group
+
+
+@attrs.frozen(kw_only=True)
+class GroupStages:
+    """How many of the pipeline's Groups are at each stage right now.
+
+    Attributes:
+        resident: Groups holding a capacity permit (started, not yet ended).
+        prepare: resident Groups not leased yet (prelaunched).
+        prepare_ready: prepare Groups whose Sessions all sent their first request.
+        leased: resident Groups holding the Runtime lease (paused ones included).
+        runtime: leased resident Groups that are not paused.
+        interrupted: resident Groups paused by partial rollout.
+        finished: Groups that ended and no step has accounted for yet.
+    """
+
+    resident: int
+    prepare: int
+    prepare_ready: int
+    leased: int
+    runtime: int
+    interrupted: int
+    finished: int
+
+
+def group_stages(resident: Sequence[Group], finished: Sequence[Group]) -> GroupStages:
+    """Counts ``resident`` (permit holders) and ``finished`` (ended, unaccounted) Groups by stage."""
+    return GroupStages(
+        resident=len(resident),
+        prepare=sum(1 for g in resident if not g.leased),
+        prepare_ready=sum(1 for g in resident if not g.leased and g.barrier_passed),
+        leased=sum(1 for g in resident if g.leased),
+        runtime=sum(1 for g in resident if g.leased and not g.paused),
+        interrupted=sum(1 for g in resident if g.paused),
+        finished=len(finished),
+    )
 
 
 @attrs.frozen(kw_only=True)
@@ -47,6 +90,16 @@ class PipelineSnapshot:
     finalized_group_count: int
     resident_group_count: int
     idle_s: float
+
+    @classmethod
+    def from_stages(cls, stages: GroupStages, *, active_rollout_id: int, target: int, scored: int,
+                    idle_s: float = 0.0) -> PipelineSnapshot:
+        """The snapshot of step ``active_rollout_id`` (``target`` Groups, ``scored`` accepted)."""
+        return cls(
+            active_rollout_id=active_rollout_id, debt=max(target - scored, 0), scored_group_count=scored,
+            prepare_group_count=stages.prepare, runtime_group_count=stages.runtime,
+            interrupted_group_count=stages.interrupted, finalized_group_count=stages.finished,
+            resident_group_count=stages.resident, idle_s=idle_s)
 
     def fields(self) -> dict[str, Any]:
         """The snapshot as ``key=value`` fields of an ``AGENTIC`` line."""

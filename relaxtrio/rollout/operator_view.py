@@ -27,6 +27,7 @@ import attrs
 
 from ..nursery.group import Group
 from ..nursery.session import Session
+from .accounting import GroupStages
 from .dumps import jsonable, session_record
 from .pipeline import RolloutPipeline
 from .step import StepResult
@@ -53,7 +54,8 @@ def pipeline_snapshot(pipeline: RolloutPipeline, *, finalized: int) -> dict[str,
     Prepare Groups hold a permit but no lease (prelaunched): *warming* while some Session has
     not sent its first request, *ready* once all have. Runtime/reward Groups are leased and
     resident, or ended and waiting to be scored. Interrupted Groups are resident and paused
-    (partial rollout between steps).
+    (partial rollout between steps). The counts are :meth:`RolloutPipeline.group_stages`, the
+    ones the heartbeat's snapshot logs (:mod:`relaxtrio.rollout.accounting`).
 
     Args:
         pipeline: the rollout pipeline.
@@ -62,19 +64,20 @@ def pipeline_snapshot(pipeline: RolloutPipeline, *, finalized: int) -> dict[str,
     Returns:
         One int per :data:`SNAPSHOT_KEYS` entry.
     """
-    resident = pipeline.resident_groups
-    prepare = [g for g in resident if not g.leased]
-    ready = sum(1 for g in prepare if g.barrier_passed)
-    waiting_score = len(pipeline.held_groups) - len(resident)
+    return snapshot_fields(pipeline.group_stages(), active_rollout_id=pipeline.rollout_id, finalized=finalized)
+
+
+def snapshot_fields(stages: GroupStages, *, active_rollout_id: int, finalized: int) -> dict[str, int]:
+    """The :data:`SNAPSHOT_KEYS` of ``stages`` (see :func:`pipeline_snapshot`)."""
     return {
-        "active_rollout_id": pipeline.rollout_id,
-        "warming_prepare_group_count": len(prepare) - ready,
-        "ready_prepare_group_count": ready,
-        "prepare_group_count": len(prepare),
-        "runtime_reward_group_count": sum(1 for g in resident if g.leased) + waiting_score,
+        "active_rollout_id": active_rollout_id,
+        "warming_prepare_group_count": stages.prepare - stages.prepare_ready,
+        "ready_prepare_group_count": stages.prepare_ready,
+        "prepare_group_count": stages.prepare,
+        "runtime_reward_group_count": stages.leased + stages.finished,
         "finalized_group_count": finalized,
-        "resident_group_count": len(resident),
-        "interrupted_runtime_group_count": sum(1 for g in resident if g.paused),
+        "resident_group_count": stages.resident,
+        "interrupted_runtime_group_count": stages.interrupted,
     }
 
 

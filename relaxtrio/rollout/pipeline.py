@@ -47,7 +47,7 @@ from ..nursery.group import Group
 from ..nursery.group import run_group as run_group_sessions
 from ..nursery.partial import PartialRollout
 from ..nursery.session import SessionRegistry
-from .accounting import PipelineSnapshot, progress_postfix, wait_with_heartbeat
+from .accounting import GroupStages, PipelineSnapshot, group_stages, progress_postfix, wait_with_heartbeat
 from .dataset import Prompt, PromptStream
 from .filters import GroupFiltered
 from .rewards import score_rewards
@@ -129,6 +129,10 @@ class RolloutPipeline:
         """Train Groups holding a prompt no step has accounted for yet: finished after their step
         closed (fully async), then resident; what a run checkpoint cannot save."""
         return (*self._finished, *self._resident)
+
+    def group_stages(self) -> GroupStages:
+        """The train Groups counted by stage (the one source of both snapshots of the pipeline)."""
+        return group_stages(self._resident, self._finished)
 
     @property
     def barrier_warnings(self) -> int:
@@ -282,14 +286,8 @@ class RolloutPipeline:
 
     def snapshot(self, step: _Step, idle_s: float = 0.0) -> PipelineSnapshot:
         """Where the step's Groups are now (logged by ``event=idle_heartbeat``)."""
-        return PipelineSnapshot(
-            active_rollout_id=step.rollout_id, debt=max(step.target - len(step.accepted), 0),
-            scored_group_count=len(step.accepted),
-            prepare_group_count=sum(1 for g in self._resident if not g.leased),
-            runtime_group_count=sum(1 for g in self._resident if g.leased and not g.paused),
-            interrupted_group_count=sum(1 for g in self._resident if g.paused),
-            finalized_group_count=len(self._finished), resident_group_count=len(self._resident),
-            idle_s=idle_s)
+        return PipelineSnapshot.from_stages(self.group_stages(), active_rollout_id=step.rollout_id,
+                                            target=step.target, scored=len(step.accepted), idle_s=idle_s)
 
     def _heartbeat(self, step: _Step, idle_s: float) -> None:
         log.info(agentic_event("rollout", "idle_heartbeat", **self.snapshot(step, idle_s).fields()))

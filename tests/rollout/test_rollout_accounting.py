@@ -9,10 +9,12 @@ from pathlib import Path
 import pytest
 import trio
 from support.pipeline import open_test_pipeline, prompts
+from support.sessions import make_group
 
 from relaxtrio.config import RolloutConfig
 from relaxtrio.forest import TrainingSample
-from relaxtrio.rollout.accounting import progress_postfix, wait_with_heartbeat
+from relaxtrio.rollout.accounting import PipelineSnapshot, group_stages, progress_postfix, wait_with_heartbeat
+from relaxtrio.rollout.operator_view import SNAPSHOT_KEYS, snapshot_fields
 from relaxtrio.rollout.step import family_metrics, stop_reason
 from relaxtrio.testing.scripted_engine import Reply, ScriptedEngine
 
@@ -79,6 +81,34 @@ def test_stop_reason_and_num_turn_families() -> None:
 def _engine(tokenizer) -> ScriptedEngine:
     return ScriptedEngine(tokenizer=tokenizer, eos_id=tokenizer.eos_token_id,
                           replies=lambda ids: Reply(text="fine"))
+
+
+async def test_both_pipeline_snapshots_count_from_one_group_stages() -> None:
+    """The heartbeat's snapshot and /debug_state's pipeline keys come from the same counts."""
+    warming, ready, running, paused, done = (make_group(2, group_id=f"train:group_{i}") for i in range(5))
+    ready.note_request(ready.sessions[0])
+    ready.note_request(ready.sessions[1])  # prelaunched, every first request in: ready
+    for group in (running, paused):
+        group.lease(3)
+    paused.pause()  # partial rollout between steps
+    stages = group_stages([warming, ready, running, paused], [done])
+    assert (stages.resident, stages.prepare, stages.prepare_ready, stages.leased, stages.runtime,
+            stages.interrupted, stages.finished) == (4, 2, 1, 2, 1, 1, 1)
+    beat = PipelineSnapshot.from_stages(stages, active_rollout_id=3, target=4, scored=1, idle_s=2.0)
+    assert beat == PipelineSnapshot(active_rollout_id=3, debt=3, scored_group_count=1, prepare_group_count=2,
+                                    runtime_group_count=1, interrupted_group_count=1, finalized_group_count=1,
+                                    resident_group_count=4, idle_s=2.0)
+    state = snapshot_fields(stages, active_rollout_id=3, finalized=7)
+    assert list(state) == list(SNAPSHOT_KEYS)
+    assert state == {"active_rollout_id": 3, "warming_prepare_group_count": 1, "ready_prepare_group_count": 1,
+                     "prepare_group_count": 2, "runtime_reward_group_count": 3, "finalized_group_count": 7,
+                     "resident_group_count": 4, "interrupted_runtime_group_count": 1}
+    # What both report, they report alike.
+    assert state["prepare_group_count"] == beat.prepare_group_count
+    assert state["resident_group_count"] == beat.resident_group_count
+    assert state["interrupted_runtime_group_count"] == beat.interrupted_group_count
+    assert state["runtime_reward_group_count"] == (beat.runtime_group_count + beat.interrupted_group_count
+                                                   + beat.finalized_group_count)
 
 
 async def test_accounting_lines_and_idle_heartbeat_of_a_waiting_step(
