@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import functools
 import os
 from collections.abc import Callable
 from pathlib import Path
@@ -12,7 +13,7 @@ import trio
 import trio.testing
 from support.agents import write_httpx_agent
 from support.apps import serve_agent_api
-from support.procs import alive
+from support.procs import PidPipe, RealTimeLimit, alive
 
 from relaxtrio.chat.compiler import ChatCompiler
 from relaxtrio.config import AgentConfig, GenerationConfig
@@ -138,18 +139,32 @@ async def test_failed_session_drops_group_and_kills_siblings(
     assert group.sessions[1].status == "failed"
 
 
-async def test_timeout_drops_group_and_leaves_no_process(tokenizer, tmp_path: Path) -> None:
+async def test_timeout_drops_group_and_leaves_no_process(tokenizer, tmp_path: Path,
+                                                         mock_clock: trio.testing.MockClock) -> None:
+    """The budget runs on the trio clock, which only this test moves (real agents and sockets
+    rule out autojump): however slowly the agents start on a loaded machine, session 1 times out
+    exactly when 3 s of trio time have passed in Runtime, and its processes are gone."""
     cmd = write_httpx_agent(tmp_path)
-    pid_file = tmp_path / "pids"
+    pipe = PidPipe(tmp_path / "pids")
     engine = ScriptedEngine(tokenizer=tokenizer, eos_id=tokenizer.eos_token_id,
                             replies=lambda ids: Reply(text="fine"))
     group = _group(2, timeout_s=3.0)
-    with trio.fail_after(60):
-        await _run(group, [f"{cmd} ok", f"{cmd} hang"], engine, tokenizer, tmp_path,
-                   env={"AGENT_PID_FILE": str(pid_file)}, timeout_s=3.0)
+    ok, hanging = group.sessions
+    async with RealTimeLimit(120):
+        async with trio.open_nursery() as nursery:
+            nursery.start_soon(functools.partial(_run, group, [f"{cmd} ok", f"{cmd} hang"], engine, tokenizer,
+                                                 tmp_path, env={"AGENT_PID_FILE": str(pipe.path)}, timeout_s=3.0))
+            [pid] = await pipe.read_pids(1)  # session 1 got its answer and hangs
+            await ok.wait_ended()
+            # No trio time has passed: the budget has spent nothing, whatever the wall time was.
+            assert trio.current_time() == 0.0 and ok.status == "completed"
+            assert hanging.status == "running" and not group.dropped and alive(pid)
+            mock_clock.jump(3.0)
+        await pipe.aclose()
+    assert trio.current_time() == 3.0
     assert group.dropped and "timed out after 3 s" in group.dropped_reason
-    pids = [int(p) for p in pid_file.read_text().split()]
-    assert pids and not any(alive(pid) for pid in pids)
+    assert f"session 1 ({hanging.session_id})" in group.dropped_reason and hanging.status == "failed"
+    assert not alive(pid)
 
 
 async def test_cancelling_the_run_leaves_no_agent(tokenizer, tmp_path: Path) -> None:
