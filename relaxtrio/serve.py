@@ -206,7 +206,7 @@ def _scalar_rewards(session: Session, reward_key: str | None) -> list[float | No
 
 
 def serve_dump(groups: list[Group], *, cfg: ServeConfig, model_dir: Path, base_url: str,
-               scalars: dict[str, list[float | None]] | None = None) -> dict[str, Any]:
+               scalars: dict[str, list[float | None]]) -> dict[str, Any]:
     """The dump document of a serve: every Session's record and its exported samples.
 
     Args:
@@ -214,12 +214,9 @@ def serve_dump(groups: list[Group], *, cfg: ServeConfig, model_dir: Path, base_u
         cfg: the serve's configuration.
         model_dir: the model the engine served.
         base_url: the agent API's base URL.
-        scalars: per Session id, the primary reward of each sample (export order), as
-            :func:`finish_serve` computed them; None: computed here (a Session whose reward has
-            no primary scalar is failed, see :func:`_scalar_rewards`).
+        scalars: per Session id, the primary reward of each of its samples (export order, None
+            where there is none), as :func:`finish_serve` computed them.
     """
-    if scalars is None:
-        scalars = {s.session_id: _scalar_rewards(s, cfg.reward_key) for g in groups for s in g.sessions}
     samples: list[dict[str, Any]] = []
     for group in groups:
         for session in group.sessions:
