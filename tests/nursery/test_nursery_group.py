@@ -13,7 +13,8 @@ import trio
 import trio.testing
 from support.agents import write_httpx_agent
 from support.apps import serve_agent_api
-from support.procs import PidPipe, RealTimeLimit, alive
+from support.clock import RealTimeLimit
+from support.procs import PidPipe, alive
 
 from relaxtrio.chat.compiler import ChatCompiler
 from relaxtrio.config import AgentConfig, GenerationConfig
