@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from pathlib import Path
-from typing import Any
+from typing import Any, Final
 
 import httpx
 import pytest
@@ -18,6 +18,7 @@ from relaxtrio.models import load_model
 PROMPT = [1, 87, 555, 201, 57, 74, 271, 321, 294, 284, 446, 295, 2, 201, 1, 67, 312, 691, 697, 201]
 RUNNING_ABORT = {"type": "abort", "message": "Aborted", "status_code": None, "err_type": None}
 WAITING_ABORT = {"type": "abort", "message": "Abort in waiting queue"}
+STRADDLE_TOKENS: Final = 200
 
 
 @pytest.fixture(scope="module")
@@ -233,19 +234,25 @@ async def test_update_while_retracted_splits_versions(
     http: httpx.AsyncClient, nursery: trio.Nursery, scheduler: Scheduler, perturbed_dir: Path,
     perturbed_logprobs: Callable, reference_logprobs: Callable,
 ) -> None:
-    pending = start(nursery, http, "straddle", max_new_tokens=1000)
+    # STRADDLE_TOKENS leaves the request running long after the pause is sent (it is sent once
+    # 20 tokens exist), and stays short enough that the whole request, which holds one HTTP read
+    # open from start to end, finishes well inside the client's timeout on a loaded machine.
+    pending = start(nursery, http, "straddle", max_new_tokens=STRADDLE_TOKENS)
     await wait_for_state(scheduler, lambda s: s.num_generated_tokens > 20)
     await http.post("/pause_generation", json={"mode": "retract"})
-    with trio.fail_after(10):  # paused: the update applies at once
-        r = await http.post("/update_weights_from_disk",
-                            json={"model_path": str(perturbed_dir), "weight_version": "v2"})
+    r = await http.post("/update_weights_from_disk",
+                        json={"model_path": str(perturbed_dir), "weight_version": "v2"})
     assert r.json()["success"] is True
+    # Paused, the update applied at once: it did not wait for the retracted request, which
+    # cannot finish before continue_generation.
+    assert not pending.done.is_set()
     await http.post("/continue_generation", json={})
     body = await finished(pending)
     spans = body["meta_info"]["weight_versions"]
     k = spans[0]["end"]
+    assert 20 < k < STRADDLE_TOKENS
     assert spans == [{"version": "default", "start": 0, "end": k},
-                     {"version": "v2", "start": k, "end": 1000}]
+                     {"version": "v2", "start": k, "end": STRADDLE_TOKENS}]
     assert body["meta_info"]["weight_version"] == "v2"
     ids, logprobs = body["output_ids"], _logprobs(body)
     # Old tokens were sampled by the old weights; after the retraction the sequence was
