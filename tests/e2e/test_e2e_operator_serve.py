@@ -14,10 +14,10 @@ import httpx
 import trio
 
 
-async def test_serve_prints_an_operator_token_that_opens_debug_state(tiny_model_dir: Path,
-                                                                     tmp_path: Path) -> None:
+async def test_serve_prints_an_operator_token_that_opens_debug_state(tiny_model_dir: Path, tmp_path: Path,
+                                                                     shared_engine_url: str) -> None:
     cmd = [sys.executable, "-m", "relaxtrio", "serve", "--hf-checkpoint", str(tiny_model_dir),
-           "--sessions", "2", "--output-dir", str(tmp_path / "serve"), "--operator-port", "0",
+           "--engine-url", shared_engine_url, "--sessions", "2", "--output-dir", str(tmp_path / "serve"), "--operator-port", "0",
            "--log-level", "WARNING"]
     env = {**os.environ, "PYTHONPATH": os.pathsep.join(sys.path)}
     process = await trio.lowlevel.open_process(cmd, stdout=subprocess.PIPE, env=env)

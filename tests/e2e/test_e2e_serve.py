@@ -1,5 +1,10 @@
 """``python -m relaxtrio serve`` + an openai-SDK agent run by hand + Ctrl-C: the dump matches the
-agent's turns."""
+agent's turns.
+
+Serve talks to the shared engine process (``shared_engine_url``; the embedded engine that serve
+starts by itself is the same ``open_engine`` path ``python -m relaxtrio doctor`` is tested
+through). Each real process gets a time budget of its own, sized for a loaded machine.
+"""
 
 from __future__ import annotations
 
@@ -10,6 +15,8 @@ import signal
 import subprocess
 import sys
 from pathlib import Path
+
+from typing import Final
 
 import trio
 
@@ -37,42 +44,55 @@ json.dump({"reward": 0.75, "metadata": {"by": "hand"}}, open(os.environ["RELAX_O
 '''
 
 
+SERVE_START_S: Final = 300
+"""Wall seconds until serve prints its lines: a Python process importing relaxtrio and
+transformers and loading the tokenizer (about 10 s idle; minutes at a load of 20)."""
+
+AGENT_RUN_S: Final = 300
+"""Wall seconds for the agent: a Python process importing the openai SDK, then two tiny turns."""
+
+SERVE_STOP_S: Final = 120
+"""Wall seconds from Ctrl-C to serve's exit: close, export and write the dump."""
+
+
 def _parse_exports(line: str) -> dict[str, str]:
     words = shlex.split(line.split("#", 1)[0])
     assert words[0] == "export"
     return dict(word.split("=", 1) for word in words[1:])
 
 
-async def test_serve_then_ctrl_c_dumps_the_forest_of_a_hand_run_agent(tiny_model_dir: Path,
-                                                                     tmp_path: Path) -> None:
+async def test_serve_then_ctrl_c_dumps_the_forest_of_a_hand_run_agent(tiny_model_dir: Path, tmp_path: Path,
+                                                                     shared_engine_url: str) -> None:
     out_dir = tmp_path / "serve"
     cmd = [sys.executable, "-m", "relaxtrio", "serve", "--hf-checkpoint", str(tiny_model_dir),
-           "--sessions", "2", "--output-dir", str(out_dir), "--rollout-max-response-len", "6",
-           "--log-level", "WARNING"]
+           "--engine-url", shared_engine_url, "--sessions", "2", "--output-dir", str(out_dir),
+           "--rollout-max-response-len", "6", "--log-level", "WARNING"]
     env = {**os.environ, "PYTHONPATH": os.pathsep.join(sys.path)}
     process = await trio.lowlevel.open_process(cmd, stdout=subprocess.PIPE, env=env)
     try:
-        with trio.fail_after(180):
+        with trio.fail_after(SERVE_START_S):
             buffer = b""
             while b"# serving" not in buffer:
                 chunk = await process.stdout.receive_some()
                 assert chunk, f"serve exited early: {buffer!r}"
                 buffer += chunk
-            lines = [line for line in buffer.decode().splitlines() if line.startswith("export ")]
-            assert len(lines) == 2 and lines[0].endswith("# session 0")
-            exports = [_parse_exports(line) for line in lines]
-            assert exports[0]["RELAX_BASE_URL"].endswith("/agentic_api/")
-            assert exports[0]["RELAX_SESSION_ID"] != exports[1]["RELAX_SESSION_ID"]
+        lines = [line for line in buffer.decode().splitlines() if line.startswith("export ")]
+        assert len(lines) == 2 and lines[0].endswith("# session 0")
+        exports = [_parse_exports(line) for line in lines]
+        assert exports[0]["RELAX_BASE_URL"].endswith("/agentic_api/")
+        assert exports[0]["RELAX_SESSION_ID"] != exports[1]["RELAX_SESSION_ID"]
 
-            agent_script = tmp_path / "sdk_agent.py"
-            agent_script.write_text(SDK_AGENT)
-            agent_log = tmp_path / "agent_log.json"
+        agent_script = tmp_path / "sdk_agent.py"
+        agent_script.write_text(SDK_AGENT)
+        agent_log = tmp_path / "agent_log.json"
+        with trio.fail_after(AGENT_RUN_S):
             done = await trio.run_process([sys.executable, str(agent_script)], capture_stderr=True,
                                           check=False,
                                           env={**os.environ, **exports[0], "AGENT_LOG": str(agent_log)})
-            assert done.returncode == 0, done.stderr.decode()[-2000:]
+        assert done.returncode == 0, done.stderr.decode()[-2000:]
 
-            process.send_signal(signal.SIGINT)
+        process.send_signal(signal.SIGINT)
+        with trio.fail_after(SERVE_STOP_S):
             tail = b""
             while chunk := await process.stdout.receive_some():
                 tail += chunk
