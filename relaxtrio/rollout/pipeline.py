@@ -242,10 +242,10 @@ class RolloutPipeline:
         started = time.monotonic()
         self.rollout_id = rollout_id
         target, demand = cfg.rollout_batch_size, cfg.demand
+        stages = self.group_stages()
         log.info(agentic_event("rollout", "accounting_start", rollout=rollout_id,
                                sessions=target * cfg.n_samples_per_prompt, groups=target, debt=target,
-                               resident_groups=len(self._resident),
-                               interrupted_groups=sum(1 for g in self._resident if g.paused)))
+                               resident_groups=stages.resident, interrupted_groups=stages.interrupted))
         for group in self._resident:
             if group.leased:
                 group.enter_step(rollout_id)
@@ -344,19 +344,20 @@ class RolloutPipeline:
             step.starts_left -= 1
 
     def _step_result(self, step: _Step, aborted: int) -> StepResult:
+        stages = self.group_stages()
         result = StepResult(
             rollout_id=step.rollout_id, groups=tuple(step.accepted), dropped=tuple(step.dropped),
             rollout_s=time.monotonic() - step.started, aborted_requests=aborted,
-            resident_groups=len(self._resident),
+            resident_groups=stages.resident,
             barrier_warnings=self.barrier_warnings - step.warnings_before,
             filtered=tuple(step.filtered),
-            interrupted_groups=sum(1 for g in self._resident if g.paused),
+            interrupted_groups=stages.interrupted,
             custom_filtered=step.custom_filtered,
         )
         log.info(agentic_event(
             "rollout", "accounting_end", rollout=step.rollout_id, groups=len(result.groups),
             rows=len(result.samples), debt=max(step.target - len(result.groups), 0),
-            resident_groups=len(self._resident), interrupted_groups=result.interrupted_groups,
+            resident_groups=result.resident_groups, interrupted_groups=result.interrupted_groups,
             dropped_groups=len(step.dropped), filtered_groups=result.filtered_groups,
             aborted_requests=aborted))
         return result
