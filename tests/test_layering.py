@@ -61,6 +61,10 @@ FORBIDDEN: dict[str, tuple[str, ...]] = {
     "relaxtrio.cluster.trainer": (*WEB, "httpx", "relaxtrio.api", "relaxtrio.rollout", "relaxtrio.driver"),
     "relaxtrio.cluster.agents": (*WEB, "torch", "relaxtrio.api", "relaxtrio.rollout", "relaxtrio.train",
                                  "relaxtrio.driver"),
+    # Every agent actor start imports this module: keep it light (no torch, transformers, numpy).
+    "relaxtrio.cluster._agent_actor": (*WEB, "httpx", "torch", "transformers", "numpy", "relaxtrio.forest",
+                                       "relaxtrio.api", "relaxtrio.rollout", "relaxtrio.train",
+                                       "relaxtrio.chat", "relaxtrio.driver"),
     "relaxtrio.run_checkpoint": ("ray", "relaxtrio.cluster"),
     "relaxtrio.driver": ("ray", "relaxtrio.cluster"),
     "relaxtrio.cli": ("ray", "relaxtrio.cluster"),
