@@ -28,10 +28,10 @@ def add_cluster_flags(p: argparse.ArgumentParser) -> None:
                    help="place trainer ranks (and launched engines) on this Ray cluster "
                         "(default: $RAY_ADDRESS; unset: no Ray, ranks as local processes)")
     g.add_argument("--agent-executor", choices=["local", "ray"], default="local",
-                   help="where agents run: subprocesses here, or one Ray actor per Session on a "
-                        "node with --agent-num-cpus free (needs --ray-address)")
+                   help="where agents run: subprocesses here, or on Ray nodes through a pool of "
+                        "long-lived actors, each with --agent-num-cpus (needs --ray-address)")
     g.add_argument("--agent-num-cpus", type=float, default=1.0, metavar="N",
-                   help="CPUs each agent reserves on its Ray node")
+                   help="CPUs each agent actor reserves on its Ray node")
     g.add_argument("--agentic-api-host", default="127.0.0.1", metavar="HOST",
                    help="interface the agent API binds; agents on other nodes need a non-loopback one "
                         "(the Session id is each agent's credential)")

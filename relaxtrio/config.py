@@ -111,8 +111,8 @@ class AgentConfig:
             (every leaf a context; needs a custom advantage function)
             (docs/export-and-credit.md#export-policies).
         launcher: runs one agent (the signature of :func:`relaxtrio.nursery.agent.run_agent`);
-            None: a local subprocess. ``--agent-executor ray`` sets
-            :func:`relaxtrio.cluster.agents.run_agent_on_ray`.
+            None: a local subprocess. ``--agent-executor ray`` sets the run's Ray agent pool
+            (:meth:`relaxtrio.cluster.agents.RayAgentPool.run_agent`).
         failed_log_dir: where the log (stdout + stderr) of an agent whose Session failed is
             kept, as ``<group id>_session<index>.log``; None: logs go with the Session's IO
             directory (only the last 8 KiB survive, in the failure reason).
@@ -451,8 +451,9 @@ class DistributedConfig:
         start_timeout_s: seconds the ranks may take to start and load the model.
         device: ``"cpu"`` (gloo) or ``"cuda"`` (nccl, one GPU per rank).
         agent_executor: ``"local"`` (agents are subprocesses of the driver) or ``"ray"`` (each
-            Session's agent on a Ray node, :mod:`relaxtrio.cluster.agents`; needs Ray).
-        agent_num_cpus: CPUs each agent reserves on its Ray node (``--agent-num-cpus``).
+            Session's agent on a Ray node, run by a pool of long-lived actors,
+            :mod:`relaxtrio.cluster.agents`; needs Ray).
+        agent_num_cpus: CPUs each agent actor reserves on its Ray node (``--agent-num-cpus``).
         api_host: interface the agent API binds (``--agentic-api-host``); loopback unless set.
         api_port: its TCP port (0: any free one).
         api_advertise_url: the base URL handed to agents as ``RELAX_BASE_URL``

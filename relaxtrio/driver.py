@@ -373,7 +373,7 @@ async def _run_loaded(
             if cfg.operator_port is not None:
                 await start_operator(nursery, view, port=cfg.operator_port, announce=_announce)
             async with open_rollout_pipeline(
-                config=cfg.rollout, agent=await _agent_config(cfg, agent), registry=registry,
+                config=cfg.rollout, agent=await _agent_config(cfg, agent, stack), registry=registry,
                 handler=handler,
                 base_url=base_url, prompts=prompts, max_context_tokens=max_context,
                 server_template_kwargs=dict(cfg.generation.template_kwargs),
@@ -428,8 +428,9 @@ def advertised_url(bound_url: str, advertise_url: str | None) -> str:
     return urllib.parse.urlunsplit((want.scheme or "http", netloc, path, "", ""))
 
 
-async def _agent_config(cfg: TrainRunConfig, agent: AgentConfig) -> AgentConfig:
-    """``agent``, with the Ray launcher for ``--agent-executor ray`` (connects to Ray).
+async def _agent_config(cfg: TrainRunConfig, agent: AgentConfig, stack: AsyncExitStack) -> AgentConfig:
+    """``agent``, with the Ray agent pool as its launcher for ``--agent-executor ray`` (connects
+    to Ray; the pool is entered into ``stack``, which kills every agent actor on the way out).
 
     Raises:
         ConfigError: no Ray cluster at ``--ray-address``.
@@ -437,7 +438,7 @@ async def _agent_config(cfg: TrainRunConfig, agent: AgentConfig) -> AgentConfig:
     d = cfg.distributed
     if d.agent_executor != "ray":
         return agent
-    from .cluster.agents import ray_agent_launcher
+    from .cluster.agents import open_ray_agent_pool
     from .cluster.runtime import connect
 
     assert d.ray_address is not None  # DistributedConfig checks it
@@ -445,7 +446,8 @@ async def _agent_config(cfg: TrainRunConfig, agent: AgentConfig) -> AgentConfig:
     if d.api_host in ("127.0.0.1", "localhost") and d.api_advertise_url is None:
         log.warning("--agent-executor ray with the agent API on loopback: agents placed on other "
                     "nodes cannot reach it (set --agentic-api-host and --agentic-api-advertise-url)")
-    return attrs.evolve(agent, launcher=ray_agent_launcher(d.agent_num_cpus))
+    pool = await stack.enter_async_context(open_ray_agent_pool(d.agent_num_cpus))
+    return attrs.evolve(agent, launcher=pool.run_agent)
 
 
 def _load_datasets(cfg: TrainRunConfig) -> tuple[PromptStream, tuple[EvalDataset, ...]]:

@@ -2,8 +2,9 @@
 
 * :mod:`~relaxtrio.cluster.runtime`: connecting to (or starting) Ray, from worker threads only;
 * :mod:`~relaxtrio.cluster.trainer`: trainer ranks as Ray actors in a placement group;
-* :mod:`~relaxtrio.cluster.agents`: ``--agent-executor ray``, each Session's agent in a Ray actor
-  on a node with ``--agent-num-cpus`` free.
+* :mod:`~relaxtrio.cluster.agents`: ``--agent-executor ray``, a pool of long-lived Ray actors
+  (each reserving ``--agent-num-cpus``) running one Session's agent at a time on their nodes;
+  the actor itself is :mod:`~relaxtrio.cluster._agent_actor`.
 
 Nothing outside this package imports Ray, and this ``__init__`` imports none of its modules:
 the driver imports them only when a run asks for Ray. The trio driver calls Ray only through

@@ -9,7 +9,10 @@ on this node: the input JSON written here, the seven ``RELAX_*`` variables, ``ba
 is this actor process: if the actor dies, the shim takes the group down), the output text and
 the 8 KiB log tail sent back.
 
-The other methods run on the actor's other threads while ``run`` blocks: ``wait_started``
+The other methods run on the actor's other threads while ``run`` blocks (a threaded actor:
+the class has no ``async def``, or Ray would make it an asyncio actor running every plain
+method on one event-loop thread, where a blocking ``wait_started`` and ``run`` wait for each
+other for ever): ``wait_started``
 answers once the agent process exists, ``expire`` ends it as a timeout (the driver owns the
 budget) and ``cancel`` ends it as cancelled. Both requests may arrive before the run's loop
 exists (Ray does not order calls on a threaded actor); they are then applied when it starts.
@@ -94,6 +97,37 @@ def _apply(state: _RunState, request: str) -> None:
         state.outer.cancel()
 
 
+async def _run_agent_in_loop(cond: threading.Condition, state: _RunState, config: AgentConfig,
+                             session: SessionEnv, payload: Mapping[str, Any]) -> Outcome:
+    """One run inside its own trio loop: :func:`run_agent`, its failures turned into an Outcome.
+
+    A module function, not a method: one ``async def`` on the actor class would make Ray run it
+    as an asyncio actor, whose plain methods all run on one event-loop thread, so a blocking
+    ``wait_started`` and ``run`` would wait for each other for ever.
+
+    Cancellation:
+        ``cancel`` cancels the outer scope: the agent's process group is terminated (shielded,
+        bounded, inside :func:`run_agent`) and the outcome is ``cancelled``.
+    """
+    # Paused for ever: the driver owns the active-time budget and expires this one on timeout.
+    budget = ActiveBudget(total_s=config.timeout_s)
+    with trio.CancelScope() as outer:
+        with cond:
+            state.token, state.outer, state.budget = trio.lowlevel.current_trio_token(), outer, budget
+            early = list(state.requests)
+        for request in early:
+            _apply(state, request)
+        try:
+            run = await run_agent(config, session, payload, budget, task_status=_Started(cond, state))
+        except AgentExecutionError as exc:
+            return Outcome(kind="error", message=str(exc), timed_out=exc.timed_out,
+                           return_code=exc.return_code)
+        except OSError as exc:
+            return Outcome(kind="oserror", message=str(exc))
+        return Outcome(kind="ok", run=run)
+    return Outcome(kind="cancelled")
+
+
 class AgentRunner:
     """Runs the agents of one Session after another on this node (module docstring).
 
@@ -131,32 +165,11 @@ class AgentRunner:
             self._cond.notify_all()
         assert state is not None
         try:
-            return trio.run(self._main, state, config, session, payload)
+            return trio.run(_run_agent_in_loop, self._cond, state, config, session, payload)
         finally:
             with self._cond:
                 state.done = True
                 self._cond.notify_all()
-
-    async def _main(self, state: _RunState, config: AgentConfig, session: SessionEnv,
-                    payload: Mapping[str, Any]) -> Outcome:
-        # Paused for ever: the driver owns the active-time budget and expires this one on timeout.
-        budget = ActiveBudget(total_s=config.timeout_s)
-        with trio.CancelScope() as outer:
-            with self._cond:
-                state.token, state.outer, state.budget = trio.lowlevel.current_trio_token(), outer, budget
-                early = list(state.requests)
-            for request in early:
-                _apply(state, request)
-            try:
-                run = await run_agent(config, session, payload, budget,
-                                      task_status=_Started(self._cond, state))
-            except AgentExecutionError as exc:
-                return Outcome(kind="error", message=str(exc), timed_out=exc.timed_out,
-                               return_code=exc.return_code)
-            except OSError as exc:
-                return Outcome(kind="oserror", message=str(exc))
-            return Outcome(kind="ok", run=run)
-        return Outcome(kind="cancelled")
 
     def wait_started(self, run_id: int, timeout_s: float) -> tuple[StartState, int | None, str]:
         """``(state, pgid, node IP)``: ``started`` once the agent process exists, ``ended`` when

@@ -8,6 +8,7 @@ processes. The same class inside Ray is tested in test_cluster_ray.py.
 from __future__ import annotations
 
 import functools
+import inspect
 from pathlib import Path
 
 import pytest
@@ -109,3 +110,9 @@ async def test_an_agent_that_fails_or_cannot_start_is_reported_as_such(tmp_path:
     assert failed.message == "Agent exited with code 3.\nbad input"
     assert unstarted.kind == "oserror"
     assert runner.wait_started(2, 5.0) == ("ended", None, "n")
+
+
+def test_the_actor_class_has_no_async_method() -> None:
+    # One would make Ray run the actor as an asyncio actor: every plain method on one event-loop
+    # thread, where a blocking wait_started and run wait for each other for ever.
+    assert not inspect.getmembers(AgentRunner, inspect.iscoroutinefunction)
