@@ -189,12 +189,13 @@ class RayAgentPool:
             member = self._idle.pop()
         else:
             self._num_created += 1
+            number = self._num_created
             # Not abandoned on cancel: a handle created in an abandoned thread would be lost.
             handle = await trio.to_thread.run_sync(_new_actor, self.num_cpus, limiter=self._limiter)
             if self._closed:  # closed meanwhile: this actor was not among those it killed
                 await trio.to_thread.run_sync(_kill, handle, limiter=self._limiter)
                 raise trio.ClosedResourceError("the Ray agent pool is closed")
-            member = _Member(handle=handle, number=self._num_created)
+            member = _Member(handle=handle, number=number)
             log.info("Ray agent pool: actor %d created (%g CPUs)", member.number, self.num_cpus)
         self._busy.add(member)
         return member
@@ -269,8 +270,11 @@ class _Call:
         self.ref = await trio.to_thread.run_sync(
             functools.partial(actor.run.remote, self.run_id, remote_config, session, dict(payload)),
             limiter=self.pool._limiter)
+        asked = time.monotonic()
         state, pgid, node = await self.pool._thread(self._wait_started)
         self.member.node = node
+        log.info("session %s: agent %s on node %s after %.1f s (actor %d, run %d)", self.session_id,
+                 state, node, time.monotonic() - asked, self.member.number, self.run_id)
         if state in ("waiting", "stale"):
             raise AgentExecutionError(f"Agent did not start on Ray node {node} within {START_WAIT_S:g} s.",
                                       session_id=self.session_id)
