@@ -2,11 +2,12 @@
 
 A :class:`RayAgentPool` belongs to one driver run (:func:`open_ray_agent_pool`); its
 :meth:`~RayAgentPool.run_agent` is the run's :attr:`AgentConfig.launcher
-<relaxtrio.config.AgentConfig.launcher>`. Each actor (:class:`~relaxtrio.cluster._agent_actor.AgentActor`)
-reserves ``--agent-num-cpus`` CPUs on whichever node has them free (Ray's default placement)
-and runs one Session's agent at a time. Actors are created lazily, when a Session starts and
+<relaxtrio.config.AgentConfig.launcher>`. Each actor
+(:data:`~relaxtrio.cluster._agent_actor.AgentActor`) reserves ``--agent-num-cpus`` CPUs on
+whichever node has them free (Ray's default placement) and runs one Session's agent at a
+time. Actors are created lazily, when a Session starts and
 no actor is idle, so the pool grows to the number of Sessions in flight and is reused after
-that: a Session pays an actor's placement and start-up (10-15 s on a loaded 2-core machine)
+that: a Session pays an actor's placement and start-up (7-24 s on a loaded 2-core machine)
 only while the pool grows. Leaving the context kills every actor and waits until Ray reports
 each one dead, however the run ends.
 
@@ -16,6 +17,9 @@ on the actor's node: the input JSON is shipped in the call and written there, th
 ``--agentic-api-advertise-url``), the agent runs as ``bash -lc`` in ``--agent-cwd`` (which,
 with relaxtrio itself, must exist on every node) as the leader of its own process group, its
 output JSON (or JSONL) comes back as text, and errors end with the last 8 KiB of its output.
+The agent's log stays on its node (``--agent-cwd``'s machine, its temp dir), so a failed
+Session keeps no ``agent_logs/`` file in the run directory, only the tail in its reason; the
+process-group id the Session records (shown by the dashboard) is one on the agent's node.
 
 The Session's active-time budget stays in the driver (it pauses and resumes with generation).
 It starts when the Session enters Runtime, which needs the agent's first request, so an actor's
