@@ -17,7 +17,7 @@ on the actor's node: the input JSON is shipped in the call and written there, th
 ``--agentic-api-advertise-url``), the agent runs as ``bash -lc`` in ``--agent-cwd`` (which,
 with relaxtrio itself, must exist on every node) as the leader of its own process group, its
 output JSON (or JSONL) comes back as text, and errors end with the last 8 KiB of its output.
-The agent's log stays on its node (``--agent-cwd``'s machine, its temp dir), so a failed
+The agent's log stays on its node (in that node's temp dir), so a failed
 Session keeps no ``agent_logs/`` file in the run directory, only the tail in its reason; the
 process-group id the Session records (shown by the dashboard) is one on the agent's node.
 
