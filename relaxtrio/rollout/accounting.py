@@ -6,6 +6,8 @@ the progress bar's postfix.
 * :func:`wait_with_heartbeat` runs a step's wait for progress and calls back every
   ``interval_s`` seconds (trio clock) in which nothing happened, so a stuck step logs
   ``event=idle_heartbeat`` with a :class:`PipelineSnapshot` instead of going quiet;
+* :class:`ChangeSignal` is what that wait waits on: a count of the pipeline's changes (a Group
+  finished, the engine failed), so a change is never lost between two waits;
 * :func:`progress_postfix` is the bar's ``scored=`` (and with prelaunch ``prepared=``) count.
 
 The snapshot's keys follow the pipeline's own states: ``prepare`` (started, waiting for the
@@ -50,6 +52,40 @@ class GroupStages:
     runtime: int
     interrupted: int
     finished: int
+
+
+@attrs.define(eq=False)
+class ChangeSignal:
+    """A count of changes, and a wait for the count to pass a value read earlier.
+
+    Waiting on "the current :class:`trio.Event`" loses a change that happens while the waiter is
+    between two waits: a heartbeat cancels the wait, the Group that finishes meanwhile sets the
+    old event and installs a new one, and the restarted wait blocks on the new one for good
+    (seen as a step that logs idle heartbeats while its Groups are finished). A waiter that
+    read :attr:`version` before checking its condition and waits with :meth:`wait_past` on that
+    value returns at once for any change since.
+
+    Attributes:
+        version: changes notified so far.
+    """
+
+    version: int = 0
+    _event: trio.Event = attrs.field(factory=trio.Event)
+
+    def notify(self) -> None:
+        """Counts a change and wakes every waiter."""
+        self.version += 1
+        self._event.set()
+        self._event = trio.Event()
+
+    async def wait_past(self, seen: int) -> None:
+        """Returns once :attr:`version` is greater than ``seen`` (at once if it already is).
+
+        Cancellation:
+            A plain wait; nothing to clean up.
+        """
+        while self.version <= seen:
+            await self._event.wait()
 
 
 def group_stages(resident: Sequence[Group], finished: Sequence[Group]) -> GroupStages:
@@ -111,8 +147,10 @@ async def wait_with_heartbeat(wait: Callable[[], Awaitable[None]], *, interval_s
     """Runs ``wait()`` to its end, calling ``on_idle(idle_s)`` after every ``interval_s`` seconds
     (trio clock) it has been waiting.
 
-    ``wait`` is restarted after each heartbeat, so it must be a wait for a condition (e.g. an
-    event that a finished Group sets), not work that a cancel would lose.
+    ``wait`` is restarted after each heartbeat, so it must be a wait for a condition that stays
+    true once met (e.g. :meth:`ChangeSignal.wait_past` on a version read before the caller
+    checked its state), not work that a cancel would lose, and not a wait on whichever event is
+    current when it restarts (a change during the heartbeat would be lost).
 
     Args:
         wait: the wait for progress.

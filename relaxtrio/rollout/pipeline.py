@@ -47,7 +47,14 @@ from ..nursery.group import Group
 from ..nursery.group import run_group as run_group_sessions
 from ..nursery.partial import PartialRollout
 from ..nursery.session import SessionRegistry
-from .accounting import GroupStages, PipelineSnapshot, group_stages, progress_postfix, wait_with_heartbeat
+from .accounting import (
+    ChangeSignal,
+    GroupStages,
+    PipelineSnapshot,
+    group_stages,
+    progress_postfix,
+    wait_with_heartbeat,
+)
 from .dataset import Prompt, PromptStream
 from .filters import GroupFiltered
 from .rewards import score_rewards
@@ -111,7 +118,7 @@ class RolloutPipeline:
     _permits: trio.Semaphore = attrs.field(init=False)
     _resident: list[Group] = attrs.field(factory=list)
     _finished: list[Group] = attrs.field(factory=list)
-    _changed: trio.Event = attrs.field(factory=trio.Event)
+    _changes: ChangeSignal = attrs.field(factory=ChangeSignal)
     _group_seq: int = 0
 
     def __attrs_post_init__(self) -> None:
@@ -140,11 +147,7 @@ class RolloutPipeline:
         return self.watchdog.num_warnings
 
     def _notify(self) -> None:
-        self._changed.set()
-        self._changed = trio.Event()
-
-    async def _wait_change(self) -> None:
-        await self._changed.wait()
+        self._changes.notify()
 
     def make_group(self, prompt: Prompt, mode: RolloutMode = "train", n: int | None = None) -> Group:
         """Builds the Group (n Sessions) for one prompt.
@@ -266,6 +269,7 @@ class RolloutPipeline:
             Waits for Groups to finish; a cancel leaves them running.
         """
         while True:
+            seen = self._changes.version  # a change from here on ends the wait below at once
             self._score_finished(step)
             if len(step.accepted) >= step.target:
                 return
@@ -280,7 +284,8 @@ class RolloutPipeline:
                             step.rollout_id, len(step.accepted), step.target)
                 return
             if self.handler.fatal_error is None:  # wait until a Group finished, or the engine failed
-                await wait_with_heartbeat(self._wait_change, interval_s=self.config.idle_heartbeat_s,
+                await wait_with_heartbeat(functools.partial(self._changes.wait_past, seen),
+                                          interval_s=self.config.idle_heartbeat_s,
                                           on_idle=functools.partial(self._heartbeat, step))
             self.raise_if_engine_failed()
 
@@ -397,7 +402,7 @@ class RolloutPipeline:
         for group in tail:
             group.drop("step closed before the group finished (not needed this step)")
         while any(not g.finished for g in tail):
-            await self._wait_change()
+            await self._changes.wait_past(self._changes.version)
         self._finished.clear()
         return 0
 

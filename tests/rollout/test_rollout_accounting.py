@@ -3,6 +3,7 @@ progress postfix, the per-step metric families and the kept log of a failed agen
 
 from __future__ import annotations
 
+import functools
 import logging
 from pathlib import Path
 
@@ -13,7 +14,13 @@ from support.sessions import make_group
 
 from relaxtrio.config import RolloutConfig
 from relaxtrio.forest import TrainingSample
-from relaxtrio.rollout.accounting import PipelineSnapshot, group_stages, progress_postfix, wait_with_heartbeat
+from relaxtrio.rollout.accounting import (
+    ChangeSignal,
+    PipelineSnapshot,
+    group_stages,
+    progress_postfix,
+    wait_with_heartbeat,
+)
 from relaxtrio.rollout.operator_view import SNAPSHOT_KEYS, snapshot_fields
 from relaxtrio.rollout.step import family_metrics, stop_reason
 from relaxtrio.testing.scripted_engine import Reply, ScriptedEngine
@@ -43,6 +50,40 @@ async def test_no_heartbeat_when_progress_comes_in_time(autojump_clock) -> None:
 
     await wait_with_heartbeat(progress_in_time, interval_s=30.0, on_idle=beats.append)
     assert beats == [] and trio.current_time() == 29.5
+
+
+async def test_a_change_during_a_heartbeat_is_not_lost(autojump_clock) -> None:
+    """A Group that finishes while the step's wait is between two waits (here: inside the
+    heartbeat) ends the wait. Waiting on whichever event is current at the restart blocked for
+    good: the step logged heartbeats while its Groups were finished."""
+    changes = ChangeSignal()
+    seen = changes.version
+    beats: list[float] = []
+
+    def heartbeat(idle_s: float) -> None:
+        beats.append(idle_s)
+        changes.notify()
+
+    with trio.fail_after(300):
+        await wait_with_heartbeat(functools.partial(changes.wait_past, seen), interval_s=30.0,
+                                  on_idle=heartbeat)
+    assert beats == [30.0] and changes.version == seen + 1
+
+
+async def test_change_signal_waits_only_for_changes_after_the_seen_version(autojump_clock) -> None:
+    changes = ChangeSignal()
+    changes.notify()
+    await changes.wait_past(0)  # already past: returns at once
+    assert trio.current_time() == 0
+
+    async def later() -> None:
+        await trio.sleep(5)
+        changes.notify()
+
+    async with trio.open_nursery() as nursery:
+        nursery.start_soon(later)
+        await changes.wait_past(changes.version)
+    assert trio.current_time() == 5 and changes.version == 2
 
 
 def test_progress_postfix_shows_prepared_only_with_prelaunch() -> None:
