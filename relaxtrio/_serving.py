@@ -54,9 +54,15 @@ from hypercorn.trio.worker_context import WorkerContext
 from hypercorn.typing import ConnectionState
 from hypercorn.utils import repr_socket_addr, wrap_app
 
-__all__ = ["CLOSE_FLUSH_S", "IsolatedTCPServer", "serve_isolated"]
+__all__ = ["CLOSE_FLUSH_S", "LISTEN_BACKLOG", "IsolatedTCPServer", "serve_isolated"]
 
 log = logging.getLogger(__name__)
+
+LISTEN_BACKLOG: Final = 4096
+"""Pending connections a listener queues before accepting them (the kernel caps it at
+``net.core.somaxconn``). hypercorn's default of 100 overflows when a thousand agents connect at
+once: the kernel then drops their handshakes, clients wait out SYN retransmits (1, 3, 7, 15 s...)
+and some see their connection reset. Measured with ``benchmarks/concurrency.py``."""
 
 CLOSE_FLUSH_S: Final = 1.0
 """Seconds a closing connection waits for a send in flight before closing the socket under it."""

@@ -42,7 +42,7 @@ from quart_trio import QuartTrio
 from werkzeug.exceptions import HTTPException
 
 from .._errors import InternalError, InvalidRequestError, RelaxError
-from .._serving import serve_isolated
+from .._serving import LISTEN_BACKLOG, serve_isolated
 from ..config import ApiConfig
 from ..nursery.session import SessionRegistry
 from ..nursery.turns import TurnHandler
@@ -331,12 +331,14 @@ def create_app(
 
 def hypercorn_config(host: str, port: int) -> hypercorn.config.Config:
     """hypercorn settings of our listeners (agent API, operator): one bind, no access log,
-    long keep-alive, 1 s graceful close."""
+    long keep-alive, a deep listen backlog (:data:`~relaxtrio._serving.LISTEN_BACKLOG`), 1 s
+    graceful close."""
     config = hypercorn.config.Config()
     config.bind = [f"{host}:{port}"]
     config.accesslog = None
     config.errorlog = log
     config.keep_alive_timeout = 120
+    config.backlog = LISTEN_BACKLOG
     config.graceful_timeout = 1
     return config
 

@@ -36,7 +36,7 @@ import trio
 from hypercorn.config import Config as HypercornConfig
 from quart_trio import QuartTrio
 
-from .._serving import serve_isolated
+from .._serving import LISTEN_BACKLOG, serve_isolated
 from ..media.vision import VisionProcessor
 from ..models import eos_token_ids, load_model, load_tokenizer
 from ._info import EngineState
@@ -183,6 +183,7 @@ async def serve_engine_state(
     hyper = HypercornConfig()
     hyper.bind = [f"{config.host}:{config.port}"]
     hyper.graceful_timeout = config.graceful_timeout_s
+    hyper.backlog = LISTEN_BACKLOG  # a gateway or many drivers may connect at once
     hyper.accesslog = None
     hyper.errorlog = logger
     stop = functools.partial(_wait_shutdown, state.scheduler, shutdown_trigger)
