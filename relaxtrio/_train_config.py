@@ -118,7 +118,9 @@ class TrainConfig:
             micro-batch). None: only ``micro_batch_size`` bounds a micro-batch.
         num_minibatches: optimizer steps per :meth:`~relaxtrio.train.Trainer.train_step`; the
             samples are shuffled (seeded) and split into this many minibatches.
-        seed: seeds the trainer's own minibatch shuffling RNG (it never touches global RNGs).
+        seed: seeds the trainer's own minibatch shuffling RNG and the LoRA adapter's initial
+            ``A`` matrices (it never touches global RNGs), so every rank of a sharded trainer
+            starts from the same adapter.
         use_rollout_logprobs_as_old: False (default): the PPO ratio's old logprobs are the
             trainer's logprobs before the update (recomputed, so ratio == 1 on the first
             minibatch). True: use the engine's ``rollout_logprobs`` instead, which makes the

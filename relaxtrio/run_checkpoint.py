@@ -204,13 +204,15 @@ class RunCheckpointer:
 
         One process (the default) trains in the driver; with ``world_size > 1`` the trainer is a
         :class:`~relaxtrio.train.ranks.RankGroup` of FSDP2 ranks (local processes, or Ray
-        actors with ``ray_address``), which the caller must close.
+        actors with ``ray_address``), which the caller must close. Either resumes a checkpoint
+        written by either (``optimizer.pt`` of one process, ``optimizer.dcp/`` of any W: see
+        :mod:`relaxtrio.train.optim_state`).
 
         Blocking (torch); call it through ``trio.to_thread.run_sync``.
 
         Raises:
-            TrainerRankError: a rank failed to start.
-            ConfigError: a sharded trainer with a KL reference model or LoRA.
+            TrainerRankError: a rank failed to start (also when its checkpoint did not load).
+            ConfigError: the checkpoint's optimizer state belongs to another model.
         """
         dist = self.config.distributed
         train_cfg = self.config.trainer_config
@@ -218,11 +220,9 @@ class RunCheckpointer:
         trainer_state = None if self.resume is None else self.resume.state["trainer"]
         trainer: Trainer | RankGroup
         if dist.ray_address is not None or dist.world_size > 1:
-            if train_cfg.needs_reference_model or train_cfg.lora_rank > 0:
-                raise ConfigError("a sharded trainer (--actor-num-gpus-per-node / --actor-num-nodes "
-                                  "> 1 or --ray-address) does not support a KL reference model or "
-                                  "LoRA yet; use one process", param="actor_num_gpus_per_node")
-            start = RankStart(model_dir=source, config=train_cfg, resume_state=trainer_state)
+            # The KL reference stays the initial policy (model_dir), as in one process.
+            start = RankStart(model_dir=source, config=train_cfg, resume_state=trainer_state,
+                              reference_dir=model_dir)
             if dist.ray_address is not None:
                 from .cluster.trainer import RayRankGroup
 

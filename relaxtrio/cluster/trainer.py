@@ -61,12 +61,12 @@ class _RankActor:
         """Joins the process group and builds the sharded trainer (a collective)."""
         import torch
 
-        from ..train.distributed import ShardedTrainer, init_rank, shard_model
+        from ..train.distributed import ShardedTrainer, init_rank
 
         torch.set_num_threads(start.num_threads)
         init_rank(rank_spec)
         self._rank = rank_spec.rank
-        self._trainer = build_rank_trainer(rank_spec, start, ShardedTrainer, shard_model)
+        self._trainer = build_rank_trainer(rank_spec, start, ShardedTrainer)
 
     def call(self, method: str, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
         """Runs one trainer method; rank 0 returns its value, the others None."""

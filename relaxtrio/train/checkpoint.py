@@ -19,6 +19,7 @@ Run checkpoints (``--save DIR`` / ``--load DIR``) have this layout::
         config.json, generation_config.json, model.safetensors   # the policy (HF layout)
         tokenizer.json, tokenizer_config.json, chat_template.jinja, ...  # when available
         optimizer.pt          # {"optimizer": AdamW state_dict, "num_optimizer_steps": int}
+                              # (or optimizer.dcp/ when W FSDP2 ranks wrote it)
         state.json            # everything else, JSON (see below)
 
 ``state.json`` holds ``format`` (:data:`RUN_STATE_FORMAT`), ``steps_done`` (= the next rollout
@@ -57,6 +58,7 @@ from .._atomic import fsync_dir, fsync_tree, write_text_atomic
 __all__ = [
     "KEEP_CHECKPOINTS",
     "LATEST_FILE",
+    "OPTIMIZER_DCP_DIR",
     "OPTIMIZER_FILE",
     "RUN_STATE_FILE",
     "RUN_STATE_FORMAT",
@@ -91,6 +93,9 @@ TOKENIZER_FILES: Final = frozenset(
 image processor's configs come along so a vision-language checkpoint can be served again."""
 
 OPTIMIZER_FILE: Final = "optimizer.pt"
+OPTIMIZER_DCP_DIR: Final = "optimizer.dcp"
+"""A sharded trainer's optimizer state instead of ``optimizer.pt``: a ``torch.distributed.checkpoint``
+directory (:mod:`relaxtrio.train.optim_state` loads either into any world size)."""
 RUN_STATE_FILE: Final = "state.json"
 LATEST_FILE: Final = "latest"
 RUN_STATE_FORMAT: Final = 1

@@ -27,7 +27,15 @@ which micro-batches it runs:
   collective every rank joins), and rank 0 alone writes the Hugging Face files.
 * **optimizer state** stays sharded: every rank writes its part through
   ``torch.distributed.checkpoint`` into ``optimizer.dcp/`` (instead of ``optimizer.pt``); loading
-  reshards it, so a run may resume with another W.
+  reshards it, so a run may resume with another W, one process included, and W ranks resume a
+  one-process ``optimizer.pt`` (:mod:`relaxtrio.train.optim_state`).
+* **KL reference.** With ``use_kl_loss`` or ``kl_coef`` every rank also holds the frozen
+  reference policy, sharded the same way (no gradients, no optimizer state); reference
+  logprobs are computed like the old logprobs: each rank its share, then exchanged.
+* **LoRA.** The peft adapter is added before sharding; each layer's FSDP2 unit holds its frozen
+  base weights and its adapter, and only the adapter's shards have gradients and AdamW state.
+  The weight push merges base + adapter on rank 0 from the gathered tensors, as one process
+  merges its live ones (:func:`~relaxtrio.train.lora.merged_state_dict`).
 
 Collectives use gloo on CPU and nccl on GPU; every one has the process group's timeout
 (``DistributedConfig.collective_timeout_s``), so a rank whose peer died fails instead of hanging.
@@ -38,7 +46,7 @@ from __future__ import annotations
 
 import datetime
 import os
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 from typing import Any, Final
 
@@ -49,7 +57,15 @@ from torch import Tensor
 
 from ..config import TrainConfig
 from .batching import MicroBatch, SampleLike
-from .checkpoint import save_checkpoint_dir, save_run_checkpoint, save_weights_dir
+from .checkpoint import (
+    OPTIMIZER_DCP_DIR,
+    OPTIMIZER_FILE,
+    save_checkpoint_dir,
+    save_run_checkpoint,
+    save_weights_dir,
+)
+from .lora import merged_state_dict, require_linear_lora
+from .optim_state import named_optimizer_state, trainable_names
 from .trainer import Trainer
 
 __all__ = [
@@ -60,10 +76,6 @@ __all__ = [
     "shard_model",
     "split_by_tokens",
 ]
-
-OPTIMIZER_DCP_DIR: Final = "optimizer.dcp"
-"""A sharded checkpoint's optimizer state: a ``torch.distributed.checkpoint`` directory."""
-
 
 @attrs.frozen(kw_only=True)
 class RankSpec:
@@ -118,14 +130,17 @@ def shard_model(model: torch.nn.Module) -> torch.nn.Module:
 
     Per-layer units keep one layer's full parameters alive at a time; the root unit holds the
     embeddings, the final norm and the (possibly tied) LM head. The model must already be on its
-    rank's device.
+    rank's device. A peft model (LoRA) is sharded the same way: each layer's unit holds its
+    frozen base weights and its trainable adapter together (FSDP2 reduces gradients only for
+    the parameters that have them).
 
     Returns:
         ``model`` itself, now an ``FSDPModule`` whose parameters are DTensor shards.
     """
     from torch.distributed.fsdp import fully_shard
 
-    inner = getattr(model, "model", None)
+    causal_lm = model.get_base_model() if hasattr(model, "get_base_model") else model
+    inner = getattr(causal_lm, "model", None)
     layers = getattr(inner, "layers", None)
     for layer in layers if layers is not None else ():
         fully_shard(layer)
@@ -174,18 +189,49 @@ class ShardedTrainer(Trainer):
     Every method is a collective: all W ranks call it in the same order with the same arguments
     (the whole step's samples), or the ranks wait until the collective timeout.
 
+    The KL reference policy (``config.needs_reference_model``) is sharded like the policy, with
+    no optimizer state; each rank computes the KL reference logprobs of its share of the samples
+    and all ranks exchange them (:meth:`_no_grad_logprobs`). With LoRA, the adapter is added
+    before sharding and only its shards train; the KL reference is the base with the adapter
+    disabled, as in one process.
+
     Args:
-        model: the policy after :func:`shard_model`.
+        model: the policy, unsharded, on this rank's device (sharded here, after LoRA).
         config: trainer settings, equal on every rank (``device`` is this rank's device).
         rank: this rank.
         world_size: W.
+        load_reference: loads the KL reference policy's unsharded weights (the initial policy,
+            also when resuming) onto this rank's device; called once, after the policy is
+            sharded, so a rank holds at most one unsharded model at a time. Needed when
+            ``config.needs_reference_model`` without LoRA.
+
+    Raises:
+        ValueError: a reference policy is needed and ``load_reference`` is None.
     """
 
-    def __init__(self, model: torch.nn.Module, config: TrainConfig, *, rank: int, world_size: int) -> None:
+    def __init__(
+        self, model: torch.nn.Module, config: TrainConfig, *, rank: int, world_size: int,
+        load_reference: Callable[[], torch.nn.Module] | None = None,
+    ) -> None:
+        self._load_reference = load_reference
         super().__init__(model, config)
         self.rank = rank
         self.world_size = world_size
         self._owned: set[int] = set()  # samples this rank's planned micro-batches hold (not padding)
+
+    def _prepare_policy(self, model: torch.nn.Module) -> torch.nn.Module:
+        policy = super()._prepare_policy(model)
+        if self.lora:
+            require_linear_lora(policy)
+        return shard_model(policy)
+
+    def _initial_reference(self) -> torch.nn.Module:
+        if self._load_reference is None:
+            raise ValueError("a sharded trainer with a KL reference policy needs load_reference")
+        return self._load_reference()
+
+    def _prepare_reference(self, model: torch.nn.Module) -> torch.nn.Module:
+        return shard_model(super()._prepare_reference(model))
 
     # ------------------------------------------------------------------ step hooks
 
@@ -249,7 +295,10 @@ class ShardedTrainer(Trainer):
     # ------------------------------------------------------------------ weights and state
 
     def full_state_dict(self) -> dict[str, Tensor]:
-        """Gathers the full weights on rank 0 (CPU); other ranks get ``{}``. A collective."""
+        """Gathers the full weights on rank 0 (CPU); other ranks get ``{}``. A collective.
+
+        Keys are the trained module's own (with LoRA: the peft model's, adapter included).
+        """
         from torch.distributed.checkpoint.state_dict import (
             StateDictOptions,
             get_model_state_dict,
@@ -266,11 +315,26 @@ class ShardedTrainer(Trainer):
             seen.add(id(param))
         return state
 
+    def _hf_weights(self) -> tuple[torch.nn.Module, dict[str, Tensor]]:
+        """The transformers model and the full weights rank 0 writes in its layout (a collective).
+
+        With LoRA: the base model and base + adapter merged from the gathered tensors, what
+        :func:`~relaxtrio.train.lora.merged_state_dict` gives one process.
+        """
+        state = self.full_state_dict()
+        if not self.lora:
+            return self.model, state
+        base = self.model.get_base_model()  # type: ignore[operator]
+        if self.rank != 0:
+            return base, {}
+        prefix = "base_model.model."  # the peft wrapper's prefix of the base model's keys
+        return merged_state_dict(self.model, {k.removeprefix(prefix): v for k, v in state.items()})
+
     def save_weights(self, out_dir: Path) -> Path:
         """Rank 0 writes the gathered full weights for the engines (see :meth:`Trainer.save_weights`)."""
-        state = self.full_state_dict()
+        model, state = self._hf_weights()
         if self.rank == 0:
-            save_weights_dir(self.model, Path(out_dir), state_dict=state)
+            save_weights_dir(model, Path(out_dir), state_dict=state)
         dist.barrier()
         return Path(out_dir)
 
@@ -279,9 +343,9 @@ class ShardedTrainer(Trainer):
     ) -> Path:
         """Rank 0 writes the HF directory; with ``include_optimizer`` every rank adds its
         optimizer shard under ``optimizer.dcp/`` (after the directory is in place)."""
-        state = self.full_state_dict()
+        model, state = self._hf_weights()
         if self.rank == 0:
-            save_checkpoint_dir(self.model, Path(out_dir), tokenizer_dir=tokenizer_dir, state_dict=state)
+            save_checkpoint_dir(model, Path(out_dir), tokenizer_dir=tokenizer_dir, state_dict=state)
         dist.barrier()
         if include_optimizer:
             self._save_optimizer(Path(out_dir) / OPTIMIZER_DCP_DIR)
@@ -295,7 +359,9 @@ class ShardedTrainer(Trainer):
 
         The shards go to ``save_dir/.optimizer-<steps_done>.staging`` first, then rank 0 writes
         the checkpoint atomically with that directory inside (see
-        :func:`~relaxtrio.train.checkpoint.save_run_checkpoint`).
+        :func:`~relaxtrio.train.checkpoint.save_run_checkpoint`). With LoRA the weights are
+        written as one process writes them, the peft model's adapter files (the driver refuses
+        ``--lora-rank`` with ``--save`` / ``--load``, see :class:`~relaxtrio.config.TrainRunConfig`).
         """
         staging = Path(save_dir) / f".optimizer-{steps_done:07d}.staging"
         self._save_optimizer(staging)
@@ -321,18 +387,31 @@ class ShardedTrainer(Trainer):
     def load_optimizer_state(self, checkpoint_dir: Path) -> None:
         """Loads ``optimizer.dcp/`` (resharded to this W), or a one-process ``optimizer.pt``.
 
+        ``optimizer.pt`` holds full tensors keyed by parameter index; every rank reads it,
+        names the entries (:func:`~relaxtrio.train.optim_state.named_optimizer_state`) and keeps
+        its shard of each (``set_optimizer_state_dict`` with ``full_state_dict=True``).
+
         Raises:
             FileNotFoundError: the checkpoint has neither.
+            ConfigError: the optimizer state belongs to another model.
         """
         import torch.distributed.checkpoint as dcp
         from torch.distributed.checkpoint.state_dict import (
+            StateDictOptions,
             get_optimizer_state_dict,
             set_optimizer_state_dict,
         )
 
         directory = Path(checkpoint_dir) / OPTIMIZER_DCP_DIR
         if not directory.is_dir():
-            super().load_optimizer_state(checkpoint_dir)  # raises FileNotFoundError when missing
+            path = Path(checkpoint_dir) / OPTIMIZER_FILE
+            saved = torch.load(path, map_location="cpu", weights_only=True)  # FileNotFoundError
+            names = trainable_names(self.model)
+            shapes = {n: p.shape for n, p in self.model.named_parameters()}  # DTensor: the full shape
+            named = named_optimizer_state(saved["optimizer"], names, shapes, path)
+            set_optimizer_state_dict(self.model, self.optimizer, named,
+                                     options=StateDictOptions(full_state_dict=True))
+            self.num_optimizer_steps = int(saved["num_optimizer_steps"])
             return
         state: dict[str, Any] = {"optimizer": get_optimizer_state_dict(self.model, self.optimizer),
                                  "num_optimizer_steps": 0}

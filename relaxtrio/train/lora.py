@@ -22,9 +22,10 @@ from typing import Any, Final
 
 import torch
 
+from .._errors import ConfigError
 from ..config import TrainConfig
 
-__all__ = ["ADAPTER_NAME", "apply_lora", "merged_state_dict"]
+__all__ = ["ADAPTER_NAME", "apply_lora", "merged_state_dict", "require_linear_lora"]
 
 ADAPTER_NAME: Final = "default"
 """peft's name of the one adapter the trainer adds."""
@@ -40,7 +41,10 @@ def apply_lora(model: torch.nn.Module, config: TrainConfig) -> torch.nn.Module:
             but the output head).
 
     Returns:
-        The peft model; only adapter parameters have ``requires_grad``.
+        The peft model; only adapter parameters have ``requires_grad``. The adapter's random
+        initialization (peft's Kaiming ``A``; ``B`` is zero) draws from a CPU generator seeded
+        with ``config.seed``, not from the process's global RNG (which is left as it was): W
+        ranks each build their adapter before FSDP2 shards it, and must all build the same one.
     """
     from peft import LoraConfig, get_peft_model
 
@@ -54,7 +58,9 @@ def apply_lora(model: torch.nn.Module, config: TrainConfig) -> torch.nn.Module:
         lora_dropout=0.0,
         bias="none",
     )
-    with warnings.catch_warnings():
+    # peft builds and initializes each adapter on the CPU, then moves it to its layer's device.
+    with warnings.catch_warnings(), torch.random.fork_rng(devices=[]):
+        torch.default_generator.manual_seed(config.seed)
         # peft 0.21.2 reads transformers' deprecated ``is_gradient_checkpointing`` property,
         # which warns on transformers 5.24; the value it reads (False) is still right.
         warnings.filterwarnings("ignore", message="`is_gradient_checkpointing` is deprecated",
@@ -63,27 +69,39 @@ def apply_lora(model: torch.nn.Module, config: TrainConfig) -> torch.nn.Module:
 
 
 @torch.no_grad()
-def merged_state_dict(peft_model: Any) -> tuple[torch.nn.Module, dict[str, torch.Tensor]]:
+def merged_state_dict(
+    peft_model: Any, state: dict[str, torch.Tensor] | None = None
+) -> tuple[torch.nn.Module, dict[str, torch.Tensor]]:
     """The base model and its state dict with every adapter merged in, in the base layout.
 
     Args:
         peft_model: a model returned by :func:`apply_lora`.
+        state: the tensors to merge instead of the live ones, keyed like the base model's own
+            ``state_dict()`` (``...q_proj.base_layer.weight``, ``...q_proj.lora_A.default.weight``):
+            a sharded trainer's full weights gathered on rank 0
+            (:mod:`relaxtrio.train.distributed`). Only linear LoRA layers merge this way.
 
     Returns:
         ``(base_model, state_dict)``: the wrapped transformers model (for its config and
         ``save_pretrained``) and ``{base key: tensor}`` with LoRA layers replaced by
         ``W + delta`` and no ``lora_`` keys; untouched tensors are the live parameters
-        (tied embeddings stay one tensor).
+        (tied embeddings stay one tensor), or those of ``state``.
+
+    Raises:
+        TypeError: ``state`` is given and a LoRA layer is not linear (see
+            :func:`require_linear_lora`).
     """
     from peft.tuners.lora import LoraLayer
 
     base = peft_model.get_base_model()
+    source = base.state_dict(keep_vars=False) if state is None else state
     deltas: dict[str, torch.Tensor] = {}
     for name, module in base.named_modules():
         if isinstance(module, LoraLayer) and ADAPTER_NAME in module.lora_A:
-            deltas[name] = module.get_delta_weight(ADAPTER_NAME)
+            deltas[name] = (module.get_delta_weight(ADAPTER_NAME) if state is None
+                            else _delta_weight(module, name, state))
     out: dict[str, torch.Tensor] = {}
-    for key, value in base.state_dict(keep_vars=False).items():
+    for key, value in source.items():
         if ".lora_" in key:
             continue
         if ".base_layer." in key:
@@ -93,3 +111,32 @@ def merged_state_dict(peft_model: Any) -> tuple[torch.nn.Module, dict[str, torch
             key = f"{module_name}.{leaf}"
         out[key] = value
     return base, out
+
+
+def require_linear_lora(peft_model: Any) -> None:
+    """Checks that every LoRA layer is linear (what :func:`merged_state_dict` merges from
+    gathered tensors).
+
+    Raises:
+        ConfigError: a targeted module is not a linear layer (``--lora-target-modules``).
+    """
+    from peft.tuners.lora import Linear, LoraLayer
+
+    for name, module in peft_model.get_base_model().named_modules():
+        if isinstance(module, LoraLayer) and not isinstance(module, Linear):
+            raise ConfigError(f"--lora-target-modules: {name} is a {type(module).__name__}; the "
+                              "sharded trainer merges LoRA into linear layers only",
+                              param="lora_target_modules")
+
+
+def _delta_weight(module: Any, name: str, state: dict[str, torch.Tensor]) -> torch.Tensor:
+    """``(alpha / r) * B @ A`` of one linear LoRA layer from gathered tensors, as peft computes it
+    from the live ones (``Linear.get_delta_weight`` in float32)."""
+    from peft.tuners.lora import Linear
+    from peft.utils.other import transpose
+
+    if not isinstance(module, Linear):  # require_linear_lora refused it when the trainer was built
+        raise TypeError(f"LoRA layer {name} is a {type(module).__name__}, not linear")
+    weight_a = state[f"{name}.lora_A.{ADAPTER_NAME}.weight"]  # (r, in)
+    weight_b = state[f"{name}.lora_B.{ADAPTER_NAME}.weight"]  # (out, r)
+    return transpose(weight_b @ weight_a, module.fan_in_fan_out) * module.scaling[ADAPTER_NAME]

@@ -194,12 +194,15 @@ class RankStart:
         config: the trainer settings (``device`` is replaced by the rank's own).
         resume_state: ``state.json["trainer"]`` of the checkpoint in ``model_dir``, or None.
         num_threads: torch CPU threads of the rank process.
+        reference_dir: where the KL reference policy comes from when the config needs one (a
+            resumed run passes the initial model, as one process does); None: ``model_dir``.
     """
 
     model_dir: Path
     config: TrainConfig
     resume_state: dict[str, Any] | None = None
     num_threads: int = 1
+    reference_dir: Path | None = None
 
 
 def serve_rank(conn: Any, rank_spec: Any, start: RankStart) -> None:
@@ -217,12 +220,12 @@ def serve_rank(conn: Any, rank_spec: Any, start: RankStart) -> None:
     import torch
     import torch.distributed as dist
 
-    from .distributed import ShardedTrainer, init_rank, shard_model
+    from .distributed import ShardedTrainer, init_rank
 
     try:
         torch.set_num_threads(start.num_threads)  # this process is the rank's own
         init_rank(rank_spec)
-        trainer = build_rank_trainer(rank_spec, start, ShardedTrainer, shard_model)
+        trainer = build_rank_trainer(rank_spec, start, ShardedTrainer)
     except Exception:  # noqa: BLE001 - any failure is reported to the driver, which raises it
         conn.send(("error", _tail(traceback.format_exc())))
         return
@@ -241,16 +244,22 @@ def serve_rank(conn: Any, rank_spec: Any, start: RankStart) -> None:
             dist.destroy_process_group()
 
 
-def build_rank_trainer(rank_spec: Any, start: RankStart, cls: Any, shard: Any) -> Any:
-    """Loads ``start.model_dir`` on the rank's device, shards it and builds ``cls`` around it."""
+def build_rank_trainer(rank_spec: Any, start: RankStart, cls: Any) -> Any:
+    """Loads ``start.model_dir`` on the rank's device and builds ``cls`` around it.
+
+    ``cls`` (:class:`~relaxtrio.train.distributed.ShardedTrainer`) adds LoRA if configured,
+    shards the model, then loads and shards the KL reference from ``start.reference_dir``.
+    """
     import torch
     from transformers import AutoModelForCausalLM
 
-    model = AutoModelForCausalLM.from_pretrained(start.model_dir, dtype=torch.float32, local_files_only=True)
-    model.to(rank_spec.torch_device)
-    shard(model)
+    def load(model_dir: Path) -> Any:  # on the CPU; the trainer moves it to the rank's device
+        return AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.float32, local_files_only=True)
+
     config = attrs.evolve(start.config, device=rank_spec.torch_device)
-    trainer = cls(model, config, rank=rank_spec.rank, world_size=rank_spec.world_size)
+    reference_dir = start.reference_dir if start.reference_dir is not None else start.model_dir
+    trainer = cls(load(start.model_dir), config, rank=rank_spec.rank, world_size=rank_spec.world_size,
+                  load_reference=lambda: load(reference_dir))
     if start.resume_state is not None:
         trainer.load_resume_state(start.model_dir, start.resume_state)
     return trainer

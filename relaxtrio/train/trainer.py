@@ -53,7 +53,13 @@ from .batching import (
     split_minibatches,
     validate_samples,
 )
-from .checkpoint import OPTIMIZER_FILE, save_checkpoint_dir, save_run_checkpoint, save_weights_dir
+from .checkpoint import (
+    OPTIMIZER_DCP_DIR,
+    OPTIMIZER_FILE,
+    save_checkpoint_dir,
+    save_run_checkpoint,
+    save_weights_dir,
+)
 from .estimators import token_advantages
 from .logprobs import (
     entropy_from_logits,
@@ -101,7 +107,7 @@ class Trainer:
     ) -> None:
         self.config = config if config is not None else TrainConfig()
         self.lora = self.config.lora_rank > 0
-        self.model = (apply_lora(model, self.config) if self.lora else model).to(self.config.device)
+        self.model = self._prepare_policy(model)
         self.model.eval()
         self._params = [p for p in self.model.parameters() if p.requires_grad]
         self.optimizer = torch.optim.AdamW(
@@ -116,8 +122,8 @@ class Trainer:
         self.ref_model: torch.nn.Module | None = None
         if self.config.needs_reference_model and not self.lora:
             # With LoRA, the KL reference policy is the base model itself, with the adapter disabled.
-            ref = reference_model if reference_model is not None else copy.deepcopy(self.model)
-            self.ref_model = ref.to(self.config.device).requires_grad_(False).eval()
+            reference = reference_model if reference_model is not None else self._initial_reference()
+            self.ref_model = self._prepare_reference(reference)
         self._rng = random.Random(self.config.seed)
         model_config = getattr(model, "config", None)
         text_config = model_config.get_text_config() if hasattr(model_config, "get_text_config") else model_config
@@ -127,6 +133,18 @@ class Trainer:
         self._image_token_id: int | None = image_token if isinstance(image_token, int) else None
         ok = isinstance(pad, int) and pad >= 0 and (vocab is None or pad < vocab)
         self._pad_token_id = pad if ok else 0  # any valid id: padding is masked out
+
+    def _prepare_policy(self, model: torch.nn.Module) -> torch.nn.Module:
+        """The trained module: ``model`` with its LoRA adapter (if any), on ``config.device``."""
+        return (apply_lora(model, self.config) if self.lora else model).to(self.config.device)
+
+    def _initial_reference(self) -> torch.nn.Module:
+        """The reference policy when none is given: a copy of the initial weights."""
+        return copy.deepcopy(self.model)
+
+    def _prepare_reference(self, model: torch.nn.Module) -> torch.nn.Module:
+        """The frozen KL reference policy, on ``config.device``, in eval mode."""
+        return model.to(self.config.device).requires_grad_(False).eval()
 
     @classmethod
     def from_pretrained(
@@ -460,12 +478,22 @@ class Trainer:
     def load_optimizer_state(self, checkpoint_dir: Path) -> None:
         """Restore the AdamW state and step counter written by ``save_checkpoint``.
 
+        A checkpoint of W sharded ranks (``optimizer.dcp/`` instead of ``optimizer.pt``) loads
+        too: its shards are read into full tensors (:mod:`relaxtrio.train.optim_state`).
+
         Args:
             checkpoint_dir: a directory saved with ``include_optimizer=True``.
 
         Raises:
-            FileNotFoundError: ``checkpoint_dir / "optimizer.pt"`` does not exist.
+            FileNotFoundError: ``checkpoint_dir`` has neither ``optimizer.pt`` nor ``optimizer.dcp/``.
+            ConfigError: ``optimizer.dcp/`` holds another model's state.
         """
+        dcp_dir = Path(checkpoint_dir) / OPTIMIZER_DCP_DIR
+        if not (Path(checkpoint_dir) / OPTIMIZER_FILE).exists() and dcp_dir.is_dir():
+            from .optim_state import load_dcp_into_one_process
+
+            self.num_optimizer_steps = load_dcp_into_one_process(self.model, self.optimizer, dcp_dir)
+            return
         state = torch.load(
             Path(checkpoint_dir) / OPTIMIZER_FILE,
             map_location=self.config.device,
@@ -485,7 +513,7 @@ class Trainer:
                 "lr_scheduler": None, "shuffle_rng": [version, list(internal), gauss]}
 
     def load_resume_state(self, checkpoint_dir: Path, state: Mapping[str, Any]) -> None:
-        """Restores the optimizer (``optimizer.pt``) and :meth:`resume_state` from a run checkpoint.
+        """Restores the optimizer (``optimizer.pt`` or ``optimizer.dcp/``) and :meth:`resume_state`.
 
         Args:
             checkpoint_dir: the checkpoint directory (its weights are loaded by the caller,
@@ -493,7 +521,8 @@ class Trainer:
             state: ``state.json["trainer"]`` of that checkpoint.
 
         Raises:
-            FileNotFoundError: the checkpoint has no ``optimizer.pt``.
+            FileNotFoundError: the checkpoint has no optimizer state.
+            ConfigError: its optimizer state belongs to another model.
         """
         self.load_optimizer_state(checkpoint_dir)
         version, internal, gauss = state["shuffle_rng"]
