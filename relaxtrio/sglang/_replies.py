@@ -149,6 +149,15 @@ def _logprobs(meta: dict[str, Any], output_ids: list[int]) -> list[float]:
             f"{len(rows)} output logprobs for {len(output_ids)} output ids "
             "(see docs/client-quirks.md#logprob-and-id-counts)"
         )
+    # What JSON gives, checked at C speed: [float, int, ...] rows whose ids are the output ids.
+    try:
+        if (all(type(row) is list and len(row) >= 2 and type(row[0]) is float for row in rows)
+                and [row[1] for row in rows] == output_ids):
+            logprobs = [row[0] for row in rows]
+            if all(value == value for value in logprobs):  # no NaN (-inf is a valid logprob)
+                return logprobs
+    except TypeError:  # an id that does not compare with an int: the checks below name it
+        pass
     logprobs = []
     for index, (row, token_id) in enumerate(zip(rows, output_ids, strict=True)):
         if not isinstance(row, list | tuple) or len(row) < 2:
@@ -193,7 +202,9 @@ def parse_generate_response(body: Any, *, return_logprob: bool) -> GenerateResul
     if not isinstance(meta, dict):
         raise _bad("meta_info is missing")
     output_ids = body.get("output_ids")
-    if not isinstance(output_ids, list) or not all(is_int(t) for t in output_ids):
+    if not isinstance(output_ids, list) or not (
+        all(type(t) is int for t in output_ids) or all(is_int(t) for t in output_ids)
+    ):
         raise _bad("output_ids must be a list of integers")
     finish_type, matched = _finish(meta)
     logprobs = _logprobs(meta, output_ids) if return_logprob else []

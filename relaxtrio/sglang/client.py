@@ -96,6 +96,8 @@ class EngineClient:
         self._control = control
         self._in_flight = dict.fromkeys(self.urls, 0)
         self._ids_json = IdsJsonEncoder()
+        # /generate: no read limit (a generation may run for minutes), a bounded connect.
+        self._generate_timeout = httpx.Timeout(None, connect=config.connect_timeout_s)
 
     # ------------------------------------------------------------------ transport
     async def _call(
@@ -208,12 +210,11 @@ class EngineClient:
         if image_data:
             fields["image_data"] = list(image_data)
         body = self._ids_json.body(input_ids, fields, prefix_key)
-        timeout = httpx.Timeout(None, connect=self.config.connect_timeout_s)
         self._in_flight[url] += 1
         try:
             response = await send_with_retries(
                 self._generation, "POST", url, "/generate", body,
-                httpx_timeout=timeout, config=self.config, headers=headers,
+                httpx_timeout=self._generate_timeout, config=self.config, headers=headers,
             )
         finally:
             self._in_flight[url] -= 1
@@ -433,8 +434,9 @@ async def open_engine_client(
         max_control_connections: size of the control pool (default: ``config``'s, 32).
         config: timeouts and retry policy; defaults as in :class:`EngineClientConfig`.
         transport: custom transport for both pools (tests use ``httpx.MockTransport``);
-X
-            CPU per call) and control calls an ``httpx.AsyncClient``.
+            then both are ``httpx.AsyncClient`` s. Without one, ``/generate`` goes through a
+            :class:`~._pool.ConnectionPool` (a small fraction of httpx's CPU per call) and
+            control calls an ``httpx.AsyncClient``.
 
     Yields:
         The client; both pools are closed on exit.

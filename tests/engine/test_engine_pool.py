@@ -283,3 +283,45 @@ def test_ids_json_encoder_keys_compare_only_their_own_sequences() -> None:
     encoder.ids_text([1], "c")  # a third key forgets the least recently used one ("b")
     assert encoder.ids_text([*shared, ord("b"), 9], "b") == _compact([*shared, ord("b"), 9])[1:-1]
     assert encoder.num_reused_ids == len(shared) + 1
+
+
+def test_pool_response_json_decodes_exactly_like_json_loads() -> None:
+    import json
+    import math
+
+    from relaxtrio.sglang._pool import PoolResponse
+
+    bodies = [
+        b'{"output_ids":[1,2],"meta_info":{"output_token_logprobs":[[-0.5,1,null],[-1e-05,2,"x"]]}}',
+        b'[-Infinity, 1.5, "\\u00e9t\\u00e9", {"k": 1}, {"k": 2}]',  # orjson refuses -Infinity
+        b'{"big": 123456789012345678901234567890, "s": "\\ud800"}',  # past 64 bits, lone surrogate
+        b'{"dup": 1, "dup": 2}',
+    ]
+    for body in bodies:
+        assert repr(PoolResponse(200, body, {}).json()) == repr(json.loads(body))
+    assert math.isnan(PoolResponse(200, b"[NaN]", {}).json()[0])
+    for broken in (b"", b"{", b"\xff"):
+        with pytest.raises(ValueError):
+            PoolResponse(200, broken, {}).json()
+
+
+def test_generate_reply_parsing_fast_and_checked_paths_agree() -> None:
+    from relaxtrio.sglang._replies import parse_generate_response
+
+    def reply(rows: list, ids: list) -> dict:
+        return {"output_ids": ids, "meta_info": {"finish_reason": {"type": "length", "length": 2},
+                                                 "output_token_logprobs": rows}}
+
+    fast = parse_generate_response(reply([[-0.5, 7, None], [float("-inf"), 8, "x"]], [7, 8]),
+                                   return_logprob=True)
+    assert fast.output_logprobs == (-0.5, float("-inf"))
+    mixed = parse_generate_response(reply([[-1, 7], (-0.25, 8)], [7, 8]), return_logprob=True)
+    assert mixed.output_logprobs == (-1.0, -0.25) and type(mixed.output_logprobs[0]) is float
+    for rows, match in (([[-0.5, 7], [float("nan"), 8]], r"output_token_logprobs\[1\] has no logprob"),
+                        ([[-0.5, 7], [-0.5, 9]], r"output_token_logprobs\[1\] is for id 9"),
+                        ([[-0.5, 7], [True, 8]], r"output_token_logprobs\[1\] has no logprob"),
+                        ([[-0.5, 7], [-0.5]], r"output_token_logprobs\[1\] is not a")):
+        with pytest.raises(BackendError, match=match):
+            parse_generate_response(reply(rows, [7, 8]), return_logprob=True)
+    with pytest.raises(BackendError, match="output_ids must be a list of integers"):
+        parse_generate_response(reply([[-0.5, 7], [-0.5, 8]], [7, True]), return_logprob=True)
