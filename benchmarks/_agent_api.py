@@ -124,8 +124,14 @@ def _bare_app():
 async def _serve(kind: str, engine_url: str | None, num_sessions: int) -> None:
     from relaxtrio.api.app import create_app, serve_api
 
+    try:  # like `python -m relaxtrio train` and `serve` (absent from older checkouts: --baseline-src)
+        from relaxtrio._serving import freeze_startup_heap
+    except ImportError:
+        freeze_startup_heap = None
     async with trio.open_nursery() as nursery:
         if kind == "bare":
+            if freeze_startup_heap is not None:
+                freeze_startup_heap()
             url = await nursery.start(serve_api, _bare_app())
             print(READY_PREFIX + json.dumps({"url": url, "sessions": []}), flush=True)
             return
@@ -145,7 +151,10 @@ async def _serve(kind: str, engine_url: str | None, num_sessions: int) -> None:
             handler = EngineTurnHandler(client=client, compiler=compiler,
                                         config=GenerationConfig(max_response_tokens=64))
             sessions = await nursery.start(serve_bare_sessions, registry, num_sessions)
-            url = await nursery.start(serve_api, create_app(registry, handler, model_name="bench"))
+            app = create_app(registry, handler, model_name="bench")
+            if freeze_startup_heap is not None:
+                freeze_startup_heap()
+            url = await nursery.start(serve_api, app)
             print(READY_PREFIX + json.dumps(
                 {"url": url, "sessions": [s.session_id for s in sessions]}), flush=True)
             await trio.sleep_forever()

@@ -42,6 +42,7 @@ from .api.app import create_app, serve_api
 from .api.operator import start_operator
 from .chat.compiler import ChatCompiler
 from ._errors import ConfigError
+from ._serving import freeze_startup_heap
 from .config import AgentConfig, FleetConfig, TrainRunConfig
 from .inference import Inference, LifecycleRegistry, open_inference
 from .rollout.capacity import CapacityPlan, check_external_slots, plan_capacity
@@ -364,6 +365,7 @@ async def _run_loaded(
         handler = EngineTurnHandler(client=client, compiler=compiler, config=cfg.generation)
         registry = LifecycleRegistry(on_end=client.session_ended)
         app = create_app(registry, handler, model_name=model_dir.name)
+        freeze_startup_heap()  # start-up is done: full GC collections skip its heap from now on
         async with trio.open_nursery() as nursery:
             d = cfg.distributed
             bound_url = await nursery.start(functools.partial(serve_api, app, host=d.api_host, port=d.api_port))

@@ -41,6 +41,7 @@ import attrs
 import trio
 
 from ._errors import ConfigError, ExportError
+from ._serving import freeze_startup_heap
 from .api.app import create_app, serve_api
 from .api.operator import start_operator
 from .chat.compiler import ChatCompiler
@@ -293,6 +294,7 @@ async def run_serve(cfg: ServeConfig, *, announce: Callable[[str], None] = _anno
             handler = EngineTurnHandler(client=client, compiler=compiler, config=cfg.generation)
             registry = SessionRegistry()
             app = create_app(registry, handler, config=ApiConfig(model_name=model_dir.name))
+            freeze_startup_heap()  # full GC collections skip the start-up heap from now on
             groups = [Group.create(f"serve:group_{i:06d}", num_sessions=1, input_payload=task,
                                    timeout_s=math.inf, max_context_tokens=max_context)
                       for i in range(cfg.num_sessions)]

@@ -20,6 +20,9 @@ __all__ = ["IdsJsonEncoder"]
 _DEFAULT_ENTRIES: Final = 256  # sequences remembered without a key
 _KEYED_ENTRIES: Final = 8  # sequences remembered per key (a Session's recent branches)
 _DEFAULT_KEYS: Final = 4096  # keys remembered (about one per Session in flight)
+# json.dumps with non-default arguments builds an encoder per call; these are shared (stateless).
+_IDS: Final = json.JSONEncoder(separators=(",", ":"))
+_FIELDS: Final = json.JSONEncoder(separators=(",", ":"), ensure_ascii=False)
 
 
 class IdsJsonEncoder:
@@ -71,7 +74,7 @@ class IdsJsonEncoder:
                 best_key, best_n, best_text = entry, n, text
         rest = ids[best_n:]
         if rest:
-            tail = json.dumps(rest, separators=(",", ":"))[1:-1]
+            tail = _IDS.encode(rest)[1:-1]
             text = f"{best_text},{tail}" if best_text else tail
         else:
             text = best_text
@@ -97,6 +100,6 @@ class IdsJsonEncoder:
             fields: every other key of the body (JSON values; must not hold ``input_ids``).
             key: see :meth:`ids_text`.
         """
-        rest = json.dumps(dict(fields), separators=(",", ":"), ensure_ascii=False)
+        rest = _FIELDS.encode(dict(fields))
         joiner = "," if len(rest) > 2 else ""
         return f'{{"input_ids":[{self.ids_text(input_ids, key)}]{joiner}{rest[1:]}'.encode()

@@ -145,6 +145,8 @@ class EngineClient:
             raise errors[0]
 
     def _pick(self, routing_key: str | None) -> str:
+        if len(self.urls) == 1:
+            return self.urls[0]
         if routing_key is not None:
             return self.urls[_stable_hash(routing_key) % len(self.urls)]
         return min(self.urls, key=lambda u: self._in_flight[u])
