@@ -162,12 +162,14 @@ class SamplingParams:
     def to_json(self) -> dict[str, Any]:
         """Return the JSON object to send, without ``None`` values (tuples become lists)."""
         out: dict[str, Any] = {}
-        for field in attrs.fields(SamplingParams):
-            value = getattr(self, field.name)
-            if value is None:
-                continue
-            out[field.name] = list(value) if isinstance(value, tuple) else value
+        for name in _SAMPLING_FIELD_NAMES:
+            value = getattr(self, name)
+            if value is not None:
+                out[name] = list(value) if isinstance(value, tuple) else value
         return out
+
+
+_SAMPLING_FIELD_NAMES: Final = tuple(field.name for field in attrs.fields(SamplingParams))
 
 
 def _type_name(value: Any) -> str:
