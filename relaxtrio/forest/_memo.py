@@ -52,6 +52,9 @@ class ConversationMemo:
         self._raw: list[Any] = []  # previous request's messages (the parsed dicts, not copied)
         # per message: (reusable, its system texts, canonical message or None (system), its JSON)
         self._items: list[tuple[bool, list[str], dict[str, Any] | None, bytes | None]] = []
+        # JSON of the system messages the previous request placed, by their text: the merged
+        # system message is a fresh dict on every request, but usually the same text.
+        self._system_json: dict[str, bytes] = {}
         self.num_reused = 0
         """Messages taken from the memo so far (for tests and benchmarks)."""
 
@@ -103,8 +106,19 @@ class ConversationMemo:
         self._raw, self._items = messages, new_items
         out = place_system_messages([(canonical, chunks) for _, chunks, canonical, _ in new_items])
         reused = {id(canonical): enc for _, _, canonical, enc in new_items if canonical is not None}
-        encoded_all = tuple(reused[id(m)] if id(m) in reused else _encode(m, f"messages[{i}]")
-                            for i, m in enumerate(out))
+        previous_system, system_json = self._system_json, {}
+        encoded: list[bytes] = []
+        for i, m in enumerate(out):
+            enc = reused.get(id(m))
+            if enc is None:  # a system message placed by place_system_messages
+                text = m["content"]
+                enc = previous_system.get(text)
+                if enc is None:
+                    enc = _encode(m, f"messages[{i}]")
+                system_json[text] = enc
+            encoded.append(enc)
+        self._system_json = system_json
+        encoded_all = tuple(encoded)
         return Conversation._from_canonical(
             tuple(out), encoded_all,
             canonical_tools(tools, param=tools_param),
