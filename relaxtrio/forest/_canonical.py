@@ -91,6 +91,8 @@ def canonical_messages(messages: Any, *, param: str = "messages") -> tuple[dict[
 
 def place_system_messages(
     entries: Sequence[tuple[dict[str, Any] | None, Sequence[str]]],
+    *,
+    continued: bool = False,
 ) -> list[dict[str, Any]]:
     """The system-message rule: leading system texts merge into one first message; a later run
     of system messages stays in place as one message; a system message with no text is dropped.
@@ -98,6 +100,9 @@ def place_system_messages(
     Args:
         entries: per message, ``(canonical, [])`` for a non-system message or ``(None, texts)``
             for a system one (what :func:`_canonical_message` returns and collects).
+        continued: the entries continue a list whose placed form ends with a non-system
+            message; then nothing in them is leading, and the result is what placing the whole
+            list adds after that form (:class:`~relaxtrio.forest._memo.ConversationMemo`).
 
     Returns:
         The messages; non-system ones are the given objects, system ones are fresh dicts.
@@ -109,7 +114,7 @@ def place_system_messages(
         if canonical is not None:
             out.append(canonical)
             late_run = False
-        elif not out:
+        elif not out and not continued:
             leading.extend(chunks)
         elif chunks and late_run:
             out[-1]["content"] += "\n\n" + "\n\n".join(chunks)
@@ -332,6 +337,9 @@ class Conversation:
     # ``],"template_kwargs":K,"tools":T}`` that closes every prefix of this conversation.
     _message_json: tuple[bytes, ...] = attrs.field(init=False, repr=False)
     _suffix: bytes = attrs.field(init=False, repr=False)
+    # ``[n + 1]`` running hash states of the message prefixes (see :meth:`_prefix_states`), or
+    # None until first asked for.
+    _states: tuple[Any, ...] | None = attrs.field(init=False, repr=False, eq=False)
 
     def __attrs_post_init__(self) -> None:
         encoded = tuple(_encode(m, f"messages[{i}]") for i, m in enumerate(self.messages))
@@ -346,6 +354,7 @@ class Conversation:
         )
         object.__setattr__(self, "_message_json", encoded)
         object.__setattr__(self, "_suffix", suffix)
+        object.__setattr__(self, "_states", None)
 
     @classmethod
     def from_wire(
@@ -392,9 +401,11 @@ class Conversation:
         message_json: tuple[bytes, ...],
         tools: tuple[dict[str, Any], ...],
         template_kwargs: dict[str, Any],
+        states: tuple[Any, ...] | None = None,
     ) -> Conversation:
         """A conversation from parts that are canonical already, ``message_json[i]`` being the
-        serialization of ``messages[i]`` (the memo of :mod:`._memo` has them)."""
+        serialization of ``messages[i]`` (the memo of :mod:`._memo` has them) and ``states``,
+        when given, its prefix hash states (see :meth:`_prefix_states`)."""
         conv = cls.__new__(cls)
         object.__setattr__(conv, "messages", messages)
         object.__setattr__(conv, "tools", tuple(tools))
@@ -403,7 +414,42 @@ class Conversation:
         suffix = b"".join((b'],"template_kwargs":', _encode(template_kwargs, "chat_template_kwargs"),
                            b',"tools":', _encode(list(tools), "tools"), b"}"))
         object.__setattr__(conv, "_suffix", suffix)
+        object.__setattr__(conv, "_states", states)
         return conv
+
+    def with_template_kwargs(self, template_kwargs: dict[str, Any]) -> Conversation:
+        """The same messages and tools under other (canonical) template kwargs, reusing the
+        messages' serialized forms and prefix hash states (so O(1) in the history length)."""
+        return Conversation._from_canonical(self.messages, self._message_json, self.tools,
+                                            template_kwargs, self._states)
+
+    def _prefix_states(self) -> tuple[Any, ...]:
+        """``[n + 1]`` running SHA-256 states: entry ``k`` has been fed ``HASH_PREFIX`` and the
+        JSON of the first ``k`` messages, comma-separated, so closing it with
+        :func:`finish_hash` and this conversation's suffix gives the state hash of
+        ``messages[:k]``. Computed once; the states are shared (copy one before updating it)."""
+        states = self._states
+        if states is None:
+            states = extend_prefix_states((hashlib.sha256(HASH_PREFIX),), self._message_json)
+            object.__setattr__(self, "_states", states)
+        return states
+
+
+def extend_prefix_states(states: tuple[Any, ...], message_json: Sequence[bytes]) -> tuple[Any, ...]:
+    """``states`` (prefix hash states of some messages, see :meth:`Conversation._prefix_states`)
+    followed by the states after each message of ``message_json`` in turn.
+
+    One hash copy and update per new message; the given states are not modified.
+    """
+    out = list(states)
+    hasher = out[-1]
+    for encoded in message_json:
+        hasher = hasher.copy()
+        if len(out) > 1:
+            hasher.update(b",")
+        hasher.update(encoded)
+        out.append(hasher)
+    return tuple(out)
 
 
 def finish_hash(hasher: Any, suffix: bytes) -> str:

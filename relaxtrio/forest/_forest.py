@@ -6,24 +6,30 @@ Matching is linear in the request: the state hash of the prefix ``messages[:k]``
 before ``template_kwargs`` before ``tools``), so one running SHA-256 fed message by message,
 copied and closed with the constant suffix, yields every prefix hash exactly as the naive
 re-hashing loop of docs/canonical-contract.md#prefix-matching defines it, in one pass over the
-request's bytes. Only prefix lengths at which this subtree family has committed nodes are closed
-and looked up, longest first; the first hit is the answer that loop returns.
+request's bytes. The :class:`Conversation` keeps those running states (one per prefix length,
+computed once; the Session's :class:`ConversationMemo` extends the previous request's states by
+the new messages only), so matching closes states only at prefix lengths where this subtree
+family has committed nodes, longest first, and stops at the first hit: the answer that loop
+returns. A Session's next request hits at its previous response, so matching costs a couple of
+hash closes however long the history is.
 """
 
 from __future__ import annotations
 
-import hashlib
 from itertools import chain
 from typing import Any, Final
 
 from .._errors import ContextLengthExceededError, InternalError
-from ._canonical import HASH_PREFIX, Conversation, canonical_message, finish_hash
+from ._canonical import Conversation, canonical_message, finish_hash
 from ._json import dumps
 from ._memo import ConversationMemo
 from ._nodes import AnyNode, FinishReason, Match, Node, ObservationNode, ResponseNode, RootNode, _Subtree
 
 
 _LINEAGE_CACHE_SIZE: Final = 16  # lineages kept per forest (the turns in flight of one Session)
+# Rollout id sequences kept per forest: a Session's next prompt extends its last one, so a few
+# suffice (each costs 8 bytes per id of the lineage).
+_ROLLOUT_IDS_CACHE_SIZE: Final = 4
 
 
 def context_length_message(max_context_tokens: int, prompt_tokens: int) -> str:
@@ -69,6 +75,9 @@ class SessionForest:
         # Message counts at which committed states exist, per tools+kwargs serialization.
         self._lengths: dict[bytes, set[int]] = {}
         self._lineages: dict[str, tuple[Node, ...]] = {}  # recent lineages, oldest first
+        self._rollout_ids: dict[str, tuple[int, ...]] = {}  # recent rollout id sequences, oldest first
+        self.num_multimodal_observations = 0
+        """Committed observation nodes with a media payload (none: no lineage has images)."""
         self.memo = ConversationMemo()
         """The previous request's canonical messages, so the next one (which repeats them)
         canonicalizes only what is new (:class:`~relaxtrio.forest._memo.ConversationMemo`)."""
@@ -85,7 +94,8 @@ class SessionForest:
         """Finds the longest committed message prefix of ``conv`` with the same tools and kwargs.
 
         Returns exactly what the naive loop (``for k in range(n, 0, -1): hash(messages[:k],
-        tools, kwargs) in nodes``) returns, at O(bytes of ``conv``) hashing cost.
+        tools, kwargs) in nodes``) returns; hashing costs O(bytes of ``conv``) once per
+        conversation (the prefix states), then one close per candidate length tried.
 
         Args:
             conv: the request's canonical conversation (``n`` messages).
@@ -94,20 +104,20 @@ class SessionForest:
             The match: ``parent`` is the committed node (or the root) and ``delta`` the unmatched
             suffix; ``delta == ()`` is a full match.
         """
-        candidates = self._lengths.get(conv._suffix, ())
-        hasher = hashlib.sha256(HASH_PREFIX)
-        prefixes: list[tuple[int, Any]] = []
-        for k, encoded in enumerate(conv._message_json, start=1):
-            if k > 1:
-                hasher.update(b",")
-            hasher.update(encoded)
-            if k in candidates:
-                prefixes.append((k, hasher.copy()))
-        full_hash = finish_hash(hasher, conv._suffix)
-        for k, prefix in reversed(prefixes):
-            node = self._nodes.get(finish_hash(prefix, conv._suffix))
-            if node is not None:
-                return Match(node, conv.messages[k:], conv, full_hash, hasher)
+        states = conv._prefix_states()
+        n = len(conv.messages)
+        suffix = conv._suffix
+        hasher = states[n]
+        full_hash = finish_hash(hasher, suffix)
+        candidates = self._lengths.get(suffix)
+        if candidates:
+            # Longest first; a Session's next request usually hits at once (its previous
+            # response is committed one or two messages before the end).
+            for k in range(min(n, max(candidates)), 0, -1):
+                if k in candidates:
+                    node = self._nodes.get(finish_hash(states[k], suffix))
+                    if node is not None:
+                        return Match(node, conv.messages[k:], conv, full_hash, hasher)
         return Match(self.root, conv.messages, conv, full_hash, hasher)
 
     # -- commits -------------------------------------------------------------------------------
@@ -308,6 +318,8 @@ class SessionForest:
         if node.parent_hash is not None:
             self._leaves.pop(node.parent_hash, None)
         self._lengths.setdefault(node._subtree.suffix, set()).add(node.num_messages)
+        if isinstance(node, ObservationNode) and node.multimodal is not None:
+            self.num_multimodal_observations += 1
 
     # -- queries -------------------------------------------------------------------------------
 
@@ -358,8 +370,29 @@ class SessionForest:
         return Conversation(self.messages(node), root.tools or (), root.template_kwargs or {})
 
     def rollout_token_ids(self, node: AnyNode) -> tuple[int, ...]:
-        """``[r]`` generation-input ids of the lineage (the concatenated rollout deltas)."""
-        return tuple(chain.from_iterable(n.rollout_token_ids for n in self.lineage(node)))
+        """``[r]`` generation-input ids of the lineage (the concatenated rollout deltas).
+
+        Python steps only for the nodes below the nearest ancestor whose ids were asked for
+        recently (a Session's next turn continues its last prompt), then one C-level copy.
+        """
+        tail: list[Node] = []
+        current: Node | None = None if isinstance(node, RootNode) else node
+        head: tuple[int, ...] = ()
+        while current is not None:
+            cached = self._rollout_ids.get(current.state_hash)
+            if cached is not None:
+                head = cached
+                break
+            tail.append(current)
+            current = None if current.parent_hash is None else self._nodes[current.parent_hash]
+        if not tail:
+            return head
+        tail.reverse()
+        ids = head + tuple(chain.from_iterable(n.rollout_token_ids for n in tail))
+        if len(self._rollout_ids) >= _ROLLOUT_IDS_CACHE_SIZE:
+            self._rollout_ids.pop(next(iter(self._rollout_ids)))
+        self._rollout_ids[tail[-1].state_hash] = ids
+        return ids
 
     def train_token_ids(self, node: AnyNode) -> tuple[int, ...]:
         """``[T]`` training ids of the lineage (the concatenated training deltas)."""

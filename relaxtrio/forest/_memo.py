@@ -3,15 +3,34 @@
 An agent sends turn ``n`` with the ``2n`` messages of the conversation so far; canonicalizing and
 serializing all of them on every request makes a long Session quadratic. A
 :class:`ConversationMemo` (one per Session, on its forest) keeps the previous request's raw
-messages with their canonical forms and JSON; the next request reuses them for the longest run of
-leading messages that are *identical*, and runs :func:`canonical_messages`' per-message rule only
-on the rest. The result equals ``Conversation.from_wire`` on the same input, errors included
-(an invalid message is always a new one: every reused one was valid at the same index).
+messages with their canonical forms and JSON, and the :class:`Conversation` it built (with its
+prefix hash states, which :meth:`SessionForest.match` reads). The result always equals
+``Conversation.from_wire`` on the same input, errors included (an invalid message is always a
+new one: every reused one was valid at the same index).
 
-"Identical" must mean equal JSON, and Python's ``==`` says ``1 == 1.0 == True``; so a message is
-reused only when it equals the remembered one and the remembered one holds nothing but strings,
-``None``, lists and dicts (then equality is exact). Messages with numbers or booleans anywhere are
-canonicalized afresh each time; chat messages rarely have them.
+Two paths:
+
+* **Extension** (the common case): the request starts with *all* of the previous request's
+  messages (``new[:k] == old``, one comparison run in C) and the previous canonical list ended
+  with a non-system message. Then nothing new can change an earlier canonical message (a
+  leading system message is only leading before the first other message; a late system run can
+  only grow while it is the last message), so the result is the previous conversation plus the
+  canonical form of the new tail: only the tail is validated, canonicalized, serialized and
+  hashed, and the per-request cost does not grow with the history (beyond C-speed list copies).
+* **Reuse** (anything else: an edited or removed message, a shorter or branched history, a
+  history ending in a system message): the longest run of leading messages that are identical
+  is reused message by message, the rest is canonicalized, and the system-message rule is
+  applied to the whole list, as ``from_wire`` does.
+
+"Identical" must mean equal JSON, and Python's ``==`` says ``1 == 1.0 == True`` and
+``0.0 == -0.0``; so a message holding anything but strings, ``None``, lists and dicts (a
+*number message*) is never taken on ``==`` alone: the reuse path canonicalizes it afresh, and
+the extension path compares it again with a type-exact comparison (a Python walk over those
+messages only; chat messages rarely hold numbers).
+
+The memo keeps references to the request's message objects (never copies of them, never
+mutating them); callers must not mutate a request's messages after handing them over (the API
+parses a fresh body per request).
 """
 
 from __future__ import annotations
@@ -25,10 +44,14 @@ from ._canonical import (
     _encode,
     canonical_template_kwargs,
     canonical_tools,
+    extend_prefix_states,
     place_system_messages,
 )
 
 __all__ = ["ConversationMemo"]
+
+# Per message: (strings only, its system texts, canonical message or None (system), its JSON).
+_Item = tuple[bool, list[str], dict[str, Any] | None, bytes | None]
 
 
 def _strings_only(value: Any) -> bool:
@@ -42,6 +65,44 @@ def _strings_only(value: Any) -> bool:
     return False
 
 
+def _same_json(a: Any, b: Any) -> bool:
+    """Whether two parsed JSON values serialize identically (``==`` with exact types)."""
+    if type(a) is not type(b):
+        return False
+    if type(a) is dict:
+        return a.keys() == b.keys() and all(_same_json(v, b[k]) for k, v in a.items())
+    if type(a) is list:
+        return len(a) == len(b) and all(_same_json(x, y) for x, y in zip(a, b))
+    if type(a) is float:
+        return repr(a) == repr(b)  # 0.0 == -0.0, but their JSON differs
+    return bool(a == b)
+
+
+def _canonical_items(messages: list[Any], start: int, param: str) -> list[_Item]:
+    """Canonicalizes and serializes ``messages[start:]`` (errors name the request index).
+
+    Raises:
+        InvalidRequestError: an invalid message (the encoding errors' ``param`` is only
+            ``messages``; callers re-raise through ``from_wire`` for the exact one).
+    """
+    items: list[_Item] = []
+    for index in range(start, len(messages)):
+        message = messages[index]
+        chunks: list[str] = []
+        canonical = _canonical_message(message, f"{param}[{index}]", chunks)
+        encoded = None if canonical is None else _encode(canonical, "messages")
+        items.append((_strings_only(message), chunks, canonical, encoded))
+    return items
+
+
+def _placed_json(out: list[dict[str, Any]], items: list[_Item], first_index: int) -> tuple[bytes, ...]:
+    """The JSON of placed messages ``out``: a non-system one's from its item, a (fresh) system
+    one encoded here (``first_index`` is the position of ``out[0]`` in the conversation)."""
+    known = {id(canonical): enc for _, _, canonical, enc in items if canonical is not None}
+    return tuple(known[id(m)] if id(m) in known else _encode(m, f"messages[{first_index + i}]")
+                 for i, m in enumerate(out))
+
+
 class ConversationMemo:
     """The previous request's messages of one Session, for :meth:`conversation`.
 
@@ -49,14 +110,15 @@ class ConversationMemo:
     """
 
     def __init__(self) -> None:
-        self._raw: list[Any] = []  # previous request's messages (the parsed dicts, not copied)
-        # per message: (reusable, its system texts, canonical message or None (system), its JSON)
-        self._items: list[tuple[bool, list[str], dict[str, Any] | None, bytes | None]] = []
-        # JSON of the system messages the previous request placed, by their text: the merged
-        # system message is a fresh dict on every request, but usually the same text.
-        self._system_json: dict[str, bytes] = {}
+        self._raw: list[Any] = []  # previous request's messages (a copy of the list, not of them)
+        self._items: list[_Item] = []  # per message of ``_raw``
+        self._number_messages: list[int] = []  # indices in ``_raw`` of messages not strings-only
+        self._conv: Conversation | None = None  # built from ``_raw``; its prefix states are set
+        self._extensible = False  # ``_conv``'s messages end with a non-system message
         self.num_reused = 0
         """Messages taken from the memo so far (for tests and benchmarks)."""
+        self.num_extended = 0
+        """Requests answered by the extension path (for tests and benchmarks)."""
 
     def conversation(
         self,
@@ -74,54 +136,73 @@ class ConversationMemo:
         Raises:
             InvalidRequestError: as :meth:`Conversation.from_wire`.
         """
-        if not isinstance(messages, list):  # None, tuples and wrong types: the plain path
+
+        def plain() -> Conversation:  # from_wire itself, also for raising its exact errors
             return Conversation.from_wire(
                 messages, tools, template_kwargs, base_template_kwargs=base_template_kwargs,
                 messages_param=messages_param, tools_param=tools_param,
                 template_kwargs_param=template_kwargs_param,
             )
+
+        if not isinstance(messages, list):  # None, tuples and wrong types: the plain path
+            return plain()
+        try:
+            tools_c = canonical_tools(tools, param=tools_param)
+            kwargs_c = canonical_template_kwargs(template_kwargs, base=base_template_kwargs,
+                                                 param=template_kwargs_param)
+            conv = self._extended(messages, tools_c, kwargs_c, messages_param)
+            if conv is None:
+                conv = self._reused(messages, tools_c, kwargs_c, messages_param)
+        except InvalidRequestError:
+            # The plain path raises the very same error (its encoding errors name the index
+            # after the system merge, which only it knows); the memo stays as it was.
+            return plain()
+        return conv
+
+    def _extended(self, messages: list[Any], tools: tuple[dict[str, Any], ...],
+                  template_kwargs: dict[str, Any], param: str) -> Conversation | None:
+        """The extension path (module docstring), or None when it does not apply."""
+        raw, prev = self._raw, self._conv
+        k = len(raw)
+        if prev is None or not self._extensible or len(messages) < k or messages[:k] != raw:
+            return None
+        if not all(_same_json(messages[i], raw[i]) for i in self._number_messages):
+            return None
+        items = _canonical_items(messages, k, param)
+        out = place_system_messages([(canonical, chunks) for _, chunks, canonical, _ in items],
+                                    continued=True)
+        tail_json = _placed_json(out, items, len(prev.messages))
+        conv = Conversation._from_canonical(
+            prev.messages + tuple(out), prev._message_json + tail_json, tools, template_kwargs,
+            extend_prefix_states(prev._prefix_states(), tail_json),
+        )
+        self.num_reused += k
+        self.num_extended += 1
+        self._remember(messages, self._items + items, k, conv)
+        return conv
+
+    def _reused(self, messages: list[Any], tools: tuple[dict[str, Any], ...],
+                template_kwargs: dict[str, Any], param: str) -> Conversation:
+        """The reuse path (module docstring)."""
         raw, items = self._raw, self._items
         same = 0
         limit = min(len(raw), len(messages))
         while same < limit and items[same][0] and messages[same] == raw[same]:
             same += 1
-        new_items = items[:same]
-        try:
-            for index in range(same, len(messages)):
-                message = messages[index]
-                chunks: list[str] = []
-                canonical = _canonical_message(message, f"{messages_param}[{index}]", chunks)
-                encoded = None if canonical is None else _encode(canonical, "messages")
-                new_items.append((_strings_only(message), chunks, canonical, encoded))
-        except InvalidRequestError:
-            # The plain path raises the very same error (its encoding errors name the index
-            # after the system merge, which only it knows).
-            return Conversation.from_wire(
-                messages, tools, template_kwargs, base_template_kwargs=base_template_kwargs,
-                messages_param=messages_param, tools_param=tools_param,
-                template_kwargs_param=template_kwargs_param,
-            )
-        self.num_reused += same
-        # Only now (everything valid) does the memo move on to this request.
-        self._raw, self._items = messages, new_items
+        new_items = items[:same] + _canonical_items(messages, same, param)
         out = place_system_messages([(canonical, chunks) for _, chunks, canonical, _ in new_items])
-        reused = {id(canonical): enc for _, _, canonical, enc in new_items if canonical is not None}
-        previous_system, system_json = self._system_json, {}
-        encoded: list[bytes] = []
-        for i, m in enumerate(out):
-            enc = reused.get(id(m))
-            if enc is None:  # a system message placed by place_system_messages
-                text = m["content"]
-                enc = previous_system.get(text)
-                if enc is None:
-                    enc = _encode(m, f"messages[{i}]")
-                system_json[text] = enc
-            encoded.append(enc)
-        self._system_json = system_json
-        encoded_all = tuple(encoded)
-        return Conversation._from_canonical(
-            tuple(out), encoded_all,
-            canonical_tools(tools, param=tools_param),
-            canonical_template_kwargs(template_kwargs, base=base_template_kwargs,
-                                      param=template_kwargs_param),
-        )
+        conv = Conversation._from_canonical(tuple(out), _placed_json(out, new_items, 0), tools,
+                                            template_kwargs)
+        conv._prefix_states()  # computed now, so the next extension only adds to them
+        self.num_reused += same
+        self._remember(messages, new_items, 0, conv)
+        return conv
+
+    def _remember(self, messages: list[Any], items: list[_Item], known: int, conv: Conversation) -> None:
+        """Moves the memo on to a request whose conversation was built (everything valid);
+        ``items[:known]`` are the previous request's, with their number-message indices."""
+        numbers = self._number_messages if known else []
+        numbers = numbers + [i for i in range(known, len(items)) if not items[i][0]]
+        self._raw, self._items, self._number_messages = list(messages), items, numbers
+        self._conv = conv
+        self._extensible = bool(conv.messages) and conv.messages[-1]["role"] != "system"

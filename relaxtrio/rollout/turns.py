@@ -150,7 +150,7 @@ class EngineTurnHandler:
         # Messages and tools are canonical already: only the kwargs change, so skip re-validating
         # the whole history on every request.
         kwargs = canonical_template_kwargs(conv.template_kwargs, base=self.config.template_kwargs)
-        return Conversation(messages=conv.messages, tools=conv.tools, template_kwargs=kwargs)
+        return conv.with_template_kwargs(kwargs)
 
     def _stop_ids(self) -> tuple[int, ...]:
         return tuple(dict.fromkeys(self.compiler.stop_token_ids + self.config.stop_token_ids))
@@ -468,6 +468,8 @@ def lineage_image_urls(
     Returns:
         The ``image_urls`` of every observation payload from the subtree root down to ``node``.
     """
+    if not forest.num_multimodal_observations:  # O(1) for text Sessions, however long
+        return ()
     return tuple(
         url
         for n in forest.lineage(node)

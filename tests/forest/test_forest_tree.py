@@ -78,6 +78,7 @@ def test_lineage_messages_and_token_views() -> None:
     assert state_hash(forest.conversation(resp2)) == resp2.state_hash
     assert forest.leaves() == (resp2,)
     assert len(forest) == 4
+    assert forest.num_multimodal_observations == 1
 
 
 def test_nodes_store_only_their_delta() -> None:
@@ -95,6 +96,27 @@ def test_nodes_store_only_their_delta() -> None:
     full = forest.messages(node)
     assert [id(m) for m in full] == [id(m) for n in forest.lineage(node) for m in n.messages]
     assert node.num_messages == len(full) == 11 and node.depth == 11
+
+
+def test_rollout_ids_of_recent_lineages_are_reused_and_exact() -> None:
+    forest = SessionForest("s")
+    drive = Driver(forest)
+    messages = [user("u0")]
+    node = drive.observe(messages)
+    nodes = [node]
+    for i in range(1, 8):
+        node = drive.respond(node, assistant(f"a{i}"))
+        messages = [*messages, assistant(f"a{i}"), user(f"u{i}")]
+        node = drive.observe(messages)
+        nodes += [forest.get(node.parent_hash), node]
+        assert forest.rollout_token_ids(node) == tuple(t for n in forest.lineage(node)
+                                                         for t in n.rollout_token_ids)
+    # Branches and old states, asked for in any order, still give their own lineage's ids.
+    branch = drive.observe([*messages[:3], user("other")])
+    for n in [branch, *reversed(nodes), branch, nodes[0], forest.root]:
+        expected = tuple(t for m in forest.lineage(n) for t in m.rollout_token_ids)
+        assert forest.rollout_token_ids(n) == expected
+    assert forest.num_multimodal_observations == 0
 
 
 def test_different_history_tools_or_kwargs_form_separate_subtrees() -> None:
