@@ -31,6 +31,7 @@ from __future__ import annotations
 import functools
 import json
 import logging
+import weakref
 from collections.abc import Awaitable, Callable
 from typing import Any, Final
 
@@ -44,9 +45,10 @@ from werkzeug.exceptions import HTTPException
 from .._errors import InternalError, InvalidRequestError, RelaxError
 from .._serving import LISTEN_BACKLOG, serve_isolated
 from ..config import ApiConfig
-from ..nursery.session import SessionRegistry
+from ..nursery.session import Session, SessionRegistry
 from ..nursery.turns import TurnHandler
 from .auth import session_token
+from .body_memo import BodyMemo
 from .chat import CHAT
 from .errors import (
     GENERIC_INTERNAL_MESSAGE,
@@ -84,8 +86,9 @@ def _reject_constant(name: str) -> Any:
     raise ValueError(f"{name} is not valid JSON")
 
 
-async def _read_json_object() -> dict[str, Any]:
-    """The request body as a JSON object.
+async def _read_json_object(memo: BodyMemo | None = None) -> dict[str, Any]:
+    """The request body as a JSON object (through the Session's ``memo`` when given, which
+    decodes only what is new since its previous body: :mod:`.body_memo`).
 
     Raises:
         InvalidRequestError: not JSON (invalid UTF-8, syntax, ``NaN``), nested too deeply, or
@@ -97,7 +100,10 @@ async def _read_json_object() -> dict[str, Any]:
     """
     raw = await request.get_data(cache=False)
     try:
-        body = json.loads(raw, parse_constant=_reject_constant)
+        if memo is None:
+            body = json.loads(raw, parse_constant=_reject_constant)
+        else:
+            body = memo.loads(raw)
     except RecursionError:
         raise InvalidRequestError("Invalid request body: nested too deeply", param="body") from None
     except ValueError as exc:  # JSONDecodeError and UnicodeDecodeError are ValueErrors
@@ -119,6 +125,15 @@ class _ApiState:
     handler: TurnHandler
     config: ApiConfig
     listed_model: str | None
+    # Per Session (keyed by its forest, so forgotten with it): its previous model request's body.
+    body_memos: weakref.WeakKeyDictionary[Any, BodyMemo] = attrs.field(factory=weakref.WeakKeyDictionary)
+
+    def body_memo(self, session: Session) -> BodyMemo:
+        """The memo of ``session``'s previous model request body (created on first use)."""
+        memo = self.body_memos.get(session.forest)
+        if memo is None:
+            memo = self.body_memos[session.forest] = BodyMemo(_reject_constant)
+        return memo
 
 
 def _api() -> _ApiState:
@@ -152,7 +167,7 @@ async def _model_response(state: _ApiState, adapter: ProtocolAdapter, progress: 
     """
     session = state.registry.get(session_token(request.headers))
     progress.session_id = session.session_id
-    body = await _read_json_object()
+    body = await _read_json_object(state.body_memo(session))
     progress.body_read = True
     try:
         parsed = adapter.parse(body, session.forest.memo)

@@ -1,0 +1,99 @@
+"""BodyMemo: decoding only the new part of a repeated body gives exactly ``json.loads``' result."""
+
+from __future__ import annotations
+
+import json
+from typing import Any
+
+import pytest
+from hypothesis import given
+from hypothesis import strategies as st
+
+from relaxtrio.api.body_memo import BodyMemo
+
+
+def _reject(name: str) -> Any:
+    raise ValueError(f"{name} is not valid JSON")
+
+
+def _same(memo: BodyMemo, raw: bytes) -> Any:
+    """memo.loads(raw) equals json.loads(raw) with exact types, or raises the same error."""
+    try:
+        expected = json.loads(raw, parse_constant=_reject)
+    except (ValueError, RecursionError) as exc:
+        with pytest.raises(type(exc)) as info:
+            memo.loads(raw)
+        assert str(info.value) == str(exc)
+        return None
+    got = memo.loads(raw)
+    assert json.dumps(got) == json.dumps(expected)  # key order and types (1 vs 1.0 vs true)
+    assert got == expected
+    return got
+
+
+def _body(messages: list[Any], **extra: Any) -> bytes:
+    return json.dumps({"model": "m", "messages": messages, **extra}).encode()
+
+
+def test_a_growing_history_reuses_its_parsed_messages() -> None:
+    memo = BodyMemo(_reject)
+    messages: list[dict[str, str]] = [{"role": "system", "content": "s"}]
+    previous: list[Any] = []
+    for turn in range(5):
+        messages = [*messages, {"role": "user", "content": f"u{turn}"}]
+        got = _same(memo, _body(messages, stream=False))
+        # The repeated messages are the previous body's objects, not copies.
+        assert all(a is b for a, b in zip(got["messages"], previous))
+        previous = got["messages"]
+        messages = [*messages, {"role": "assistant", "content": f"a{turn}"}]
+    assert memo.num_reused == 2 + 4 + 6 + 8
+
+
+def test_changed_bodies_decode_like_json_loads() -> None:
+    memo = BodyMemo(_reject)
+    base = [{"role": "user", "content": "u1"}, {"role": "assistant", "content": "a1"}]
+    _same(memo, _body(base))
+    _same(memo, _body([base[0], {"role": "assistant", "content": "edited"}]))  # last one edited
+    _same(memo, _body([{"role": "user", "content": "u0"}, *base]))  # first one changed
+    _same(memo, json.dumps({"model": "other", "messages": base}).encode())  # head changed
+    _same(memo, json.dumps({"messages": base, "model": "m", "tools": []}).encode())  # key order
+    _same(memo, json.dumps({"messages": base}, indent=2).encode())  # whitespace
+    _same(memo, b'{"messages": [1, 2]}')
+    _same(memo, b'{"messages": [12, 2]}')  # a number element that goes on: not reused
+    _same(memo, b'{"messages": [1.5, 2]}')
+    _same(memo, b'{"messages": [1, 2], "messages": [3]}')  # a repeated key: the last wins
+    _same(memo, b'{"messages": null, "messages": [3]}')
+    _same(memo, b'{"messages": [1, 2], "model": NaN}')  # same error as json.loads
+    _same(memo, b'{"messages": [1, 2,]}')
+    _same(memo, b'{"messages": [1, 2]} x')
+    _same(memo, b'{"messages": [1, 2]')
+    _same(memo, b'{"input": [{"type": "message"}], "instructions": "i"}')
+    _same(memo, b'{"input": [{"type": "message"}, {"type": "x"}], "instructions": "i"}')
+    _same(memo, b'{"input": "text"}')
+    _same(memo, b'{}')
+    _same(memo, b'[]')
+    _same(memo, b'{"messages": ["\xed\xa0\x80"]}')  # a lone surrogate passes, as in json.loads
+    _same(memo, b'{"messages": ["\xff"]}')
+    _same(memo, '{"messages": ["é"]}'.encode("utf-16"))
+    _same(memo, b"\xef\xbb\xbf" + _body(base))
+    _same(memo, _body(base))
+
+
+_leaf = st.one_of(st.none(), st.booleans(), st.integers(-3, 30), st.floats(allow_nan=False),
+                  st.text(alphabet='ab"\\ \u00e9\n', max_size=3))
+_value = st.recursive(_leaf, lambda inner: st.lists(inner, max_size=3)
+                      | st.dictionaries(st.sampled_from(["role", "content", "x"]), inner, max_size=3),
+                      max_leaves=6)
+
+
+@given(st.lists(st.tuples(st.lists(_value, max_size=4), st.integers(0, 8), st.booleans(),
+                          st.sampled_from(["messages", "input", "other"])), min_size=1, max_size=6))
+def test_any_body_sequence_decodes_like_json_loads(steps: list[tuple[list, int, bool, str]]) -> None:
+    memo = BodyMemo(_reject)
+    previous: list[Any] = []
+    for extra, keep, spaced, key in steps:
+        history = [*previous[:keep], *extra]
+        body = {"model": "m", key: history, "stream": spaced}
+        raw = json.dumps(body, separators=(", ", ": ") if spaced else (",", ":")).encode()
+        _same(memo, raw)
+        previous = history
