@@ -113,7 +113,7 @@ class SessionForest:
         if candidates:
             # Longest first; a Session's next request usually hits at once (its previous
             # response is committed one or two messages before the end).
-            for k in range(min(n, max(candidates)), 0, -1):
+            for k in range(n, 0, -1):
                 if k in candidates:
                     node = self._nodes.get(finish_hash(states[k], suffix))
                     if node is not None:

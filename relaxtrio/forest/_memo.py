@@ -180,7 +180,12 @@ class ConversationMemo:
         )
         self.num_reused += k
         self.num_extended += 1
-        self._remember(messages, self._items + items, k, conv)
+        # The memo's own lists grow in place (no copies of the history): the repeated messages
+        # are equal to the remembered ones, exactly so for the number messages.
+        self._raw.extend(messages[k:])
+        self._items.extend(items)
+        self._number_messages.extend(k + i for i, item in enumerate(items) if not item[0])
+        self._set_conversation(conv)
         return conv
 
     def _reused(self, messages: list[Any], tools: tuple[dict[str, Any], ...],
@@ -197,14 +202,12 @@ class ConversationMemo:
                                             template_kwargs)
         conv._prefix_states()  # computed now, so the next extension only adds to them
         self.num_reused += same
-        self._remember(messages, new_items, 0, conv)
+        self._raw, self._items = list(messages), new_items
+        self._number_messages = [i for i, item in enumerate(new_items) if not item[0]]
+        self._set_conversation(conv)
         return conv
 
-    def _remember(self, messages: list[Any], items: list[_Item], known: int, conv: Conversation) -> None:
-        """Moves the memo on to a request whose conversation was built (everything valid);
-        ``items[:known]`` are the previous request's, with their number-message indices."""
-        numbers = self._number_messages if known else []
-        numbers = numbers + [i for i in range(known, len(items)) if not items[i][0]]
-        self._raw, self._items, self._number_messages = list(messages), items, numbers
+    def _set_conversation(self, conv: Conversation) -> None:
+        """Moves the memo on to a request whose conversation was built (everything valid)."""
         self._conv = conv
         self._extensible = bool(conv.messages) and conv.messages[-1]["role"] != "system"
