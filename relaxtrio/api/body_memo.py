@@ -26,59 +26,40 @@ from collections.abc import Callable
 from json.decoder import scanstring
 from typing import Any, Final
 
+import attrs
+
 __all__ = ["BodyMemo"]
 
 HISTORY_KEYS: Final = frozenset({"messages", "input"})
 """Top-level keys whose array value is the repeated history."""
 
 _WS: Final = re.compile(r"[ \t\n\r]*")  # JSON whitespace, as json.decoder skips it
+_NUM_REMEMBERED: Final = 2  # bodies remembered per Session
+_COLD_ELEMENTS: Final = 64  # fresh elements that always count as a warm request
+_MAX_SKIP: Final = 32  # most requests parsed by json.loads alone after cold ones
+_WS_CHARS: Final = " \t\n\r"  # (``"" in _WS_CHARS`` too: the regex then finds the end)
 
 
 class _Irregular(Exception):
     """The text is not a body this parser handles; :func:`json.loads` decides."""
 
 
-class BodyMemo:
-    """The previous body of one Session, for :meth:`loads`. Not thread-safe (trio thread only).
+@attrs.define(eq=False)
+class _Remembered:
+    """One earlier body: its text, members before the history array, and the array."""
 
-    Args:
-        parse_constant: as :func:`json.loads`' (called for ``NaN``, ``Infinity``, ``-Infinity``).
-    """
+    text: str
+    head: list[tuple[str, Any]]  # members before the history key, in order
+    key: str  # the history key
+    open: int  # offset just after the array's "["
+    elements: list[Any]
+    ends: list[int]  # offset just after each element
 
-    def __init__(self, parse_constant: Callable[[str], Any]) -> None:
-        self._parse_constant = parse_constant
-        self._scan = json.JSONDecoder(parse_constant=parse_constant).scan_once
-        self._text = ""  # the previous body's text ("" when it had no history array)
-        self._head: list[tuple[str, Any]] = []  # its members before the history key
-        self._key = ""  # the history key
-        self._open = 0  # offset just after the array's "["
-        self._elements: list[Any] = []
-        self._ends: list[int] = []  # offset just after each element
-        self.num_reused = 0
-        """Array elements taken from the previous body so far (for tests and benchmarks)."""
-
-    def loads(self, raw: bytes) -> Any:
-        """``json.loads(raw, parse_constant=...)``, decoding only the new part of ``raw``.
-
-        Raises:
-            ValueError: as :func:`json.loads` (syntax, encoding, a rejected constant).
-            RecursionError: nested too deeply, as :func:`json.loads`.
-        """
-        try:
-            if raw[:1] != b"{" or json.detect_encoding(raw) != "utf-8":
-                raise _Irregular
-            text = raw.decode("utf-8", "surrogatepass")  # what json.loads decodes bytes with
-            return self._parse(text)
-        except (_Irregular, ValueError, RecursionError, StopIteration):
-            self._text = ""
-            return json.loads(raw, parse_constant=self._parse_constant)
-
-    def _resume_point(self, text: str) -> int | None:
-        """How many leading elements of the previous array ``text`` repeats verbatim (with
-        everything before them), or None when it does not even repeat the text before the
-        array."""
-        prev, ends = self._text, self._ends
-        if not prev or not text.startswith(prev[:self._open]):
+    def resume_point(self, text: str) -> int | None:
+        """How many leading elements ``text`` repeats verbatim (with everything before them),
+        or None when it does not even repeat the text before the array."""
+        prev, ends = self.text, self.ends
+        if not text.startswith(prev[:self.open]):
             return None
         if ends and text.startswith(prev[:ends[-1]]):
             return len(ends)
@@ -91,10 +72,55 @@ class BodyMemo:
                 hi = mid
         return lo
 
+
+class BodyMemo:
+    """The previous bodies of one Session, for :meth:`loads`. Not thread-safe (trio thread only).
+
+    Two bodies are remembered, so a harness that interleaves two conversations in one Session
+    (a title request between turns) resumes each from its own. Decoding the array element by
+    element costs more than :func:`json.loads` of the same text (a Python step per element), so
+    after two requests in a row that repeated little of any remembered body, the next ones are
+    parsed by :func:`json.loads` alone (1, 2, 4, ... up to 32 of them) before trying again.
+
+    Args:
+        parse_constant: as :func:`json.loads`' (called for ``NaN``, ``Infinity``, ``-Infinity``).
+    """
+
+    def __init__(self, parse_constant: Callable[[str], Any]) -> None:
+        self._parse_constant = parse_constant
+        self._scan = json.JSONDecoder(parse_constant=parse_constant).scan_once
+        self._remembered: list[_Remembered] = []  # the most recent first
+        self._cold_streak = 0  # requests in a row that repeated little
+        self._skip = 0  # requests left to parse with json.loads alone
+        self.num_reused = 0
+        """Array elements taken from a remembered body so far (for tests and benchmarks)."""
+
+    def loads(self, raw: bytes) -> Any:
+        """``json.loads(raw, parse_constant=...)``, decoding only the new part of ``raw``.
+
+        Raises:
+            ValueError: as :func:`json.loads` (syntax, encoding, a rejected constant).
+            RecursionError: nested too deeply, as :func:`json.loads`.
+        """
+        if self._skip:
+            self._skip -= 1
+        else:
+            try:
+                if raw[:1] == b"{" and json.detect_encoding(raw) == "utf-8":
+                    # what json.loads decodes bytes with
+                    return self._parse(raw.decode("utf-8", "surrogatepass"))
+            except (_Irregular, ValueError, RecursionError, StopIteration):
+                pass
+        return json.loads(raw, parse_constant=self._parse_constant)
+
     def _parse(self, text: str) -> dict[str, Any]:
         scan = self._scan
-        resume = self._resume_point(text)
-        if resume is None:
+        base, resume = None, None
+        for remembered in self._remembered:
+            point = remembered.resume_point(text)
+            if point is not None and (resume is None or point > resume):
+                base, resume = remembered, point
+        if base is None or resume is None:
             head: list[tuple[str, Any]] = []
             idx = _WS.match(text, 1).end()
             if text[idx:idx + 1] == "}":
@@ -112,23 +138,29 @@ class BodyMemo:
             elements: list[Any] = []
             ends: list[int] = []
             pos = _WS.match(text, open_).end()
+            closed = text[pos:pos + 1] == "]"
         else:
-            head, key, open_ = self._head, self._key, self._open
-            elements, ends = self._elements[:resume], self._ends[:resume]
+            head, key, open_ = base.head, base.key, base.open
+            elements, ends = base.elements[:resume], base.ends[:resume]
             pos = _WS.match(text, ends[-1] if ends else open_).end()
-            if ends and text[pos:pos + 1] == ",":  # after a reused element: "," or "]"
+            closed = text[pos:pos + 1] == "]"
+            if ends and not closed:  # after a reused element: "]" or "," and an element
+                if text[pos:pos + 1] != ",":
+                    raise _Irregular  # e.g. a number element that goes on
                 pos = _WS.match(text, pos + 1).end()
-            elif ends and text[pos:pos + 1] != "]":
-                raise _Irregular  # e.g. a number element that goes on
-        closed = text[pos:pos + 1] == "]"
-        while not closed:
+        ws = _WS.match
+        while not closed:  # one element per step; whitespace is rare and skipped by regex
             value, pos = scan(text, pos)
             elements.append(value)
             ends.append(pos)
-            pos = _WS.match(text, pos).end()
             char = text[pos:pos + 1]
+            if char in _WS_CHARS:
+                pos = ws(text, pos).end()
+                char = text[pos:pos + 1]
             if char == ",":
-                pos = _WS.match(text, pos + 1).end()
+                pos += 1
+                if text[pos:pos + 1] in _WS_CHARS:
+                    pos = ws(text, pos).end()
             elif char == "]":
                 closed = True
             else:
@@ -147,10 +179,18 @@ class BodyMemo:
         body = dict(head)
         body[key] = elements
         body.update(tail)
-        if resume is not None:
-            self.num_reused += resume
-        self._text, self._head, self._key, self._open = text, head, key, open_
-        self._elements, self._ends = elements, ends
+        reused = resume or 0
+        self.num_reused += reused
+        if base is not None and 2 * reused >= len(base.ends):
+            self._remembered.remove(base)  # the new body supersedes the one it mostly repeats
+        self._remembered = [_Remembered(text, head, key, open_, elements, ends),
+                            *self._remembered][:_NUM_REMEMBERED]
+        if len(elements) - reused > max(reused, _COLD_ELEMENTS):
+            self._cold_streak += 1
+            if self._cold_streak >= 2:
+                self._skip = min(2 ** (self._cold_streak - 2), _MAX_SKIP)
+        else:
+            self._cold_streak = 0
         return body
 
 

@@ -87,8 +87,10 @@ _value = st.recursive(_leaf, lambda inner: st.lists(inner, max_size=3)
 
 
 @given(st.lists(st.tuples(st.lists(_value, max_size=4), st.integers(0, 8), st.booleans(),
-                          st.sampled_from(["messages", "input", "other"])), min_size=1, max_size=6))
-def test_any_body_sequence_decodes_like_json_loads(steps: list[tuple[list, int, bool, str]]) -> None:
+                          st.sampled_from(["messages", "input", "other"])), min_size=1, max_size=6),
+       st.data())
+def test_any_body_sequence_decodes_like_json_loads(steps: list[tuple[list, int, bool, str]],
+                                                   data: st.DataObject) -> None:
     memo = BodyMemo(_reject)
     previous: list[Any] = []
     for extra, keep, spaced, key in steps:
@@ -97,3 +99,28 @@ def test_any_body_sequence_decodes_like_json_loads(steps: list[tuple[list, int, 
         raw = json.dumps(body, separators=(", ", ": ") if spaced else (",", ":")).encode()
         _same(memo, raw)
         previous = history
+        # The same body broken at one place (usually invalid; then the same error).
+        at = data.draw(st.integers(0, len(raw)))
+        _same(memo, raw[:at] + data.draw(st.sampled_from([b",", b"]", b"}", b'"', b"1", b" ", b""]))
+              + raw[at + data.draw(st.integers(0, 2)):])
+
+
+def test_two_interleaved_conversations_each_resume_from_their_own_body() -> None:
+    memo = BodyMemo(_reject)
+    main = [{"role": "user", "content": f"m{i}"} for i in range(100)]
+    title = [{"role": "system", "content": "title"}, {"role": "user", "content": "m0"}]
+    for turn in range(3):
+        main = [*main, {"role": "user", "content": f"next {turn}"}]
+        before = memo.num_reused
+        _same(memo, _body(main))
+        if turn:
+            assert memo.num_reused - before == len(main) - 1
+        _same(memo, _body(title))
+
+
+def test_bodies_that_never_repeat_fall_back_to_json_loads() -> None:
+    memo = BodyMemo(_reject)
+    for turn in range(12):
+        history = [{"role": "user", "content": f"{turn} {i}"} for i in range(80)]
+        _same(memo, json.dumps({"request": turn, "messages": history}).encode())
+    assert memo.num_reused == 0
