@@ -52,7 +52,7 @@ from .fields import (
     stop_strings,
     thinking_switch,
 )
-from .projection import Projection, Source, call_source, project_flat_tools
+from .projection import ElementMemo, Projection, Source, call_source, project_flat_tools
 from .wire import ParsedRequest, ProtocolAdapter, dumps, new_id, sse_event
 
 THINKING_TYPES: Final = frozenset({"disabled", "enabled", "adaptive"})
@@ -215,27 +215,36 @@ def _user_blocks(blocks: list[Any], path: str, proj: Projection) -> None:
         raise InvalidRequestError(f"{path}.content projected to no supported content", param=f"{path}.content")
 
 
-def _project_messages(messages: Any, proj: Projection) -> None:
+def _project_messages(messages: Any, proj: Projection, memo: ElementMemo | None) -> None:
+    """Projects ``messages[]``; each entry on its own, so with ``memo`` only the entries that
+    are not the previous request's own objects (:class:`~.projection.ElementMemo`)."""
     if not isinstance(messages, list):
         raise InvalidRequestError("messages is required and must be a list", param="messages")
+    if memo is not None:
+        memo.project(messages, proj, _project_message)
+        return
     for index, message in enumerate(messages):
-        path = f"messages[{index}]"
-        require_object(message, path)
-        role = message.get("role")
-        if role == "system":
-            _system_entry(message.get("content"), path, proj)
-            continue
-        if role not in ("user", "assistant"):
-            continue  # other roles are dropped (docs/client-quirks.md#unknown-roles-and-items-are-dropped)
-        content = message.get("content")
-        if isinstance(content, str):
-            proj.add_message({"role": role, "content": content}, Source(path, fields={".content": f"{path}.content"}))
-        elif not isinstance(content, list):
-            raise InvalidRequestError(f"{path}.content must be a string or list", param=f"{path}.content")
-        elif role == "assistant":
-            _assistant_blocks(content, path, proj)
-        else:
-            _user_blocks(content, path, proj)
+        _project_message(message, index, proj)
+
+
+def _project_message(message: Any, index: int, proj: Projection) -> None:
+    path = f"messages[{index}]"
+    require_object(message, path)
+    role = message.get("role")
+    if role == "system":
+        _system_entry(message.get("content"), path, proj)
+        return
+    if role not in ("user", "assistant"):
+        return  # other roles are dropped (docs/client-quirks.md#unknown-roles-and-items-are-dropped)
+    content = message.get("content")
+    if isinstance(content, str):
+        proj.add_message({"role": role, "content": content}, Source(path, fields={".content": f"{path}.content"}))
+    elif not isinstance(content, list):
+        raise InvalidRequestError(f"{path}.content must be a string or list", param=f"{path}.content")
+    elif role == "assistant":
+        _assistant_blocks(content, path, proj)
+    else:
+        _user_blocks(content, path, proj)
 
 
 def _system_entry(content: Any, path: str, proj: Projection) -> None:
@@ -268,7 +277,7 @@ def _conversation(body: Mapping[str, Any], memo: ConversationMemo | None = None)
         text = _blocks_text(system, "system", separator="\n\n", allow_empty_string=False)
         if text is not None:
             proj.add_message({"role": "system", "content": text}, Source("system", fields={".content": "system"}))
-    _project_messages(body.get("messages"), proj)
+    _project_messages(body.get("messages"), proj, None if memo is None else ElementMemo.of(memo))
     _project_tools(body.get("tools"), proj)
     thinking = optional_object(body, "thinking")
     kind = thinking.get("type") if thinking is not None else None

@@ -12,8 +12,9 @@ so no message text is rewritten.
 
 from __future__ import annotations
 
+import operator
 import re
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from typing import Any, Final
 
 import attrs
@@ -137,6 +138,62 @@ class Projection:
         if new_param is None:
             return exc
         return exc.at_param(new_param)
+
+
+@attrs.define(eq=False)
+class ElementMemo:
+    """How the previous request's history elements projected, for a history whose elements
+    project independently of each other (Anthropic ``messages``): a repeated element is not
+    projected again.
+
+    "Repeated" means the very same object: the API's body memo (:mod:`.body_memo`) hands over
+    the previous body's objects for an unchanged leading run of the history, so one identity
+    comparison per element (run in C) finds it, and no equality question (``1 == True``) arises.
+    Kept on the Session's :class:`~relaxtrio.forest.ConversationMemo` (its ``wire`` slot).
+
+    Attributes:
+        raw: the previous request's elements.
+        ends: ``ends[i]`` is the number of projected messages of ``raw[:i + 1]``.
+        messages: the projected messages of ``raw``, ``len(messages) == ends[-1]``.
+        sources: their sources, ``len(sources) == len(messages)``.
+    """
+
+    raw: list[Any] = attrs.field(factory=list)
+    ends: list[int] = attrs.field(factory=list)
+    messages: list[dict[str, Any]] = attrs.field(factory=list)
+    sources: list[Source] = attrs.field(factory=list)
+
+    @classmethod
+    def of(cls, memo: ConversationMemo) -> ElementMemo:
+        """The element memo kept on ``memo`` (created on first use)."""
+        if not isinstance(memo.wire, cls):
+            memo.wire = cls()
+        return memo.wire
+
+    def project(self, elements: list[Any], proj: Projection,
+                project_one: Callable[[Any, int, Projection], None]) -> None:
+        """Adds the projection of ``elements`` to ``proj``: the previous request's messages for
+        the leading elements it repeats, ``project_one(element, index, proj)`` for the rest.
+
+        Raises:
+            InvalidRequestError: as ``project_one`` (the memo then stays as it was).
+        """
+        n = min(len(self.raw), len(elements))
+        same = list(map(operator.is_, elements[:n], self.raw[:n]))
+        try:
+            k = same.index(False)
+        except ValueError:
+            k = n
+        base = len(proj.messages)
+        cut = self.ends[k - 1] if k else 0
+        proj.messages.extend(self.messages[:cut])
+        proj.sources.extend(self.sources[:cut])
+        ends = self.ends[:k]
+        for index in range(k, len(elements)):
+            project_one(elements[index], index, proj)
+            ends.append(len(proj.messages) - base)
+        self.raw, self.ends = list(elements), ends
+        self.messages, self.sources = proj.messages[base:], proj.sources[base:]
 
 
 def project_flat_tools(

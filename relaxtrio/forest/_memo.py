@@ -121,6 +121,9 @@ class ConversationMemo:
         """Messages taken from the memo so far (for tests and benchmarks)."""
         self.num_extended = 0
         """Requests answered by the extension path (for tests and benchmarks)."""
+        self.wire: Any = None
+        """Opaque to the forest: the protocol layer's own memo of the previous request (how
+        its wire history projected onto messages)."""
 
     def conversation(
         self,

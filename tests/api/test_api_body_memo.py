@@ -124,3 +124,48 @@ def test_bodies_that_never_repeat_fall_back_to_json_loads() -> None:
         history = [{"role": "user", "content": f"{turn} {i}"} for i in range(80)]
         _same(memo, json.dumps({"request": turn, "messages": history}).encode())
     assert memo.num_reused == 0
+
+
+def _messages_body(messages: list[Any]) -> bytes:
+    return json.dumps({"model": "claude", "max_tokens": 64, "messages": messages,
+                       "system": [{"type": "text", "text": "be brief"}]}).encode()
+
+
+def test_messages_requests_project_only_their_new_entries() -> None:
+    from relaxtrio import InvalidRequestError
+    from relaxtrio.api.messages import parse_messages_request
+    from relaxtrio.forest import ConversationMemo, state_hash
+
+    body_memo, memo = BodyMemo(_reject), ConversationMemo()
+
+    def check(messages: list[Any]) -> None:
+        raw = _messages_body(messages)
+        try:
+            expected = parse_messages_request(json.loads(raw))
+        except InvalidRequestError as exc:
+            with pytest.raises(InvalidRequestError) as info:
+                parse_messages_request(body_memo.loads(raw), memo)
+            assert (info.value.message, info.value.param) == (exc.message, exc.param)
+            return
+        got = parse_messages_request(body_memo.loads(raw), memo)
+        assert got.turn.conversation.messages == expected.turn.conversation.messages
+        assert state_hash(got.turn.conversation) == state_hash(expected.turn.conversation)
+
+    cached = {"type": "text", "text": "q0", "cache_control": {"type": "ephemeral"}}
+    history: list[Any] = [{"role": "user", "content": [cached]}]
+    check(history)
+    for turn in range(1, 4):
+        tool_use = {"type": "tool_use", "id": f"c{turn}", "name": "f", "input": {"n": turn, "ok": True}}
+        last = {**history[-1], "content": [{"type": "text", "text": b["text"]} if b is cached else b
+                                           for b in history[-1]["content"]]}  # marker dropped
+        history = [*history[:-1], last, {"role": "assistant", "content": [tool_use]},
+                   {"role": "user", "content": [{"type": "tool_result", "tool_use_id": f"c{turn}",
+                                                 "content": "done"}, cached]}]
+        reused, extended = body_memo.num_reused, memo.num_extended
+        check(history)  # the cache marker moved to the new last message
+        assert body_memo.num_reused - reused == len(history) - 3  # all but the changed last one
+        assert memo.num_extended == extended + 1  # the projection of the rest is unchanged
+    check([*history, {"role": "user", "content": []}])  # invalid: the same error
+    check([*history, {"role": "system", "content": "late"}, {"role": "user", "content": "u"}])
+    check([history[0], {"role": "assistant", "content": "changed"}, *history[2:]])
+    assert isinstance(memo.wire.raw, list) and len(memo.wire.raw) == len(history)
