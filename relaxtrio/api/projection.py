@@ -142,24 +142,28 @@ class Projection:
 
 @attrs.define(eq=False)
 class ElementMemo:
-    """How the previous request's history elements projected, for a history whose elements
-    project independently of each other (Anthropic ``messages``): a repeated element is not
-    projected again.
+    """How the previous request's history elements projected, so that a repeated leading run
+    of elements is not projected again.
 
     "Repeated" means the very same object: the API's body memo (:mod:`.body_memo`) hands over
     the previous body's objects for an unchanged leading run of the history, so one identity
     comparison per element (run in C) finds it, and no equality question (``1 == True``) arises.
-    Kept on the Session's :class:`~relaxtrio.forest.ConversationMemo` (its ``wire`` slot).
+    A projection may carry state from one element to the next (Responses items accumulate into
+    one assistant message): reuse stops at the last *clean* boundary of the repeated run, after
+    which the projection starts from a fresh state. Kept on the Session's
+    :class:`~relaxtrio.forest.ConversationMemo` (its ``wire`` slot).
 
     Attributes:
         raw: the previous request's elements.
-        ends: ``ends[i]`` is the number of projected messages of ``raw[:i + 1]``.
-        messages: the projected messages of ``raw``, ``len(messages) == ends[-1]``.
+        ends: ``ends[i]`` is the number of messages projected once ``raw[:i + 1]`` was seen.
+        clean: ``clean[i]``: the projection carried no state past ``raw[i]``.
+        messages: the projected messages of ``raw`` (``ends[i] <= len(messages)``).
         sources: their sources, ``len(sources) == len(messages)``.
     """
 
     raw: list[Any] = attrs.field(factory=list)
     ends: list[int] = attrs.field(factory=list)
+    clean: list[bool] = attrs.field(factory=list)
     messages: list[dict[str, Any]] = attrs.field(factory=list)
     sources: list[Source] = attrs.field(factory=list)
 
@@ -170,30 +174,46 @@ class ElementMemo:
             memo.wire = cls()
         return memo.wire
 
-    def project(self, elements: list[Any], proj: Projection,
-                project_one: Callable[[Any, int, Projection], None]) -> None:
-        """Adds the projection of ``elements`` to ``proj``: the previous request's messages for
-        the leading elements it repeats, ``project_one(element, index, proj)`` for the rest.
-
-        Raises:
-            InvalidRequestError: as ``project_one`` (the memo then stays as it was).
-        """
+    def resume(self, elements: list[Any], proj: Projection) -> int:
+        """Adds the previous projection of the longest repeated, clean leading run of
+        ``elements`` to ``proj``; returns its length ``k`` (project ``elements[k:]`` next)."""
         n = min(len(self.raw), len(elements))
         same = list(map(operator.is_, elements[:n], self.raw[:n]))
         try:
             k = same.index(False)
         except ValueError:
             k = n
-        base = len(proj.messages)
+        while k and not self.clean[k - 1]:
+            k -= 1
         cut = self.ends[k - 1] if k else 0
         proj.messages.extend(self.messages[:cut])
         proj.sources.extend(self.sources[:cut])
-        ends = self.ends[:k]
+        return k
+
+    def remember(self, elements: list[Any], k: int, ends: list[int], clean: list[bool],
+                 proj: Projection, base: int) -> None:
+        """Moves on to ``elements`` (projected into ``proj`` from message ``base`` on): the
+        first ``k`` were resumed, ``ends`` and ``clean`` describe the rest (counts from ``base``)."""
+        self.raw = list(elements)
+        self.ends = self.ends[:k] + ends
+        self.clean = self.clean[:k] + clean
+        self.messages, self.sources = proj.messages[base:], proj.sources[base:]
+
+    def project(self, elements: list[Any], proj: Projection,
+                project_one: Callable[[Any, int, Projection], None]) -> None:
+        """Adds the projection of ``elements`` to ``proj`` when each element projects on its
+        own (``project_one(element, index, proj)``; Anthropic ``messages``).
+
+        Raises:
+            InvalidRequestError: as ``project_one`` (the memo then stays as it was).
+        """
+        base = len(proj.messages)
+        k = self.resume(elements, proj)
+        ends = []
         for index in range(k, len(elements)):
             project_one(elements[index], index, proj)
             ends.append(len(proj.messages) - base)
-        self.raw, self.ends = list(elements), ends
-        self.messages, self.sources = proj.messages[base:], proj.sources[base:]
+        self.remember(elements, k, ends, [True] * len(ends), proj, base)
 
 
 def project_flat_tools(

@@ -54,7 +54,7 @@ from ..forest import ConversationMemo
 from ..nursery.turns import TurnRequest, TurnResult
 from .errors import openai_error_body
 from .fields import non_empty_str, optional_bool, optional_object, optional_positive_int, optional_str, thinking_switch
-from .projection import Projection, Source, call_source
+from .projection import ElementMemo, Projection, Source, call_source
 from .responses_tools import custom_call_arguments, custom_call_item, project_responses_tools
 from .wire import ParsedRequest, ProtocolAdapter, new_id, sse_comment, sse_event
 
@@ -92,6 +92,11 @@ class _Assistant:
         fields = {".content": self.content_path or path}
         proj.add_message(message, Source(path, fields=fields, calls=tuple(self.call_sources)))
         self._reset()
+
+    def is_clean(self) -> bool:
+        """Nothing accumulated: the next item starts from a fresh state."""
+        return (self.first_path is None and self.empty_message_path is None
+                and not (self.texts or self.reasoning or self.calls))
 
     def touch(self, path: str) -> None:
         if self.first_path is None:
@@ -179,59 +184,73 @@ def _call_output(output: Any, path: str) -> tuple[Any, tuple[str, ...]]:
     return parts, tuple(paths)
 
 
-def _project_items(items: list[Any], proj: Projection) -> None:
+def _project_items(items: list[Any], proj: Projection, memo: ElementMemo | None = None) -> None:
+    """Projects the ``input`` items; with ``memo``, only those after the last clean boundary
+    of the leading run that are the previous body's own objects (:class:`ElementMemo`)."""
     pending = _Assistant()
-    for index, item in enumerate(items):
-        path = f"input[{index}]"
-        require_object(item, path)
-        kind = item.get("type")
-        if kind is None or kind == "message":
-            role = _MESSAGE_ROLES.get(item["role"]) if isinstance(item.get("role"), str) else None
-            if role is None:
-                continue  # unknown roles are dropped (docs/client-quirks.md#unknown-roles-and-items-are-dropped)
-            content, part_paths = _message_content(item.get("content"), role, f"{path}.content")
-            if role == "assistant":
-                pending.touch(path)
-                if content:
-                    pending.texts.append(content)
-                    pending.content_path = pending.content_path or f"{path}.content"
-                else:
-                    pending.empty_message_path = pending.empty_message_path or path
-                continue
-            pending.flush(proj)
-            fields = {".content": f"{path}.content", ".role": f"{path}.role"}
-            proj.add_message({"role": role, "content": content}, Source(path, fields=fields, parts=part_paths))
-        elif kind == "reasoning":
-            text = _reasoning_text(item)
-            if text:
-                pending.touch(path)
-                pending.reasoning.append(text)
-        elif kind == "function_call":
-            call_id = non_empty_str(item.get("call_id"), f"{path}.call_id")
-            name = non_empty_str(item.get("name"), f"{path}.name")
-            arguments = item.get("arguments")
-            if not isinstance(arguments, str):
-                raise InvalidRequestError(f"{path}.arguments must be a JSON string", param=f"{path}.arguments")
-            pending.touch(path)
-            pending.calls.append({"id": call_id, "type": "function",
-                                  "function": {"name": name, "arguments": arguments}})
-            pending.call_sources.append(call_source(path, id_key="call_id", name_key="name", arguments_key="arguments"))
-        elif kind == "custom_tool_call":
-            call_id = non_empty_str(item.get("call_id"), f"{path}.call_id")
-            name = non_empty_str(item.get("name"), f"{path}.name")
-            pending.touch(path)
-            pending.calls.append({"id": call_id, "type": "function",
-                                  "function": {"name": name, "arguments": custom_call_arguments(item, path)}})
-            pending.call_sources.append(call_source(path, id_key="call_id", name_key="name", arguments_key="input"))
-        elif kind in ("function_call_output", "custom_tool_call_output"):
-            pending.flush(proj)
-            call_id = non_empty_str(item.get("call_id"), f"{path}.call_id")
-            output, output_parts = _call_output(item.get("output"), f"{path}.output")
-            fields = {".content": f"{path}.output", ".tool_call_id": f"{path}.call_id"}
-            proj.add_message({"role": "tool", "tool_call_id": call_id, "content": output},
-                             Source(path, fields=fields, parts=output_parts))
-        # every other item type is dropped (docs/client-quirks.md#unknown-roles-and-items-are-dropped)
+    base = len(proj.messages)
+    start = 0 if memo is None else memo.resume(items, proj)
+    ends: list[int] = []
+    clean: list[bool] = []
+    for index in range(start, len(items)):
+        _project_item(items[index], index, proj, pending)
+        ends.append(len(proj.messages) - base)
+        clean.append(pending.is_clean())
     pending.flush(proj)
+    if memo is not None:
+        memo.remember(items, start, ends, clean, proj, base)
+
+
+def _project_item(item: Any, index: int, proj: Projection, pending: _Assistant) -> None:
+    path = f"input[{index}]"
+    require_object(item, path)
+    kind = item.get("type")
+    if kind is None or kind == "message":
+        role = _MESSAGE_ROLES.get(item["role"]) if isinstance(item.get("role"), str) else None
+        if role is None:
+            return  # unknown roles are dropped (docs/client-quirks.md#unknown-roles-and-items-are-dropped)
+        content, part_paths = _message_content(item.get("content"), role, f"{path}.content")
+        if role == "assistant":
+            pending.touch(path)
+            if content:
+                pending.texts.append(content)
+                pending.content_path = pending.content_path or f"{path}.content"
+            else:
+                pending.empty_message_path = pending.empty_message_path or path
+            return
+        pending.flush(proj)
+        fields = {".content": f"{path}.content", ".role": f"{path}.role"}
+        proj.add_message({"role": role, "content": content}, Source(path, fields=fields, parts=part_paths))
+    elif kind == "reasoning":
+        text = _reasoning_text(item)
+        if text:
+            pending.touch(path)
+            pending.reasoning.append(text)
+    elif kind == "function_call":
+        call_id = non_empty_str(item.get("call_id"), f"{path}.call_id")
+        name = non_empty_str(item.get("name"), f"{path}.name")
+        arguments = item.get("arguments")
+        if not isinstance(arguments, str):
+            raise InvalidRequestError(f"{path}.arguments must be a JSON string", param=f"{path}.arguments")
+        pending.touch(path)
+        pending.calls.append({"id": call_id, "type": "function",
+                              "function": {"name": name, "arguments": arguments}})
+        pending.call_sources.append(call_source(path, id_key="call_id", name_key="name", arguments_key="arguments"))
+    elif kind == "custom_tool_call":
+        call_id = non_empty_str(item.get("call_id"), f"{path}.call_id")
+        name = non_empty_str(item.get("name"), f"{path}.name")
+        pending.touch(path)
+        pending.calls.append({"id": call_id, "type": "function",
+                              "function": {"name": name, "arguments": custom_call_arguments(item, path)}})
+        pending.call_sources.append(call_source(path, id_key="call_id", name_key="name", arguments_key="input"))
+    elif kind in ("function_call_output", "custom_tool_call_output"):
+        pending.flush(proj)
+        call_id = non_empty_str(item.get("call_id"), f"{path}.call_id")
+        output, output_parts = _call_output(item.get("output"), f"{path}.output")
+        fields = {".content": f"{path}.output", ".tool_call_id": f"{path}.call_id"}
+        proj.add_message({"role": "tool", "tool_call_id": call_id, "content": output},
+                         Source(path, fields=fields, parts=output_parts))
+    # every other item type is dropped (docs/client-quirks.md#unknown-roles-and-items-are-dropped)
 
 
 def parse_responses_request(body: Mapping[str, Any], memo: ConversationMemo | None = None) -> ParsedRequest:
@@ -254,7 +273,7 @@ def parse_responses_request(body: Mapping[str, Any], memo: ConversationMemo | No
             raise InvalidRequestError("input must not be empty", param="input")
         proj.add_message({"role": "user", "content": raw_input}, Source("input", fields={".content": "input"}))
     elif isinstance(raw_input, list):
-        _project_items(raw_input, proj)
+        _project_items(raw_input, proj, None if memo is None else ElementMemo.of(memo))
     else:
         raise InvalidRequestError("input is required and must be a string or list", param="input")
     custom_tools = project_responses_tools(body.get("tools"), proj)

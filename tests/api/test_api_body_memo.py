@@ -169,3 +169,43 @@ def test_messages_requests_project_only_their_new_entries() -> None:
     check([*history, {"role": "system", "content": "late"}, {"role": "user", "content": "u"}])
     check([history[0], {"role": "assistant", "content": "changed"}, *history[2:]])
     assert isinstance(memo.wire.raw, list) and len(memo.wire.raw) == len(history)
+
+
+def test_responses_requests_project_only_after_their_last_clean_item() -> None:
+    from relaxtrio import InvalidRequestError
+    from relaxtrio.api.responses import parse_responses_request
+    from relaxtrio.forest import ConversationMemo, state_hash
+
+    body_memo, memo = BodyMemo(_reject), ConversationMemo()
+
+    def check(items: list[Any]) -> None:
+        raw = json.dumps({"model": "codex", "instructions": "be brief", "input": items}).encode()
+        try:
+            expected = parse_responses_request(json.loads(raw))
+        except InvalidRequestError as exc:
+            with pytest.raises(InvalidRequestError) as info:
+                parse_responses_request(body_memo.loads(raw), memo)
+            assert (info.value.message, info.value.param) == (exc.message, exc.param)
+            return
+        got = parse_responses_request(body_memo.loads(raw), memo)
+        assert got.turn.conversation.messages == expected.turn.conversation.messages
+        assert state_hash(got.turn.conversation) == state_hash(expected.turn.conversation)
+
+    items: list[Any] = [{"type": "message", "role": "user", "content": "fix it"}]
+    check(items)
+    for turn in range(3):
+        call = {"type": "function_call", "call_id": f"c{turn}", "name": "sh", "arguments": "{}"}
+        items = [*items, {"type": "reasoning", "summary": [{"type": "summary_text", "text": "think"}]}]
+        check(items)  # ends inside an assistant turn: its accumulated state is not reused
+        items = [*items, call]
+        check(items)
+        extended, projected = memo.num_extended, memo.wire.messages[0]
+        items = [*items, {"type": "function_call_output", "call_id": f"c{turn}", "output": "ok"}]
+        check(items)
+        assert memo.num_extended == extended + 1
+        assert memo.wire.messages[0] is projected  # taken from the memo, not projected again
+    check([*items, {"type": "message", "role": "assistant", "content": []}])  # invalid: same error
+    check([*items, {"type": "message", "role": "assistant", "content": [
+        {"type": "output_text", "text": "done"}]}, {"type": "message", "role": "user", "content": "more"}])
+    check(items[:3] + items[4:])  # an item removed
+    assert len(memo.wire.raw) == len(items) - 1
