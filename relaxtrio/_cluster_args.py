@@ -32,6 +32,9 @@ def add_cluster_flags(p: argparse.ArgumentParser) -> None:
                         "long-lived actors, each with --agent-num-cpus (needs --ray-address)")
     g.add_argument("--agent-num-cpus", type=float, default=1.0, metavar="N",
                    help="CPUs each agent actor reserves on its Ray node")
+    g.add_argument("--rollout-num-cpus-per-engine", type=float, default=1.0, metavar="N",
+                   help="with --ray-address: CPUs each launched engine's Ray actor reserves (and "
+                        "the engine's torch threads); its GPUs are --rollout-num-gpus-per-engine")
     g.add_argument("--agentic-api-host", default="127.0.0.1", metavar="HOST",
                    help="interface the agent API binds; agents on other nodes need a non-loopback one "
                         "(the Session id is each agent's credential)")
@@ -64,7 +67,7 @@ def with_cluster_flags(config: Any, args: argparse.Namespace, environ: Mapping[s
     ray_address = args.ray_address or env.get("RAY_ADDRESS") or None
     flags = {"actor_num_nodes": "--actor-num-nodes", "actor_num_gpus_per_node": "--actor-num-gpus-per-node",
              "collective_timeout_s": "--trainer-collective-timeout", "agent_executor": "--agent-executor",
-             "agent_num_cpus": "--agent-num-cpus"}
+             "agent_num_cpus": "--agent-num-cpus", "engine_num_cpus": "--rollout-num-cpus-per-engine"}
     try:
         dist = DistributedConfig(
             actor_num_nodes=args.actor_num_nodes,
@@ -74,6 +77,7 @@ def with_cluster_flags(config: Any, args: argparse.Namespace, environ: Mapping[s
             device="cuda" if config.train.device.startswith("cuda") else "cpu",
             agent_executor=args.agent_executor,
             agent_num_cpus=args.agent_num_cpus,
+            engine_num_cpus=args.rollout_num_cpus_per_engine,
             api_host=args.agentic_api_host,
             api_port=args.agentic_api_port,
             api_advertise_url=args.agentic_api_advertise_url,

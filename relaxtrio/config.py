@@ -454,6 +454,9 @@ class DistributedConfig:
             Session's agent on a Ray node, run by a pool of long-lived actors,
             :mod:`relaxtrio.cluster.agents`; needs Ray).
         agent_num_cpus: CPUs each agent actor reserves on its Ray node (``--agent-num-cpus``).
+        engine_num_cpus: CPUs each launched engine's Ray actor reserves
+            (``--rollout-num-cpus-per-engine``; with Ray, launched engines run as actors,
+            :mod:`relaxtrio.cluster.engines`); its torch threads.
         api_host: interface the agent API binds (``--agentic-api-host``); loopback unless set.
         api_port: its TCP port (0: any free one).
         api_advertise_url: the base URL handed to agents as ``RELAX_BASE_URL``
@@ -469,6 +472,7 @@ class DistributedConfig:
     device: str = "cpu"
     agent_executor: str = "local"
     agent_num_cpus: float = attrs.field(default=1.0, validator=positive_number)
+    engine_num_cpus: float = attrs.field(default=1.0, validator=positive_number)
     api_host: str = "127.0.0.1"
     api_port: int = 0
     api_advertise_url: str | None = None

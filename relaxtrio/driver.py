@@ -56,6 +56,7 @@ from .rollout.step import StepResult, group_metrics
 from .rollout.turns import EngineTurnHandler
 from .run_checkpoint import RunCheckpointer, weight_version_name
 from .sglang.client import EngineClient
+from .sglang.starter import EngineStarter
 from .trackers import Trackers
 from .train import Trainer, TrainStats
 from .train.ranks import RankGroup
@@ -353,8 +354,10 @@ async def _run_loaded(
     outputs = _StepOutputs.fresh(cfg, model_dir)
 
     async with AsyncExitStack() as stack:
-        inference = await stack.enter_async_context(
-            open_inference(_fleet_config(cfg, trainer), model_dir=model_dir, run_dir=out, engine_args=cfg.engine_args))
+        fleet_config = _fleet_config(cfg, trainer)
+        inference = await stack.enter_async_context(open_inference(
+            fleet_config, model_dir=model_dir, run_dir=out, engine_args=cfg.engine_args,
+            starter=await _engine_starter(cfg, fleet_config)))
         client = inference.fleet
         if trainer is not None and checkpointer.weight_version is not None:  # resumed: its weights
             await _push(inference, trainer, checkpointer.weight_version)
@@ -410,6 +413,22 @@ def _fleet_config(cfg: TrainRunConfig, trainer: Trainer | RankGroup | None) -> F
         raise ConfigError("--weight-sync shm needs a one-process trainer (the ranks of a sharded "
                           "trainer write their gathered weights to disk)", param="--weight-sync")
     return attrs.evolve(cfg.fleet, weight_sync="disk")
+
+
+async def _engine_starter(cfg: TrainRunConfig, fleet: FleetConfig) -> EngineStarter | None:
+    """Where launched engines run: Ray actors with ``--ray-address`` (connects to Ray), else
+    None (processes here).
+
+    Raises:
+        ConfigError: no Ray cluster at ``--ray-address``.
+    """
+    d = cfg.distributed
+    if d.ray_address is None or not fleet.launches:
+        return None
+    from .cluster.engines import RayEngineStarter
+
+    return await trio.to_thread.run_sync(
+        functools.partial(RayEngineStarter.connect, d.ray_address, num_cpus=d.engine_num_cpus))
 
 
 async def _push(inference: Inference, trainer: Trainer | RankGroup, version: str) -> float:

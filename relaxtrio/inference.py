@@ -5,13 +5,19 @@
 
 - a gateway URL or worker URLs are connected to;
 - otherwise ``num_engines`` engines (and the gateway when more than one) are launched by
-  :func:`~relaxtrio.sglang.launch_fleet.open_launched_fleet`, logging to ``<run dir>/engines``.
+  :func:`~relaxtrio.sglang.launch_fleet.open_launched_fleet`, logging to ``<run dir>/engines``,
+  through the given starter (here by default; as Ray actors for a Ray run,
+  :class:`relaxtrio.cluster.engines.RayEngineStarter`).
 
-It also picks the weight store (``--weight-sync``): ``shm`` (the shared-memory mailbox) only
-when every worker is a relaxtrio embedded engine on this machine, ``disk`` (version directories
-under the absolute ``--weights-dir``, default ``<run dir>/weights``) otherwise.
-:meth:`Inference.push` writes a version and brings every worker to it, and returns the seconds
-it took.
+It also picks the weight store (``--weight-sync``), per worker: ``shm`` (the shared-memory
+mailbox) reaches only relaxtrio embedded engines on this machine (a loopback URL), ``disk``
+(version directories under the absolute ``--weights-dir``, default ``<run dir>/weights``, which
+must be storage every node sees) reaches every worker. ``auto`` uses ``shm`` when every worker
+is a local embedded engine, ``disk`` when none is, and both when the fleet is mixed (embedded
+engines launched as Ray actors, some on the driver's node and some elsewhere): each version is
+then written to both and each worker is handed the one it can read (a worker that joins later
+under another URL gets the directory). :meth:`Inference.push` writes a version and brings every
+worker to it, and returns the seconds it took.
 """
 
 from __future__ import annotations
@@ -33,9 +39,15 @@ from .config import FleetConfig
 from .nursery.session import Session, SessionRegistry
 from .sglang.fleet import EngineFleet, open_engine_fleet
 from .sglang.launch_fleet import LaunchedFleet, open_launched_fleet
-from .train.weight_store import DiskWeightStore, WeightStore, open_weight_store
+from .sglang.starter import EngineStarter
+from .train.weight_store import (
+    DiskWeightStore,
+    ShmWeightStore,
+    WeightStore,
+    open_weight_store,
+)
 
-__all__ = ["Inference", "LifecycleRegistry", "open_inference"]
+__all__ = ["Inference", "LifecycleRegistry", "SplitWeightStore", "open_inference"]
 
 log = logging.getLogger(__name__)
 
@@ -71,7 +83,7 @@ class Inference:
     """
 
     fleet: EngineFleet
-    store: WeightStore
+    store: WeightStore | SplitWeightStore
     launched: LaunchedFleet | None = None
     sync_seconds: list[float] = attrs.field(factory=list)
 
@@ -114,26 +126,74 @@ class Inference:
         start = time.perf_counter()
         async with self.fleet.weights_lock:  # no (re)starting worker loads a half-written version
             path = await trio.to_thread.run_sync(write)
-        await self.fleet.update_weights(path, version)
-        await trio.to_thread.run_sync(self.store.retire, path)
+        store = self.store
+        await self.fleet.update_weights(
+            store.route(path) if isinstance(store, SplitWeightStore) else path, version)
+        await trio.to_thread.run_sync(store.retire, path)
         seconds = time.perf_counter() - start
         self.sync_seconds.append(seconds)
         log.info("weights %s on %d worker(s) via %s in %.2f s", version, len(self.fleet.urls),
-                 self.store.kind, seconds)
+                 store.kind, seconds)
         return seconds
 
 
-async def _all_local_embedded(fleet: EngineFleet) -> bool:
+class SplitWeightStore:
+    """Shared memory for the local embedded engines, a directory for every other worker.
+
+    Each version is written to both; :meth:`route` tells the fleet which one each worker
+    loads. A sharded trainer writes only to disk (see :meth:`Inference.push_saved`), so
+    ``--weight-sync auto`` with one means ``disk``.
+
+    Args:
+        shm: the mailbox.
+        disk: the shared directory store.
+        local_urls: the workers that are embedded engines on this machine.
+    """
+
+    kind = "shm+disk"
+
+    def __init__(self, shm: ShmWeightStore, disk: DiskWeightStore, local_urls: frozenset[str]) -> None:
+        self.shm = shm
+        self.disk = disk
+        self.local_urls = local_urls
+        self._manifest = ""
+
+    def write(self, model: torch.nn.Module, version: str) -> str:
+        """Write ``version`` to both stores; returns the directory (the manifest is kept)."""
+        self._manifest = self.shm.write(model, version)
+        return self.disk.write(model, version)
+
+    def route(self, directory: str) -> Callable[[str], str]:
+        """Worker URL → what it loads: the manifest for a local embedded engine, else
+        ``directory``."""
+        manifest, local = self._manifest, self.local_urls
+        return lambda url: manifest if url.rstrip("/") in local else directory
+
+    def retire(self, current: str) -> None:
+        """Drop the older directories (the mailbox holds one version)."""
+        self.disk.retire(current)
+
+    def close(self) -> None:
+        """Remove both."""
+        try:
+            self.shm.close()
+        finally:
+            self.disk.close()
+
+
+async def _local_embedded(fleet: EngineFleet) -> frozenset[str]:
+    """The workers that are relaxtrio embedded engines on this machine (loopback URLs)."""
+    local = set()
     for url in fleet.urls:
         if urlsplit(url).hostname not in _LOOPBACK:
-            return False
+            continue
         try:
             info: dict[str, Any] = await fleet.server_info(url)
         except BackendError:
-            return False
-        if info.get("frontend") != "relaxtrio":
-            return False
-    return bool(fleet.urls)
+            continue
+        if info.get("frontend") == "relaxtrio":
+            local.add(url)
+    return frozenset(local)
 
 
 @asynccontextmanager
@@ -143,6 +203,7 @@ async def open_inference(
     model_dir: Path,
     run_dir: Path,
     engine_args: tuple[str, ...] = (),
+    starter: EngineStarter | None = None,
 ) -> AsyncIterator[Inference]:
     """Launch or connect the fleet and open the weight store.
 
@@ -151,6 +212,7 @@ async def open_inference(
         model_dir: the policy model (what launched engines serve).
         run_dir: the run directory (engine logs, default weights directory).
         engine_args: extra flags of launched embedded engines.
+        starter: where launched engines run (default: processes on this machine).
 
     Yields:
         The run's :class:`Inference`.
@@ -168,7 +230,8 @@ async def open_inference(
         gateway_url, worker_urls = config.router_url, config.engine_urls
         if config.launches:
             launched = await stack.enter_async_context(open_launched_fleet(
-                config, model_dir=model_dir, log_dir=run_dir / "engines", engine_args=engine_args))
+                config, model_dir=model_dir, log_dir=run_dir / "engines", engine_args=engine_args,
+                starter=starter))
             gateway_url = launched.gateway_url
             worker_urls = () if gateway_url else launched.worker_urls
         fleet = await stack.enter_async_context(
@@ -176,15 +239,22 @@ async def open_inference(
         if launched is not None:
             launched.attach(fleet)
         kind = config.weight_sync
-        local = await _all_local_embedded(fleet)
-        if kind == "shm" and not local:
+        local = await _local_embedded(fleet)
+        every = bool(fleet.urls) and local == frozenset(fleet.urls)
+        if kind == "shm" and not every:
             raise ConfigError("--weight-sync shm needs every worker to be a relaxtrio embedded "
                               "engine on this machine", param="--weight-sync")
-        if kind == "auto":
-            kind = "shm" if local else "disk"
         root = config.weights_dir or (run_dir / "weights").resolve()
-        store = open_weight_store(kind, root)
+        store: WeightStore | SplitWeightStore
+        if kind == "auto" and local and not every:
+            store = SplitWeightStore(ShmWeightStore(), DiskWeightStore(root), local)
+            log.info("weights reach the %d engine(s) on this machine via shm, the other %d via "
+                     "disk (%s)", len(local), len(fleet.urls) - len(local), root)
+        else:
+            if kind == "auto":
+                kind = "shm" if every else "disk"
+            store = open_weight_store(kind, root)
+            log.info("weights reach the engines via %s%s", kind,
+                     f" ({root})" if kind == "disk" else f" ({getattr(store, 'directory', '')})")
         stack.callback(store.close)
-        log.info("weights reach the engines via %s%s", kind,
-                 f" ({root})" if kind == "disk" else f" ({getattr(store, 'directory', '')})")
         yield Inference(fleet=fleet, store=store, launched=launched)

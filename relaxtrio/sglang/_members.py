@@ -25,7 +25,7 @@ from ..config import FleetConfig
 from ._http import EngineClientConfig, json_object, send_with_retries
 from .client import EngineClient
 
-__all__ = ["FleetMembers", "Worker", "worker_failure"]
+__all__ = ["FleetMembers", "WeightPaths", "Worker", "path_for", "worker_failure"]
 
 log = logging.getLogger("relaxtrio.sglang.fleet")
 
@@ -33,6 +33,16 @@ LISTING_MAX_AGE_S: Final = 1.0
 JOIN_GRACE_S: Final = 30.0
 UNLISTED_GRACE_S: Final = 10.0
 GATEWAY_POLL_S: Final = 0.5
+
+
+WeightPaths = Callable[[str], str]
+"""A worker's base URL → the ``model_path`` it loads (weights reach workers different ways:
+shared memory on the driver's machine, a shared directory elsewhere)."""
+
+
+def path_for(model_path: str | WeightPaths, url: str) -> str:
+    """The ``model_path`` worker ``url`` loads."""
+    return model_path if isinstance(model_path, str) else model_path(url)
 
 
 def worker_failure(exc: BackendError) -> bool:
@@ -85,7 +95,7 @@ class FleetMembers:
 
     Attributes:
         weights: ``(model_path, version)`` every worker loaded last, or None (a worker that
-            joins loads it first).
+            joins loads it first); ``model_path`` may be a :data:`WeightPaths` function.
         weights_lock: held while weights are loaded; hold it while writing a version.
 
     Args:
@@ -133,7 +143,7 @@ class FleetMembers:
         self._membership = trio.Event()
         self.on_remove: Callable[[str, str], None] | None = None
         self.weights_lock = trio.Lock()
-        self.weights: tuple[str, str] | None = None
+        self.weights: tuple[str | WeightPaths, str] | None = None
         for url in worker_urls:
             self._add(url.rstrip("/"))
 
@@ -439,7 +449,8 @@ class FleetMembers:
             if self.weights is not None:
                 path, version = self.weights
                 with trio.CancelScope(shield=True):
-                    await client.update_weights_from_disk(path, weight_version=version)
+                    await client.update_weights_from_disk(path_for(path, url),
+                                                          weight_version=version)
                     await self._verify_version(client, url, version)
             self._removed.pop(url, None)
             self._restarting.discard(url)

@@ -56,7 +56,14 @@ import trio
 from .._errors import BackendError, EngineUnavailableError
 from ..config import FleetConfig
 from ._http import EngineClientConfig
-from ._members import GATEWAY_POLL_S, FleetMembers, Worker, worker_failure
+from ._members import (
+    GATEWAY_POLL_S,
+    FleetMembers,
+    WeightPaths,
+    Worker,
+    path_for,
+    worker_failure,
+)
 from ._replies import GenerateResult
 from .client import PauseMode
 from .wire import SamplingParams
@@ -398,7 +405,7 @@ class EngineFleet(FleetMembers):
             model_path, weight_version=weight_version, abort_all_requests=abort_all_requests,
             flush_cache=flush_cache))
 
-    async def update_weights(self, model_path: str, version: str) -> None:
+    async def update_weights(self, model_path: str | WeightPaths, version: str) -> None:
         """Bring every worker to weight version ``version`` before any generates again.
 
         Pause every worker (``retract``: in-flight requests keep their tokens and continue on
@@ -408,7 +415,9 @@ class EngineFleet(FleetMembers):
 
         Args:
             model_path: what every worker's ``/update_weights_from_disk`` loads (a directory
-                they can all read, or a shared-memory manifest for embedded engines).
+                they can all read, or a shared-memory manifest for embedded engines), or a
+                function giving each worker's (by its base URL; a worker that joins later
+                is asked too).
             version: the new version label.
 
         Raises:
@@ -428,7 +437,7 @@ class EngineFleet(FleetMembers):
                     async def load(worker: Worker) -> None:
                         try:
                             await worker.client.update_weights_from_disk(
-                                model_path, weight_version=version)
+                                path_for(model_path, worker.url), weight_version=version)
                             await self._verify_version(worker.client, worker.url, version)
                         except BackendError as exc:  # refused, failed, or another version
                             self.remove(worker.url, f"weight update to {version} failed: {exc}")

@@ -21,6 +21,14 @@ status (and the tail of its log), restarted on the same port up to ``engine_rest
 given the current weights, and readmitted; an SGLang engine is not restarted (a GPU server that
 died usually needs a person). The gateway is restarted on its port whenever it exits; the fleet
 waits for it (up to ``gateway_wait_s``).
+
+Where engines run: an :class:`~relaxtrio.sglang.starter.EngineStarter` starts each engine's
+command line; the default :class:`~relaxtrio.sglang.starter.LocalStarter` runs it here as
+described above, :class:`relaxtrio.cluster.engines.RayEngineStarter` inside a Ray actor on a
+node with its GPUs and CPUs free (``--ray-address``). The gateway always runs here, next to the
+driver. Membership, supervision and weight pushes only see URLs, so they work the same way for
+both; a restart goes through the same starter (on Ray: the same actor, or a new one when the
+actor was lost).
 """
 
 from __future__ import annotations
@@ -29,42 +37,40 @@ import importlib.util
 import logging
 import os
 import shutil
-import signal
 import socket
 import subprocess
 import sys
 from collections.abc import AsyncIterator, Sequence
 from contextlib import asynccontextmanager
 from pathlib import Path
-from typing import Any, Final, Literal
+from typing import Final, Literal
 
 import attrs
 import httpx
 import trio
 
-from .. import _reaper as reaper
 from .._errors import BackendError
 from ..config import FleetConfig
 from .fleet import EngineFleet
-from .launch import _copy_to_log, _read_url
+from .starter import (
+    STOP_GRACE_S,
+    EngineProcess,
+    EngineStarter,
+    LocalStarter,
+    ProcessSpec,
+    flag_value,
+    with_flag,
+)
 
-__all__ = ["EngineKind", "LaunchedFleet", "detect_engine_kind", "open_gateway",
+__all__ = ["STOP_GRACE_S", "EngineKind", "LaunchedFleet", "detect_engine_kind", "open_gateway",
            "open_launched_fleet"]
 
 log = logging.getLogger(__name__)
 
 EngineKind = Literal["sglang", "embedded"]
-STOP_GRACE_S: Final = 10.0
 KILL_GRACE_S: Final = 2.0
 MAX_GATEWAY_RESTARTS: Final = 5
 _POLL_S: Final = 0.2
-
-
-def _tail(path: Path, num_bytes: int = 3000) -> str:
-    try:
-        return path.read_bytes()[-num_bytes:].decode("utf-8", errors="replace")
-    except OSError:
-        return ""
 
 
 def _free_port() -> int:
@@ -94,56 +100,32 @@ def detect_engine_kind() -> EngineKind:
     return "embedded"
 
 
-def _status_text(code: int | None) -> str:
-    """``code 137 (killed by SIGKILL)``: a signal death (``-N``) is shown as a shell shows it."""
-    if code is None:
-        return "still running"
-    code = 128 - code if code < 0 else code
-    signum = code - 128
-    if signum > 0 and signum in signal.Signals._value2member_map_:
-        return f"code {code} (killed by {signal.Signals(signum).name})"
-    return f"code {code}"
-
-
 @attrs.define(eq=False, kw_only=True)
 class _Proc:
-    """One launched process (an engine or the gateway)."""
+    """One launched process (an engine or the gateway) across its restarts."""
 
-    name: str
-    cmd: list[str]
-    log_path: Path
-    env: dict[str, str] | None = None
-    port: int | None = None
+    spec: ProcessSpec
+    starter: EngineStarter
     url: str | None = None
-    process: trio.Process | None = None
+    handle: EngineProcess | None = None
     restarts_left: int = 0
     stopping: bool = False
 
-    async def start(self) -> None:
-        """Start the process: stderr straight into the log, stdout through a pipe (copied into
-        the log by :func:`_boot`'s reader, so the embedded engine's URL line is an event)."""
-        self.log_path.parent.mkdir(parents=True, exist_ok=True)
-        with self.log_path.open("ab") as stderr_file:
-            self.process = await trio.lowlevel.open_process(
-                reaper.command(self.cmd),
-                stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, stderr=stderr_file,
-                env=self.env, start_new_session=True,
-            )
+    @property
+    def name(self) -> str:
+        return self.spec.name
+
+    @property
+    def where(self) -> str:
+        """The log's place, for messages (``<path>`` here, ``<path> on <node>`` elsewhere)."""
+        node = self.handle.node if self.handle is not None else "local"
+        return str(self.spec.log_path) + ("" if node == "local" else f" on {node}")
 
     async def stop(self) -> None:
-        """SIGTERM to the group, SIGKILL after the grace period; waits for the shim."""
+        """SIGTERM to the group, SIGKILL after the grace period; waits (see the starter)."""
         self.stopping = True
-        if self.process is None:
-            return
-        if self.process.returncode is None:
-            self.process.send_signal(signal.SIGTERM)  # the shim passes it on to the process
-        with trio.move_on_after(STOP_GRACE_S):
-            await self.process.wait()
-        try:
-            os.killpg(self.process.pid, signal.SIGKILL)  # the group may outlive its leader
-        except (ProcessLookupError, PermissionError):
-            pass
-        await self.process.wait()
+        if self.handle is not None:
+            await self.handle.stop()
 
 
 @attrs.define(eq=False, kw_only=True)
@@ -180,102 +162,83 @@ class LaunchedFleet:
     def _on_remove(self, url: str, reason: str) -> None:
         for proc in self._procs:
             if proc.url == url and self._nursery is not None:
-                self._nursery.start_soon(self._kill_if_running, proc, proc.process, reason)
+                self._nursery.start_soon(self._kill_if_running, proc, proc.handle, reason)
 
-    async def _kill_if_running(self, proc: _Proc, process: trio.Process | None, reason: str) -> None:
+    async def _kill_if_running(self, proc: _Proc, handle: EngineProcess | None, reason: str) -> None:
         """Kill a removed engine that is still running :data:`KILL_GRACE_S` later (one that died
         is being handled by its supervisor already)."""
-        if process is None:
+        if handle is None:
             return
         with trio.move_on_after(KILL_GRACE_S):
-            await process.wait()
+            await handle.wait()
             return
-        if proc.process is process and not proc.stopping:
+        if proc.handle is handle and not proc.stopping:
             log.warning("%s was removed from the fleet (%s) but still runs; killing it so that "
                         "it is restarted", proc.name, reason)
-            try:
-                os.killpg(process.pid, signal.SIGKILL)
-            except ProcessLookupError:
-                pass
+            await handle.kill()
 
     def pids(self) -> list[int]:
-        """Process-group ids of the running processes (for tests)."""
-        return [p.process.pid for p in self._procs if p.process and p.process.returncode is None]
+        """Process-group ids of the running local processes (for tests)."""
+        return [p.handle.pid for p in self._procs
+                if p.handle and p.handle.pid is not None and p.handle.returncode is None]
+
+    def handles(self) -> dict[str, EngineProcess]:
+        """The current process of each engine, by name (``engine 0``...; for tests)."""
+        return {p.name: p.handle for p in self._procs if p.handle is not None}
 
 
 async def _wait_http_ok(proc: _Proc, url: str, path: str, timeout_s: float,
                         client: httpx.AsyncClient) -> None:
     """Poll ``url + path`` until it answers 200: SGLang's servers and the gateway announce
-    readiness only by answering (``/health`` is 503 or refused before)."""
-    with trio.move_on_after(timeout_s):
-        while True:
-            assert proc.process is not None
-            if proc.process.poll() is not None:
-                raise BackendError(f"{proc.name} exited with {_status_text(proc.process.returncode)} "
-                                   f"during startup (log {proc.log_path}):\n{_tail(proc.log_path)}")
-            try:
-                response = await client.get(url + path, timeout=5.0)
-                if response.status_code == 200:
-                    return
-            except httpx.TransportError:
-                pass
-            await trio.sleep(_POLL_S)
+    readiness only by answering (``/health`` is 503 or refused before). The process's exit,
+    watched meanwhile, ends the wait with an error."""
+    handle = proc.handle
+    assert handle is not None
+    exited = False
+    answered = False
+    async with trio.open_nursery() as nursery:
+
+        async def watch() -> None:
+            nonlocal exited
+            await handle.wait()
+            exited = True
+            nursery.cancel_scope.cancel()
+
+        nursery.start_soon(watch)
+        with trio.move_on_after(timeout_s):
+            while True:
+                try:
+                    response = await client.get(url + path, timeout=5.0)
+                    if response.status_code == 200:
+                        answered = True
+                        break
+                except httpx.TransportError:
+                    pass
+                await trio.sleep(_POLL_S)
+        nursery.cancel_scope.cancel()
+    if answered:
+        return
+    if exited:
+        raise BackendError(f"{proc.name} exited with {handle.describe_exit()} during startup "
+                           f"(log {proc.where}):\n{await handle.log_tail()}")
     raise BackendError(f"{proc.name} did not answer {path} within {timeout_s:g} s "
-                       f"(log {proc.log_path}):\n{_tail(proc.log_path)}")
+                       f"(log {proc.where}):\n{await handle.log_tail()}")
 
 
-async def _pump(stdout: trio.abc.ReceiveStream, log_file: Any) -> None:
-    """Copy a process's stdout into its log until EOF; then close both."""
-    try:
-        await _copy_to_log(stdout, log_file.write)
-    finally:
-        with trio.CancelScope(shield=True):
-            await log_file.aclose()
-            await stdout.aclose()
-
-
-async def _wait_url_line(proc: _Proc, log_file: Any, timeout_s: float) -> str:
-    """The embedded engine's URL line, read from its stdout pipe (copied into the log)."""
-    assert proc.process is not None and proc.process.stdout is not None
-    with trio.move_on_after(timeout_s):
-        url = await _read_url(proc.process.stdout, log_file.write)
-        if url is not None:
-            return url
-        await proc.process.wait()  # stdout closed without the line: it is exiting
-        raise BackendError(f"{proc.name} exited with {_status_text(proc.process.returncode)} "
-                           f"during startup (log {proc.log_path}):\n{_tail(proc.log_path)}")
-    raise BackendError(f"{proc.name} not ready within {timeout_s:g} s (log {proc.log_path}):\n"
-                       f"{_tail(proc.log_path)}")
-
-
-async def _boot(proc: _Proc, kind: EngineKind | Literal["gateway"], timeout_s: float,
-                client: httpx.AsyncClient, nursery: trio.Nursery) -> None:
-    """Start ``proc`` and wait until its ``/health`` answers 200; sets ``proc.url``.
-
-    Its stdout is copied into its log by a task in ``nursery`` for as long as it runs.
-    """
-    await proc.start()
-    assert proc.process is not None and proc.process.stdout is not None
-    log_file = await trio.open_file(proc.log_path, "ab", buffering=0)
-    pumping = False
-    try:
-        if kind == "embedded" and proc.port is None:
-            proc.url = await _wait_url_line(proc, log_file, timeout_s)
-            proc.port = int(proc.url.rsplit(":", 1)[1])
-            proc.cmd[proc.cmd.index("--port") + 1] = str(proc.port)  # a restart keeps the port
-        else:
-            proc.url = f"http://127.0.0.1:{proc.port}"
-        nursery.start_soon(_pump, proc.process.stdout, log_file)
-        pumping = True
-    finally:
-        if not pumping:
-            with trio.CancelScope(shield=True):
-                await log_file.aclose()
+async def _boot(proc: _Proc, timeout_s: float, client: httpx.AsyncClient,
+                nursery: trio.Nursery) -> None:
+    """Start ``proc`` through its starter and wait until its ``/health`` answers 200; sets
+    ``proc.url`` and keeps the port it got for a restart."""
+    proc.handle = await proc.starter.start(proc.spec, timeout_s=timeout_s, nursery=nursery,
+                                           previous=proc.handle)
+    proc.url = proc.handle.url
+    port = proc.url.rsplit(":", 1)[1]
+    proc.spec = attrs.evolve(proc.spec, cmd=with_flag(proc.handle.cmd, "--port", port))
     await _wait_http_ok(proc, proc.url, "/health", timeout_s, client)
-    log.info("%s ready at %s (log %s)", proc.name, proc.url, proc.log_path)
+    log.info("%s ready at %s (log %s)", proc.name, proc.url, proc.where)
 
 
-def _cpu_share_env(num_engines: int) -> dict[str, str] | None:
+def _cpu_share_env(num_engines: int) -> dict[str, str]:
     """Environment of an embedded engine sharing the CPU with ``num_engines - 1`` others.
 
     torch runs one compute thread per core in every process; N engines on C cores would run
@@ -283,16 +246,19 @@ def _cpu_share_env(num_engines: int) -> dict[str, str] | None:
     user set ``OMP_NUM_THREADS``).
     """
     if num_engines <= 1 or "OMP_NUM_THREADS" in os.environ:
-        return None
+        return {}
     threads = max(1, (os.cpu_count() or 1) // num_engines)
-    return dict(os.environ, OMP_NUM_THREADS=str(threads))
+    return {"OMP_NUM_THREADS": str(threads)}
 
 
 def _engine_procs(config: FleetConfig, kind: EngineKind, model_dir: Path, log_dir: Path,
-                  engine_args: Sequence[str]) -> list[_Proc]:
+                  engine_args: Sequence[str], starter: EngineStarter) -> list[_Proc]:
+    """The engines' processes; GPU blocks are assigned here only for the local starter (a Ray
+    starter reserves ``num_gpus_per_engine`` GPUs per actor and Ray sets the devices)."""
     procs = []
-    if kind == "sglang":
-        per = config.num_gpus_per_engine
+    per = config.num_gpus_per_engine
+    local = isinstance(starter, LocalStarter)
+    if kind == "sglang" and local:
         gpus = _visible_gpus()[: config.num_gpus or config.num_engines * per]
         if len(gpus) < per:
             raise BackendError(f"an SGLang engine of {per} GPUs needs {per} GPUs, "
@@ -305,20 +271,23 @@ def _engine_procs(config: FleetConfig, kind: EngineKind, model_dir: Path, log_di
     for i in range(config.num_engines):
         log_path = log_dir / f"engine-{i}.log"
         if kind == "sglang":
-            port = _free_port()
             cmd = [sys.executable, "-m", "sglang.launch_server", "--model-path", str(model_dir),
-                   "--host", "127.0.0.1", "--port", str(port), "--tp-size", str(per),
+                   "--host", "127.0.0.1", "--port", str(_free_port()), "--tp-size", str(per),
                    *config.sglang_args]
-            block = i % blocks  # round robin when engines share GPUs
-            env = dict(os.environ,
-                       CUDA_VISIBLE_DEVICES=",".join(gpus[block * per:(block + 1) * per]))
-            procs.append(_Proc(name=f"engine {i}", cmd=cmd, log_path=log_path, env=env, port=port))
+            env = {}
+            if local:
+                block = i % blocks  # round robin when engines share GPUs
+                env = {"CUDA_VISIBLE_DEVICES": ",".join(gpus[block * per:(block + 1) * per])}
+            spec = ProcessSpec(name=f"engine {i}", cmd=cmd, log_path=log_path, env=env,
+                               num_gpus=per)
+            procs.append(_Proc(spec=spec, starter=starter))
         else:
             cmd = [sys.executable, "-m", "relaxtrio.engine", "--model", str(model_dir),
                    "--host", "127.0.0.1", "--port", "0", *engine_args]
-            procs.append(_Proc(name=f"engine {i}", cmd=cmd, log_path=log_path,
-                               env=_cpu_share_env(config.num_engines),
-                               restarts_left=config.engine_restarts))
+            env = _cpu_share_env(config.num_engines) if local else {}
+            spec = ProcessSpec(name=f"engine {i}", cmd=cmd, log_path=log_path, env=env,
+                               announces_url=True)
+            procs.append(_Proc(spec=spec, starter=starter, restarts_left=config.engine_restarts))
     return procs
 
 
@@ -329,42 +298,53 @@ def _gateway_proc(urls: Sequence[str], log_dir: Path) -> _Proc:
            "--assignment-mode", "min_group", "--prometheus-host", "127.0.0.1",
            "--prometheus-port", str(_free_port()), "--health-check-interval-secs", "5",
            "--log-level", "warn"]
-    return _Proc(name="gateway", cmd=cmd, log_path=log_dir / "gateway.log", port=port,
-                 restarts_left=MAX_GATEWAY_RESTARTS)
+    spec = ProcessSpec(name="gateway", cmd=cmd, log_path=log_dir / "gateway.log")
+    return _Proc(spec=spec, starter=LocalStarter(), restarts_left=MAX_GATEWAY_RESTARTS)
 
 
-async def _supervise(launched: LaunchedFleet, proc: _Proc, kind: EngineKind | Literal["gateway"],
-                     config: FleetConfig, client: httpx.AsyncClient, nursery: trio.Nursery) -> None:
-    """Watch one process; restart it when it dies (see the module docstring)."""
+async def _supervise(launched: LaunchedFleet, proc: _Proc, gateway: bool, config: FleetConfig,
+                     client: httpx.AsyncClient, nursery: trio.Nursery) -> None:
+    """Watch one process; restart it when it dies (see the module docstring).
+
+    A restart normally gets the same URL (same node, same port); when it cannot (a Ray actor
+    re-placed on another node, or its port taken there), the new URL joins the fleet and the
+    old one is marked as given up only after it did, so the quorum never counts a gap.
+    """
     while True:
-        assert proc.process is not None
-        await proc.process.wait()
+        assert proc.handle is not None
+        await proc.handle.wait()
         if proc.stopping:
             return
-        status = _status_text(proc.process.returncode)
-        fleet = launched.fleet if kind != "gateway" else None
+        status = proc.handle.describe_exit()
+        fleet = None if gateway else launched.fleet
         restart = proc.restarts_left > 0
         reason = f"{proc.name} process exited with {status}"
-        if fleet is not None and proc.url is not None:
-            fleet.remove(proc.url, reason, restarting=restart)
+        old_url = proc.url
+        if fleet is not None and old_url is not None:
+            fleet.remove(old_url, reason, restarting=restart)
             if not restart:
-                fleet.restart_failed(proc.url, reason)
+                fleet.restart_failed(old_url, reason)
         if not restart:
             log.error("%s exited with %s; not restarting it (log %s):\n%s", proc.name, status,
-                      proc.log_path, _tail(proc.log_path))
+                      proc.where, await proc.handle.log_tail())
             return
         proc.restarts_left -= 1
         log.warning("%s exited with %s; restarting it on port %s (log %s)", proc.name, status,
-                    proc.port, proc.log_path)
+                    flag_value(proc.spec.cmd, "--port"), proc.where)
         try:
-            await _boot(proc, kind, config.startup_timeout_s, client, nursery)
+            await _boot(proc, config.startup_timeout_s, client, nursery)
             if fleet is not None and proc.url is not None:
                 fleet.set_restartable(proc.url, proc.restarts_left > 0)
                 await fleet.readmit(proc.url)
+                if old_url is not None and proc.url != old_url:
+                    log.warning("%s came back at %s instead of %s", proc.name, proc.url, old_url)
+                    fleet.restart_failed(old_url, f"{reason}; replaced by {proc.url}")
+                    launched.worker_urls = tuple(
+                        proc.url if u == old_url else u for u in launched.worker_urls)
         except BackendError as exc:
             log.error("%s could not be restarted: %s", proc.name, exc)
-            if fleet is not None and proc.url is not None:
-                fleet.restart_failed(proc.url, f"{reason}; the restart failed: {exc}")
+            if fleet is not None and old_url is not None:
+                fleet.restart_failed(old_url, f"{reason}; the restart failed: {exc}")
             return
 
 
@@ -376,6 +356,7 @@ async def open_launched_fleet(
     log_dir: Path,
     engine_args: Sequence[str] = (),
     kind: EngineKind | None = None,
+    starter: EngineStarter | None = None,
 ) -> AsyncIterator[LaunchedFleet]:
     """Start ``config.num_engines`` engines (and the gateway when more than one) and own them.
 
@@ -384,7 +365,9 @@ async def open_launched_fleet(
         model_dir: the model every engine serves.
         log_dir: where the logs go (created).
         engine_args: extra flags of embedded engines.
-        kind: force the engine kind (default: :func:`detect_engine_kind`).
+        kind: force the engine kind (default: :func:`detect_engine_kind`, or the starter's
+            ``detect_kind()`` when it has one: a Ray starter looks at the cluster's GPUs).
+        starter: where the engines' processes run (default: :class:`LocalStarter`, here).
 
     Yields:
         What was started; attach the fleet with :meth:`LaunchedFleet.attach`.
@@ -397,9 +380,12 @@ async def open_launched_fleet(
         Leaving the context in any way stops every process (shielded: SIGTERM, then SIGKILL
         after :data:`STOP_GRACE_S`).
     """
-    kind = kind or detect_engine_kind()
+    starter = starter or LocalStarter()
+    if kind is None:
+        detect = getattr(starter, "detect_kind", detect_engine_kind)
+        kind = await trio.to_thread.run_sync(detect)
     log_dir = log_dir.resolve()
-    procs = _engine_procs(config, kind, model_dir, log_dir, engine_args)
+    procs = _engine_procs(config, kind, model_dir, log_dir, engine_args, starter)
     launched = LaunchedFleet(kind=kind, worker_urls=(), gateway_url=None, log_dir=log_dir,
                              procs=procs)
     use_gateway = config.num_engines > 1 and importlib.util.find_spec("sglang_router") is not None
@@ -414,17 +400,16 @@ async def open_launched_fleet(
         try:
             async with trio.open_nursery() as boot:
                 for proc in procs:
-                    boot.start_soon(_boot, proc, kind, config.startup_timeout_s, client, nursery)
+                    boot.start_soon(_boot, proc, config.startup_timeout_s, client, nursery)
             launched.worker_urls = tuple(p.url for p in procs if p.url is not None)
             if use_gateway:
                 gateway = _gateway_proc(launched.worker_urls, log_dir)
                 procs.append(gateway)
-                await _boot(gateway, "gateway", config.startup_timeout_s, client, nursery)
+                await _boot(gateway, config.startup_timeout_s, client, nursery)
                 launched.gateway_url = gateway.url
             for proc in procs:
-                nursery.start_soon(_supervise, launched, proc,
-                                   "gateway" if proc.name == "gateway" else kind, config, client,
-                                   nursery)
+                nursery.start_soon(_supervise, launched, proc, proc.name == "gateway", config,
+                                   client, nursery)
             yield launched
         finally:
             await _stop_all(procs)
@@ -465,9 +450,9 @@ async def open_gateway(
                              log_dir=log_dir.resolve(), procs=[gateway])
     async with httpx.AsyncClient() as client, trio.open_nursery() as nursery:
         try:
-            await _boot(gateway, "gateway", config.startup_timeout_s, client, nursery)
+            await _boot(gateway, config.startup_timeout_s, client, nursery)
             launched.gateway_url = gateway.url
-            nursery.start_soon(_supervise, launched, gateway, "gateway", config, client, nursery)
+            nursery.start_soon(_supervise, launched, gateway, True, config, client, nursery)
             yield launched
         finally:
             await _stop_all([gateway])

@@ -7,6 +7,7 @@ of ours may be left.
 from __future__ import annotations
 
 import json
+import logging
 import math
 import os
 import time
@@ -17,11 +18,21 @@ import pytest
 import torch
 import trio
 from safetensors.torch import load_file
+from support.agents import write_httpx_agent
 from support.pipeline import open_test_pipeline, prompts
 from support.procs import PidPipe, alive
 
 from relaxtrio import TrainerRankError
-from relaxtrio.config import DistributedConfig, RolloutConfig, TrainConfig
+from relaxtrio.config import (
+    AgentConfig,
+    DistributedConfig,
+    FleetConfig,
+    GenerationConfig,
+    RolloutConfig,
+    TrainConfig,
+    TrainRunConfig,
+)
+from relaxtrio.driver import run_training
 from relaxtrio.testing.scripted_engine import Reply, ScriptedEngine
 from relaxtrio.train import Trainer
 from relaxtrio.train.ranks import RankStart
@@ -230,28 +241,27 @@ async def test_a_lost_agent_actor_fails_its_session_and_the_pool_replaces_it(
     assert (stats.num_created, stats.num_lost, stats.num_runs, stats.num_actors) == (2, 1, 2, 1)
 
 
-@pytest.mark.skip(reason="open: under the pipeline a Ray agent actor's wait_started/run call can hang "
-                  "(seen on this 2-core machine at load 16; the same calls pass in isolation)")
-async def test_one_training_step_on_ray_matches_one_local_process(
-    ray_cluster: None, tiny_model_dir: Path, tmp_path: Path
-) -> None:
-    """2 trainer ranks as Ray actors + agents through the Ray executor vs one local process with
-    local agents, on the same seeds: the same samples (token counts, rewards) and the same loss."""
-    from support.agents import write_httpx_agent
+def _sample_key(record: dict) -> tuple:
+    return (record["metadata"].get("id"), record["token_ids"])
 
-    from relaxtrio.config import AgentConfig, GenerationConfig, TrainRunConfig
-    from relaxtrio.driver import run_training
 
+async def _one_step_local_and_on_ray(tiny_model_dir: Path, tmp_path: Path, agent_executor: str,
+                                     caplog: pytest.LogCaptureFixture) -> None:
+    """One training step twice on the same seeds: one local trainer process, 2 launched local
+    engines and local agents; then 2 trainer ranks and 2 launched engines as Ray actors with
+    agents through ``agent_executor``. The exported samples (token ids, loss masks, rewards;
+    rollout logprobs within 1e-5), the step's numbers and the loss must agree."""
     agent_dir = tmp_path / "agent"
     agent_dir.mkdir()
     cmd = write_httpx_agent(agent_dir)
     data = tmp_path / "prompts.jsonl"
     data.write_text("".join(json.dumps({"input": f"question {i}", "metadata": {"id": i}}) + "\n" for i in range(2)))
-    rows = {}
+    caplog.set_level(logging.INFO, logger="relaxtrio")
+    rows, samples = {}, {}
     for name, dist in (("local", DistributedConfig()),
                        ("ray", DistributedConfig(actor_num_gpus_per_node=2, ray_address="auto",
-                                                 agent_executor="ray", agent_num_cpus=0.25,
-                                                 collective_timeout_s=60.0))):
+                                                 agent_executor=agent_executor, agent_num_cpus=0.25,
+                                                 engine_num_cpus=0.5, collective_timeout_s=60.0))):
         config = TrainRunConfig(
             prompt_data=data, num_rollout=1, rollout_shuffle=False,
             rollout=RolloutConfig(n_samples_per_prompt=2, rollout_batch_size=2, show_progress=False),
@@ -259,13 +269,35 @@ async def test_one_training_step_on_ray_matches_one_local_process(
             agent=AgentConfig(command=f"{cmd} ok", cwd=agent_dir, timeout_s=120,
                               env={"AGENT_TURNS": "2", "AGENT_REWARD": "content"}),
             train=TrainConfig(lr=1e-3), hf_checkpoint=tiny_model_dir, output_dir=tmp_path / name,
-            distributed=dist,
+            distributed=dist, fleet=FleetConfig(num_engines=2),
+            debug_rollout_data=str(tmp_path / name / "dump_{rollout_id}.json"),
         )
         with trio.fail_after(900):
             summary = await run_training(config)
         [rows[name]] = summary.rows
+        dump = json.loads((tmp_path / name / "dump_0.json").read_text())
+        samples[name] = sorted(dump["samples"], key=_sample_key)
+        engine_logs = sorted(p.name for p in (tmp_path / name / "engines").iterdir())
+        assert engine_logs == ["engine-0.log", "engine-1.log", "gateway.log"], engine_logs
+    on_ray = [r.getMessage() for r in caplog.records if "runs in a Ray actor" in r.getMessage()]
+    assert sorted(m.split()[1] for m in on_ray) == ["0", "1"], on_ray  # engine 0, engine 1
     local, remote = rows["local"], rows["ray"]
     assert remote["num_samples"] == local["num_samples"] == 4 and remote["dropped_groups"] == 0
     for key in ("train_tokens", "reward_mean", "response_length_mean", "turns_mean"):
         assert remote.get(key) == local.get(key), key
     assert math.isclose(remote["loss"], local["loss"], rel_tol=1e-5, abs_tol=1e-7)
+    assert len(samples["ray"]) == len(samples["local"]) == 4
+    for got, want in zip(samples["ray"], samples["local"], strict=True):
+        for field in ("token_ids", "loss_mask", "reward", "prompt_length", "weight_versions"):
+            assert got[field] == want[field], field
+        assert got["metadata"]["id"] == want["metadata"]["id"]  # (the rest names its Session)
+        assert got["rollout_logprobs"] == pytest.approx(want["rollout_logprobs"], abs=1e-5)
+    assert not _live_actors()  # ranks, engines, agents: every actor is gone
+
+
+async def test_one_training_step_on_ray_matches_one_local_process(
+    ray_cluster: None, tiny_model_dir: Path, tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    """2 trainer ranks and 2 launched engines as Ray actors + agents through the Ray executor vs
+    one local process with 2 local engines and local agents, on the same seeds."""
+    await _one_step_local_and_on_ray(tiny_model_dir, tmp_path, "ray", caplog)

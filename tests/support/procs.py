@@ -40,3 +40,22 @@ class PidPipe:
         """Closes the test end."""
         await self._stream.aclose()
 
+
+def descendants(pid: int) -> list[int]:
+    """Live (non-zombie) descendants of ``pid`` (a /proc scan)."""
+    children: dict[int, list[int]] = {}
+    for entry in Path("/proc").iterdir():
+        if entry.name.isdigit():
+            try:
+                stat = (entry / "stat").read_text()
+            except OSError:
+                continue
+            fields = stat[stat.rfind(")") + 2:].split()
+            if fields[0] != "Z":
+                children.setdefault(int(fields[1]), []).append(int(entry.name))
+    out, todo = [], [pid]
+    while todo:
+        for child in children.get(todo.pop(), []):
+            out.append(child)
+            todo.append(child)
+    return out
