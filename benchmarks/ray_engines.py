@@ -39,11 +39,30 @@ async def _startup_s(model_dir: Path, log_dir: Path, starter: object | None) -> 
         return time.perf_counter() - start
 
 
-async def _main(args: argparse.Namespace) -> dict[str, object]:
-    import ray
-
+async def _rounds(args: argparse.Namespace, model_dir: Path, tmp: Path,
+                  out: dict[str, object]) -> dict[str, object]:
     from relaxtrio.cluster.engines import RayEngineStarter
 
+    starter = await trio.to_thread.run_sync(
+        functools.partial(RayEngineStarter.connect, "auto", num_cpus=1.0))
+    local, remote = [], []
+    for i in range(args.rounds):
+        local.append(await _startup_s(model_dir, tmp / f"local-{i}", None))
+        remote.append(await _startup_s(model_dir, tmp / f"ray-{i}", starter))
+    out.update(local_s=[round(s, 2) for s in local], ray_s=[round(s, 2) for s in remote],
+               local_mean_s=round(statistics.mean(local), 2),
+               ray_mean_s=round(statistics.mean(remote), 2),
+               ray_over_local_s=round(statistics.mean(remote) - statistics.mean(local), 2))
+    return out
+
+
+def main() -> None:
+    import ray
+
+    p = argparse.ArgumentParser()
+    p.add_argument("--rounds", type=int, default=3)
+    p.add_argument("--smollm2", action="store_true", help="SmolLM2-135M instead of the tiny model")
+    args = p.parse_args()
     out: dict[str, object] = {"bench": "ray_engines", "rounds": args.rounds, "cpus": os.cpu_count()}
     with tempfile.TemporaryDirectory() as tmp:
         if args.smollm2:
@@ -54,33 +73,17 @@ async def _main(args: argparse.Namespace) -> dict[str, object]:
             from relaxtrio.testing.tiny_models import build_tiny_model
 
             model_dir = build_tiny_model(Path(tmp) / "model")
+        # On this thread: Ray ties the processes it starts to the thread that started them
+        # (a trio worker thread exits when idle, and Ray's GCS would go with it).
         start = time.perf_counter()
-        root = str(Path(__file__).resolve().parents[1])
-        await trio.to_thread.run_sync(functools.partial(
-            ray.init, num_cpus=os.cpu_count(), include_dashboard=False, log_to_driver=False,
-            runtime_env={"env_vars": {"PYTHONPATH": root}}))
+        ray.init(num_cpus=os.cpu_count(), include_dashboard=False, log_to_driver=False,
+                 runtime_env={"env_vars": {"PYTHONPATH": str(Path(__file__).resolve().parents[1])}})
         out["ray_start_s"] = round(time.perf_counter() - start, 2)
         try:
-            starter = await trio.to_thread.run_sync(
-                functools.partial(RayEngineStarter.connect, "auto", num_cpus=1.0))
-            local, remote = [], []
-            for i in range(args.rounds):
-                local.append(await _startup_s(model_dir, Path(tmp) / f"local-{i}", None))
-                remote.append(await _startup_s(model_dir, Path(tmp) / f"ray-{i}", starter))
+            trio.run(_rounds, args, model_dir, Path(tmp), out)
         finally:
-            await trio.to_thread.run_sync(ray.shutdown)
-    out.update(local_s=[round(s, 2) for s in local], ray_s=[round(s, 2) for s in remote],
-               local_mean_s=round(statistics.mean(local), 2),
-               ray_mean_s=round(statistics.mean(remote), 2),
-               ray_over_local_s=round(statistics.mean(remote) - statistics.mean(local), 2))
-    return out
-
-
-def main() -> None:
-    p = argparse.ArgumentParser()
-    p.add_argument("--rounds", type=int, default=3)
-    p.add_argument("--smollm2", action="store_true", help="SmolLM2-135M instead of the tiny model")
-    print(json.dumps(trio.run(_main, p.parse_args())))
+            ray.shutdown()
+    print(json.dumps(out))
 
 
 if __name__ == "__main__":
