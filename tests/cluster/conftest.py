@@ -9,14 +9,15 @@ from pathlib import Path
 
 import pytest
 from support.procs import descendants
+from support.ray_state import live_actors
 
 ROOT = Path(__file__).resolve().parents[2]
 
 
 @pytest.fixture(scope="module")
 def ray_cluster():
-    """A local Ray instance (4 CPUs) for one test module; reports its start-up cost. After it
-    stops, no process it started may be left."""
+    """A local Ray instance (4 CPUs) for one test module; reports its start-up cost. When the
+    module is done no actor may be alive, and after Ray stops no process it started may be left."""
     ray = pytest.importorskip("ray")
     before = set(descendants(os.getpid()))
     start = time.monotonic()
@@ -25,6 +26,7 @@ def ray_cluster():
              runtime_env={"env_vars": {"PYTHONPATH": path}})
     print(json.dumps({"ray_start_s": round(time.monotonic() - start, 2)}))
     yield ray
+    assert not live_actors(), "Ray actors left behind"
     ray.shutdown()
     deadline = time.monotonic() + 30
     while (left := set(descendants(os.getpid())) - before) and time.monotonic() < deadline:

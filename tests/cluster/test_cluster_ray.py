@@ -1,7 +1,7 @@
 """Placement on a local Ray instance: trainer ranks as actors, agents through the Ray executor.
 
-One Ray start serves the whole module (a module-scoped fixture); after it stops, no Ray process
-of ours may be left.
+One Ray start serves the whole module (``conftest.py``'s module-scoped ``ray_cluster``); after
+it stops, no Ray actor or process of ours may be left.
 """
 
 from __future__ import annotations
@@ -21,6 +21,7 @@ from safetensors.torch import load_file
 from support.agents import write_httpx_agent
 from support.pipeline import open_test_pipeline, prompts
 from support.procs import PidPipe, alive
+from support.ray_state import live_actors
 
 from relaxtrio import TrainerRankError
 from relaxtrio.config import (
@@ -39,56 +40,6 @@ from relaxtrio.train.ranks import RankStart
 
 ray = pytest.importorskip("ray")
 pytestmark = pytest.mark.slow
-ROOT = Path(__file__).resolve().parents[2]
-
-
-def _descendants(pid: int) -> list[int]:
-    """Live (non-zombie) descendants of ``pid`` (a /proc scan)."""
-    children: dict[int, list[int]] = {}
-    for entry in Path("/proc").iterdir():
-        if entry.name.isdigit():
-            try:
-                stat = (entry / "stat").read_text()
-            except OSError:
-                continue
-            fields = stat[stat.rfind(")") + 2:].split()
-            if fields[0] != "Z":
-                children.setdefault(int(fields[1]), []).append(int(entry.name))
-    out, todo = [], [pid]
-    while todo:
-        for child in children.get(todo.pop(), []):
-            out.append(child)
-            todo.append(child)
-    return out
-
-
-@pytest.fixture(scope="module")
-def ray_cluster(tmp_path_factory: pytest.TempPathFactory):
-    """A local Ray instance (4 CPUs) for this module; reports its start-up cost."""
-    before = set(_descendants(os.getpid()))
-    start = time.monotonic()
-    path = os.pathsep.join([str(ROOT), str(ROOT / "tests"), os.environ.get("PYTHONPATH", "")])
-    ray.init(num_cpus=4, include_dashboard=False, log_to_driver=False,
-             runtime_env={"env_vars": {"PYTHONPATH": path}})
-    print(json.dumps({"ray_start_s": round(time.monotonic() - start, 2)}))
-    yield
-    assert not _live_actors(), "Ray actors left behind"
-    ray.shutdown()
-    deadline = time.monotonic() + 30
-    while (left := set(_descendants(os.getpid())) - before) and time.monotonic() < deadline:
-        time.sleep(0.2)
-    assert not left, f"Ray processes left behind: {sorted(left)}"
-
-
-def _live_actors() -> list[str]:
-    """Ids of this cluster's actors that are not dead, from the GCS actor table.
-
-    (``ray.util.state.list_actors`` would say the same, but it needs the dashboard of
-    ``ray[default]``; the ``ray`` extra installs minimal Ray.)
-    """
-    from ray._private import state
-
-    return [actor_id for actor_id, info in state.actors().items() if info["State"] != "DEAD"]
 
 
 def _samples(n: int) -> tuple[list[SimpleNamespace], list[float]]:
@@ -180,7 +131,7 @@ async def test_ray_executor_exports_what_the_local_one_exports(
     assert stats.num_created == stats.num_idle <= 4
     assert not results["ray"].dropped and len(results["ray"].samples) == 4
     assert _exported(results["ray"]) == _exported(results["local"])  # advantages included
-    assert not await trio.to_thread.run_sync(_live_actors)  # the pool's close killed them all
+    assert not await trio.to_thread.run_sync(live_actors)  # the pool's close killed them all
 
 
 async def test_ray_executor_timeout_kills_the_agents_processes(
@@ -292,7 +243,7 @@ async def _one_step_local_and_on_ray(tiny_model_dir: Path, tmp_path: Path, agent
             assert got[field] == want[field], field
         assert got["metadata"]["id"] == want["metadata"]["id"]  # (the rest names its Session)
         assert got["rollout_logprobs"] == pytest.approx(want["rollout_logprobs"], abs=1e-5)
-    assert not _live_actors()  # ranks, engines, agents: every actor is gone
+    assert not live_actors()  # ranks, engines, agents: every actor is gone
 
 
 async def test_one_training_step_on_ray_matches_one_local_process(
