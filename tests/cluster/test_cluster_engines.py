@@ -90,6 +90,7 @@ async def test_ray_engines_serve_restart_and_leave_nothing(
         functools.partial(RayEngineStarter.connect, "auto", num_cpus=0.5))
     config = FleetConfig(num_engines=2, health_interval_s=0.5, engine_restarts=1)
     root = os.getpid()
+    others = set(_engine_pids(root))  # e.g. a session-scoped engine of other tests
     with trio.fail_after(600):  # two tiny-model engines, twice, on 2 loaded cores
         async with open_launched_fleet(config, model_dir=tiny_model_dir, log_dir=tmp_path,
                                        kind="embedded", starter=starter) as launched:
@@ -125,9 +126,9 @@ async def test_ray_engines_serve_restart_and_leave_nothing(
                for m in messages)
     assert sum("joined" in m for m in messages) >= 2  # both readmitted
     deadline = time.monotonic() + 30  # an actor's reaper shim may still be taking its group down
-    while (_engine_pids(root) or live_actors("_EngineActor")) and time.monotonic() < deadline:
+    while (set(_engine_pids(root)) - others or live_actors("_EngineActor")) and time.monotonic() < deadline:
         await trio.sleep(0.2)
-    assert not _engine_pids(root)
+    assert not set(_engine_pids(root)) - others
     assert not live_actors("_EngineActor")
     gateways = [p for p in descendants(root) if alive(p)
                 and b"sglang_router" in Path(f"/proc/{p}/cmdline").read_bytes()]
