@@ -67,7 +67,9 @@ def with_cluster_flags(config: Any, args: argparse.Namespace, environ: Mapping[s
     ray_address = args.ray_address or env.get("RAY_ADDRESS") or None
     flags = {"actor_num_nodes": "--actor-num-nodes", "actor_num_gpus_per_node": "--actor-num-gpus-per-node",
              "collective_timeout_s": "--trainer-collective-timeout", "agent_executor": "--agent-executor",
-             "agent_num_cpus": "--agent-num-cpus", "engine_num_cpus": "--rollout-num-cpus-per-engine"}
+             "agent_num_cpus": "--agent-num-cpus", "engine_num_cpus": "--rollout-num-cpus-per-engine",
+             "api_host": "--agentic-api-host", "api_port": "--agentic-api-port",
+             "api_advertise_url": "--agentic-api-advertise-url"}
     try:
         dist = DistributedConfig(
             actor_num_nodes=args.actor_num_nodes,

@@ -11,6 +11,7 @@ Never torch, quart or httpx at import time.
 
 from __future__ import annotations
 
+import urllib.parse
 from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import Any, Final, Literal
@@ -457,7 +458,8 @@ class DistributedConfig:
         engine_num_cpus: CPUs each launched engine's Ray actor reserves
             (``--rollout-num-cpus-per-engine``; with Ray, launched engines run as actors,
             :mod:`relaxtrio.cluster.engines`); its torch threads.
-        api_host: interface the agent API binds (``--agentic-api-host``); loopback unless set.
+        api_host: interface the agent API binds (``--agentic-api-host``); loopback unless set; a
+            wildcard (:data:`WILDCARD_HOSTS`) needs ``api_advertise_url``.
         api_port: its TCP port (0: any free one).
         api_advertise_url: the base URL handed to agents as ``RELAX_BASE_URL``
             (``--agentic-api-advertise-url``), e.g. ``http://10.0.0.5:8000/agentic_api/``; a URL
@@ -486,11 +488,26 @@ class DistributedConfig:
             raise ConfigError.at("actor_num_nodes", "> 1 needs Ray (--ray-address auto|ADDRESS)")
         if self.device not in ("cpu", "cuda"):
             raise ConfigError.at("device", f"must be cpu or cuda, got {self.device!r}")
+        if not 0 <= self.api_port <= 65535:
+            raise ConfigError.at("api_port", f"must be a TCP port, 0-65535 (0 picks a free one), got {self.api_port}")
+        if self.api_advertise_url is not None:
+            parts = urllib.parse.urlsplit(self.api_advertise_url)
+            if parts.scheme not in ("http", "https") or not parts.hostname:
+                raise ConfigError.at("api_advertise_url", "must be an http(s) URL with a host, e.g. "
+                                     f"http://10.0.0.5:8000/agentic_api/, got {self.api_advertise_url!r}")
+        if self.api_host in WILDCARD_HOSTS and self.api_advertise_url is None:
+            raise ConfigError.at("api_host", f"{self.api_host!r} listens on every interface but is no address an "
+                                 "agent can connect to: also set --agentic-api-advertise-url (e.g. "
+                                 "http://<this node's IP>:<port>/agentic_api/)")
 
     @property
     def world_size(self) -> int:
         """W, the number of trainer ranks."""
         return self.actor_num_nodes * self.actor_num_gpus_per_node
+
+
+WILDCARD_HOSTS: Final = frozenset({"0.0.0.0", "::", "[::]", ""})
+"""``--agentic-api-host`` values that bind every interface: agents need an advertised URL."""
 
 
 @attrs.frozen(kw_only=True)

@@ -463,7 +463,7 @@ async def _agent_config(cfg: TrainRunConfig, agent: AgentConfig, stack: AsyncExi
     from .cluster.runtime import connect
 
     assert d.ray_address is not None  # DistributedConfig checks it
-    await trio.to_thread.run_sync(connect, d.ray_address)
+    await trio.to_thread.run_sync(connect, d.ray_address, abandon_on_cancel=True)  # SIGTERM still ends the run
     if d.api_host in ("127.0.0.1", "localhost") and d.api_advertise_url is None:
         log.warning("--agent-executor ray with the agent API on loopback: agents placed on other "
                     "nodes cannot reach it (set --agentic-api-host and --agentic-api-advertise-url)")

@@ -44,6 +44,12 @@ def test_flags_and_ray_address_from_the_environment(tmp_path: Path) -> None:
     (("--agent-executor", "ray"), "--agent-executor"),
     (("--actor-num-gpus-per-node", "0"), "--actor-num-gpus-per-node"),
     (("--trainer-collective-timeout", "0"), "--trainer-collective-timeout"),
+    (("--agentic-api-port", "70000"), "--agentic-api-port"),
+    (("--agentic-api-port", "-1"), "--agentic-api-port"),
+    (("--agentic-api-advertise-url", "not-a-url"), "--agentic-api-advertise-url"),
+    (("--agentic-api-advertise-url", "ftp://10.0.0.5/x"), "--agentic-api-advertise-url"),
+    (("--agentic-api-host", "0.0.0.0"), "--agentic-api-host"),  # no address an agent can use
+    (("--agentic-api-host", "::"), "--agentic-api-host"),
 ])
 def test_refusals_name_the_flag(tmp_path: Path, argv: tuple[str, ...], flag: str) -> None:
     with pytest.raises(ConfigError) as info:
@@ -56,3 +62,19 @@ def test_advertised_url_keeps_the_bound_port_and_path() -> None:
     assert advertised_url(bound, None) == bound
     assert advertised_url(bound, "http://10.0.0.5") == "http://10.0.0.5:43123/agentic_api/"
     assert advertised_url(bound, "https://proxy.example:8443/x/") == "https://proxy.example:8443/x/"
+
+
+def test_an_unreachable_ray_address_fails_at_once() -> None:
+    """ray.init retries an address where nothing listens for minutes, in a thread SIGTERM cannot
+    interrupt; the probe refuses it first."""
+    pytest.importorskip("ray")
+    import socket
+
+    from relaxtrio.cluster.runtime import _probe  # what connect runs before ray.init
+
+    with socket.socket() as sock:  # a port that is surely closed: bound, never listening
+        sock.bind(("127.0.0.1", 0))
+        port = sock.getsockname()[1]
+        with pytest.raises(ConfigError, match="no Ray cluster answers") as info:
+            _probe(f"127.0.0.1:{port}")
+    assert info.value.param == "--ray-address"
