@@ -186,6 +186,7 @@ async def serve_isolated(
 
     Raises:
         ValueError: ``config`` asks for TLS, QUIC or ``max_requests``.
+        OSError: a bind failed (e.g. the port is in use); raised before anything started.
 
     Cancellation:
         Cancelling closes the listeners and every connection at once (their ASGI tasks are
@@ -198,13 +199,29 @@ async def serve_isolated(
     lifespan_state: dict[str, Any] = {}
     lifespan = Lifespan(asgi, config, lifespan_state)
     context = WorkerContext(None)
+    # Bind before anything starts: a port in use raises OSError here, not from inside nurseries.
+    sockets = config.create_sockets().insecure_sockets
+    try:
+        await _serve_bound(asgi, config, sockets, lifespan, lifespan_state, context, shutdown_trigger,
+                           task_status)
+    finally:
+        for sock in sockets:  # closed already when they became listeners; closing again is a no-op
+            sock.close()
+
+
+async def _serve_bound(
+    asgi: Any, config: Config, sockets: list[Any], lifespan: Lifespan, lifespan_state: dict[str, Any],
+    context: WorkerContext, shutdown_trigger: Callable[[], Awaitable[object]] | None,
+    task_status: trio.TaskStatus[list[str]],
+) -> None:
+    """:func:`serve_isolated` once its sockets are bound."""
     async with trio.open_nursery() as lifespan_nursery:
         await lifespan_nursery.start(lifespan.handle_lifespan)
         await lifespan.wait_for_startup()
         async with trio.open_nursery() as connections:
             listeners = []
             binds = []
-            for sock in config.create_sockets().insecure_sockets:
+            for sock in sockets:
                 sock.listen(config.backlog)
                 listeners.append(trio.SocketListener(trio.socket.from_stdlib_socket(sock)))
                 binds.append(f"http://{repr_socket_addr(sock.family, sock.getsockname())}")

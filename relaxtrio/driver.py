@@ -371,7 +371,12 @@ async def _run_loaded(
         freeze_startup_heap()  # start-up is done: full GC collections skip its heap from now on
         async with trio.open_nursery() as nursery:
             d = cfg.distributed
-            bound_url = await nursery.start(functools.partial(serve_api, app, host=d.api_host, port=d.api_port))
+            try:
+                bound_url = await nursery.start(functools.partial(serve_api, app, host=d.api_host, port=d.api_port))
+            except OSError as exc:  # raised by the bind, before the API started
+                raise ConfigError(f"--agentic-api-port {d.api_port}: the agent API cannot listen on "
+                                  f"{d.api_host}:{d.api_port} ({exc.strerror or exc})",
+                                  param="--agentic-api-port") from exc
             base_url = advertised_url(bound_url, d.api_advertise_url)
             log.info("agent API at %s (agents use %s)", bound_url, base_url)
             view = RunView(kind="rollout" if cfg.rollout_only else "train")
