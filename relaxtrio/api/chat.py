@@ -3,11 +3,13 @@
 Request (https://platform.openai.com/docs/api-reference/chat/create; our subset:
 docs/agent-contract.md#chat-completions): ``messages`` (complete history), ``tools``,
 ``chat_template_kwargs``, ``max_completion_tokens`` (legacy ``max_tokens``; the newer field wins),
-``stop``, ``seed`` and ``logprobs`` are honoured. ``temperature``, ``top_p``, ``n``,
-``tool_choice``, ``parallel_tool_calls``, ``stream_options``, ``top_logprobs`` and every other field
-are accepted and do not alter generation (the training configuration owns sampling). ``model`` is
-echoed. A ``developer`` message is rejected: the harness must map it to ``system``
-(docs/client-quirks.md#developer-messages).
+``stop``, ``seed`` and ``logprobs`` are honoured. ``temperature``, ``top_p``,
+``parallel_tool_calls``, ``stream_options`` and every other field are accepted and do not alter
+generation (the training configuration owns sampling), except options that ask for what relaxtrio
+cannot do: ``n`` above 1, ``top_logprobs`` above 0, ``tool_choice`` other than ``auto`` (or
+``none`` without tools), a ``response_format`` schema and the legacy ``functions`` are 400s naming
+the field (:func:`.options.check_chat_options`). ``model`` is echoed. A ``developer`` message is
+rejected: the harness must map it to ``system`` (docs/client-quirks.md#developer-messages).
 
 Response: ``chat.completion`` JSON or, with ``stream: true``, one complete ``chat.completion.chunk``
 with usage followed by ``data: [DONE]`` (docs/agent-contract.md#buffered-sse;
@@ -26,6 +28,7 @@ from ..forest import Conversation, ConversationMemo
 from ..nursery.turns import TurnRequest, TurnResult
 from .errors import openai_error_body
 from .fields import optional_bool, optional_positive_int, optional_seed, optional_str, stop_strings
+from .options import check_chat_options
 from .wire import ParsedRequest, ProtocolAdapter, new_id, sse_comment, sse_data
 
 DONE_FRAME: Final = b"data: [DONE]\n\n"
@@ -43,6 +46,7 @@ def parse_chat_request(body: Mapping[str, Any], memo: ConversationMemo | None = 
         InvalidRequestError: any invalid field, with ``param`` set to its path
             (``messages[3].content``, ``max_tokens``, ``chat_template_kwargs``...).
     """
+    check_chat_options(body)
     build = Conversation.from_wire if memo is None else memo.conversation
     conversation = build(body.get("messages"), body.get("tools"), body.get("chat_template_kwargs"))
     if not conversation.messages:

@@ -6,8 +6,8 @@ docs/agent-contract.md#anthropic-messages describes:
 * ``system`` string or text blocks (joined with ``"\\n\\n"``) → a system message;
 * ``messages`` (required list); a ``system`` entry (string or text blocks joined with
   ``"\\n\\n"``; not part of the Messages API, but Claude Code sends one) → a system message at
-  its position; other roles than user / assistant are dropped
-  (docs/client-quirks.md#unknown-roles-and-items-are-dropped);
+  its position; any other role than user / assistant is a 400 naming ``messages[i].role``
+  (docs/client-quirks.md#unknown-roles-and-items-are-refused);
   string content is kept; assistant blocks: ``text`` (joined with ``""``), ``thinking``
   (non-empty ones joined with ``"\\n\\n"`` into ``reasoning_content``; the signature is dropped),
   ``tool_use`` (``id``, ``name``, object ``input``) → one assistant message; user blocks: ``text``,
@@ -21,7 +21,9 @@ docs/agent-contract.md#anthropic-messages describes:
   "disabled"}``; tools with no ``type`` or ``type: "custom"`` (``name``, ``input_schema``,
   ``description``?) become function tools; any other tool type is a 400 naming
   ``tools[i].type`` (:data:`OTHER_TOOL_TYPES_HINT` says why). ``temperature``, ``top_p``,
-  ``top_k``, ``tool_choice``, ``metadata`` do not alter generation.
+  ``top_k``, ``thinking.budget_tokens``, ``metadata`` do not alter generation; a ``tool_choice``
+  other than ``auto`` (or ``none`` without tools) and ``mcp_servers`` are 400s naming them
+  (:func:`.options.check_messages_options`).
 
 Strict where it matters: a non-object message or block is a 400 (it is not skipped); a
 ``tool_result`` whose block list holds no text and no image is a 400 naming the block; errors
@@ -52,6 +54,7 @@ from .fields import (
     stop_strings,
     thinking_switch,
 )
+from .options import check_messages_options
 from .projection import ElementMemo, Projection, Source, call_source, project_flat_tools
 from .wire import ParsedRequest, ProtocolAdapter, dumps, new_id, sse_event
 
@@ -234,8 +237,9 @@ def _project_message(message: Any, index: int, proj: Projection) -> None:
     if role == "system":
         _system_entry(message.get("content"), path, proj)
         return
-    if role not in ("user", "assistant"):
-        return  # other roles are dropped (docs/client-quirks.md#unknown-roles-and-items-are-dropped)
+    if role not in ("user", "assistant"):  # refused (docs/client-quirks.md#unknown-roles-and-items-are-refused)
+        raise InvalidRequestError(f"{path}.role must be one of: assistant, system, user, got {role!r}",
+                                  param=f"{path}.role")
     content = message.get("content")
     if isinstance(content, str):
         proj.add_message({"role": role, "content": content}, Source(path, fields={".content": f"{path}.content"}))
@@ -292,6 +296,7 @@ def parse_messages_request(body: Mapping[str, Any], memo: ConversationMemo | Non
     Raises:
         InvalidRequestError: any invalid field, with ``param`` set to its request path.
     """
+    check_messages_options(body)
     conversation = _conversation(body, memo)
     turn = TurnRequest(
         conversation=conversation,

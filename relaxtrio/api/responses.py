@@ -18,7 +18,10 @@ docs/agent-contract.md#responses describes:
   - ``function_call_output`` → a tool message with the same ``call_id``; its output is a string
     (``""`` allowed) or ``input_text`` / ``input_image`` parts (text only → joined with ``""``,
     with images → ``text`` / ``image_url`` parts);
-  - other item types and roles are dropped (docs/client-quirks.md#unknown-roles-and-items-are-dropped);
+  - any other role is a 400 naming ``input[i].role``, any other item type a 400 naming
+    ``input[i].type`` and the value (:func:`.options.responses_item_type_error`; built-in tool
+    calls and server-side state such as ``item_reference`` included), never dropped
+    (docs/client-quirks.md#unknown-roles-and-items-are-refused);
 
   - ``custom_tool_call`` → an assistant tool call ``{"input": <raw text>}`` (the projection of
     a custom tool, :mod:`.responses_tools`); ``custom_tool_call_output`` → a tool message like
@@ -29,7 +32,9 @@ docs/agent-contract.md#responses describes:
   (:mod:`.responses_tools`); hosted tool types are left out with a log line; ``max_output_tokens`` is the turn limit; ``reasoning.effort`` ∈ {none,
   minimal, low, medium, high, xhigh, max} → ``chat_template_kwargs = {"enable_thinking": effort
   != "none"}`` (any other value → ``{}``). ``previous_response_id``, ``temperature``, ``top_p``,
-  ``store``, ``include`` and other fields do not alter generation.
+  ``store``, ``parallel_tool_calls`` and other fields do not alter generation; options that ask
+  for what relaxtrio cannot do (``tool_choice`` other than ``auto``, a ``text.format`` schema,
+  ``top_logprobs``) are 400s naming them (:func:`.options.check_responses_options`).
 
 Strict where it matters: a non-object item or content part is a 400 (it is not skipped); errors
 name the exact item path (``input[3].call_id``) rather
@@ -54,6 +59,7 @@ from ..forest import ConversationMemo
 from ..nursery.turns import TurnRequest, TurnResult
 from .errors import openai_error_body
 from .fields import non_empty_str, optional_bool, optional_object, optional_positive_int, optional_str, thinking_switch
+from .options import check_responses_options, responses_item_type_error
 from .projection import ElementMemo, Projection, Source, call_source
 from .responses_tools import custom_call_arguments, custom_call_item, project_responses_tools
 from .wire import ParsedRequest, ProtocolAdapter, new_id, sse_comment, sse_event
@@ -208,7 +214,8 @@ def _project_item(item: Any, index: int, proj: Projection, pending: _Assistant) 
     if kind is None or kind == "message":
         role = _MESSAGE_ROLES.get(item["role"]) if isinstance(item.get("role"), str) else None
         if role is None:
-            return  # unknown roles are dropped (docs/client-quirks.md#unknown-roles-and-items-are-dropped)
+            raise InvalidRequestError(f"{path}.role must be one of: assistant, developer, system, user, "
+                                      f"got {item.get('role')!r}", param=f"{path}.role")
         content, part_paths = _message_content(item.get("content"), role, f"{path}.content")
         if role == "assistant":
             pending.touch(path)
@@ -250,7 +257,8 @@ def _project_item(item: Any, index: int, proj: Projection, pending: _Assistant) 
         fields = {".content": f"{path}.output", ".tool_call_id": f"{path}.call_id"}
         proj.add_message({"role": "tool", "tool_call_id": call_id, "content": output},
                          Source(path, fields=fields, parts=output_parts))
-    # every other item type is dropped (docs/client-quirks.md#unknown-roles-and-items-are-dropped)
+    else:  # refused, never dropped (docs/client-quirks.md#unknown-roles-and-items-are-refused)
+        raise responses_item_type_error(kind, path)
 
 
 def parse_responses_request(body: Mapping[str, Any], memo: ConversationMemo | None = None) -> ParsedRequest:
@@ -261,6 +269,7 @@ def parse_responses_request(body: Mapping[str, Any], memo: ConversationMemo | No
     Raises:
         InvalidRequestError: any invalid field, with ``param`` set to its request path.
     """
+    check_responses_options(body)
     proj = Projection(messages_field="input")
     instructions = body.get("instructions")
     if instructions is not None:

@@ -264,7 +264,7 @@ def _container_ids(value: Any) -> set[int]:
 def test_turn_limits_stops_and_sampling_fields() -> None:
     base = GOLDEN["text_only"][1]
     chat = parse_chat_request({**base["chat"], "max_tokens": 50, "max_completion_tokens": 9, "stop": ["A", ""],
-                               "seed": 3, "logprobs": True, "temperature": 0.1, "top_p": 0.2, "n": 2})
+                               "seed": 3, "logprobs": True, "temperature": 0.1, "top_p": 0.2, "n": 1})
     assert (chat.turn.max_new_tokens, chat.turn.stop, chat.turn.seed, chat.turn.logprobs) == (9, ("A",), 3, True)
     assert parse_chat_request({**base["chat"], "max_tokens": 50}).turn.max_new_tokens == 50
     responses = parse_responses_request({**base["responses"], "max_output_tokens": 12, "temperature": 2.0,
@@ -274,6 +274,25 @@ def test_turn_limits_stops_and_sampling_fields() -> None:
     messages = parse_messages_request({**base["messages"], "stop_sequences": ["END", "STOP"], "top_k": 5})
     assert (messages.turn.max_new_tokens, messages.turn.stop) == (64, ("END", "STOP"))
     assert {chat.turn.protocol, responses.turn.protocol, messages.turn.protocol} == {"chat", "responses", "messages"}
+
+
+@pytest.mark.parametrize(("protocol", "patch"), [
+    ("chat", {"n": 1, "tool_choice": "auto", "parallel_tool_calls": False, "top_logprobs": 0,
+              "stream_options": {"include_usage": True}, "response_format": {"type": "text"},
+              "presence_penalty": 0.5, "tools": [{"type": "function", "function": {"name": "f"}}]}),
+    ("chat", {"tool_choice": "none", "tools": []}),
+    ("responses", {"tool_choice": "auto", "parallel_tool_calls": True, "include": ["reasoning.encrypted_content"],
+                   "text": {"verbosity": "medium"}, "top_logprobs": 0, "store": False,
+                   "prompt_cache_key": "k"}),
+    ("responses", {"tool_choice": "none"}),
+    ("messages", {"tool_choice": {"type": "auto", "disable_parallel_tool_use": True},
+                  "thinking": {"type": "enabled", "budget_tokens": 1024}, "metadata": {"user_id": "u"},
+                  "tools": [{"name": "f", "input_schema": {"type": "object"}}], "mcp_servers": []}),
+    ("messages", {"tool_choice": {"type": "none"}}),
+])
+def test_options_the_harnesses_send_are_accepted(protocol: str, patch: dict) -> None:
+    body = {**GOLDEN["text_only"][1][protocol], **patch}
+    assert PARSERS[protocol](body).turn.conversation.messages
 
 
 @pytest.mark.parametrize(("protocol", "patch", "kwargs"), [
@@ -290,18 +309,34 @@ def test_thinking_switches(protocol: str, patch: dict, kwargs: dict) -> None:
     assert PARSERS[protocol](body).turn.conversation.template_kwargs == kwargs
 
 
-def test_dropped_items_and_roles_are_tolerated() -> None:
+def test_unsupported_content_parts_are_tolerated() -> None:
     responses = parse_responses_request({"input": [
-        {"role": "user", "content": "Hi"}, {"role": "tool", "content": "x"},
-        {"type": "item_reference", "id": "x"}, {"type": "message", "role": "user",
-                                                 "content": [{"type": "input_file", "file_id": "f"},
-                                                             {"type": "input_text", "text": "!"}]}]})
+        {"role": "user", "content": "Hi"}, {"type": "message", "role": "user",
+                                            "content": [{"type": "input_file", "file_id": "f"},
+                                                        {"type": "input_text", "text": "!"}]}]})
     assert list(responses.turn.conversation.messages) == [{"role": "user", "content": "Hi"},
                                                           {"role": "user", "content": "!"}]
-    messages = parse_messages_request(_anthropic([{"role": "developer", "content": "no"},
-                                                  {"role": "user", "content": [{"type": "document"},
+    messages = parse_messages_request(_anthropic([{"role": "user", "content": [{"type": "document"},
                                                                                {"type": "text", "text": "Hi"}]}]))
     assert list(messages.turn.conversation.messages) == [{"role": "user", "content": "Hi"}]
+
+
+def test_reasoning_items_without_readable_text_are_ignored() -> None:
+    # Codex replays its reasoning items with only encrypted content when the server sent no text.
+    body = {"input": [
+        {"role": "user", "content": "Hi"},
+        {"type": "reasoning", "id": "rs_1", "summary": [], "encrypted_content": "gAAA"},
+        {"type": "message", "role": "assistant", "content": [{"type": "output_text", "text": "Hello"}]},
+        {"type": "reasoning", "id": "rs_2", "summary": [{"type": "summary_text", "text": "think"}]},
+        {"type": "function_call", "call_id": "c", "name": "f", "arguments": "{}"},
+        {"type": "function_call_output", "call_id": "c", "output": "ok"}],
+        "include": ["reasoning.encrypted_content"], "tool_choice": "auto", "parallel_tool_calls": False,
+        "reasoning": {"effort": "medium", "summary": "auto"}, "store": False,
+        "text": {"format": {"type": "text"}, "verbosity": "low"},
+        "tools": [{"type": "function", "name": "f", "parameters": {"type": "object"}}]}
+    messages = parse_responses_request(body).turn.conversation.messages
+    assert [m["role"] for m in messages] == ["user", "assistant", "tool"]
+    assert messages[1]["content"] == "Hello" and messages[1]["reasoning_content"] == "think"
 
 
 REJECTED = [
@@ -309,14 +344,74 @@ REJECTED = [
     ("chat", {"messages": []}, "messages", "messages projected to zero supported messages"),
     ("chat", {}, "messages", "messages projected to zero supported messages"),
     ("responses", {"input": []}, "input", "input projected to zero supported messages"),
-    ("responses", {"input": [{"role": "tool", "content": "x"}]}, "input", "projected to zero supported messages"),
-    ("messages", _anthropic([{"role": "developer", "content": "x"}]), "messages", "projected to zero supported"),
+    ("responses", {"input": [{"role": "tool", "content": "x"}]}, "input[0].role", "got 'tool'"),
+    ("messages", _anthropic([{"role": "developer", "content": "x"}]), "messages[0].role", "got 'developer'"),
     ("messages", _anthropic([{"role": "system", "content": []}]), "messages[0].content", "projected to no supported"),
     ("chat", {"messages": [{"role": "user", "content": "x"}], "stop": [1]}, "stop", "stop must be a string or list"),
     ("chat", {"messages": [{"role": "user", "content": "x"}], "seed": 2**70}, "seed", "seed must be between"),
     ("chat", {"messages": [{"role": "user", "content": "x"}], "max_completion_tokens": 0}, "max_completion_tokens",
      "max_completion_tokens must be a positive integer"),
     ("responses", {}, "input", "input is required and must be a string or list"),
+    # unknown roles and item types next to valid items: a 400 naming them, never dropped
+    ("responses", {"input": [{"role": "user", "content": "Hi"}, {"role": "tool", "content": "x"}]},
+     "input[1].role", "must be one of: assistant, developer, system, user, got 'tool'"),
+    ("responses", {"input": [{"role": "user", "content": "Hi"}, {"type": "message", "content": "x"}]},
+     "input[1].role", "got None"),
+    ("responses", {"input": [{"role": "user", "content": "Hi"}, {"type": "frobnicate"}]},
+     "input[1].type", "'frobnicate' is not supported: it is not a Responses input item type"),
+    ("responses", {"input": [{"role": "user", "content": "Hi"}, {"type": 7}]}, "input[1].type", "must be a string"),
+    *[("responses", {"input": [{"role": "user", "content": "Hi"}, item]}, "input[1].type",
+       f"input[1].type {item['type']!r} is not supported: {why}")
+      for item, why in (
+          ({"type": "item_reference", "id": "msg_1"}, "it refers to server-side state"),
+          ({"type": "compaction", "encrypted_content": "x"}, "it refers to server-side state"),
+          ({"type": "web_search_call", "id": "ws", "status": "completed", "action": {"type": "search"}},
+           "built-in tool items cannot be replayed"),
+          ({"type": "local_shell_call", "id": "ls", "call_id": "c", "status": "completed",
+            "action": {"type": "exec", "command": ["ls"], "env": {}}}, "built-in tool items cannot be replayed"),
+          ({"type": "mcp_call", "id": "m", "name": "f", "server_label": "s", "arguments": "{}"},
+           "built-in tool items cannot be replayed"))],
+    ("messages", _anthropic([{"role": "user", "content": "Hi"}, {"role": "tool", "content": "x"},
+                             {"role": "user", "content": "more"}]),
+     "messages[1].role", "must be one of: assistant, system, user, got 'tool'"),
+    ("messages", _anthropic([{"role": "user", "content": "Hi"}, {"content": "x"}]), "messages[1].role", "got None"),
+    # options relaxtrio cannot honour: a 400 naming the field
+    ("chat", {"messages": [{"role": "user", "content": "x"}], "n": 2}, "n", "n must be 1"),
+    ("chat", {"messages": [{"role": "user", "content": "x"}], "n": 0}, "n", "n must be a positive integer"),
+    ("chat", {"messages": [{"role": "user", "content": "x"}], "n": True}, "n", "n must be a positive integer"),
+    ("chat", {"messages": [{"role": "user", "content": "x"}], "logprobs": True, "top_logprobs": 2},
+     "top_logprobs", "top_logprobs must be 0"),
+    ("chat", {"messages": [{"role": "user", "content": "x"}], "top_logprobs": "2"}, "top_logprobs",
+     "must be a non-negative integer"),
+    ("chat", {"messages": [{"role": "user", "content": "x"}], "tool_choice": "required"}, "tool_choice",
+     "tool_choice 'required' is not supported"),
+    ("chat", {"messages": [{"role": "user", "content": "x"}], "tool_choice": "none",
+              "tools": [{"type": "function", "function": {"name": "f"}}]}, "tool_choice", "'none' is not supported"),
+    ("chat", {"messages": [{"role": "user", "content": "x"}],
+              "tool_choice": {"type": "function", "function": {"name": "f"}}}, "tool_choice", "is not supported"),
+    ("chat", {"messages": [{"role": "user", "content": "x"}], "response_format": {"type": "json_object"}},
+     "response_format.type", "'json_object' is not supported"),
+    ("chat", {"messages": [{"role": "user", "content": "x"}], "response_format": "json"}, "response_format",
+     "must be an object"),
+    ("chat", {"messages": [{"role": "user", "content": "x"}], "functions": [{"name": "f"}]}, "functions",
+     "send the functions as tools"),
+    ("chat", {"messages": [{"role": "user", "content": "x"}], "parallel_tool_calls": "yes"}, "parallel_tool_calls",
+     "must be a boolean"),
+    ("responses", {"input": "x", "tool_choice": "required"}, "tool_choice", "is not supported"),
+    ("responses", {"input": "x", "tool_choice": {"type": "function", "name": "f"}}, "tool_choice", None),
+    ("responses", {"input": "x", "top_logprobs": 3}, "top_logprobs", "top_logprobs must be 0"),
+    ("responses", {"input": "x", "include": ["reasoning.encrypted_content", "message.output_text.logprobs"]},
+     "include[1]", "carry no logprobs"),
+    ("responses", {"input": "x", "text": {"format": {"type": "json_schema", "name": "a", "schema": {}}}},
+     "text.format.type", "'json_schema' is not supported"),
+    ("messages", _anthropic([{"role": "user", "content": "x"}], tool_choice={"type": "any"}), "tool_choice.type",
+     "tool_choice.type 'any' is not supported"),
+    ("messages", _anthropic([{"role": "user", "content": "x"}], tool_choice={"type": "tool", "name": "f"}),
+     "tool_choice.type", None),
+    ("messages", _anthropic([{"role": "user", "content": "x"}], tool_choice="auto"), "tool_choice",
+     "must be an object"),
+    ("messages", _anthropic([{"role": "user", "content": "x"}],
+                            mcp_servers=[{"type": "url", "url": "https://x", "name": "x"}]), "mcp_servers", None),
     ("responses", {"input": ""}, "input", "input must not be empty"),
     ("responses", {"input": "x", "instructions": ""}, "instructions", "instructions must be a non-empty string"),
     ("responses", {"input": [3]}, "input[0]", "input[0] must be an object"),
