@@ -21,8 +21,9 @@ docs/agent-contract.md#anthropic-messages describes:
   "disabled"}``; tools with no ``type`` or ``type: "custom"`` (``name``, ``input_schema``,
   ``description``?) become function tools; any other tool type is a 400 naming
   ``tools[i].type`` (:data:`OTHER_TOOL_TYPES_HINT` says why). ``temperature``, ``top_p``,
-  ``top_k``, ``thinking.budget_tokens``, ``metadata`` do not alter generation; a ``tool_choice``
-  other than ``auto`` (or ``none`` without tools) and ``mcp_servers`` are 400s naming them
+  ``top_k``, ``thinking.budget_tokens``, ``output_config.effort``, ``metadata`` do not alter
+  generation; a ``tool_choice`` other than ``auto`` (or ``none`` without tools), an
+  ``output_config.format`` schema and ``mcp_servers`` are 400s naming them
   (:func:`.options.check_messages_options`).
 
 Strict where it matters: a non-object message or block is a 400 (it is not skipped); a

@@ -143,16 +143,25 @@ def check_responses_options(body: Mapping[str, Any]) -> None:
 def check_messages_options(body: Mapping[str, Any]) -> None:
     """Refuses Anthropic Messages options that would otherwise be dropped.
 
+    ``output_config.effort`` (Claude Code sends ``high``) is ignored like ``thinking.budget_tokens``.
+
     Raises:
         InvalidRequestError: ``tool_choice`` that is not an object (``tool_choice``) or whose
-            ``type`` is not ``auto`` (or ``none`` without tools; ``tool_choice.type``), or a
-            non-empty ``mcp_servers`` (their tools run on Anthropic's side).
+            ``type`` is not ``auto`` (or ``none`` without tools; ``tool_choice.type``), a
+            structured-output schema (``output_config.format``, or the beta ``output_format``),
+            or a non-empty ``mcp_servers`` (their tools run on Anthropic's side).
     """
     choice = require_object(body.get("tool_choice"), "tool_choice", optional=True)
     if choice is not None:
         if choice.get("type") is None:
             raise InvalidRequestError("tool_choice.type is required", param="tool_choice.type")
         _tool_choice(choice.get("type"), "tool_choice.type", has_tools=_has_tools(body))
+    output_config = require_object(body.get("output_config"), "output_config", optional=True)
+    for param, value in (("output_config.format", None if output_config is None else output_config.get("format")),
+                         ("output_format", body.get("output_format"))):
+        if value is not None:
+            raise InvalidRequestError(f"{param} is not supported: generation is not constrained to a schema",
+                                      param=param)
     servers = body.get("mcp_servers")
     if servers is not None and servers != []:
         raise InvalidRequestError("mcp_servers is not supported: their tools run on Anthropic's side; "

@@ -129,6 +129,8 @@ REFUSED = [
     ("messages", {**VALID["messages"], "tool_choice": {"type": "any"}}, "tool_choice.type"),
     ("messages", {**VALID["messages"], "mcp_servers": [{"type": "url", "url": "https://x", "name": "x"}]},
      "mcp_servers"),
+    ("messages", {**VALID["messages"], "output_config": {"format": {"type": "json_schema", "schema": {}}}},
+     "output_config.format"),
     ("chat", {**VALID["chat"], "n": 2}, "n"),
     ("chat", {**VALID["chat"], "logprobs": True, "top_logprobs": 3}, "top_logprobs"),
     ("chat", {**VALID["chat"], "tool_choice": "required"}, "tool_choice"),

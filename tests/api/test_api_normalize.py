@@ -289,6 +289,15 @@ def test_turn_limits_stops_and_sampling_fields() -> None:
                   "thinking": {"type": "enabled", "budget_tokens": 1024}, "metadata": {"user_id": "u"},
                   "tools": [{"name": "f", "input_schema": {"type": "object"}}], "mcp_servers": []}),
     ("messages", {"tool_choice": {"type": "none"}}),
+    # what Claude Code 2.1.332, Codex 0.169.0 and opencode 1.18.33 sent in the example CLI test
+    ("messages", {"thinking": {"type": "adaptive", "display": "omitted"}, "output_config": {"effort": "high"},
+                  "context_management": {"edits": [{"type": "clear_thinking_20251015", "keep": "all"}]},
+                  "metadata": {"user_id": "{}"}, "max_tokens": 32000, "stream": True}),
+    ("responses", {"tool_choice": "auto", "parallel_tool_calls": True, "reasoning": {"summary": "auto"},
+                   "store": False, "include": ["reasoning.encrypted_content"], "prompt_cache_key": "k",
+                   "client_metadata": {"x-codex-window-id": "w"}, "stream": True}),
+    ("chat", {"max_tokens": 1024, "tool_choice": "auto", "stream": True, "stream_options": {"include_usage": True},
+              "tools": [{"type": "function", "function": {"name": "bash"}}]}),
 ])
 def test_options_the_harnesses_send_are_accepted(protocol: str, patch: dict) -> None:
     body = {**GOLDEN["text_only"][1][protocol], **patch}
@@ -412,6 +421,12 @@ REJECTED = [
      "must be an object"),
     ("messages", _anthropic([{"role": "user", "content": "x"}],
                             mcp_servers=[{"type": "url", "url": "https://x", "name": "x"}]), "mcp_servers", None),
+    ("messages", _anthropic([{"role": "user", "content": "x"}],
+                            output_config={"effort": "low", "format": {"type": "json_schema", "schema": {}}}),
+     "output_config.format", "not constrained to a schema"),
+    ("messages", _anthropic([{"role": "user", "content": "x"}], output_format={"type": "json_schema", "schema": {}}),
+     "output_format", None),
+    ("messages", _anthropic([{"role": "user", "content": "x"}], output_config="high"), "output_config", None),
     ("responses", {"input": ""}, "input", "input must not be empty"),
     ("responses", {"input": "x", "instructions": ""}, "instructions", "instructions must be a non-empty string"),
     ("responses", {"input": [3]}, "input[0]", "input[0] must be an object"),
