@@ -11,6 +11,10 @@ Values that the harnesses send by default stay accepted: ``n: 1``, ``tool_choice
 (Anthropic ``{"type": "auto"}``), ``parallel_tool_calls`` (either value),
 ``response_format`` / ``text.format`` of type ``text``, ``top_logprobs: 0`` and Codex's
 ``include: ["reasoning.encrypted_content"]``.
+
+The Responses item types below are the members of the API's input item union
+(https://platform.openai.com/docs/api-reference/responses/create; ``ResponseInputItemParam`` in
+openai-python 3.57) that relaxtrio does not project.
 """
 
 from __future__ import annotations
