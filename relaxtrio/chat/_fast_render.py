@@ -14,6 +14,9 @@ call the compiled template and the Rust tokenizer directly:
 * :func:`fast_encode` calls the tokenizer's Rust backend when no padding, truncation or
   special-token splitting is configured on it, which is exactly when transformers' ``encode``
   passes the text through unchanged.
+* :func:`fast_decode` calls the Rust backend's ``decode`` when the tokenizer is transformers'
+  own fast tokenizer class (no subclass changes ``decode``); with
+  ``clean_up_tokenization_spaces=False`` that is all transformers' ``decode`` does.
 
 Either falls back to transformers' own call when the tokenizer is not a transformers fast
 tokenizer (or a future transformers lacks the pieces); ``tests/compiler`` compares both paths on
@@ -25,7 +28,7 @@ from __future__ import annotations
 from collections.abc import Mapping, Sequence
 from typing import Any
 
-__all__ = ["TemplateRenderer", "fast_encode"]
+__all__ = ["TemplateRenderer", "fast_decode", "fast_encode"]
 
 try:  # private helpers of transformers 5 (pinned); without them every call falls back
     from transformers.utils.chat_template_utils import (
@@ -35,6 +38,11 @@ try:  # private helpers of transformers 5 (pinned); without them every call fall
 except ImportError:  # pragma: no cover - depends on the installed transformers
     _compile_jinja_template = None
     _alias_reasoning_fields = None
+try:
+    from transformers.tokenization_utils_base import PreTrainedTokenizerBase
+    from transformers.tokenization_utils_tokenizers import TokenizersBackend
+except ImportError:  # pragma: no cover - depends on the installed transformers
+    PreTrainedTokenizerBase = TokenizersBackend = None
 
 
 class TemplateRenderer:
@@ -117,3 +125,26 @@ def fast_encode(tokenizer: Any, text: str) -> list[int]:
     ):
         return backend.encode(text, add_special_tokens=False).ids
     return tokenizer.encode(text, add_special_tokens=False)
+
+
+def fast_decode(tokenizer: Any, token_ids: list[int]) -> str:
+    """``tokenizer.decode(token_ids, skip_special_tokens=False,
+    clean_up_tokenization_spaces=False)``, through the Rust backend when that is the same
+    computation (a :class:`TokenizersBackend` whose class keeps transformers' ``decode``).
+
+    Args:
+        tokenizer: a transformers tokenizer.
+        token_ids: the ids (a list of ints).
+
+    Returns:
+        The text, special tokens kept, no whitespace clean-up.
+    """
+    cls = type(tokenizer)
+    if (
+        TokenizersBackend is not None
+        and isinstance(tokenizer, TokenizersBackend)
+        and cls.decode is PreTrainedTokenizerBase.decode
+        and cls._decode is TokenizersBackend._decode
+    ):
+        return tokenizer.backend_tokenizer.decode(token_ids, skip_special_tokens=False)
+    return tokenizer.decode(token_ids, skip_special_tokens=False, clean_up_tokenization_spaces=False)

@@ -69,7 +69,7 @@ from .._errors import InternalError, InvalidRequestError
 from ..media.images import ImagePart, image_parts
 from ..media.vision import RenderedObservation, VisionProcessor
 from . import _template_inputs as _inputs
-from ._fast_render import TemplateRenderer, fast_encode
+from ._fast_render import TemplateRenderer, fast_decode, fast_encode
 from ._template_inputs import RESERVED_TEMPLATE_KWARGS, TURN_END_MARKERS, ArgumentsForm
 from ._template_probe import probe_arguments_form, probe_turn_end
 
@@ -312,9 +312,7 @@ class ChatCompiler:
 
     def decode(self, token_ids: Sequence[int]) -> str:
         """Text of ``token_ids`` with special tokens kept and no whitespace clean-up."""
-        return self._tokenizer.decode(
-            list(token_ids), skip_special_tokens=False, clean_up_tokenization_spaces=False
-        )
+        return fast_decode(self._tokenizer, list(token_ids))
 
     def prompt_opens_think(self, prompt_ids: Sequence[int]) -> bool:
         """True when the prompt ends inside an opened ``<think>`` block (R1 / Qwen3-thinking style).

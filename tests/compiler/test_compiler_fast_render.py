@@ -1,8 +1,10 @@
 """The fast render path (``chat/_fast_render.py``) against transformers' own calls.
 
 For every template case and scenario: the rendered text equals ``apply_chat_template(...,
-tokenize=False)``, the ids equal ``encode(text, add_special_tokens=False)``, and a delta that
-tokenizes only the text after the dummy prefix equals the full-text encoding minus the trim ids.
+tokenize=False)``, the ids equal ``encode(text, add_special_tokens=False)``, decoding them (and
+every prefix and single id) equals ``decode(ids, skip_special_tokens=False,
+clean_up_tokenization_spaces=False)``, and a delta that tokenizes only the text after the dummy
+prefix equals the full-text encoding minus the trim ids.
 """
 
 from __future__ import annotations
@@ -13,7 +15,7 @@ import pytest
 from compiler_testkit import CASES, SCENARIOS, scenario
 
 from relaxtrio.chat import _template_inputs as inputs
-from relaxtrio.chat._fast_render import fast_encode
+from relaxtrio.chat._fast_render import fast_decode, fast_encode
 from relaxtrio.chat.compiler import DUMMY_PREFIX, ChatCompiler
 from relaxtrio.models import load_tokenizer
 
@@ -50,8 +52,32 @@ def test_fast_render_equals_apply_chat_template(
         text = compiler._renderer.render(prepared, [dict(t) for t in tools] or None,
                                          add_generation_prompt, kwargs)
         assert text == expected
-        assert fast_encode(compiler.tokenizer, text) == compiler.tokenizer.encode(
-            text, add_special_tokens=False)
+        ids = fast_encode(compiler.tokenizer, text)
+        assert ids == compiler.tokenizer.encode(text, add_special_tokens=False)
+        _assert_decodes_alike(compiler, ids)
+
+
+def _assert_decodes_alike(compiler: ChatCompiler, ids: list[int]) -> None:
+    """fast_decode equals transformers' decode on ``ids``, its prefixes and its single ids
+    (split multi-byte characters and lone special tokens included)."""
+    for part in [ids, *(ids[:n] for n in range(1, len(ids), 7)), *([i] for i in ids[::5])]:
+        assert fast_decode(compiler.tokenizer, part) == compiler.tokenizer.decode(
+            part, skip_special_tokens=False, clean_up_tokenization_spaces=False)
+        assert compiler.decode(part) == fast_decode(compiler.tokenizer, part)
+
+
+@pytest.mark.parametrize("case_name", sorted(CASES))
+def test_fast_decode_equals_decode_on_text_the_model_may_sample(
+    compilers: dict[str, ChatCompiler], case_name: str
+) -> None:
+    compiler = compilers[case_name]
+    texts = ["", " leading and  double  spaces ,punctuation .", "naïve café — 日本語 🙂\n\ttabs",
+             "<think>\nhmm</think>\n\nanswer", '<tool_call>\n{"name": "f", "arguments": {}}\n</tool_call>',
+             "don't won't it's", "x" * 40]
+    for text in texts:
+        _assert_decodes_alike(compiler, fast_encode(compiler.tokenizer, text))
+    stops = list(compiler.stop_token_ids)
+    _assert_decodes_alike(compiler, [*fast_encode(compiler.tokenizer, "done"), *stops])
 
 
 @pytest.mark.parametrize("case_name", sorted(CASES))
