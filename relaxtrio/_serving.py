@@ -55,7 +55,14 @@ from hypercorn.trio.worker_context import WorkerContext
 from hypercorn.typing import ConnectionState
 from hypercorn.utils import repr_socket_addr, wrap_app
 
-__all__ = ["CLOSE_FLUSH_S", "LISTEN_BACKLOG", "IsolatedTCPServer", "freeze_startup_heap", "serve_isolated"]
+__all__ = [
+    "CLOSE_FLUSH_S",
+    "LISTEN_BACKLOG",
+    "SERVING_GC_THRESHOLDS",
+    "IsolatedTCPServer",
+    "freeze_startup_heap",
+    "serve_isolated",
+]
 
 log = logging.getLogger(__name__)
 
@@ -64,6 +71,18 @@ LISTEN_BACKLOG: Final = 4096
 ``net.core.somaxconn``). hypercorn's default of 100 overflows when a thousand agents connect at
 once: the kernel then drops their handshakes, clients wait out SYN retransmits (1, 3, 7, 15 s...)
 and some see their connection reset. Measured with ``benchmarks/concurrency.py``."""
+
+SERVING_GC_THRESHOLDS: Final = (50_000, 10, 10)
+"""The cyclic GC's generation thresholds in a serving process (Python's defaults: 700, 10, 10).
+
+Generation 0 is collected once the tracked objects allocated since its last collection
+outnumber those freed by the first threshold. Under load, most of what a young collection finds
+is alive only because its request is still in flight (parsed bodies, conversations, lineage
+id tuples of up to 64 concurrent turns); at 700 those objects were walked, promoted and walked
+again in generation 1 (and their promotions triggered full collections of every Session's
+forest): about a tenth of the agent API's CPU. At 50,000 most of them are freed by reference
+counting before any collection sees them; garbage cycles (rare here) wait longer, a few MB at
+most. Measured with ``benchmarks/gateway_overhead.py``."""
 
 CLOSE_FLUSH_S: Final = 1.0
 """Seconds a closing connection waits for a send in flight before closing the socket under it."""
@@ -141,7 +160,8 @@ class IsolatedTCPServer(TCPServer):
 
 
 def freeze_startup_heap() -> None:
-    """Moves every object alive now into the cyclic GC's permanent generation, once per process.
+    """Moves every object alive now into the cyclic GC's permanent generation and raises the
+    youngest generation's threshold to :data:`SERVING_GC_THRESHOLDS`, once per process.
 
     A serving process holds a large heap that never becomes garbage (torch, transformers, the
     tokenizer: about 340,000 tracked objects here), and every full collection of the cyclic GC
@@ -154,6 +174,7 @@ def freeze_startup_heap() -> None:
     if gc.get_freeze_count() == 0:
         gc.collect()
         gc.freeze()
+        gc.set_threshold(*SERVING_GC_THRESHOLDS)
 
 
 def _peer_name(stream: Any) -> str:

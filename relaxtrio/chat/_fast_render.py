@@ -28,7 +28,7 @@ from __future__ import annotations
 from collections.abc import Mapping, Sequence
 from typing import Any
 
-__all__ = ["TemplateRenderer", "fast_decode", "fast_encode"]
+__all__ = ["TemplateRenderer", "fast_decode", "fast_encode", "plain_backend"]
 
 try:  # private helpers of transformers 5 (pinned); without them every call falls back
     from transformers.utils.chat_template_utils import (
@@ -104,17 +104,9 @@ class TemplateRenderer:
         )
 
 
-def fast_encode(tokenizer: Any, text: str) -> list[int]:
-    """``tokenizer.encode(text, add_special_tokens=False)``, through the Rust backend when that
-    is the same computation.
-
-    Args:
-        tokenizer: a transformers tokenizer.
-        text: the text to tokenize.
-
-    Returns:
-        The token ids.
-    """
+def plain_backend(tokenizer: Any) -> Any:
+    """The tokenizer's Rust backend when ``encode(text, add_special_tokens=False)`` passes the
+    text to it unchanged (no padding, truncation or special-token splitting), else None."""
     backend = getattr(tokenizer, "backend_tokenizer", None)
     if (
         backend is not None
@@ -123,6 +115,23 @@ def fast_encode(tokenizer: Any, text: str) -> list[int]:
         and backend.padding is None
         and not backend.encode_special_tokens
     ):
+        return backend
+    return None
+
+
+def fast_encode(tokenizer: Any, text: str) -> list[int]:
+    """``tokenizer.encode(text, add_special_tokens=False)``, through the Rust backend when that
+    is the same computation (:func:`plain_backend`).
+
+    Args:
+        tokenizer: a transformers tokenizer.
+        text: the text to tokenize.
+
+    Returns:
+        The token ids.
+    """
+    backend = plain_backend(tokenizer)
+    if backend is not None:
         return backend.encode(text, add_special_tokens=False).ids
     return tokenizer.encode(text, add_special_tokens=False)
 

@@ -19,8 +19,10 @@ observations are rendered (docs/canonical-contract.md#rendering-observations). T
   (docs/client-quirks.md#grouped-tool-results).
 
 Both renders call the compiled template and the Rust tokenizer through :mod:`._fast_render`
-(what ``apply_chat_template`` and ``encode`` compute, without their per-call input handling), and
-a delta whose dummy text ends with an added token tokenizes only the text after it.
+(what ``apply_chat_template`` and ``encode`` compute, without their per-call input handling), a
+delta whose dummy text ends with an added token tokenizes only the text after it, and a byte-level
+BPE tokenizer's ids are assembled from remembered ids of space-separated chunks
+(:mod:`._chunked_encode`: exactly ``encode``'s ids, computed only for chunks not seen recently).
 
 Rendering inputs (docs/client-quirks.md#tool-call-arguments-mapping-or-string): canonical assistant
 tool calls hold arguments as compact JSON strings; the compiler decodes them to mappings for
@@ -69,7 +71,8 @@ from .._errors import InternalError, InvalidRequestError
 from ..media.images import ImagePart, image_parts
 from ..media.vision import RenderedObservation, VisionProcessor
 from . import _template_inputs as _inputs
-from ._fast_render import TemplateRenderer, fast_decode, fast_encode
+from ._chunked_encode import ChunkedEncoder
+from ._fast_render import TemplateRenderer, fast_decode
 from ._template_inputs import RESERVED_TEMPLATE_KWARGS, TURN_END_MARKERS, ArgumentsForm
 from ._template_probe import probe_arguments_form, probe_turn_end
 
@@ -145,6 +148,7 @@ class ChatCompiler:
         self._reserved_kwargs = _inputs.reserved_kwargs(tokenizer)
         self._trim_cache: dict[str, _Trim] = {}
         self._renderer = TemplateRenderer(tokenizer)
+        self._encoder = ChunkedEncoder(tokenizer)
         self._trim_lock = threading.Lock()
         self.stop_token_ids: tuple[int, ...] = _inputs.stop_token_ids(tokenizer, extra_stop_token_ids)
         """Ids that end a generation: EOS, template end-of-turn markers, extras (sorted, unique)."""
@@ -354,7 +358,7 @@ class ChatCompiler:
 
     def _encode(self, text: str) -> tuple[tuple[int, ...], float]:
         start = time.perf_counter()
-        ids = tuple(int(i) for i in fast_encode(self._tokenizer, text))
+        ids = self._encoder.encode(text)
         return ids, time.perf_counter() - start
 
     def _dummy_trim(self, tools: Sequence[Mapping[str, Any]], kwargs: Mapping[str, Any]) -> _Trim:
