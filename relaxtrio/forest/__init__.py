@@ -26,6 +26,7 @@ from ._export import TrainingSample as TrainingSample
 from ._export import export_samples as export_samples
 from ._forest import SessionForest as SessionForest
 from ._forest import context_length_message as context_length_message
+from ._ids import LineageIds as LineageIds
 from ._json import canonical_arguments as canonical_arguments
 from ._memo import ConversationMemo as ConversationMemo
 from ._nodes import Match as Match
@@ -45,6 +46,7 @@ __all__ = [
     "ConversationMemo",
     "ExportRecord",
     "LeafSelection",
+    "LineageIds",
     "Match",
     "ObservationNode",
     "ResponseNode",

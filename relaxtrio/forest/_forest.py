@@ -21,6 +21,7 @@ from typing import Any, Final
 
 from .._errors import ContextLengthExceededError, InternalError
 from ._canonical import Conversation, canonical_message, finish_hash
+from ._ids import LineageIds
 from ._json import dumps
 from ._memo import ConversationMemo
 from ._nodes import AnyNode, FinishReason, Match, Node, ObservationNode, ResponseNode, RootNode, _Subtree
@@ -28,7 +29,7 @@ from ._nodes import AnyNode, FinishReason, Match, Node, ObservationNode, Respons
 
 _LINEAGE_CACHE_SIZE: Final = 16  # lineages kept per forest (the turns in flight of one Session)
 # Rollout id sequences kept per forest: a Session's next prompt extends its last one, so a few
-# suffice (each costs 8 bytes per id of the lineage).
+# suffice (views of shared buffers: a branch's buffer costs 8 bytes per id of its lineage).
 _ROLLOUT_IDS_CACHE_SIZE: Final = 4
 
 
@@ -75,7 +76,7 @@ class SessionForest:
         # Message counts at which committed states exist, per tools+kwargs serialization.
         self._lengths: dict[bytes, set[int]] = {}
         self._lineages: dict[str, tuple[Node, ...]] = {}  # recent lineages, oldest first
-        self._rollout_ids: dict[str, tuple[int, ...]] = {}  # recent rollout id sequences, oldest first
+        self._rollout_ids: dict[str, LineageIds] = {}  # recent rollout id sequences, oldest first
         self.num_multimodal_observations = 0
         """Committed observation nodes with a media payload (none: no lineage has images)."""
         self.memo = ConversationMemo()
@@ -369,15 +370,18 @@ class SessionForest:
         root = self.subtree_root(node)
         return Conversation(self.messages(node), root.tools or (), root.template_kwargs or {})
 
-    def rollout_token_ids(self, node: AnyNode) -> tuple[int, ...]:
+    def rollout_token_ids(self, node: AnyNode) -> LineageIds:
         """``[r]`` generation-input ids of the lineage (the concatenated rollout deltas).
 
         Python steps only for the nodes below the nearest ancestor whose ids were asked for
-        recently (a Session's next turn continues its last prompt), then one C-level copy.
+        recently (a Session's next turn continues its last prompt); their ids are appended to
+        that ancestor's :class:`~relaxtrio.forest._ids.LineageIds` buffer, so the history is not
+        copied, and the result is known to extend the ancestor's ids (the engine client reuses
+        the JSON text of a prompt it extends).
         """
         tail: list[Node] = []
         current: Node | None = None if isinstance(node, RootNode) else node
-        head: tuple[int, ...] = ()
+        head: LineageIds | None = None
         while current is not None:
             cached = self._rollout_ids.get(current.state_hash)
             if cached is not None:
@@ -386,9 +390,10 @@ class SessionForest:
             tail.append(current)
             current = None if current.parent_hash is None else self._nodes[current.parent_hash]
         if not tail:
-            return head
+            return LineageIds.of(()) if head is None else head
         tail.reverse()
-        ids = head + tuple(chain.from_iterable(n.rollout_token_ids for n in tail))
+        new_ids = chain.from_iterable(n.rollout_token_ids for n in tail)
+        ids = LineageIds.of(new_ids) if head is None else head.extended(new_ids)
         if len(self._rollout_ids) >= _ROLLOUT_IDS_CACHE_SIZE:
             self._rollout_ids.pop(next(iter(self._rollout_ids)))
         self._rollout_ids[tail[-1].state_hash] = ids

@@ -261,7 +261,7 @@ class EngineTurnHandler:
         turn: TurnContext,
         request: TurnRequest,
         request_id: str,
-        prompt_ids: tuple[int, ...],
+        prompt_ids: Sequence[int],
         images: Sequence[str],
         budget: int,
     ) -> SampledTurn:
@@ -335,7 +335,7 @@ class EngineTurnHandler:
         request: TurnRequest,
         conv: Conversation,
         parent: _Node,
-        prompt_ids: tuple[int, ...],
+        prompt_ids: Sequence[int],
         sampled: SampledTurn,
         wall_start: float,
     ) -> TurnResult:
@@ -430,7 +430,7 @@ class EngineTurnHandler:
             return RenderedObservation(ids, ids, None)
         return await trio.to_thread.run_sync(self.compiler.attach_images, ids, images)
 
-    async def _generate(self, input_ids: tuple[int, ...], sampling: SamplingParams, rid: str,
+    async def _generate(self, input_ids: Sequence[int], sampling: SamplingParams, rid: str,
                         images: Sequence[str] = (), *, routing_key: str | None = None,
                         prefix_key: str | None = None):
         finished = False

@@ -15,6 +15,8 @@ from collections import OrderedDict
 from collections.abc import Mapping, Sequence
 from typing import Any, Final
 
+from ..forest import LineageIds
+
 __all__ = ["IdsJsonEncoder"]
 
 _DEFAULT_ENTRIES: Final = 256  # sequences remembered without a key
@@ -43,12 +45,13 @@ class IdsJsonEncoder:
         self._max_entries = max_entries
         self._keyed_entries = keyed_entries
         self._max_keys = max_keys
-        self._buckets: OrderedDict[str | None, OrderedDict[int, tuple[tuple[int, ...], str]]] = OrderedDict()
+        # key -> entry number -> (ids, their JSON text without brackets, ASCII)
+        self._buckets: OrderedDict[str | None, OrderedDict[int, tuple[Sequence[int], bytes]]] = OrderedDict()
         self._next = 0
         self.num_reused_ids = 0
         """Ids whose text came from a remembered prefix (for tests and benchmarks)."""
 
-    def _bucket(self, key: str | None) -> OrderedDict[int, tuple[tuple[int, ...], str]]:
+    def _bucket(self, key: str | None) -> OrderedDict[int, tuple[Sequence[int], bytes]]:
         bucket = self._buckets.get(key)
         if bucket is None:
             bucket = self._buckets[key] = OrderedDict()
@@ -65,17 +68,33 @@ class IdsJsonEncoder:
             input_ids: the ids.
             key: the sequence's family (a Session id), or None.
         """
-        ids = tuple(input_ids)
+        return self._ids_bytes(input_ids, key).decode("ascii")
+
+    def _ids_bytes(self, input_ids: Sequence[int], key: str | None) -> bytes:
+        """:meth:`ids_text` as ASCII bytes.
+
+        A :class:`~relaxtrio.forest.LineageIds` is checked against the remembered views of its
+        own buffer only (O(1) each: they are its prefixes by construction), so neither the ids
+        nor their text are walked; any other sequence is compared with each remembered one.
+        """
         entries = self._bucket(key)
-        best_key, best_n, best_text = None, 0, ""
-        for entry, (seq, text) in reversed(entries.items()):
-            n = len(seq)
-            if best_n < n <= len(ids) and ids[n - 1] == seq[-1] and ids[:n] == seq:
-                best_key, best_n, best_text = entry, n, text
-        rest = ids[best_n:]
-        if rest:
-            tail = _IDS.encode(rest)[1:-1]
-            text = f"{best_text},{tail}" if best_text else tail
+        best_key, best_n, best_text = None, 0, b""
+        ids: Sequence[int]
+        if isinstance(input_ids, LineageIds):
+            ids = input_ids
+            for entry, (seq, text) in reversed(entries.items()):
+                n = len(seq)
+                if best_n < n and isinstance(seq, LineageIds) and ids.extends(seq):
+                    best_key, best_n, best_text = entry, n, text
+        else:
+            ids = tuple(input_ids)
+            for entry, (seq, text) in reversed(entries.items()):
+                n = len(seq)
+                if best_n < n <= len(ids) and ids[n - 1] == seq[-1] and ids[:n] == seq:
+                    best_key, best_n, best_text = entry, n, text
+        if best_n < len(ids):
+            tail = _IDS.encode(ids[best_n:])[1:-1].encode("ascii")
+            text = best_text + b"," + tail if best_text else tail
         else:
             text = best_text
         if best_key is not None:
@@ -100,6 +119,6 @@ class IdsJsonEncoder:
             fields: every other key of the body (JSON values; must not hold ``input_ids``).
             key: see :meth:`ids_text`.
         """
-        rest = _FIELDS.encode(dict(fields))
-        joiner = "," if len(rest) > 2 else ""
-        return f'{{"input_ids":[{self.ids_text(input_ids, key)}]{joiner}{rest[1:]}'.encode()
+        rest = _FIELDS.encode(dict(fields)).encode()
+        joiner = b"," if len(rest) > 2 else b""
+        return b"".join((b'{"input_ids":[', self._ids_bytes(input_ids, key), b"]", joiner, rest[1:]))

@@ -285,6 +285,38 @@ def test_ids_json_encoder_keys_compare_only_their_own_sequences() -> None:
     assert encoder.num_reused_ids == len(shared) + 1
 
 
+def test_ids_json_encoder_extends_lineage_views_without_comparing_ids() -> None:
+    import json
+    import random
+
+    from relaxtrio.forest import LineageIds
+    from relaxtrio.sglang._ids_json import IdsJsonEncoder
+
+    encoder = IdsJsonEncoder()
+    rng = random.Random(1)
+    views = [LineageIds.of([rng.randrange(50000) for _ in range(5)])]
+    reused = 0
+    for turn in range(40):
+        # Mostly the next turn (extend the last view), sometimes a branch off an earlier one.
+        base = views[-1] if turn % 5 else views[rng.randrange(len(views))]
+        view = base.extended([rng.randrange(50000) for _ in range(rng.randrange(0, 30))])
+        views.append(view)
+        before = encoder.num_reused_ids
+        fields = {"rid": f"r{turn}", "return_logprob": True}
+        body = encoder.body(view, fields, "s")
+        assert body == json.dumps({"input_ids": list(view), **fields}, separators=(",", ":")).encode()
+        assert encoder.ids_text(tuple(view), "s") == json.dumps(list(view), separators=(",", ":"))[1:-1]
+        if turn % 5 and base is views[-2]:  # the next turn reuses the text of the previous one
+            assert encoder.num_reused_ids - before >= len(base)
+        reused = encoder.num_reused_ids
+    assert reused > 0
+    # Only views of the same buffer count as prefixes: equal ids in another buffer are encoded.
+    other = LineageIds.of(list(views[-1]))
+    before = encoder.num_reused_ids
+    assert encoder.ids_text(other, "t") == json.dumps(list(other), separators=(",", ":"))[1:-1]
+    assert encoder.num_reused_ids == before
+
+
 def test_pool_response_json_decodes_exactly_like_json_loads() -> None:
     import json
     import math
