@@ -6,6 +6,11 @@ JSON each time was a quarter of the engine client's work. :class:`IdsJsonEncoder
 text of the most recently sent sequences and encodes only the ids after the longest one that is a
 prefix of the new sequence. The result is byte for byte what ``json.dumps`` writes with
 ``separators=(",", ":")``.
+
+Prompts built by the forest are :class:`~relaxtrio.forest.LineageIds`: for those the prefix is
+recognized without looking at a single id (a remembered view of the same buffer is a prefix by
+construction), so a turn costs the encoding of its new ids plus a copy of the text. Any other
+sequence is compared id by id (at C speed) with the remembered ones.
 """
 
 from __future__ import annotations
