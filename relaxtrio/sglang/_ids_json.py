@@ -99,7 +99,7 @@ class IdsJsonEncoder:
                     best_key, best_n, best_text = entry, n, text
         if best_n < len(ids):
             tail = _IDS.encode(ids[best_n:])[1:-1].encode("ascii")
-            text = best_text + b"," + tail if best_text else tail
+            text = b"".join((best_text, b",", tail)) if best_text else tail  # one copy
         else:
             text = best_text
         if best_key is not None:

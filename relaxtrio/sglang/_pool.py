@@ -213,11 +213,11 @@ class ConnectionPool:
             connection = self._take_idle(origin)
             if connection is not None:
                 try:
-                    return await self._exchange(origin, connection, head + body, read_s, reused=True)
+                    return await self._exchange(origin, connection, (head, body), read_s, reused=True)
                 except _StaleConnection:
                     pass
             connection = await _connect(origin, connect_s)
-            return await self._exchange(origin, connection, head + body, read_s, reused=False)
+            return await self._exchange(origin, connection, (head, body), read_s, reused=False)
         finally:
             self._limit.release()
 
@@ -226,7 +226,7 @@ class ConnectionPool:
         return idle.pop() if idle else None
 
     async def _exchange(
-        self, origin: _Origin, connection: _Connection, data: bytes, read_s: float, *,
+        self, origin: _Origin, connection: _Connection, data: tuple[bytes, ...], read_s: float, *,
         reused: bool,
     ) -> PoolResponse:
         """One request/response on ``connection``; it goes back to the pool only when clean.
@@ -264,8 +264,9 @@ def _where(origin: _Origin) -> str:
     return f"{origin[0]}:{origin[1]}"
 
 
-async def _send_all(sock: socket.socket, data: bytes) -> None:
-    """Write ``data`` to a non-blocking socket, waiting only while its send buffer is full.
+async def _send_all(sock: socket.socket, chunks: tuple[bytes, ...]) -> None:
+    """Write ``chunks`` in order to a non-blocking socket (gathered by ``sendmsg``, so a large
+    body is not copied behind its head), waiting only while the send buffer is full.
 
     Raises:
         OSError: the connection broke.
@@ -274,13 +275,19 @@ async def _send_all(sock: socket.socket, data: bytes) -> None:
         A checkpoint only when it waits; a cancelled wait leaves the request half-sent (the
         caller closes the connection).
     """
-    view = memoryview(data)
-    sent = 0
-    while sent < len(data):
+    views = [memoryview(chunk) for chunk in chunks if chunk]
+    while views:
         try:
-            sent += sock.send(view[sent:])
+            sent = sock.sendmsg(views)
         except BlockingIOError:
             await trio.lowlevel.wait_writable(sock)
+            continue
+        while sent:  # drop what went out; a partly sent chunk goes on from where it stopped
+            if sent >= len(views[0]):
+                sent -= len(views.pop(0))
+            else:
+                views[0] = views[0][sent:]
+                sent = 0
 
 
 class _Reader:
