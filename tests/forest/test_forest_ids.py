@@ -56,3 +56,27 @@ def test_extending_the_longest_view_shares_the_buffer_and_a_branch_copies() -> N
     assert repr(LineageIds.of(range(10))) == "LineageIds([0, 1, 2, 3, 4, 5, 6, 7, ...], len=10)"
     with pytest.raises(ValueError, match="length 4 is outside"):
         LineageIds([1, 2], 4)
+
+
+def test_forest_lineage_ids_stay_exact_after_a_resume_appended_partial_ids() -> None:
+    from forest_testlib import Driver, assistant, user
+
+    from relaxtrio.forest import SessionForest
+
+    forest = SessionForest("s")
+    drive = Driver(forest)
+    messages = [user("u0")]
+    node = drive.observe(messages)
+    previous = forest.rollout_token_ids(node)
+    for i in range(1, 6):
+        # A resumed generation sends the prompt plus its partial ids (appended to the buffer).
+        resumed = forest.rollout_token_ids(node) + (90000 + i, 90001 + i)
+        assert resumed.extends(forest.rollout_token_ids(node))
+        node = drive.respond(node, assistant(f"a{i}"))
+        messages = [*messages, assistant(f"a{i}"), user(f"u{i}")]
+        node = drive.observe(messages)
+        ids = forest.rollout_token_ids(node)
+        assert ids == tuple(t for n in forest.lineage(node) for t in n.rollout_token_ids)
+        assert previous == tuple(t for n in forest.lineage(forest.get(node.parent_hash))[:-1]
+                                 for t in n.rollout_token_ids)  # earlier views never change
+        previous = ids
