@@ -439,17 +439,18 @@ def extend_prefix_states(states: tuple[Any, ...], message_json: Sequence[bytes])
     """``states`` (prefix hash states of some messages, see :meth:`Conversation._prefix_states`)
     followed by the states after each message of ``message_json`` in turn.
 
-    One hash copy and update per new message; the given states are not modified.
+    One hash copy and update per new message, and one copy of ``states`` (the tuple
+    concatenation); the given states are not modified.
     """
-    out = list(states)
-    hasher = out[-1]
+    hasher = states[-1]
+    new: list[Any] = []
     for encoded in message_json:
         hasher = hasher.copy()
-        if len(out) > 1:
+        if len(states) + len(new) > 1:
             hasher.update(b",")
         hasher.update(encoded)
-        out.append(hasher)
-    return tuple(out)
+        new.append(hasher)
+    return states + tuple(new)
 
 
 def finish_hash(hasher: Any, suffix: bytes) -> str:
