@@ -7,9 +7,10 @@ docs/agent-contract.md#chat-completions): ``messages`` (complete history), ``too
 ``parallel_tool_calls``, ``stream_options`` and every other field are accepted and do not alter
 generation (the training configuration owns sampling), except options that ask for what relaxtrio
 cannot do: ``n`` above 1, ``top_logprobs`` above 0, ``tool_choice`` other than ``auto`` (or
-``none`` without tools), a ``response_format`` schema and the legacy ``functions`` are 400s naming
-the field (:func:`.options.check_chat_options`). ``model`` is echoed. A ``developer`` message is
-rejected: the harness must map it to ``system`` (docs/client-quirks.md#developer-messages).
+``none`` without tools), a ``response_format`` schema, the legacy ``functions`` and a ``tools``
+entry that is not a named function tool are 400s naming the field
+(:func:`.options.check_chat_options`). ``model`` is echoed. A ``developer`` message is rejected:
+the harness must map it to ``system`` (docs/client-quirks.md#developer-messages).
 
 Response: ``chat.completion`` JSON or, with ``stream: true``, one complete ``chat.completion.chunk``
 with usage followed by ``data: [DONE]`` (docs/agent-contract.md#buffered-sse;

@@ -96,6 +96,31 @@ def _text_format(value: Any, param: str) -> None:
         param=f"{param}.type")
 
 
+def _chat_tools(tools: Any) -> None:
+    """Every Chat ``tools`` entry must be a function tool the model can be shown.
+
+    The forest's canonical tools keep only ``{"type": "function", "function": {...}}``
+    entries; anything else offered over Chat Completions would vanish from the prompt while the
+    agent believes the model has it, so it is refused here instead.
+    """
+    if tools is None:
+        return
+    for index, tool in enumerate(require_list(tools, "tools")):
+        path = f"tools[{index}]"
+        kind = require_object(tool, path).get("type")
+        if kind != "function":
+            raise InvalidRequestError(
+                f"{path}.type {kind!r} is not supported: only function tools are served over Chat "
+                "Completions", param=f"{path}.type")
+        function = tool.get("function")
+        if not isinstance(function, dict):
+            raise InvalidRequestError(f"{path}.function must be an object", param=f"{path}.function")
+        name = function.get("name")
+        if not isinstance(name, str) or not name:
+            raise InvalidRequestError(f"{path}.function.name must be a non-empty string",
+                                      param=f"{path}.function.name")
+
+
 def check_chat_options(body: Mapping[str, Any]) -> None:
     """Refuses Chat Completions options that would otherwise be dropped.
 
@@ -103,7 +128,9 @@ def check_chat_options(body: Mapping[str, Any]) -> None:
         InvalidRequestError: ``n`` other than 1 (``param`` ``n``), ``top_logprobs`` above 0,
             ``tool_choice`` other than ``auto`` (or ``none`` without tools), a
             ``response_format`` other than ``text`` (``response_format.type``), the legacy
-            ``functions`` / ``function_call``, or a non-boolean ``parallel_tool_calls``.
+            ``functions`` / ``function_call``, a non-boolean ``parallel_tool_calls``, or a
+            ``tools`` entry that is not a named function tool (``tools[i].type``,
+            ``tools[i].function``, ``tools[i].function.name``).
     """
     n = body.get("n")
     if n is not None:
@@ -119,6 +146,7 @@ def check_chat_options(body: Mapping[str, Any]) -> None:
         if body.get(legacy) is not None:
             raise InvalidRequestError(f"{legacy} is not supported: send the functions as tools", param=legacy)
     optional_bool(body, "parallel_tool_calls")
+    _chat_tools(body.get("tools"))
 
 
 def check_responses_options(body: Mapping[str, Any]) -> None:

@@ -142,6 +142,9 @@ REFUSED = [
     ("chat", {**VALID["chat"], "response_format": {"type": "json_schema", "json_schema": {"name": "a"}}},
      "response_format.type"),
     ("chat", {**VALID["chat"], "functions": [{"name": "f", "parameters": {}}]}, "functions"),
+    ("chat", {**VALID["chat"], "tools": [{"type": "function", "function": {"name": "f"}},
+                                         {"type": "custom", "custom": {"name": "g"}}]}, "tools[1].type"),
+    ("chat", {**VALID["chat"], "tools": [{"type": "function", "name": "f", "parameters": {}}]}, "tools[0].function"),
 ]
 
 
