@@ -11,14 +11,25 @@ than one minibatch; the default single minibatch takes the old logprobs from the
 forward itself), forward+backward and the optimizer (the AdamW step, timed around
 ``optimizer.step``).
 
-``--variants`` adds whole jobs for the other schedules, in the same run: ``fully_async``
-(``--fully-async``; target step time at most 0.7x the synchronous one) and ``prelaunch``
-(agents that sleep 2 s before starting, with ``--agentic-prelaunch``, against the same slow
-agents without it; target at most 0.6x). Each job is one subprocess, so its figures are
-end-to-end.
+``--variants`` picks the jobs, run one after another in the same run: ``sync`` (the default
+job), ``fully_async`` (``--fully-async``; target step time at most 0.7x the synchronous one),
+``prelaunch`` (agents that sleep 2 s before starting, with ``--agentic-prelaunch``, against the
+same slow agents without it; target at most 0.6x), and ``sync_torch_threads`` /
+``fully_async_torch_threads``: the same jobs with torch's default threads on both sides
+(``--trainer-num-threads 0 --engine-num-threads 0``, the setting before the cores were split
+between trainer and engine, :mod:`relaxtrio.cpu_threads`). Each job is one subprocess, so its
+figures are end-to-end; each line carries the load average before and after its job. Ratios
+and the push share use the steady steps: not the first, and with ``--num-rollout 3`` or more not
+the last either (after the last step nothing overlaps its update, which favours the overlapped
+schedules); use 3 or more steps for the fully async ratio.
 
-One JSON line per step and variant, one for the update split and a summary line with the
-weight-push share of the step (target at most 0.10) and the variant ratios. Usage:
+Fully async steps: the driver starts the next step's Groups when a step closes, so they
+generate during the update; a step's ``rollout_s`` is then what was left of its rollout when it
+began, and ``step_s`` the time between the ends of consecutive steps (the first step also
+pays the first rollout alone, which is why ratios skip it).
+
+One JSON line per step and variant, one for the update split (when ``sync`` ran) and a summary
+line with the weight-push share of the step (target at most 0.10) and the variant ratios. Usage:
 ``python benchmarks/step_profile.py [--num-rollout 2] [--variants sync fully_async prelaunch]
 [-- extra train flags]`` (one synchronous job: about 4-8 minutes on 2 shared cores).
 """
@@ -55,14 +66,17 @@ def _run_job(name: str, out: Path, num_rollout: int, flags: list[str], extra: li
            "--output-dir", str(out), "--log-level", "WARNING",
            "--save-debug-rollout-data", str(out / "dump" / "rollout_{rollout_id}.json"), *flags, *extra]
     start = time.monotonic()
+    load_before = os.getloadavg()[0]
     proc = subprocess.run(cmd, capture_output=True, text=True, env=os.environ.copy())
     wall_s = time.monotonic() - start
+    load = [round(load_before, 1), round(os.getloadavg()[0], 1)]
     if proc.returncode != 0:
         sys.stderr.write(proc.stderr[-4000:])
         raise SystemExit(f"{name}: the job exited {proc.returncode}")
     rows = [json.loads(line) for line in (out / "metrics.jsonl").read_text().splitlines() if line.strip()]
     for index, row in enumerate(rows):
-        line = {"bench": "step_profile", "variant": name, "step": index, "job_wall_s": round(wall_s, 1)}
+        line = {"bench": "step_profile", "variant": name, "step": index, "job_wall_s": round(wall_s, 1),
+                "load_1min_before_after": load}
         line.update({k: round(row[k], 3) for k in _PHASES if isinstance(row.get(k), (int, float))})
         line["train_tokens"] = row.get("train_tokens")
         if row.get("step_s") and row.get("weight_sync_s") is not None:
@@ -79,6 +93,11 @@ def _update_split(dump_path: Path, model_dir: Path) -> dict[str, Any]:
     from relaxtrio.rollout.dumps import load_dump
     from relaxtrio.train import Trainer
 
+    from relaxtrio.cpu_threads import available_cpus, split_cpu_threads
+
+    # The trainer's share of the cores, as in the job (an engine ran beside it there).
+    threads = split_cpu_threads(cpus=available_cpus(), num_local_engines=1, trainer_here=True)
+    torch.set_num_threads(threads.trainer_threads)
     torch.manual_seed(0)
     dump = load_dump(dump_path)
     config, _ = train_config_of(dump)
@@ -102,14 +121,24 @@ def _update_split(dump_path: Path, model_dir: Path) -> dict[str, Any]:
     trainer.optimizer.step = timed_step  # type: ignore[method-assign]
     stats = trainer.train_step(samples, advantages)
     return {"bench": "step_profile", "part": "update_split", "num_samples": len(samples),
+            "torch_threads": torch.get_num_threads(),
             "train_tokens": stats.num_tokens, "num_micro_batches": stats.num_micro_batches,
             "old_logprob_forward_s": round(old_forward_s, 3),
             "forward_backward_s": round(stats.elapsed_s - optimizer_s, 3),
             "optimizer_s": round(optimizer_s, 3), "train_step_s": round(stats.elapsed_s, 3)}
 
 
-def _mean_step(rows: list[dict], skip_first: bool) -> float:
-    steps = [r["step_s"] for r in rows][1 if skip_first and len(rows) > 1 else 0:]
+def _steady(rows: list[dict]) -> list[dict]:
+    """The steps the ratios use: without the first (it runs the first rollout alone, cold) and,
+    with 3 or more steps, without the last: nothing is backfilled or prelaunched after it, so its
+    update runs alone while the overlapped work it would pay for was done in the step before."""
+    if len(rows) >= 3:
+        return rows[1:-1]
+    return rows[1:] or rows
+
+
+def _mean_step(rows: list[dict]) -> float:
+    steps = [r["step_s"] for r in _steady(rows)]
     return sum(steps) / len(steps)
 
 
@@ -117,7 +146,8 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--num-rollout", type=int, default=2, help="steps per job")
     parser.add_argument("--variants", nargs="+", default=["sync"],
-                        choices=["sync", "fully_async", "prelaunch"])
+                        choices=["sync", "fully_async", "prelaunch", "sync_torch_threads",
+                                 "fully_async_torch_threads"])
     parser.add_argument("--work-dir", type=Path, default=None, help="job outputs (default: a temp dir)")
     args, extra = parser.parse_known_args(argv)
     extra = [a for a in extra if a != "--"]
@@ -125,29 +155,41 @@ def main(argv: list[str] | None = None) -> int:
 
     model_dir = ensure_smollm2()
     work = args.work_dir or Path(tempfile.mkdtemp(prefix="step_profile_"))
-    jobs: dict[str, list[str]] = {"sync": []}
-    if "fully_async" in args.variants:
-        jobs["fully_async"] = ["--fully-async"]
-    if "prelaunch" in args.variants:
-        slow = ["--agent-command", _slow_agent_command()]
-        jobs["slow_agents"] = slow
-        jobs["slow_agents_prelaunch"] = [*slow, "--agentic-prelaunch"]
+    torch_threads = ["--trainer-num-threads", "0", "--engine-num-threads", "0"]
+    jobs: dict[str, list[str]] = {}
+    for variant in args.variants:
+        if variant == "prelaunch":
+            slow = ["--agent-command", _slow_agent_command()]
+            jobs["slow_agents"] = slow
+            jobs["slow_agents_prelaunch"] = [*slow, "--agentic-prelaunch"]
+        else:
+            flags = ["--fully-async"] if variant.startswith("fully_async") else []
+            jobs[variant] = [*flags, *(torch_threads if variant.endswith("torch_threads") else [])]
     rows = {name: _run_job(name, work / name, args.num_rollout, flags, extra) for name, flags in jobs.items()}
-    last = args.num_rollout - 1
-    split = _update_split(work / "sync" / "dump" / f"rollout_{last}.json", model_dir)
-    print(json.dumps(split), flush=True)
-    sync = rows["sync"]
-    warm = sync[1:] or sync
-    share = sum(r["weight_sync_s"] for r in warm) / sum(r["step_s"] for r in warm)
     summary: dict[str, Any] = {"bench": "step_profile", "summary": True, "steps_per_job": args.num_rollout,
-                               "sync_step_s": round(_mean_step(sync, True), 2),
-                               "weight_push_share": round(share, 3), "weight_push_share_target": PUSH_SHARE_TARGET}
-    if "fully_async" in rows:
-        summary["fully_async_ratio"] = round(_mean_step(rows["fully_async"], True) / _mean_step(sync, True), 3)
+                               "steps_used": [r["step"] for r in _steady(
+                                   [{"step": i} for i in range(args.num_rollout)])],
+                               "cpus": os.cpu_count()}
+    for name, job_rows in rows.items():
+        summary[f"{name}_step_s"] = round(_mean_step(job_rows), 2)
+    if "sync" in rows:
+        last = args.num_rollout - 1
+        split = _update_split(work / "sync" / "dump" / f"rollout_{last}.json", model_dir)
+        print(json.dumps(split), flush=True)
+        warm = _steady(rows["sync"])
+        summary["weight_push_share"] = round(
+            sum(r["weight_sync_s"] for r in warm) / sum(r["step_s"] for r in warm), 3)
+        summary["weight_push_share_target"] = PUSH_SHARE_TARGET
+    for fast, base, key in (("fully_async", "sync", "fully_async_ratio"),
+                            ("fully_async_torch_threads", "sync_torch_threads",
+                             "fully_async_torch_threads_ratio"),
+                            ("sync", "sync_torch_threads", "sync_split_over_torch_threads"),
+                            ("slow_agents_prelaunch", "slow_agents", "prelaunch_ratio")):
+        if fast in rows and base in rows:
+            summary[key] = round(_mean_step(rows[fast]) / _mean_step(rows[base]), 3)
+    if "fully_async_ratio" in summary:
         summary["fully_async_target"] = FULLY_ASYNC_TARGET
-    if "slow_agents" in rows:
-        summary["prelaunch_ratio"] = round(
-            _mean_step(rows["slow_agents_prelaunch"], True) / _mean_step(rows["slow_agents"], True), 3)
+    if "prelaunch_ratio" in summary:
         summary["prelaunch_target"] = PRELAUNCH_TARGET
     print(json.dumps(summary), flush=True)
     return 0

