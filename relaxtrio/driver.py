@@ -56,7 +56,7 @@ from .rollout.pipeline import RolloutPipeline, open_rollout_pipeline
 from .rollout.step import StepResult, group_metrics
 from .rollout.turns import EngineTurnHandler
 from .run_checkpoint import RunCheckpointer, weight_version_name
-from .sglang.client import EngineClient
+from .sglang.client import EngineClient, context_token_limit
 from .sglang.launch_fleet import detect_engine_kind
 from .sglang.starter import EngineStarter
 from .trackers import Trackers
@@ -413,7 +413,7 @@ async def _run_loaded(
         max_context = cfg.generation.max_context_tokens
         if max_context is None:
             info = await client.server_info()
-            max_context = info.get("context_length") or info.get("max_req_input_len")
+            max_context = context_token_limit(info)
         handler = EngineTurnHandler(client=client, compiler=compiler, config=cfg.generation)
         registry = LifecycleRegistry(on_end=client.session_ended)
         app = create_app(registry, handler, model_name=model_dir.name)

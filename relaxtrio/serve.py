@@ -59,7 +59,7 @@ from .rollout.dumps import (
 )
 from .rollout.operator_view import RunView
 from .rollout.turns import EngineTurnHandler
-from .sglang.client import EngineClient, open_engine_client
+from .sglang.client import EngineClient, context_token_limit, open_engine_client
 from .sglang.launch import open_embedded_engine
 
 log = logging.getLogger(__name__)
@@ -346,7 +346,7 @@ async def open_engine(stack: AsyncExitStack, cfg: Any, model_dir: Path) -> tuple
     max_context = cfg.generation.max_context_tokens
     if max_context is None:
         info = await client.server_info()
-        max_context = info.get("context_length") or info.get("max_req_input_len")
+        max_context = context_token_limit(info)
     return client, max_context
 
 

@@ -33,7 +33,7 @@ Design points:
 from __future__ import annotations
 
 import hashlib
-from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
+from collections.abc import AsyncIterator, Awaitable, Callable, Mapping, Sequence
 from contextlib import asynccontextmanager
 from typing import Any, Literal
 
@@ -59,10 +59,35 @@ __all__ = [
     "EngineClientConfig",
     "GenerateResult",
     "SamplingParams",
+    "context_token_limit",
     "open_engine_client",
 ]
 
 PauseMode = Literal["abort", "retract", "in_place"]
+
+
+def context_token_limit(server_info: Mapping[str, Any]) -> int | None:
+    """The most tokens one lineage can hold on an engine, prompt plus generation.
+
+    SGLang refuses a request whose prompt plus explicit ``max_new_tokens`` *reaches* the context
+    length (its tokenizer-stage "Requested token count exceeds ..."), then silently clamps
+    ``max_new_tokens`` to ``max_req_len - prompt - 1`` with ``max_req_len = context_length - 1``
+    (docs/client-quirks.md#silent-clamp-of-max_new_tokens). A budget clamped to
+    ``context_length - prompt`` is therefore always refused; ``context_length - 2`` is the most
+    that is both accepted and generated in full. Engines that report only ``max_req_input_len``
+    (already below the context length) get that.
+
+    Args:
+        server_info: the engine's ``/server_info`` (``/get_server_info``) object.
+
+    Returns:
+        Tokens (>= 1), or None when the engine reports neither field.
+    """
+    context = server_info.get("context_length")
+    if isinstance(context, int) and context > 2:
+        return context - 2
+    limit = server_info.get("max_req_input_len")
+    return limit if isinstance(limit, int) and limit >= 1 else None
 
 
 def _stable_hash(key: str) -> int:

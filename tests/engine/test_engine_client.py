@@ -23,6 +23,7 @@ from relaxtrio.sglang.client import (
     CONTEXT_LENGTH_MARKERS,
     EngineClientConfig,
     SamplingParams,
+    context_token_limit,
     open_engine_client,
 )
 
@@ -57,6 +58,24 @@ async def test_generate_against_the_embedded_engine(
         assert await client.health() is True
         assert (await client.model_info())["weight_version"] == "default"
         assert (await client.server_info())["context_length"] == 4096
+
+
+async def test_context_token_limit_leaves_a_budget_the_engine_accepts(nursery: trio.Nursery,
+                                                                      tiny_model_dir: Path) -> None:
+    # A lineage clamped to the limit (prompt + budget == limit) is generated in full; at the bare
+    # context length (what the clamp used before) it is the "Requested token count exceeds" refusal.
+    url = await nursery.start(serve_engine, EngineConfig(model_path=tiny_model_dir, context_length=64))
+    async with open_engine_client([url], config=FAST) as client:
+        limit = context_token_limit(await client.server_info())
+        assert limit == 62
+        prompt = [5] * 40
+        result = await client.generate(prompt, SamplingParams(max_new_tokens=limit - len(prompt), ignore_eos=True),
+                                       rid="fits")
+        assert len(result.output_ids) == limit - len(prompt)
+        with pytest.raises(ContextLengthExceededError, match="Requested token count exceeds"):
+            await client.generate(prompt, SamplingParams(max_new_tokens=64 - len(prompt)), rid="over")
+    assert context_token_limit({"max_req_input_len": 4090}) == 4090
+    assert context_token_limit({}) is None
 
 
 async def test_engine_errors_are_mapped(nursery: trio.Nursery, tiny_model_dir: Path) -> None:
