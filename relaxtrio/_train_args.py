@@ -20,6 +20,7 @@ from ._algorithm_args import add_algorithm_flags, add_reward_flags, algorithm_ov
 from ._errors import ConfigError
 from ._validate import is_real
 from .chat.parsers import REASONING_PARSERS, TOOL_CALL_PARSERS
+from .cpu_threads import MAX_THREADS
 from .config import (
     AgentConfig,
     GenerationConfig,
@@ -296,7 +297,8 @@ def _check_flags(args: argparse.Namespace) -> None:
         _need(value is None or value >= 1, f"--{flag.replace('_', '-')} must be >= 1")
     for flag in ("engine_num_threads", "trainer_num_threads"):
         value = getattr(args, flag)
-        _need(value is None or value >= 0, f"--{flag.replace('_', '-')} must be >= 0")
+        _need(value is None or 0 <= value <= MAX_THREADS,
+              f"--{flag.replace('_', '-')} must be between 0 and {MAX_THREADS}")
     _need(args.over_sampling_batch_size is None or args.over_sampling_batch_size >= args.rollout_batch_size,
           "--over-sampling-batch-size must be >= --rollout-batch-size")
     _need(is_real(args.rollout_temperature) and args.rollout_temperature >= 0,

@@ -29,10 +29,14 @@ from typing import Final
 
 import attrs
 
-__all__ = ["AUTO", "ThreadSplit", "available_cpus", "split_cpu_threads"]
+__all__ = ["AUTO", "MAX_THREADS", "ThreadSplit", "available_cpus", "split_cpu_threads"]
 
 AUTO: Final = None
 """A side whose thread count is picked by the split (the flags' default)."""
+
+MAX_THREADS: Final = 4096
+"""The largest thread count a flag accepts: more than any machine's cores (torch's own
+``set_num_threads`` overflows on values past a C ``int``, with a traceback)."""
 
 
 @attrs.frozen(kw_only=True)

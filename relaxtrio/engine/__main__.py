@@ -15,6 +15,7 @@ import sys
 
 import trio
 
+from ..cpu_threads import MAX_THREADS
 from .server import DEFAULT_PREFIX_CACHE_TOKENS, EngineConfig, serve_engine
 
 
@@ -64,8 +65,8 @@ def main(argv: list[str] | None = None) -> int:
     if args.max_running_requests < 1:
         print("--max-running-requests must be at least 1", file=sys.stderr)
         return 2
-    if args.num_threads < 0:
-        print("--num-threads must be >= 0", file=sys.stderr)
+    if not 0 <= args.num_threads <= MAX_THREADS:
+        print(f"--num-threads must be between 0 and {MAX_THREADS}", file=sys.stderr)
         return 2
     if args.num_threads:
         import torch
