@@ -11,7 +11,9 @@ update, weight push, eval and metrics row (``iter_<k>``), and holds:
 - ``rollout``: the next rollout id ``k``, the prompt stream's cursor (epoch, the rest of the
   epoch's order, requeued prompts) and the Groups that were resident (see
   :mod:`relaxtrio.rollout.resume`: dropped on resume with a logged count and the
-  ``resume_dropped_groups`` / ``resume_dropped_sessions`` metrics, prompts rerun);
+  ``resume_dropped_groups`` / ``resume_dropped_sessions`` metrics, prompts rerun); after the
+  last step also the run-end Groups (dropped by the last step, prompts requeued so that a run
+  extended with a larger ``--num-rollout`` trains them, ``resume_requeued_groups``);
 - ``weight_version``: the version last pushed to the engines (None: the initial weights);
 - ``metrics``: every metrics row written so far;
 - ``run``: the output directory, the prompt file's path and SHA-256, ``num_rollout``.
@@ -54,7 +56,7 @@ from ._errors import ConfigError
 from .config import TrainRunConfig
 from .rollout.dataset import PromptStream
 from .rollout.metrics import MetricsLog
-from .rollout.resume import RolloutCheckpoint, capture_rollout, restore_rollout
+from .rollout.resume import RolloutCheckpoint, capture_pipeline, restore_rollout
 from .train import Trainer
 from .train.checkpoint import (
     find_run_checkpoint,
@@ -284,7 +286,7 @@ class RunCheckpointer:
         cfg = self.config
         assert cfg.save_dir is not None
         steps_done = rollout_id + 1
-        rollout = capture_rollout(pipeline.prompts, pipeline.held_groups, next_rollout_id=steps_done)
+        rollout = capture_pipeline(pipeline, next_rollout_id=steps_done)
         if self._prompt_data_sha256 is None:
             self._prompt_data_sha256 = await trio.to_thread.run_sync(_sha256, cfg.prompt_data)
         state = {
@@ -306,7 +308,13 @@ class RunCheckpointer:
         start = time.monotonic()
         path = await trio.to_thread.run_sync(write)
         size = sum(p.stat().st_size for p in path.rglob("*") if p.is_file())
+        notes = []
+        if rollout.held_groups:
+            notes.append(f"{rollout.held_groups} resident Groups cannot be saved and are rerun on "
+                         "resume")
+        if rollout.run_end_groups:
+            notes.append(f"the prompts {list(rollout.run_end_prompts)} of {rollout.run_end_groups} "
+                         "Groups the last step dropped are requeued for an extended run")
         log.info("checkpoint %s written in %.2f s (%.1f MB)%s", path, time.monotonic() - start,
-                 size / 1e6, f"; {rollout.held_groups} resident Groups cannot be saved and are "
-                 "rerun on resume" if rollout.held_groups else "")
+                 size / 1e6, "".join(f"; {note}" for note in notes))
         return path

@@ -9,9 +9,13 @@
   *filtered*: logged, counted, and replaced within its own budget (``filter_budget``). Accepted Groups keep their finishing order; Sessions keep
   sample order.
 * **Step close.** Without partial rollout or fully async, the tail (leased Groups not needed) is
-  dropped. With ``partial_rollout`` resident Groups are paused: in-flight generations are aborted,
+  dropped, and so are finished Groups the step did not need; both are counted in the step's
+  ``dropped``. With ``partial_rollout`` resident Groups are paused: in-flight generations are aborted,
   their partial ids and logprobs parked, and they resume in the next step (protected Sessions
   first run to completion). With ``fully_async`` Groups keep generating while the trainer trains.
+  The last step drops every resident Group (counted in ``dropped``); those a later step would
+  have continued are :attr:`RolloutPipeline.run_end_groups`, whose prompts an end-of-run
+  checkpoint requeues (:mod:`relaxtrio.rollout.resume`).
 * **Prelaunch.** Groups are started while permits are free; their first requests wait for the
   lease and their budgets do not run until then.
 * **Fully async backfill.** :meth:`RolloutPipeline.backfill` leases (prelaunched first) or starts
@@ -124,6 +128,7 @@ class RolloutPipeline:
     _changes: ChangeSignal = attrs.field(factory=ChangeSignal)
     _group_seq: int = 0
     _backfilled: int = 0
+    _run_end: tuple[Group, ...] = ()
 
     def __attrs_post_init__(self) -> None:
         self._permits = trio.Semaphore(self.config.concurrency)
@@ -140,6 +145,24 @@ class RolloutPipeline:
         """Train Groups holding a prompt no step has accounted for yet: finished after their step
         closed (fully async), then resident; what a run checkpoint cannot save."""
         return (*self._finished, *self._resident)
+
+    @property
+    def run_end_groups(self) -> tuple[Group, ...]:
+        """Train Groups the last step's close dropped that a non-last close would have carried
+        into the next step (finished or resident with partial rollout or fully async, prelaunched
+        in any mode), in :attr:`held_groups` order; empty before the last step closed.
+
+        Their prompts were drawn but never trained: an end-of-run checkpoint requeues them, so
+        a run extended from it (a larger ``--num-rollout``) trains them as a longer run would.
+        """
+        return self._run_end
+
+    def _carried_at_close(self) -> tuple[Group, ...]:
+        """The not-dropped train Groups a non-last step close keeps (see :meth:`_close_step`)."""
+        cfg = self.config
+        if cfg.fully_async or cfg.partial_rollout:
+            return tuple(g for g in self.held_groups if not g.dropped)
+        return tuple(g for g in self._resident if not g.leased and not g.dropped)
 
     def group_stages(self) -> GroupStages:
         """The train Groups counted by stage (the one source of both snapshots of the pipeline)."""
@@ -268,7 +291,7 @@ class RolloutPipeline:
             await self._fill_step(step, last=last)
         finally:
             step.bar.close()
-        aborted = await self._close_step(last=last)
+        aborted = await self._close_step(step, last=last)
         if self.config.prelaunch and not last:
             self._prelaunch_fill()
         return self._step_result(step, aborted)
@@ -422,8 +445,16 @@ class RolloutPipeline:
         await self.handler.wait_engine_failed()
         self._notify()
 
-    async def _close_step(self, *, last: bool) -> int:
+    async def _close_step(self, step: _Step, *, last: bool) -> int:
+        """Closes the step as its mode says (docs/scheduling.md#step-close); every Group it
+        drops, or finished and not needed, is added to ``step.dropped``.
+
+        Returns:
+            Generations aborted (partial rollout).
+        """
         cfg = self.config
+        if last:
+            self._run_end = self._carried_at_close()
         if cfg.fully_async and not last:
             return 0
         if cfg.partial_rollout and not last:
@@ -439,6 +470,11 @@ class RolloutPipeline:
             group.drop("step closed before the group finished (not needed this step)")
         while any(not g.finished for g in tail):
             await self._changes.wait_past(self._changes.version)
+        for group in self._finished:  # finished after the step had its target: not trained
+            if not group.dropped:
+                group.drop(f"not needed: step {step.rollout_id} already had its {step.target} groups")
+                log.warning("Dropped group %s: %s", group.group_id, group.dropped_reason)
+            step.dropped.append(group)
         self._finished.clear()
         return 0
 
