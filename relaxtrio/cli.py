@@ -118,16 +118,20 @@ def _train_main(args: argparse.Namespace) -> int:
         if code is None:
             raise
         return code
+    judged = summary.judged  # a resumed run: the steps this process ran
     if config.rollout_only:
         print(f"metrics: {summary.metrics_path}\nsamples: {summary.samples_path} "
               f"({summary.num_samples} samples)")
-        if summary.num_samples == 0:
+        if judged.num_samples == 0:
             log.error("no sample produced: every Group was dropped (see the 'Dropped group' lines)")
             return 1
         return 0
     print(f"metrics: {summary.metrics_path}\nreward plot: {summary.plot_path}\n"
           f"checkpoint: {summary.checkpoint_dir}")
-    if summary.trained_steps == 0:
+    if summary.first_rollout_id:
+        print(f"this process: {summary.this_process.describe()}\n"
+              f"whole run: {summary.run.describe()}")
+    if judged.trained_steps == 0:
         log.error("no step trained: every Group was dropped (see the 'Dropped group' lines above "
                   "for why); the checkpoint is the unchanged model")
         return 1

@@ -1,0 +1,87 @@
+"""A resumed run's end: the summary's whole-run and this-process figures, and a checkpoint
+written before run-end Groups existed, resumed through :class:`RunCheckpointer`."""
+
+from __future__ import annotations
+
+import json
+import logging
+from pathlib import Path
+
+import pytest
+
+from relaxtrio.config import AgentConfig, TrainRunConfig
+from relaxtrio.driver import StepTotals, _finish, _load_datasets, _StepOutputs
+from relaxtrio.run_checkpoint import RunCheckpointer
+
+# state.json of a checkpoint after 2 of 2 steps, as the format before run-end Groups wrote it.
+_OLD_STATE = {
+    "format": 1, "steps_done": 2, "weight_version": "step-2",
+    "rollout": {"next_rollout_id": 2, "held_groups": 0, "held_sessions": 0, "held_prompts": [],
+                "stream": {"epoch": 1, "pending": [], "remaining": [3], "num_prompts": 4,
+                           "seed": 1, "shuffle": False}},
+    "metrics": [{"step": 0, "num_samples": 4, "dropped_groups": 1, "loss": 0.5},
+                {"step": 1, "num_samples": 4, "dropped_groups": 0, "loss": 0.25}],
+}
+
+
+def _resumed_config(tmp_path: Path, state: dict) -> TrainRunConfig:
+    data = tmp_path / "prompts.jsonl"
+    data.write_text("".join(json.dumps({"input": f"task {i}"}) + "\n" for i in range(4)))
+    state = {**state, "run": {"output_dir": str(tmp_path / "run"), "prompt_data": str(data),
+                              "num_rollout": 2}}
+    checkpoint = tmp_path / "ckpt" / "iter_0000002"
+    checkpoint.mkdir(parents=True)
+    (checkpoint / "state.json").write_text(json.dumps(state))
+    (tmp_path / "ckpt" / "latest").write_text("iter_0000002\n")
+    return TrainRunConfig(prompt_data=data, num_rollout=4, rollout_shuffle=False,
+                          agent=AgentConfig(command="true", cwd=tmp_path),
+                          output_dir=tmp_path / "run", load_dir=tmp_path / "ckpt",
+                          rollout_only=True)
+
+
+async def test_a_resumed_summary_names_whole_run_and_this_process_figures(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    caplog.set_level(logging.INFO)
+    config = _resumed_config(tmp_path, _OLD_STATE)
+    checkpointer = RunCheckpointer.open(config)
+    assert checkpointer.first_rollout_id == 2
+    metrics = checkpointer.open_metrics(config.output_dir / "metrics.jsonl")
+    prompts, _ = _load_datasets(config)
+    checkpointer.restore_prompts(prompts)  # an old checkpoint: nothing requeued, cursor kept
+    assert next(prompts).index == 3
+    for step, row in ((2, {"num_samples": 2, "dropped_groups": 2, "loss": 0.1}),
+                      (3, {"num_samples": 0, "dropped_groups": 3})):  # step 3 trained nothing
+        checkpointer.note_step(step, row)
+        metrics.append(step, row)
+    summary = await _finish(config.output_dir, None, tmp_path, metrics,
+                            _StepOutputs.fresh(config, tmp_path), first_rollout_id=2)
+    rows = [json.loads(line) for line in summary.metrics_path.read_text().splitlines()]
+    assert [r["step"] for r in rows] == [0, 1, 2, 3]
+    assert summary.run == StepTotals.of(rows) == StepTotals(steps=4, trained_steps=3, num_samples=10,
+                                                            dropped_groups=6)
+    assert summary.this_process == StepTotals(steps=2, trained_steps=1, num_samples=2, dropped_groups=5)
+    assert (summary.trained_steps, summary.num_samples) == (3, 10)  # the whole run, as metrics.jsonl
+    assert summary.judged == summary.this_process  # the exit status: what this process trained
+    assert ("finished: this process (steps 2..3): 1 of 2 steps trained, 2 samples, 5 Groups "
+            "dropped; the whole run (metrics.jsonl): 3 of 4 steps trained, 10 samples, "
+            "6 Groups dropped") in caplog.text
+    assert "resume_requeued_groups" not in rows[2] and rows[2]["resume_dropped_groups"] == 0
+
+
+async def test_a_fresh_summary_is_the_whole_run(tmp_path: Path, caplog: pytest.LogCaptureFixture) -> None:
+    caplog.set_level(logging.INFO)
+    config = _resumed_config(tmp_path, _OLD_STATE)
+    checkpointer = RunCheckpointer(config=config)  # no resume point
+    metrics = checkpointer.open_metrics(tmp_path / "fresh" / "metrics.jsonl")
+    metrics.append(0, {"num_samples": 3, "dropped_groups": 1, "loss": 0.2})
+    summary = await _finish(tmp_path / "fresh", None, tmp_path, metrics,
+                            _StepOutputs.fresh(config, tmp_path))
+    assert summary.run == summary.this_process == StepTotals(steps=1, trained_steps=1, num_samples=3,
+                                                             dropped_groups=1)
+    assert "finished: 1 of 1 steps trained, 3 samples, 1 Groups dropped" in caplog.text
+    # Resumed with no step left to run: judged by the whole run.
+    done = await _finish(tmp_path / "fresh", None, tmp_path, metrics,
+                         _StepOutputs.fresh(config, tmp_path), first_rollout_id=1)
+    assert done.this_process == StepTotals() and done.judged == done.run
+    assert "finished: no step left to run after step 0; the whole run" in caplog.text
