@@ -70,6 +70,7 @@ FORBIDDEN: dict[str, tuple[str, ...]] = {
     "relaxtrio.sglang.starter": ("ray", "relaxtrio.cluster"),
     "relaxtrio.inference": ("ray", "relaxtrio.cluster"),
     "relaxtrio.run_checkpoint": ("ray", "relaxtrio.cluster"),
+    "relaxtrio.run_summary": (*HEAVY, "relaxtrio.forest", "relaxtrio.nursery", *UPPER),
     "relaxtrio.driver": ("ray", "relaxtrio.cluster"),
     "relaxtrio.cli": ("ray", "relaxtrio.cluster"),
 }

@@ -10,8 +10,9 @@ from pathlib import Path
 import pytest
 
 from relaxtrio.config import AgentConfig, TrainRunConfig
-from relaxtrio.driver import StepTotals, _finish, _load_datasets, _StepOutputs
+from relaxtrio.driver import _finish, _load_datasets, _StepOutputs
 from relaxtrio.run_checkpoint import RunCheckpointer
+from relaxtrio.run_summary import StepTotals
 
 # state.json of a checkpoint after 2 of 2 steps, as the format before run-end Groups wrote it.
 _OLD_STATE = {
