@@ -10,11 +10,17 @@ forward took 21-25 s with 2 threads and 3.2 s with 1). So by default the cores a
 
 * the trainer gets ``max(1, cores // 2)`` threads (``torch.set_num_threads`` in the driver);
 * each of the ``N`` embedded engines launched here gets ``max(1, (cores - trainer) // N)``
-  (``python -m relaxtrio.engine --num-threads``).
+  (``python -m relaxtrio.engine --num-threads``);
+* while no train Group is resident (nothing generates, no agent runs: the synchronous update,
+  or a fully async update once the next step's Groups have all finished) the trainer takes
+  every core (``trainer_solo_threads``): its micro-batches ask before each one
+  (:meth:`relaxtrio.train.Trainer.train_step` ``threads``), so an update that began beside
+  generation speeds up as soon as the generation ends.
 
 The split is the same for every schedule (synchronous, prelaunch, fully async), so no schedule
 is compared against a handicapped baseline. ``--trainer-num-threads`` and
-``--engine-num-threads`` override either side; ``0`` keeps torch's default for that side (one
+``--engine-num-threads`` override either side (an explicit trainer count holds for the whole
+update); ``0`` keeps torch's default for that side (one
 thread per core: what runs had before the split, where several engines still shared the cores
 among themselves only). Nothing is split when the trainer is not a CPU trainer in the driver
 (rollout only, sharded ranks, a GPU device) or when no embedded engine is launched here (URLs,
@@ -25,6 +31,7 @@ process may run on (its affinity), not every CPU of the machine.
 from __future__ import annotations
 
 import os
+from collections.abc import Callable
 from typing import Final
 
 import attrs
@@ -47,19 +54,43 @@ class ThreadSplit:
         trainer_threads: threads of the trainer in the driver process.
         engine_threads: threads of each embedded engine launched on this machine.
         cpus: the cores the split was made for.
+        trainer_solo_threads: threads of the trainer while no train Group is resident (the
+            engines idle); equals ``trainer_threads`` when the user fixed that count.
     """
 
     trainer_threads: int
     engine_threads: int
     cpus: int
+    trainer_solo_threads: int = attrs.field()
+
+    @trainer_solo_threads.default
+    def _solo_default(self) -> int:
+        return self.trainer_threads
+
+    def update_threads(self, *, busy: Callable[[], bool]) -> Callable[[], int] | None:
+        """The trainer's thread count to ask before each micro-batch, or None (fixed).
+
+        Args:
+            busy: whether anything shares the cores now (a train Group is resident).
+
+        Returns:
+            ``trainer_threads`` while ``busy()``, else ``trainer_solo_threads``; None when
+            both are the same (nothing to change during an update).
+        """
+        if self.trainer_solo_threads == self.trainer_threads or not self.trainer_threads:
+            return None
+        shared, solo = self.trainer_threads, self.trainer_solo_threads
+        return lambda: shared if busy() else solo
 
     def describe(self) -> str:
         """One log line's worth: who gets how many threads."""
         def side(n: int) -> str:
             return "torch default" if n == 0 else str(n)
 
-        return (f"CPU threads on {self.cpus} core(s): trainer {side(self.trainer_threads)}, each "
-                f"embedded engine {side(self.engine_threads)} (--trainer-num-threads, "
+        solo = (f" ({self.trainer_solo_threads} while no Group is resident)"
+                if self.trainer_solo_threads != self.trainer_threads else "")
+        return (f"CPU threads on {self.cpus} core(s): trainer {side(self.trainer_threads)}{solo}, "
+                f"each embedded engine {side(self.engine_threads)} (--trainer-num-threads, "
                 f"--engine-num-threads)")
 
 
@@ -88,8 +119,10 @@ def split_cpu_threads(*, cpus: int, num_local_engines: int, trainer_here: bool,
         The threads of each side (0: leave torch's default).
     """
     shared = trainer_here and num_local_engines > 0
+    solo = None
     if trainer_threads is AUTO:
         trainer_threads = max(1, cpus // 2) if shared else 0
+        solo = cpus if shared else 0
     if engine_threads is AUTO:
         if shared and trainer_threads > 0:
             engine_threads = max(1, (cpus - min(trainer_threads, cpus - 1)) // num_local_engines)
@@ -97,4 +130,5 @@ def split_cpu_threads(*, cpus: int, num_local_engines: int, trainer_here: bool,
             engine_threads = max(1, cpus // num_local_engines)
         else:
             engine_threads = 0
-    return ThreadSplit(trainer_threads=trainer_threads, engine_threads=engine_threads, cpus=cpus)
+    return ThreadSplit(trainer_threads=trainer_threads, engine_threads=engine_threads, cpus=cpus,
+                       trainer_solo_threads=trainer_threads if solo is None else solo)

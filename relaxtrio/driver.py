@@ -217,6 +217,7 @@ async def _train_step(
     eval_sets: tuple[EvalDataset, ...],
     outputs: _StepOutputs,
     view: RunView,
+    split: ThreadSplit,
 ) -> dict[str, Any]:
     """One rollout step, one update (none when ``trainer`` is None: rollout only), the weight
     push, the step's samples/dump files and the optional eval; returns metrics (and shows the
@@ -225,7 +226,9 @@ async def _train_step(
     Timings in the row (wall seconds): ``rollout_s``; ``train_s`` from the update's start to the
     engines running the new weights, split into ``update_s`` (``Trainer.train_step``) and
     ``weight_sync_s`` (writing the weights, then pause, reload and continue on every worker);
-    ``eval_s``; ``step_s`` for all of it."""
+    ``eval_s``; ``step_s`` for all of it. A CPU trainer in this process trains with its share of
+    the cores while train Groups are resident, and with ``split.trainer_solo_threads`` once none
+    is (:mod:`relaxtrio.cpu_threads`)."""
     step_start = time.monotonic()
     last = rollout_id == cfg.num_rollout - 1
     result = await pipeline.run_step(rollout_id, last=last)
@@ -235,7 +238,12 @@ async def _train_step(
     stats = None
     if result.samples and trainer is not None:
         train_start = time.monotonic()
-        stats = await trio.to_thread.run_sync(trainer.train_step, result.samples, result.advantages)
+        if isinstance(trainer, Trainer):
+            threads = split.update_threads(busy=lambda: bool(pipeline.resident_groups))
+            update = functools.partial(trainer.train_step, threads=threads)
+        else:
+            update = trainer.train_step
+        stats = await trio.to_thread.run_sync(update, result.samples, result.advantages)
         push_start = time.monotonic()
         row["weight_sync_s"] = await _push(inference, trainer, weight_version_name(rollout_id))
         push_end = time.monotonic()
@@ -337,10 +345,10 @@ async def _run_training(cfg: TrainRunConfig, trackers: Trackers) -> TrainSummary
     """
     split = await trio.to_thread.run_sync(thread_split, cfg)
     with trainer_threads(split):
-        return await _run_split(with_engine_threads(cfg, split), trackers)
+        return await _run_split(with_engine_threads(cfg, split), trackers, split)
 
 
-async def _run_split(cfg: TrainRunConfig, trackers: Trackers) -> TrainSummary:
+async def _run_split(cfg: TrainRunConfig, trackers: Trackers, split: ThreadSplit) -> TrainSummary:
     """:func:`_run_training` once the cores are split (:mod:`relaxtrio.cpu_threads`)."""
     out = cfg.output_dir
     agent = attrs.evolve(cfg.agent, failed_log_dir=out / "agent_logs")
@@ -356,7 +364,7 @@ async def _run_split(cfg: TrainRunConfig, trackers: Trackers) -> TrainSummary:
         trainer = await trio.to_thread.run_sync(checkpointer.load_trainer, model_dir)
     try:
         return await _run_loaded(cfg, checkpointer, metrics, model_dir, compiler, prompts, eval_sets,
-                                 trainer, agent=agent, trackers=trackers)
+                                 trainer, agent=agent, trackers=trackers, split=split)
     finally:
         if isinstance(trainer, RankGroup):  # sharded: end every rank (and its Ray actor)
             with trio.CancelScope(shield=True):
@@ -375,6 +383,7 @@ async def _run_loaded(
     *,
     agent: AgentConfig,
     trackers: Trackers,
+    split: ThreadSplit,
 ) -> TrainSummary:
     """The engines, the agent API and the step loop, once the trainer (if any) is loaded."""
     out = cfg.output_dir
@@ -419,7 +428,7 @@ async def _run_loaded(
                 view.attach(pipeline)
                 for rollout_id in range(checkpointer.first_rollout_id, cfg.num_rollout):
                     row = await _train_step(cfg, pipeline, trainer, inference, rollout_id,
-                                            eval_sets, outputs, view)
+                                            eval_sets, outputs, view, split)
                     checkpointer.note_step(rollout_id, row)
                     written = metrics.append(rollout_id, row)
                     await trio.to_thread.run_sync(trackers.log, rollout_id, written)

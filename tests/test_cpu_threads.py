@@ -87,3 +87,20 @@ def test_engine_refuses_negative_threads() -> None:
                            "--num-threads", "-1"], check=False, capture_output=True, text=True, timeout=120,
                           env={**os.environ, "PYTHONPATH": str(Path(__file__).resolve().parents[1])})
     assert proc.returncode == 2 and "--num-threads must be between 0 and 4096" in proc.stderr
+
+
+def test_the_trainer_takes_every_core_while_no_group_is_resident() -> None:
+    split = split_cpu_threads(cpus=2, num_local_engines=1, trainer_here=True)
+    assert (split.trainer_threads, split.trainer_solo_threads) == (1, 2)
+    assert "trainer 1 (2 while no Group is resident)" in split.describe()
+    busy = [True]
+    threads = split.update_threads(busy=lambda: busy[0])
+    assert threads is not None and threads() == 1
+    busy[0] = False
+    assert threads() == 2
+    # a count the user fixed holds for the whole update; no split: nothing to pace
+    fixed = split_cpu_threads(cpus=8, num_local_engines=1, trainer_here=True, trainer_threads=3)
+    assert fixed.trainer_solo_threads == 3 and fixed.update_threads(busy=lambda: False) is None
+    alone = split_cpu_threads(cpus=8, num_local_engines=0, trainer_here=True)
+    assert alone.update_threads(busy=lambda: False) is None
+    assert ThreadSplit(trainer_threads=1, engine_threads=1, cpus=2).trainer_solo_threads == 1

@@ -36,7 +36,7 @@ import copy
 import math
 import random
 import time
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -125,6 +125,7 @@ class Trainer:
             reference = reference_model if reference_model is not None else self._initial_reference()
             self.ref_model = self._prepare_reference(reference)
         self._rng = random.Random(self.config.seed)
+        self._threads: Callable[[], int] | None = None
         model_config = getattr(model, "config", None)
         text_config = model_config.get_text_config() if hasattr(model_config, "get_text_config") else model_config
         pad = getattr(text_config, "pad_token_id", None)
@@ -170,7 +171,8 @@ class Trainer:
     # ------------------------------------------------------------------ training
 
     def train_step(
-        self, samples: Sequence[SampleLike], advantages: Sequence[float]
+        self, samples: Sequence[SampleLike], advantages: Sequence[float], *,
+        threads: Callable[[], int] | None = None,
     ) -> TrainStats:
         """Run ``config.num_minibatches`` policy-gradient steps on one rollout's samples.
 
@@ -179,6 +181,11 @@ class Trainer:
             advantages: one finite base credit per sample (an estimator's or the custom advantage
                 function's), broadcast over its ``loss_mask == 1`` tokens before KL shaping and
                 whitening; ``len(advantages) == len(samples)``.
+            threads: asked (in the calling thread) before every micro-batch forward and every
+                optimizer step for the torch compute threads to use next (``> 0``; a CPU
+                trainer sharing cores with engines that may stop generating mid-update:
+                :meth:`relaxtrio.cpu_threads.ThreadSplit.update_threads`); the thread count
+                at entry is restored on return. None: leave torch's setting alone.
 
         Returns:
             The step's :class:`TrainStats`.
@@ -187,6 +194,23 @@ class Trainer:
             ValueError: the samples break their length/mask invariants, an advantage is not
                 finite, or a rollout logprob on a trained token is not finite.
         """
+        before = torch.get_num_threads()
+        self._threads = threads
+        try:
+            return self._train_step(samples, advantages)
+        finally:
+            self._threads = None
+            if threads is not None and torch.get_num_threads() != before:
+                torch.set_num_threads(before)
+
+    def _pace_threads(self) -> None:
+        """Applies the thread count :meth:`train_step`'s ``threads`` asks for now."""
+        if self._threads is not None:
+            wanted = self._threads()
+            if wanted > 0 and wanted != torch.get_num_threads():
+                torch.set_num_threads(wanted)
+
+    def _train_step(self, samples: Sequence[SampleLike], advantages: Sequence[float]) -> TrainStats:
         t0 = time.perf_counter()
         validate_samples(samples, advantages)
         cfg = self.config
@@ -207,6 +231,7 @@ class Trainer:
                 continue  # nothing to learn from; an AdamW step would still move the weights
             self.optimizer.zero_grad(set_to_none=True)
             for indices in self._plan(mb, lengths):
+                self._pace_threads()
                 batch = self._collate(samples, token_adv, indices, masks)
                 loss, stats = self._micro_batch_loss(batch, den, old_by_sample, ref_by_sample, acc)
                 loss.backward()
@@ -216,6 +241,7 @@ class Trainer:
             grad_norm = self._clip_grad_norm()
             acc.grad_norms.append(grad_norm)
             if math.isfinite(grad_norm):
+                self._pace_threads()
                 self.optimizer.step()
                 steps += 1
             else:  # never let a nan/inf gradient reach the weights
@@ -351,6 +377,7 @@ class Trainer:
         lengths = [len(s.token_ids) for s in samples]
         out: dict[int, Tensor] = {}
         for indices in self._plan(range(len(samples)), lengths):
+            self._pace_threads()
             batch = self._collate(samples, None, indices, masks)
             logits = forward_logits(
                 model, batch.token_ids, batch.attention_mask, autocast_bf16=cfg.bf16_autocast,

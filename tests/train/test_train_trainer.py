@@ -253,3 +253,29 @@ def test_save_checkpoint_rejects_missing_tokenizer(tiny_llama_dir: Path, tmp_pat
         trainer.save_checkpoint(tmp_path / "ckpt", tmp_path / "missing")
     assert not (tmp_path / "ckpt").exists()
     assert list(tmp_path.iterdir()) == []
+
+
+def test_threads_are_asked_before_every_micro_batch_and_step_and_restored(tiny_llama_dir: Path) -> None:
+    # A fully async update that starts beside generation (1 thread) and goes on alone (2): the
+    # count asked for is in force for what follows, the same numbers come out, and the thread
+    # count of the caller is back at the end.
+    cfg = attrs.evolve(FAST, num_minibatches=2, micro_batch_size=2)
+    samples = make_samples(4, seed=5)
+    advantages = [1.0, -1.0, 1.0, -1.0]
+    before = torch.get_num_threads()
+    seen: list[int] = []
+    answers = iter([1, 2, 1, 2, 1, 2, 2, 2, 2, 2])
+
+    def threads() -> int:
+        seen.append(torch.get_num_threads())
+        return next(answers)
+
+    paced = Trainer.from_pretrained(tiny_llama_dir, cfg).train_step(samples, advantages, threads=threads)
+    assert torch.get_num_threads() == before
+    plain = Trainer.from_pretrained(tiny_llama_dir, cfg).train_step(samples, advantages)
+    # 2 old-logprob micro-batches, then per minibatch 1 micro-batch and 1 optimizer step
+    assert len(seen) == 2 + 2 * (1 + 1)
+    assert seen[1:] == [1, 2, 1, 2, 1]  # each count was in force when the next was asked for
+    assert paced.num_optimizer_steps == plain.num_optimizer_steps == 2
+    assert paced.loss == pytest.approx(plain.loss, rel=1e-5)
+    assert paced.grad_norm == pytest.approx(plain.grad_norm, rel=1e-4)
