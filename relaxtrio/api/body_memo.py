@@ -1,21 +1,23 @@
 """Parse only what is new in a request body that repeats the Session's previous one.
 
 Every request of a Session carries its whole history (``messages``, or ``input`` for Responses),
-and clients serialize it the same way each time, so the text of turn ``n``'s body starts with
-the text of turn ``n - 1``'s up to somewhere in that array (usually its last element). Parsing
+and clients serialize it the same way each time, so the bytes of turn ``n``'s body start with
+the bytes of turn ``n - 1``'s up to somewhere in that array (usually its last element). Parsing
 the whole body with :func:`json.loads` costs about a microsecond per message at C speed; at two
 thousand messages that alone is more than the rest of a request. :class:`BodyMemo` keeps the
-previous body's text, its members before the array and the array's elements with the offset
-where each ends; for the next body it finds the longest run of leading elements whose text is
-unchanged (string comparisons, run in C), takes those elements as they are (the very objects
-of the previous parse) and decodes only the rest of the text with :mod:`json`'s own scanner.
+previous body's bytes, its members before the array and the array's elements with the byte
+offset where each ends; for the next body it finds the longest run of leading elements whose
+bytes are unchanged (``bytes.startswith`` of a view of the previous body: one ``memcmp``, no
+copy, and nothing decoded), takes those elements as they are (the very objects of the previous
+parse) and decodes only the bytes after them, with :mod:`json`'s own scanner.
 
-The result is exactly ``json.loads(raw, parse_constant=...)``: equal text decodes to equal
-values, the remaining members are decoded in order (a repeated key keeps its first position and
-its last value, as :func:`json.loads` does), and anything irregular (a body that is not a UTF-8
-JSON object, a repeated history key, any decoding error) is parsed by :func:`json.loads` itself,
-so its errors are the same too. Reused objects are shared between consecutive bodies: the
-request parsers never mutate a body.
+The result is exactly ``json.loads(raw, parse_constant=...)``: equal bytes decode to equal
+values (an element ends with an ASCII character, so the repeated bytes end on a character
+boundary and decoding the rest alone gives the same text), the remaining members are decoded in
+order (a repeated key keeps its first position and its last value, as :func:`json.loads` does),
+and anything irregular (a body that is not a UTF-8 JSON object, a repeated history key, any
+decoding error) is parsed by :func:`json.loads` itself, so its errors are the same too. Reused
+objects are shared between consecutive bodies: the request parsers never mutate a body.
 """
 
 from __future__ import annotations
@@ -46,27 +48,29 @@ class _Irregular(Exception):
 
 @attrs.define(eq=False)
 class _Remembered:
-    """One earlier body: its text, members before the history array, and the array."""
+    """One earlier body: its bytes, members before the history array, and the array.
 
-    text: str
+    Offsets are byte offsets into ``raw``."""
+
+    raw: bytes
     head: list[tuple[str, Any]]  # members before the history key, in order
     key: str  # the history key
     open: int  # offset just after the array's "["
     elements: list[Any]
     ends: list[int]  # offset just after each element
 
-    def resume_point(self, text: str) -> int | None:
-        """How many leading elements ``text`` repeats verbatim (with everything before them),
-        or None when it does not even repeat the text before the array."""
-        prev, ends = self.text, self.ends
-        if not text.startswith(prev[:self.open]):
+    def resume_point(self, raw: bytes) -> int | None:
+        """How many leading elements ``raw`` repeats byte for byte (with everything before
+        them), or None when it does not even repeat the bytes before the array."""
+        prev, ends = memoryview(self.raw), self.ends  # startswith a view: memcmp, no copy
+        if not raw.startswith(prev[:self.open]):
             return None
-        if ends and text.startswith(prev[:ends[-1]]):
+        if ends and raw.startswith(prev[:ends[-1]]):
             return len(ends)
         lo, hi = 0, len(ends)  # ends[:lo] repeated; ends[hi - 1] (if any) not
         while hi - lo > 1:
             mid = (lo + hi) // 2
-            if text.startswith(prev[:ends[mid - 1]]):
+            if raw.startswith(prev[:ends[mid - 1]]):
                 lo = mid
             else:
                 hi = mid
@@ -104,23 +108,25 @@ class BodyMemo:
         """
         if self._skip:
             self._skip -= 1
-        else:
+        elif type(raw) is bytes:  # (immutable: remembered as it is)
             try:
                 if raw[:1] == b"{" and json.detect_encoding(raw) == "utf-8":
-                    # what json.loads decodes bytes with
-                    return self._parse(raw.decode("utf-8", "surrogatepass"))
+                    # what json.loads decodes bytes with (decoded here as utf-8/surrogatepass)
+                    return self._parse(raw)
             except (_Irregular, ValueError, RecursionError, StopIteration):
                 pass
         return json.loads(raw, parse_constant=self._parse_constant)
 
-    def _parse(self, text: str) -> dict[str, Any]:
+    def _parse(self, raw: bytes) -> dict[str, Any]:
         scan = self._scan
         base, resume = None, None
         for remembered in self._remembered:
-            point = remembered.resume_point(text)
+            point = remembered.resume_point(raw)
             if point is not None and (resume is None or point > resume):
                 base, resume = remembered, point
         if base is None or resume is None:
+            start = 0  # byte offset in ``raw`` of ``text[0]``
+            text = raw.decode("utf-8", "surrogatepass")
             head: list[tuple[str, Any]] = []
             idx = _WS.match(text, 1).end()
             if text[idx:idx + 1] == "}":
@@ -142,17 +148,22 @@ class BodyMemo:
         else:
             head, key, open_ = base.head, base.key, base.open
             elements, ends = base.elements[:resume], base.ends[:resume]
-            pos = _WS.match(text, ends[-1] if ends else open_).end()
+            start = ends[-1] if ends else open_
+            # Only the bytes after the repeated ones are decoded (they start on a character
+            # boundary: an element, like "[", ends with an ASCII character).
+            text = raw[start:].decode("utf-8", "surrogatepass")
+            pos = _WS.match(text).end()
             closed = text[pos:pos + 1] == "]"
             if ends and not closed:  # after a reused element: "]" or "," and an element
                 if text[pos:pos + 1] != ",":
                     raise _Irregular  # e.g. a number element that goes on
                 pos = _WS.match(text, pos + 1).end()
         ws = _WS.match
+        new_ends: list[int] = []  # offsets in ``text`` just after each new element
         while not closed:  # one element per step; whitespace is rare and skipped by regex
             value, pos = scan(text, pos)
             elements.append(value)
-            ends.append(pos)
+            new_ends.append(pos)
             char = text[pos:pos + 1]
             if char in _WS_CHARS:
                 pos = ws(text, pos).end()
@@ -179,11 +190,16 @@ class BodyMemo:
         body = dict(head)
         body[key] = elements
         body.update(tail)
+        if base is None:
+            open_, *byte_ends = _byte_offsets(text, 0, [open_, *new_ends])
+        else:
+            byte_ends = _byte_offsets(text, start, new_ends)
+        ends.extend(byte_ends)
         reused = resume or 0
         self.num_reused += reused
         if base is not None and 2 * reused >= len(base.ends):
             self._remembered.remove(base)  # the new body supersedes the one it mostly repeats
-        self._remembered = [_Remembered(text, head, key, open_, elements, ends),
+        self._remembered = [_Remembered(raw, head, key, open_, elements, ends),
                             *self._remembered][:_NUM_REMEMBERED]
         if len(elements) - reused > max(reused, _COLD_ELEMENTS):
             self._cold_streak += 1
@@ -192,6 +208,20 @@ class BodyMemo:
         else:
             self._cold_streak = 0
         return body
+
+
+def _byte_offsets(text: str, start: int, offsets: list[int]) -> list[int]:
+    """The byte offsets of ascending character offsets ``offsets`` into ``text``, whose first
+    character is at byte ``start`` of a UTF-8 (``surrogatepass``) encoding; O(len(text))."""
+    if text.isascii():  # O(1) for str; one byte per character
+        return [start + offset for offset in offsets]
+    out = []
+    done = 0
+    for offset in offsets:
+        start += len(text[done:offset].encode("utf-8", "surrogatepass"))
+        done = offset
+        out.append(start)
+    return out
 
 
 def _member_name(text: str, idx: int) -> tuple[str, int]:

@@ -209,3 +209,71 @@ def test_responses_requests_project_only_after_their_last_clean_item() -> None:
         {"type": "output_text", "text": "done"}]}, {"type": "message", "role": "user", "content": "more"}])
     check(items[:3] + items[4:])  # an item removed
     assert len(memo.wire.raw) == len(items) - 1
+
+
+def _utf8_body(messages: list[Any]) -> bytes:
+    return json.dumps({"model": "m", "messages": messages}, ensure_ascii=False).encode()
+
+
+def _history(num: int, text: str = "content") -> list[dict[str, str]]:
+    roles = ("user", "assistant")
+    return [{"role": roles[i % 2], "content": f"{text} {i}"} for i in range(num)]
+
+
+@pytest.mark.parametrize("text", ["plain", "d\u00e9j\u00e0 \u4e2d\u6587 \U0001f600"])
+def test_a_body_changed_by_one_byte_in_the_middle_reuses_only_what_precedes_it(text: str) -> None:
+    memo = BodyMemo(_reject)
+    history = _history(40, text)
+    raw = _utf8_body(history)
+    _same(memo, raw)
+    at = raw.index(f"{text} 20".encode()) + len(f"{text} ".encode())  # message 20's "2"
+    changed = raw[:at] + b"X" + raw[at + 1:]
+    before = memo.num_reused
+    got = _same(memo, changed)
+    assert memo.num_reused - before == 20  # messages 0-19 only: the byte is in message 20
+    assert got["messages"][20]["content"] != history[20]["content"]
+    # The next body extends the changed one (not the first): all 40 reused.
+    before = memo.num_reused
+    _same(memo, changed[:-2] + b', {"role": "user", "content": "more"}]}')
+    assert memo.num_reused - before == 40
+
+
+def test_bytes_that_break_utf8_or_json_in_the_middle_fail_like_json_loads() -> None:
+    memo = BodyMemo(_reject)
+    raw = _utf8_body(_history(30, "caf\u00e9"))
+    _same(memo, raw)
+    at = raw.index("caf\u00e9 15".encode()) + 3  # the first byte of the two-byte é
+    _same(memo, raw[:at] + b"\xff" + raw[at + 1:])  # invalid UTF-8 inside message 15
+    _same(memo, raw[:at + 1] + raw[at + 2:])  # half a character
+    _same(memo, raw[:at] + b'"' + raw[at + 1:])  # a JSON syntax error
+    _same(memo, raw[:-2] + b', {"role": "user", "content": "\xc3"}]}')  # invalid in the new tail
+    before = memo.num_reused
+    _same(memo, raw[:-2] + b', {"role": "user", "content": "ok"}]}')  # still resumes from raw
+    assert memo.num_reused - before == 30
+
+
+def test_shorter_equal_and_truncated_bodies_decode_like_json_loads() -> None:
+    memo = BodyMemo(_reject)
+    history = _history(50, "\u00e9t\u00e9")
+    _same(memo, _utf8_body(history))
+    before = memo.num_reused
+    _same(memo, _utf8_body(history[:20]))  # a shorter history (a title request, a compaction)
+    assert memo.num_reused - before == 20
+    before = memo.num_reused
+    _same(memo, _utf8_body(history))  # the same body again (a retry)
+    assert memo.num_reused - before == 50
+    raw = _utf8_body(history)
+    for cut in (len(raw) - 1, len(raw) - 3, len(raw) // 2, 12):
+        _same(memo, raw[:cut])  # a body cut short: json.loads' error
+    _same(memo, bytearray(raw))  # not bytes: json.loads itself
+
+
+def test_every_new_element_offset_is_exact_after_multibyte_text() -> None:
+    memo = BodyMemo(_reject)
+    history: list[Any] = [{"role": "system", "content": "\u00e9"}]
+    for turn in range(30):
+        history.append({"role": "user", "content": "\u4e2d" * (turn % 4) + f"{turn}"})
+        history.append({"role": "assistant", "content": "\U0001f600" * (turn % 3) + "a"})
+        before = memo.num_reused
+        _same(memo, json.dumps({"messages": history}, ensure_ascii=False).encode())
+        assert memo.num_reused - before == len(history) - 2 or turn == 0
