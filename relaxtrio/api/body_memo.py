@@ -24,6 +24,7 @@ from __future__ import annotations
 
 import json
 import re
+from array import array
 from collections.abc import Callable
 from json.decoder import scanstring
 from typing import Any, Final
@@ -57,7 +58,7 @@ class _Remembered:
     key: str  # the history key
     open: int  # offset just after the array's "["
     elements: list[Any]
-    ends: list[int]  # offset just after each element
+    ends: array[int]  # offset just after each element (machine ints: sliced without increfs)
 
     def resume_point(self, raw: bytes) -> int | None:
         """How many leading elements ``raw`` repeats byte for byte (with everything before
@@ -142,7 +143,7 @@ class BodyMemo:
                 if not more:
                     raise _Irregular  # no history array: one plain parse
             elements: list[Any] = []
-            ends: list[int] = []
+            ends = array("q")
             pos = _WS.match(text, open_).end()
             closed = text[pos:pos + 1] == "]"
         else:

@@ -57,6 +57,7 @@ import attrs
 from .._errors import InvalidRequestError
 from .._validate import require_list, require_object, type_name
 from ._json import canonical_arguments, copy_json, dumps
+from ._shared import grown
 
 ROLES: Final = frozenset({"assistant", "system", "tool", "user"})
 RESERVED_TEMPLATE_KWARGS: Final = frozenset({"add_generation_prompt", "tokenize", "tools"})
@@ -325,7 +326,8 @@ class Conversation:
     JSON is equal, i.e. when they have the same :func:`state_hash`. Treat the dicts as immutable.
 
     Attributes:
-        messages: canonical messages, length ``n``.
+        messages: canonical messages, length ``n`` (a tuple, or for a conversation the
+            Session's memo extended, an equal read-only :class:`~relaxtrio.forest._shared.SharedRun`).
         tools: canonical tools.
         template_kwargs: canonical chat-template kwargs (keys sorted).
     """
@@ -439,8 +441,9 @@ def extend_prefix_states(states: tuple[Any, ...], message_json: Sequence[bytes])
     """``states`` (prefix hash states of some messages, see :meth:`Conversation._prefix_states`)
     followed by the states after each message of ``message_json`` in turn.
 
-    One hash copy and update per new message, and one copy of ``states`` (the tuple
-    concatenation); the given states are not modified.
+    One hash copy and update per new message; ``states`` is not copied when it is the longest
+    view of its :class:`~relaxtrio.forest._shared.SharedRun` (the result extends it in place;
+    neither the given states nor any view of them change).
     """
     hasher = states[-1]
     new: list[Any] = []
@@ -450,7 +453,7 @@ def extend_prefix_states(states: tuple[Any, ...], message_json: Sequence[bytes])
             hasher.update(b",")
         hasher.update(encoded)
         new.append(hasher)
-    return states + tuple(new)
+    return grown(states, new)
 
 
 def finish_hash(hasher: Any, suffix: bytes) -> str:

@@ -119,7 +119,7 @@ class SessionForest:
                     node = self._nodes.get(finish_hash(states[k], suffix))
                     if node is not None:
                         return Match(node, conv.messages[k:], conv, full_hash, hasher)
-        return Match(self.root, conv.messages, conv, full_hash, hasher)
+        return Match(self.root, conv.messages[:], conv, full_hash, hasher)  # a tuple (not a view)
 
     # -- commits -------------------------------------------------------------------------------
 

@@ -47,6 +47,7 @@ from ._canonical import (
     extend_prefix_states,
     place_system_messages,
 )
+from ._shared import grown
 
 __all__ = ["ConversationMemo"]
 
@@ -178,7 +179,7 @@ class ConversationMemo:
                                     continued=True)
         tail_json = _placed_json(out, items, len(prev.messages))
         conv = Conversation._from_canonical(
-            prev.messages + tuple(out), prev._message_json + tail_json, tools, template_kwargs,
+            grown(prev.messages, out), grown(prev._message_json, tail_json), tools, template_kwargs,
             extend_prefix_states(prev._prefix_states(), tail_json),
         )
         self.num_reused += k
