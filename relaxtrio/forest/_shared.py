@@ -3,8 +3,8 @@
 A Session's next request extends its previous conversation by a message or two; building its
 message tuple, message JSON tuple and prefix hash states as fresh tuples copies about 2,000
 references each at a thousand turns, and each copy (and the later release of the one it
-replaces) touches the reference count of every history object: cache misses that grew with the
-history and were most of what a long Session's request still cost. A :class:`SharedRun` is
+replaces) touches every history object's reference count: cache misses that grew with the
+history, the largest growing part of a request in a profile of a long Session. A :class:`SharedRun` is
 instead the first ``n`` items of a list that only ever grows at its end (the scheme of
 :class:`~relaxtrio.forest._ids.LineageIds`): extending the longest view of a list appends to
 it, extending a shorter one (a branch) copies that view first, and no item a view shows ever
