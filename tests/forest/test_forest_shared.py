@@ -43,7 +43,8 @@ def test_extended_conversations_share_their_history_and_stay_exact() -> None:
     assert last._message_json._buffer is convs[1]._message_json._buffer
     # A branch from an earlier request copies; no earlier conversation changes.
     branched = memo.conversation([*copy.deepcopy(messages[:3]), {"role": "user", "content": "b"}])
-    assert branched.messages == Conversation.from_wire(messages[:3] + [{"role": "user", "content": "b"}]).messages
+    expected_branch = Conversation.from_wire([*messages[:3], {"role": "user", "content": "b"}])
+    assert branched.messages == expected_branch.messages
     for n, conv in enumerate(convs):
         expected = Conversation.from_wire(messages[:2 + 2 * n])
         assert conv.messages == expected.messages and state_hash(conv) == state_hash(expected)
