@@ -14,7 +14,11 @@ forward itself), forward+backward and the optimizer (the AdamW step, timed aroun
 ``--variants`` picks the jobs, run one after another in the same run: ``sync`` (the default
 job), ``fully_async`` (``--fully-async``; target step time at most 0.7x the synchronous one),
 ``prelaunch`` (agents that sleep 2 s before starting, with ``--agentic-prelaunch``, against the
-same slow agents without it; target at most 0.6x), and ``sync_torch_threads`` /
+same slow agents without it; target at most 0.6x), ``prelaunch_short`` (the same pair on a step
+short enough for the start-up to be a real share of it: the tiny random model of
+:mod:`relaxtrio.testing.tiny_models`, built here, as policy of both trainer and embedded engine,
+and the example agent's replies bounded to ``SHORT_MAX_TOKENS`` through ``QUIZ_MAX_TOKENS``;
+``--short-num-rollout`` steps, still a real update and weight push every step), and ``sync_torch_threads`` /
 ``fully_async_torch_threads``: the same jobs with torch's default threads on both sides
 (``--trainer-num-threads 0 --engine-num-threads 0``, the setting before the cores were split
 between trainer and engine, :mod:`relaxtrio.cpu_threads`). Each job is one subprocess, so its
@@ -28,6 +32,13 @@ generate during the update; a step's ``rollout_s`` is then what was left of its 
 began, and ``step_s`` the time between the ends of consecutive steps (the first step also
 pays the first rollout alone, which is why ratios skip it).
 
+Every slow-agent job also writes an agent timeline (the wrapper appends its start, the end of
+its sleep and its exit, wall clock) and runs at ``--log-level INFO``, so the step boundaries
+(``accounting_start``, ``accounting_end``, ``step N metrics``) come from its ``run.log``; a
+``timeline`` line per job says, for each step's trained Groups, when their agents started: during
+the previous step's rollout, during its update and weight push (between ``accounting_end`` and
+the step's end), or in the step itself, and how far into the step their sleep ended.
+
 One JSON line per step and variant, one for the update split (when ``sync`` ran) and a summary
 line with the weight-push share of the step (target at most 0.10) and the variant ratios. Usage:
 ``python benchmarks/step_profile.py [--num-rollout 2] [--variants sync fully_async prelaunch]
@@ -37,8 +48,10 @@ line with the weight-push share of the step (target at most 0.10) and the varian
 from __future__ import annotations
 
 import argparse
+import datetime
 import json
 import os
+import re
 import shlex
 import subprocess
 import sys
@@ -51,19 +64,78 @@ PUSH_SHARE_TARGET: Final = 0.10
 FULLY_ASYNC_TARGET: Final = 0.7
 PRELAUNCH_TARGET: Final = 0.6
 AGENT_START_DELAY_S: Final = 2.0
+SHORT_MAX_TOKENS: Final = 4  # tokens per reply in prelaunch_short (the example asks for 48)
 _PHASES: Final = ("rollout_s", "update_s", "weight_sync_s", "train_s", "step_s")
 
 
-def _slow_agent_command() -> str:
-    """The example agent behind a 2 s start-up delay."""
-    inner = f"sleep {AGENT_START_DELAY_S:g}; exec {shlex.quote(sys.executable)} agent.py"
+def _slow_agent_command(timeline: Path) -> str:
+    """The example agent behind a 2 s start-up delay; appends ``start|ready|exit <group> <pid>
+    <epoch s>`` lines to ``timeline`` (``ready``: the sleep is over and Python starts)."""
+    stamp = f'>> {shlex.quote(str(timeline))}'
+    inner = (f'echo "start $RELAX_GROUP_ID $$ $EPOCHREALTIME" {stamp}; sleep {AGENT_START_DELAY_S:g}; '
+             f'echo "ready $RELAX_GROUP_ID $$ $EPOCHREALTIME" {stamp}; '
+             f'{shlex.quote(sys.executable)} agent.py; rc=$?; '
+             f'echo "exit $RELAX_GROUP_ID $$ $EPOCHREALTIME" {stamp}; exit $rc')
     return f"bash -c {shlex.quote(inner)}"
+
+
+def _log_time(line: str) -> float:
+    """Epoch seconds of a ``run.log`` line (``%(asctime)s``: local time, milliseconds)."""
+    stamp = datetime.datetime.strptime(line[:23], "%Y-%m-%d %H:%M:%S,%f")
+    return stamp.timestamp()
+
+
+def _step_bounds(run_log: Path) -> dict[int, dict[str, float]]:
+    """Per step: ``start`` (accounting_start), ``rollout_end`` (accounting_end) and ``end`` (its
+    metrics row logged: update, weight push and dump done), epoch seconds."""
+    bounds: dict[int, dict[str, float]] = {}
+    for line in run_log.read_text().splitlines():
+        for key, pattern in (("start", r"event=accounting_start rollout=(\d+)"),
+                             ("rollout_end", r"event=accounting_end rollout=(\d+)"),
+                             ("end", r"relaxtrio\.driver: step (\d+) metrics")):
+            if match := re.search(pattern, line):
+                bounds.setdefault(int(match.group(1)), {})[key] = _log_time(line)
+    return bounds
+
+
+def _timeline(name: str, out: Path, num_rollout: int) -> dict[str, Any]:
+    """When each step's trained Groups started their agents, against the step boundaries."""
+    agents: dict[tuple[str, str], dict[str, float]] = {}
+    for line in (out / "agent_timeline.txt").read_text().splitlines():
+        kind, group_id, pid, epoch = line.split()
+        agents.setdefault((group_id, pid), {})[kind] = float(epoch.replace(",", "."))
+    bounds = _step_bounds(out / "run.log")
+    steps = []
+    for step in range(num_rollout):
+        dump = json.loads((out / "dump" / f"rollout_{step}.json").read_text())
+        trained = {g["group_id"] for g in dump["groups"] if g["status"] == "accepted"}
+        own = [a for (g, _), a in agents.items() if g in trained]
+        b, prev = bounds[step], bounds.get(step - 1)
+        phases = {"previous_rollout": 0, "previous_update_push": 0, "this_step": 0}
+        for group_id in sorted(trained):
+            started = min(a["start"] for (g, _), a in agents.items() if g == group_id)
+            if started >= b["start"] or prev is None:
+                phases["this_step"] += 1
+            elif started >= prev["rollout_end"]:
+                phases["previous_update_push"] += 1
+            else:
+                phases["previous_rollout"] += 1
+        ready = sorted(a["ready"] - b["start"] for a in own if "ready" in a)
+        steps.append({
+            "step": step, "groups_started_during": phases,
+            "rollout_s": round(b["rollout_end"] - b["start"], 2),
+            "update_push_s": round(b["end"] - b["rollout_end"], 2),
+            "agent_ready_after_step_start_s": [round(ready[0], 2), round(ready[len(ready) // 2], 2),
+                                               round(ready[-1], 2)] if ready else None,
+        })
+    return {"bench": "step_profile", "part": "timeline", "variant": name, "steps": steps}
 
 
 def _run_job(name: str, out: Path, num_rollout: int, flags: list[str], extra: list[str]) -> list[dict]:
     """Runs one training job; returns its metric rows (raises if the job fails)."""
+    slow = any("agent_timeline" in f for f in flags)
     cmd = [sys.executable, "-m", "relaxtrio", "train", "--num-rollout", str(num_rollout),
-           "--output-dir", str(out), "--log-level", "WARNING",
+           "--output-dir", str(out), "--log-level", "INFO" if slow else "WARNING",
            "--save-debug-rollout-data", str(out / "dump" / "rollout_{rollout_id}.json"), *flags, *extra]
     start = time.monotonic()
     load_before = os.getloadavg()[0]
@@ -82,6 +154,8 @@ def _run_job(name: str, out: Path, num_rollout: int, flags: list[str], extra: li
         if row.get("step_s") and row.get("weight_sync_s") is not None:
             line["weight_push_share"] = round(row["weight_sync_s"] / row["step_s"], 3)
         print(json.dumps(line), flush=True)
+    if slow:
+        print(json.dumps(_timeline(name, out, num_rollout)), flush=True)
     return rows
 
 
@@ -146,8 +220,9 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--num-rollout", type=int, default=2, help="steps per job")
     parser.add_argument("--variants", nargs="+", default=["sync"],
-                        choices=["sync", "fully_async", "prelaunch", "sync_torch_threads",
-                                 "fully_async_torch_threads"])
+                        choices=["sync", "fully_async", "prelaunch", "prelaunch_short",
+                                 "sync_torch_threads", "fully_async_torch_threads"])
+    parser.add_argument("--short-num-rollout", type=int, default=4, help="steps per prelaunch_short job")
     parser.add_argument("--work-dir", type=Path, default=None, help="job outputs (default: a temp dir)")
     args, extra = parser.parse_known_args(argv)
     extra = [a for a in extra if a != "--"]
@@ -157,15 +232,29 @@ def main(argv: list[str] | None = None) -> int:
     work = args.work_dir or Path(tempfile.mkdtemp(prefix="step_profile_"))
     torch_threads = ["--trainer-num-threads", "0", "--engine-num-threads", "0"]
     jobs: dict[str, list[str]] = {}
+    steps_of: dict[str, int] = {}
+
+    def slow_pair(base: str, flags: list[str]) -> None:
+        for name, more in ((base, []), (f"{base}_prelaunch", ["--agentic-prelaunch"])):
+            jobs[name] = ["--agent-command", _slow_agent_command(work / name / "agent_timeline.txt"),
+                          *flags, *more]
+
     for variant in args.variants:
         if variant == "prelaunch":
-            slow = ["--agent-command", _slow_agent_command()]
-            jobs["slow_agents"] = slow
-            jobs["slow_agents_prelaunch"] = [*slow, "--agentic-prelaunch"]
+            slow_pair("slow_agents", [])
+        elif variant == "prelaunch_short":
+            from relaxtrio.testing.tiny_models import build_tiny_model
+
+            tiny = build_tiny_model(work / "tiny_model")
+            slow_pair("short_slow_agents", ["--hf-checkpoint", str(tiny),
+                                            "--agent-env", f"QUIZ_MAX_TOKENS={SHORT_MAX_TOKENS}"])
+            steps_of.update(short_slow_agents=args.short_num_rollout,
+                            short_slow_agents_prelaunch=args.short_num_rollout)
         else:
             flags = ["--fully-async"] if variant.startswith("fully_async") else []
             jobs[variant] = [*flags, *(torch_threads if variant.endswith("torch_threads") else [])]
-    rows = {name: _run_job(name, work / name, args.num_rollout, flags, extra) for name, flags in jobs.items()}
+    rows = {name: _run_job(name, work / name, steps_of.get(name, args.num_rollout), flags, extra)
+            for name, flags in jobs.items()}
     summary: dict[str, Any] = {"bench": "step_profile", "summary": True, "steps_per_job": args.num_rollout,
                                "steps_used": [r["step"] for r in _steady(
                                    [{"step": i} for i in range(args.num_rollout)])],
@@ -184,13 +273,18 @@ def main(argv: list[str] | None = None) -> int:
                             ("fully_async_torch_threads", "sync_torch_threads",
                              "fully_async_torch_threads_ratio"),
                             ("sync", "sync_torch_threads", "sync_split_over_torch_threads"),
-                            ("slow_agents_prelaunch", "slow_agents", "prelaunch_ratio")):
+                            ("slow_agents_prelaunch", "slow_agents", "prelaunch_ratio"),
+                            ("short_slow_agents_prelaunch", "short_slow_agents",
+                             "prelaunch_short_ratio")):
         if fast in rows and base in rows:
             summary[key] = round(_mean_step(rows[fast]) / _mean_step(rows[base]), 3)
     if "fully_async_ratio" in summary:
         summary["fully_async_target"] = FULLY_ASYNC_TARGET
-    if "prelaunch_ratio" in summary:
+    if "prelaunch_ratio" in summary or "prelaunch_short_ratio" in summary:
         summary["prelaunch_target"] = PRELAUNCH_TARGET
+    if "prelaunch_short_ratio" in summary:
+        summary["short_steps_used"] = [r["step"] for r in _steady(
+            [{"step": i} for i in range(args.short_num_rollout)])]
     print(json.dumps(summary), flush=True)
     return 0
 

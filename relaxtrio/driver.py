@@ -231,7 +231,7 @@ async def _train_step(
     is (:mod:`relaxtrio.cpu_threads`)."""
     step_start = time.monotonic()
     last = rollout_id == cfg.num_rollout - 1
-    result = await pipeline.run_step(rollout_id, last=last)
+    result = await pipeline.run_step(rollout_id, last=last, steps_left=cfg.num_rollout - 1 - rollout_id)
     if cfg.rollout.fully_async and not last:  # the next step generates while this one trains
         pipeline.backfill(rollout_id + 1)
     row: dict[str, Any] = dict(group_metrics(result, cfg.rollout))

@@ -6,6 +6,8 @@ RELAX_OUTPUT_JSON: 1.0 for a right first answer, 0.5 for a right second answer, 
 
 Nothing in it knows about training: point OPENAI_BASE_URL / OPENAI_API_KEY at any
 OpenAI-compatible server and it runs the same way (see the fallbacks below).
+``QUIZ_MAX_TOKENS`` (default 48) bounds each reply, e.g. ``--agent-env QUIZ_MAX_TOKENS=4`` for
+short benchmark steps.
 """
 
 from __future__ import annotations
@@ -19,6 +21,7 @@ from pathlib import Path
 
 from openai import AsyncOpenAI
 
+MAX_TOKENS = int(os.environ.get("QUIZ_MAX_TOKENS", "48"))
 FEEDBACK = "That is not correct. Try again and reply with only the answer."
 
 
@@ -44,7 +47,7 @@ async def main() -> None:
     reward, attempts = 0.0, 0
     for attempt, credit in enumerate((1.0, 0.5), start=1):
         response = await client.chat.completions.create(
-            model="policy", messages=messages, max_tokens=48
+            model="policy", messages=messages, max_tokens=MAX_TOKENS
         )
         message = response.choices[0].message
         messages.append(message.model_dump(exclude_none=True))

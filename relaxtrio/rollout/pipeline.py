@@ -231,15 +231,20 @@ class RolloutPipeline:
         self.nursery.start_soon(self._group_task, group)
         return group
 
-    def _prelaunch_fill(self) -> int:
+    def _prelaunch_fill(self, steps_left: int | None) -> int:
+        """Fills free permits with unleased Groups, at most ``steps_left`` steps' demand of them
+        (None: no bound): with more permits than one step's demand, Groups prelaunched beyond
+        the last step would only load the machine during it and be dropped at the end."""
         started = 0
-        while True:
+        limit = None if steps_left is None else steps_left * self.config.demand
+        while limit is None or sum(1 for g in self._resident if not g.leased) < limit:
             try:
                 self._permits.acquire_nowait()
             except trio.WouldBlock:
                 return started
             self._start_train_group(leased=False)
             started += 1
+        return started
 
     def backfill(self, rollout_id: int) -> int:
         """Fully async: leases or starts step ``rollout_id``'s demand now, before that step runs.
@@ -271,12 +276,15 @@ class RolloutPipeline:
         return done
 
     # ------------------------------------------------------------------ steps
-    async def run_step(self, rollout_id: int, *, last: bool = False) -> StepResult:
+    async def run_step(self, rollout_id: int, *, last: bool = False,
+                       steps_left: int | None = None) -> StepResult:
         """Runs one step until ``rollout_batch_size`` Groups were accepted (or refills ran out).
 
         Args:
             rollout_id: the step number (recorded on response nodes and leases).
             last: the final step: nothing is prelaunched or kept resident afterwards.
+            steps_left: steps the run has after this one (None: unbounded); prelaunch keeps at
+                most that many steps' demand of unleased Groups.
 
         Raises:
             BackendError: the engine failed (unreachable, 5xx), or did not honour aborts at step
@@ -288,12 +296,12 @@ class RolloutPipeline:
         """
         step = self._open_step(rollout_id)
         try:
-            await self._fill_step(step, last=last)
+            await self._fill_step(step, last=last, steps_left=steps_left)
         finally:
             step.bar.close()
         aborted = await self._close_step(step, last=last)
         if self.config.prelaunch and not last:
-            self._prelaunch_fill()
+            self._prelaunch_fill(steps_left)
         return self._step_result(step, aborted)
 
     def _open_step(self, rollout_id: int) -> _Step:
@@ -318,7 +326,7 @@ class RolloutPipeline:
             starts_left=max(starts - backfilled, 0), bar=bar,
         )
 
-    async def _fill_step(self, step: _Step, *, last: bool) -> None:
+    async def _fill_step(self, step: _Step, *, last: bool, steps_left: int | None) -> None:
         """Scores finished Groups and leases or starts new ones until the step has its target.
 
         Raises:
@@ -334,7 +342,7 @@ class RolloutPipeline:
                 return
             self._lease_or_start(step)
             if self.config.prelaunch and not last:
-                self._prelaunch_fill()
+                self._prelaunch_fill(steps_left)
                 self._update_bar(step)
             if self._finished:
                 continue  # Groups dropped at creation: account for them at once

@@ -214,6 +214,24 @@ async def test_prelaunch_holds_requests_and_budget_until_the_lease(tokenizer, tm
             assert warm[0] in [g.group for g in result.groups]
 
 
+async def test_prelaunch_starts_no_group_beyond_the_last_step(tokenizer, tmp_path: Path) -> None:
+    # Permits for three steps' demand, two steps to run: after step 0 only step 1's demand is
+    # prelaunched (more would start agents during the last step only to drop them at the end).
+    engine = _engine(tokenizer)
+    config = RolloutConfig(n_samples_per_prompt=1, rollout_batch_size=1, agentic_concurrency=3,
+                           prelaunch=True, show_progress=False)
+    with trio.fail_after(60):
+        async with open_test_pipeline(tmp_path, tokenizer, engine, prompts([{}] * 6),
+                                      config=config) as (pipeline, registry):
+            await pipeline.run_step(0, steps_left=1)
+            warm = [g for g in pipeline.resident_groups if not g.leased]
+            assert len(warm) == 1, "one step left: one step's demand prelaunched"
+            result = await pipeline.run_step(1, last=True, steps_left=0)
+            assert [g.group for g in result.groups] == warm
+            assert pipeline.resident_groups == () and len(registry) == 0
+    assert not result.dropped
+
+
 async def test_fully_async_keeps_generating_across_steps(tokenizer, tmp_path: Path) -> None:
     release = trio.Event()
     engine = _engine(tokenizer, lambda ids: Reply(text="late", gate=release)
