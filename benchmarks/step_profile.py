@@ -18,7 +18,10 @@ same slow agents without it; target at most 0.6x), ``prelaunch_short`` (the same
 short enough for the start-up to be a real share of it: the tiny random model of
 :mod:`relaxtrio.testing.tiny_models`, built here, as policy of both trainer and embedded engine,
 and the example agent's replies bounded to ``SHORT_MAX_TOKENS`` through ``QUIZ_MAX_TOKENS``;
-``--short-num-rollout`` steps, still a real update and weight push every step), and ``sync_torch_threads`` /
+``--short-num-rollout`` steps, still a real update and weight push every step),
+``prelaunch_short_wide`` (that pair with ``--agentic-concurrency`` of twice the default demand,
+``WIDE_CONCURRENCY``: prelaunch then warms a whole step's Groups during the current rollout,
+not only during the update and push; without prelaunch the extra permits stay unused), and ``sync_torch_threads`` /
 ``fully_async_torch_threads``: the same jobs with torch's default threads on both sides
 (``--trainer-num-threads 0 --engine-num-threads 0``, the setting before the cores were split
 between trainer and engine, :mod:`relaxtrio.cpu_threads`). Each job is one subprocess, so its
@@ -65,6 +68,7 @@ FULLY_ASYNC_TARGET: Final = 0.7
 PRELAUNCH_TARGET: Final = 0.6
 AGENT_START_DELAY_S: Final = 2.0
 SHORT_MAX_TOKENS: Final = 4  # tokens per reply in prelaunch_short (the example asks for 48)
+WIDE_CONCURRENCY: Final = 8  # resident Groups in prelaunch_short_wide: twice the default demand
 _PHASES: Final = ("rollout_s", "update_s", "weight_sync_s", "train_s", "step_s")
 
 
@@ -220,7 +224,7 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--num-rollout", type=int, default=2, help="steps per job")
     parser.add_argument("--variants", nargs="+", default=["sync"],
-                        choices=["sync", "fully_async", "prelaunch", "prelaunch_short",
+                        choices=["sync", "fully_async", "prelaunch", "prelaunch_short", "prelaunch_short_wide",
                                  "sync_torch_threads", "fully_async_torch_threads"])
     parser.add_argument("--short-num-rollout", type=int, default=4, help="steps per prelaunch_short job")
     parser.add_argument("--work-dir", type=Path, default=None, help="job outputs (default: a temp dir)")
@@ -242,14 +246,16 @@ def main(argv: list[str] | None = None) -> int:
     for variant in args.variants:
         if variant == "prelaunch":
             slow_pair("slow_agents", [])
-        elif variant == "prelaunch_short":
+        elif variant.startswith("prelaunch_short"):
             from relaxtrio.testing.tiny_models import build_tiny_model
 
             tiny = build_tiny_model(work / "tiny_model")
-            slow_pair("short_slow_agents", ["--hf-checkpoint", str(tiny),
-                                            "--agent-env", f"QUIZ_MAX_TOKENS={SHORT_MAX_TOKENS}"])
-            steps_of.update(short_slow_agents=args.short_num_rollout,
-                            short_slow_agents_prelaunch=args.short_num_rollout)
+            wide = variant.endswith("_wide")
+            base = "short_wide_slow_agents" if wide else "short_slow_agents"
+            slow_pair(base, ["--hf-checkpoint", str(tiny),
+                             "--agent-env", f"QUIZ_MAX_TOKENS={SHORT_MAX_TOKENS}",
+                             *(["--agentic-concurrency", str(WIDE_CONCURRENCY)] if wide else [])])
+            steps_of.update({base: args.short_num_rollout, f"{base}_prelaunch": args.short_num_rollout})
         else:
             flags = ["--fully-async"] if variant.startswith("fully_async") else []
             jobs[variant] = [*flags, *(torch_threads if variant.endswith("torch_threads") else [])]
@@ -275,14 +281,16 @@ def main(argv: list[str] | None = None) -> int:
                             ("sync", "sync_torch_threads", "sync_split_over_torch_threads"),
                             ("slow_agents_prelaunch", "slow_agents", "prelaunch_ratio"),
                             ("short_slow_agents_prelaunch", "short_slow_agents",
-                             "prelaunch_short_ratio")):
+                             "prelaunch_short_ratio"),
+                            ("short_wide_slow_agents_prelaunch", "short_wide_slow_agents",
+                             "prelaunch_short_wide_ratio")):
         if fast in rows and base in rows:
             summary[key] = round(_mean_step(rows[fast]) / _mean_step(rows[base]), 3)
     if "fully_async_ratio" in summary:
         summary["fully_async_target"] = FULLY_ASYNC_TARGET
-    if "prelaunch_ratio" in summary or "prelaunch_short_ratio" in summary:
+    if any(k in summary for k in ("prelaunch_ratio", "prelaunch_short_ratio", "prelaunch_short_wide_ratio")):
         summary["prelaunch_target"] = PRELAUNCH_TARGET
-    if "prelaunch_short_ratio" in summary:
+    if "short_slow_agents" in rows or "short_wide_slow_agents" in rows:
         summary["short_steps_used"] = [r["step"] for r in _steady(
             [{"step": i} for i in range(args.short_num_rollout)])]
     print(json.dumps(summary), flush=True)
