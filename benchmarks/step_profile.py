@@ -173,9 +173,10 @@ def _update_split(dump_path: Path, model_dir: Path) -> dict[str, Any]:
 
     from relaxtrio.cpu_threads import available_cpus, split_cpu_threads
 
-    # The trainer's share of the cores, as in the job (an engine ran beside it there).
+    # The trainer's threads in the synchronous job's update: every core, since no train Group
+    # is resident then (relaxtrio.cpu_threads: trainer_solo_threads).
     threads = split_cpu_threads(cpus=available_cpus(), num_local_engines=1, trainer_here=True)
-    torch.set_num_threads(threads.trainer_threads)
+    torch.set_num_threads(threads.trainer_solo_threads)
     torch.manual_seed(0)
     dump = load_dump(dump_path)
     config, _ = train_config_of(dump)
