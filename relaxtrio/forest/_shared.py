@@ -15,7 +15,7 @@ from __future__ import annotations
 
 from collections.abc import Iterable, Iterator, Sequence
 from itertools import islice
-from typing import Any, Generic, TypeVar, overload
+from typing import Any, Generic, Self, TypeVar, overload
 
 __all__ = ["SharedRun", "grown"]
 
@@ -37,17 +37,17 @@ class SharedRun(Sequence[T], Generic[T]):
 
     def __init__(self, buffer: list[T], length: int) -> None:
         if not 0 <= length <= len(buffer):
-            raise ValueError(f"SharedRun length {length} is outside [0, {len(buffer)}]")
+            raise ValueError(f"{type(self).__name__} length {length} is outside [0, {len(buffer)}]")
         self._buffer = buffer
         self._len = length
 
     @classmethod
-    def of(cls, items: Iterable[T]) -> SharedRun[T]:
+    def of(cls, items: Iterable[T]) -> Self:
         """A view of a new list holding ``items``."""
         buffer = list(items)
         return cls(buffer, len(buffer))
 
-    def extended(self, items: Sequence[T]) -> SharedRun[T]:
+    def extended(self, items: Sequence[T]) -> Self:
         """These items followed by ``items``: O(len(items)) when this is the list's longest
         view, else this view's items are copied into a new list first. No existing view
         changes; no items give this view itself."""
@@ -57,7 +57,7 @@ class SharedRun(Sequence[T], Generic[T]):
         if len(buffer) != n:
             buffer = buffer[:n]
         buffer.extend(items)
-        return SharedRun(buffer, len(buffer))
+        return type(self)(buffer, len(buffer))
 
     def __len__(self) -> int:
         return self._len
@@ -73,7 +73,7 @@ class SharedRun(Sequence[T], Generic[T]):
         if index < 0:
             index += self._len
         if not 0 <= index < self._len:
-            raise IndexError("SharedRun index out of range")
+            raise IndexError(f"{type(self).__name__} index out of range")
         return self._buffer[index]
 
     def __iter__(self) -> Iterator[T]:
@@ -105,7 +105,7 @@ class SharedRun(Sequence[T], Generic[T]):
         return f"SharedRun({list(islice(self._buffer, min(self._len, 4)))!r}, len={self._len})"
 
     def __reduce__(self) -> tuple[Any, ...]:
-        return (SharedRun.of, (list(self),))
+        return (type(self).of, (list(self),))
 
 
 def grown(items: Sequence[T], more: Sequence[T]) -> SharedRun[T]:
