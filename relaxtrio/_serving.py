@@ -17,6 +17,13 @@ Both servers we run (the agent API, :func:`relaxtrio.api.app.serve_api`, and the
   connection, which takes the whole server down: in a training run, the run. Here every
   ``Exception`` raised inside one connection closes that connection and logs one WARNING line
   (the traceback goes to DEBUG). Cancellation and ``KeyboardInterrupt`` still propagate.
+* **A large body is handed over in one piece.** hypercorn reads at most 64 KiB per receive and
+  passes every piece through h11, its stream and the ASGI queue separately (several task
+  switches each), so a request's cost grew with its body: an agent replaying a 2,000-message
+  history (126 KB) paid for 3-8 pieces. When a receive fills its 64 KiB, whatever the kernel
+  already holds for the connection is read at once, without waiting
+  (:func:`_drain_ready`, up to :data:`COALESCE_MAX_BYTES`), and handed over as one piece. A
+  shorter receive is handed over as it is, so small requests make no extra system call.
 * **A wire error is not an app error.** When such a fault surfaces inside the app's own send,
   hypercorn logs "Error in ASGI Framework" with a traceback; here that is one INFO line when every
   exception involved is a wire error (:data:`_WIRE_ERRORS`), and still the traceback otherwise.
@@ -38,8 +45,10 @@ from __future__ import annotations
 import functools
 import gc
 import logging
+import os
 import sys
 from collections.abc import Awaitable, Callable
+from math import inf
 from typing import Any, Final
 
 import h2.exceptions
@@ -48,6 +57,7 @@ import priority
 import trio
 import wsproto.utilities
 from hypercorn.config import Config
+from hypercorn.events import Closed, RawData
 from hypercorn.logging import Logger
 from hypercorn.trio.lifespan import Lifespan
 from hypercorn.trio.tcp_server import TCPServer
@@ -57,7 +67,9 @@ from hypercorn.utils import repr_socket_addr, wrap_app
 
 __all__ = [
     "CLOSE_FLUSH_S",
+    "COALESCE_MAX_BYTES",
     "LISTEN_BACKLOG",
+    "READ_BYTES",
     "SERVING_GC_THRESHOLDS",
     "IsolatedTCPServer",
     "freeze_startup_heap",
@@ -86,6 +98,15 @@ most. Measured with ``benchmarks/gateway_overhead.py``."""
 
 CLOSE_FLUSH_S: Final = 1.0
 """Seconds a closing connection waits for a send in flight before closing the socket under it."""
+
+READ_BYTES: Final = 1 << 16
+"""Bytes one receive asks for (hypercorn's own size). A bytes object this small comes from the
+heap; asking for 256 KiB or more made every small request about 28 µs dearer here (the
+allocation is then a fresh mapping each time), so larger reads only follow a full one."""
+
+COALESCE_MAX_BYTES: Final = 4 << 20
+"""Most bytes one connection hands to its protocol at once (a full receive plus what was
+already waiting); past it the rest waits for the next receive."""
 
 
 _WIRE_ERRORS: Final = (
@@ -142,6 +163,28 @@ class IsolatedTCPServer(TCPServer):
             log.warning("connection from %s closed after a fault: %s", peer, _describe(group))
             log.debug("connection fault detail", exc_info=group)
 
+    async def _read_data(self) -> None:
+        """hypercorn's receive loop, except that a full receive is followed by whatever else the
+        kernel already holds (:func:`_drain_ready`), handed to the protocol as one piece.
+
+        Cancellation:
+            Cancelling ends the loop (the connection is closing).
+        """
+        stream = self.stream
+        fd = stream.socket.fileno() if isinstance(stream, trio.SocketStream) else None
+        while True:
+            try:
+                with trio.fail_after(self.config.read_timeout or inf):
+                    data = await stream.receive_some(READ_BYTES)
+            except (trio.ClosedResourceError, trio.BrokenResourceError, trio.TooSlowError):
+                break
+            if fd is not None and len(data) == READ_BYTES:
+                data = _drain_ready(fd, data)
+            await self.protocol.handle(RawData(bytes(data)))
+            if not data:
+                break
+        await self.protocol.handle(Closed())
+
     async def _close(self) -> None:
         """Half-closes (under the send lock) and closes the socket.
 
@@ -157,6 +200,33 @@ class IsolatedTCPServer(TCPServer):
             pass  # the peer is gone already, or a TLS stream (no half-close)
         finally:
             await self.stream.aclose()
+
+
+def _drain_ready(fd: int, first: bytes | bytearray, limit: int = COALESCE_MAX_BYTES) -> bytes | bytearray:
+    """``first`` (a receive that filled :data:`READ_BYTES`) followed by what the non-blocking
+    socket ``fd`` already holds, read without waiting, while each read fills
+    :data:`READ_BYTES` and the total stays under ``limit`` bytes.
+
+    An end of stream, a reset or any other error ends the reading here and is left for the next
+    receive to report: it sees the same condition again (TCP's end of stream repeats), so the
+    connection closes exactly as it would have.
+
+    Returns:
+        ``first`` itself when nothing more was read, else the bytes read, in order.
+    """
+    parts = [first]
+    size = last = len(first)
+    while last == READ_BYTES and size < limit:
+        try:
+            more = os.read(fd, READ_BYTES)
+        except OSError:  # BlockingIOError: nothing waiting; anything else: the next receive says
+            break
+        if not more:
+            break
+        parts.append(more)
+        size += len(more)
+        last = len(more)
+    return first if len(parts) == 1 else b"".join(parts)
 
 
 def freeze_startup_heap() -> None:
