@@ -105,8 +105,9 @@ heap; asking for 256 KiB or more made every small request about 28 µs dearer he
 allocation is then a fresh mapping each time), so larger reads only follow a full one."""
 
 COALESCE_MAX_BYTES: Final = 4 << 20
-"""Most bytes one connection hands to its protocol at once (a full receive plus what was
-already waiting); past it the rest waits for the next receive."""
+"""Bytes after which a connection stops reading what is already waiting and hands its piece
+to the protocol (so a piece is at most this plus one receive); the rest waits for the next
+receive."""
 
 
 _WIRE_ERRORS: Final = (
@@ -205,11 +206,13 @@ class IsolatedTCPServer(TCPServer):
 def _drain_ready(fd: int, first: bytes | bytearray, limit: int = COALESCE_MAX_BYTES) -> bytes | bytearray:
     """``first`` (a receive that filled :data:`READ_BYTES`) followed by what the non-blocking
     socket ``fd`` already holds, read without waiting, while each read fills
-    :data:`READ_BYTES` and the total stays under ``limit`` bytes.
+    :data:`READ_BYTES` and the total is under ``limit`` bytes.
 
-    An end of stream, a reset or any other error ends the reading here and is left for the next
-    receive to report: it sees the same condition again (TCP's end of stream repeats), so the
-    connection closes exactly as it would have.
+    An end of stream, a reset or any other error ends the reading here, and the bytes read so
+    far are returned; the next receive reports the condition. An end of stream repeats; a reset
+    is reported once, so the next receive sees an end of stream instead of
+    ``trio.BrokenResourceError``: either way the protocol gets the data, then the close
+    (``tests/test_serving.py`` resets connections mid-body).
 
     Returns:
         ``first`` itself when nothing more was read, else the bytes read, in order.
