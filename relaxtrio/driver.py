@@ -439,7 +439,8 @@ async def _run_loaded(
                                                 metrics=metrics, tokenizer_dir=model_dir)
             nursery.cancel_scope.cancel()
     return await _finish(out, trainer, model_dir, metrics, outputs,
-                         first_rollout_id=checkpointer.first_rollout_id)
+                         first_rollout_id=checkpointer.first_rollout_id,
+                         saved_groups=checkpointer.saved_groups)
 
 
 def _fleet_config(cfg: TrainRunConfig, trainer: Trainer | RankGroup | None) -> FleetConfig:
@@ -535,10 +536,12 @@ def _load_datasets(cfg: TrainRunConfig) -> tuple[PromptStream, tuple[EvalDataset
 
 
 async def _finish(out: Path, trainer: Trainer | RankGroup | None, model_dir: Path, metrics: MetricsLog,
-                  outputs: _StepOutputs, *, first_rollout_id: int = 0) -> TrainSummary:
+                  outputs: _StepOutputs, *, first_rollout_id: int = 0,
+                  saved_groups: int = 0) -> TrainSummary:
     """Writes the final checkpoint (none for rollout only) and the reward plot (the weight store
     removed its files), and logs the run's totals (this process's too when it resumed at
-    ``first_rollout_id``).
+    ``first_rollout_id``; ``saved_groups``: the run-end Groups the end-of-run ``--save``
+    checkpoint saved for an extension).
 
     Cancellation:
         A checkpoint while the checkpoint is written in a worker thread (the write completes).
@@ -549,4 +552,5 @@ async def _finish(out: Path, trainer: Trainer | RankGroup | None, model_dir: Pat
         await trio.to_thread.run_sync(trainer.save_checkpoint, checkpoint_dir, model_dir)
     plot_path = plot_rewards(metrics.rows, out / "reward.png")
     return summarize_run(metrics.path, metrics.rows, plot_path=plot_path, checkpoint_dir=checkpoint_dir,
-                         first_rollout_id=first_rollout_id, samples_path=outputs.samples_path)
+                         first_rollout_id=first_rollout_id, samples_path=outputs.samples_path,
+                         saved_groups=saved_groups)

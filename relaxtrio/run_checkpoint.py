@@ -143,11 +143,14 @@ class RunCheckpointer:
         config: the run configuration (``save_dir``, ``save_interval``, ``load_dir``).
         resume: the checkpoint this run resumes from, or None for a fresh start.
         weight_version: the version the engines hold (the last pushed, or the resumed one).
+        saved_groups: the run-end Groups whose prompts the last checkpoint written saved for an
+            extension of the run (non-zero only after the last step's checkpoint).
     """
 
     config: TrainRunConfig
     resume: ResumePoint | None = None
     weight_version: str | None = None
+    saved_groups: int = 0
     _first_row_extra: dict[str, float] = attrs.field(factory=dict)
     _prompt_data_sha256: str | None = None
 
@@ -307,6 +310,7 @@ class RunCheckpointer:
 
         start = time.monotonic()
         path = await trio.to_thread.run_sync(write)
+        self.saved_groups = rollout.run_end_groups
         size = sum(p.stat().st_size for p in path.rglob("*") if p.is_file())
         notes = []
         if rollout.held_groups:

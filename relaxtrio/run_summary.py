@@ -25,31 +25,63 @@ __all__ = ["StepTotals", "TrainSummary", "summarize_run"]
 
 @attrs.frozen(kw_only=True)
 class StepTotals:
-    """Totals over metrics rows (the sums of their ``num_samples`` and ``dropped_groups``).
+    """Totals over metrics rows (the sums of their ``num_samples``, ``dropped_groups`` and resume
+    counts).
 
     Attributes:
         steps: rows (steps run).
         trained_steps: steps whose update ran (0 for rollout only).
         num_samples: samples produced.
         dropped_groups: Groups dropped, those dropped at step close included.
+        resume_dropped_groups: Groups in flight at a checkpoint that a resume dropped and whose
+            prompts ran again (the first resumed row's ``resume_dropped_groups``; not in
+            ``dropped_groups``).
+        resume_requeued_groups: run-end Groups of a finished run whose prompts its extension
+            requeued (``resume_requeued_groups``; already in that run's ``dropped_groups``).
+        saved_groups: of ``dropped_groups``, the run-end Groups whose prompts the checkpoint
+            written after the last step saved for an extension of the run (not in the rows:
+            :func:`summarize_run` sets it).
     """
 
     steps: int = 0
     trained_steps: int = 0
     num_samples: int = 0
     dropped_groups: int = 0
+    resume_dropped_groups: int = 0
+    resume_requeued_groups: int = 0
+    saved_groups: int = 0
 
     @classmethod
     def of(cls, rows: Sequence[Mapping[str, Any]]) -> StepTotals:
         """The totals of ``rows`` (``metrics.jsonl`` rows)."""
+        def total(key: str) -> int:
+            return sum(int(r.get(key) or 0) for r in rows)
+
         return cls(steps=len(rows), trained_steps=sum(1 for r in rows if r.get("loss") is not None),
-                   num_samples=sum(int(r.get("num_samples") or 0) for r in rows),
-                   dropped_groups=sum(int(r.get("dropped_groups") or 0) for r in rows))
+                   num_samples=total("num_samples"), dropped_groups=total("dropped_groups"),
+                   resume_dropped_groups=total("resume_dropped_groups"),
+                   resume_requeued_groups=total("resume_requeued_groups"))
 
     def describe(self) -> str:
-        """``"<trained> of <steps> steps trained, <n> samples, <d> Groups dropped"``."""
-        return (f"{self.trained_steps} of {self.steps} steps trained, {self.num_samples} samples, "
+        """``"<trained> of <steps> steps trained, <n> samples, <d> Groups dropped"``, then, each
+        only when non-zero, ``" (<s> of them saved for an extension of this run)"``, ``", <r>
+        Groups in flight at a checkpoint rerun on resume"`` and ``", <q> Groups from a finished
+        run's end requeued on resume"``."""
+        text = (f"{self.trained_steps} of {self.steps} steps trained, {self.num_samples} samples, "
                 f"{self.dropped_groups} Groups dropped")
+        if self.saved_groups:
+            text += f" ({self.saved_groups} of them saved for an extension of this run)"
+        if self.resume_dropped_groups:
+            text += f", {_groups(self.resume_dropped_groups)} in flight at a checkpoint rerun on resume"
+        if self.resume_requeued_groups:
+            text += (f", {_groups(self.resume_requeued_groups)} from a finished run's end requeued "
+                     "on resume")
+        return text
+
+
+def _groups(n: int) -> str:
+    """``"1 Group"``, ``"<n> Groups"``."""
+    return f"{n} Group" if n == 1 else f"{n} Groups"
 
 
 @attrs.frozen(kw_only=True)
@@ -106,6 +138,7 @@ def summarize_run(
     checkpoint_dir: Path | None,
     first_rollout_id: int = 0,
     samples_path: Path | None = None,
+    saved_groups: int = 0,
 ) -> TrainSummary:
     """The run's summary from its metrics rows, logged as one ``finished: ...`` line.
 
@@ -116,9 +149,15 @@ def summarize_run(
         checkpoint_dir: the final checkpoint, or None (rollout only).
         first_rollout_id: the first step this process ran (0 unless resumed).
         samples_path: the samples JSONL of a rollout-only run, else None.
+        saved_groups: run-end Groups (counted in the last row's ``dropped_groups``) whose
+            prompts this process's checkpoint after the last step saved for an extension of the
+            run (``RolloutCheckpoint.run_end_groups``); 0 without one.
     """
     run = StepTotals.of(rows)
     this_process = StepTotals.of([r for r in rows if int(r["step"]) >= first_rollout_id])
+    if saved_groups:  # the last row is this process's: it wrote the end-of-run checkpoint
+        run = attrs.evolve(run, saved_groups=saved_groups)
+        this_process = attrs.evolve(this_process, saved_groups=saved_groups)
     if first_rollout_id and not this_process.steps:
         log.info("finished: no step left to run after step %d; the whole run (metrics.jsonl): %s",
                  first_rollout_id - 1, run.describe())

@@ -1,5 +1,6 @@
-"""A resumed run's end: the summary's whole-run and this-process figures, and a checkpoint
-written before run-end Groups existed, resumed through :class:`RunCheckpointer`."""
+"""A resumed run's end: the summary's whole-run and this-process figures (the resume counts and
+the run-end Groups saved for an extension among them), and a checkpoint written before run-end
+Groups existed, resumed through :class:`RunCheckpointer`."""
 
 from __future__ import annotations
 
@@ -8,11 +9,17 @@ import logging
 from pathlib import Path
 
 import pytest
+import trio
+from support.pipeline import open_test_pipeline, prompts
 
-from relaxtrio.config import AgentConfig, TrainRunConfig
+from relaxtrio.config import AgentConfig, RolloutConfig, TrainRunConfig
 from relaxtrio.driver import _finish, _load_datasets, _StepOutputs
+from relaxtrio.rollout.metrics import MetricsLog
+from relaxtrio.rollout.step import group_metrics
 from relaxtrio.run_checkpoint import RunCheckpointer
 from relaxtrio.run_summary import StepTotals
+from relaxtrio.testing.scripted_engine import Reply, ScriptedEngine
+from relaxtrio.train import TrainConfig, Trainer
 
 # state.json of a checkpoint after 2 of 2 steps, as the format before run-end Groups wrote it.
 _OLD_STATE = {
@@ -86,3 +93,87 @@ async def test_a_fresh_summary_is_the_whole_run(tmp_path: Path, caplog: pytest.L
                          _StepOutputs.fresh(config, tmp_path), first_rollout_id=1)
     assert done.this_process == StepTotals() and done.judged == done.run
     assert "finished: no step left to run after step 0; the whole run" in caplog.text
+
+
+# state.json after 2 of 2 steps of a run killed with Groups 2 and 3 resident (mid-run style) and
+# extended: prompt 1 was a run-end Group of the last step (in its dropped_groups).
+_HELD_STATE = {
+    **_OLD_STATE,
+    "rollout": {"next_rollout_id": 2, "held_groups": 2, "held_sessions": 2, "held_prompts": [2, 3],
+                "run_end_groups": 1, "run_end_sessions": 1, "run_end_prompts": [1],
+                "stream": {"epoch": 1, "pending": [2, 3, 1], "remaining": [], "num_prompts": 4,
+                           "seed": 1, "shuffle": False}},
+}
+
+
+async def test_a_resumed_summary_names_the_groups_rerun_and_requeued_on_resume(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    caplog.set_level(logging.INFO)
+    config = _resumed_config(tmp_path, _HELD_STATE)
+    checkpointer = RunCheckpointer.open(config)
+    metrics = checkpointer.open_metrics(config.output_dir / "metrics.jsonl")
+    prompts, _ = _load_datasets(config)
+    checkpointer.restore_prompts(prompts)
+    for step in (2, 3):
+        row = {"num_samples": 2, "dropped_groups": 0, "loss": 0.1}
+        checkpointer.note_step(step, row)
+        metrics.append(step, row)
+    summary = await _finish(config.output_dir, None, tmp_path, metrics,
+                            _StepOutputs.fresh(config, tmp_path), first_rollout_id=2)
+    assert summary.run == StepTotals(steps=4, trained_steps=4, num_samples=12, dropped_groups=1,
+                                     resume_dropped_groups=2, resume_requeued_groups=1)
+    assert summary.this_process == StepTotals(steps=2, trained_steps=2, num_samples=4,
+                                              resume_dropped_groups=2, resume_requeued_groups=1)
+    resumed = ("2 Groups in flight at a checkpoint rerun on resume, 1 Group from a finished "
+               "run's end requeued on resume")
+    assert summary.run.describe() == f"4 of 4 steps trained, 12 samples, 1 Groups dropped, {resumed}"
+    assert (f"finished: this process (steps 2..3): 2 of 2 steps trained, 4 samples, 0 Groups "
+            f"dropped, {resumed}; the whole run (metrics.jsonl): 4 of 4 steps trained, 12 samples, "
+            f"1 Groups dropped, {resumed}") in caplog.text
+
+
+def test_run_end_groups_saved_for_an_extension_are_told_apart_from_lost_ones() -> None:
+    totals = StepTotals(steps=2, trained_steps=2, num_samples=4, dropped_groups=2, saved_groups=1)
+    assert totals.describe() == ("2 of 2 steps trained, 4 samples, 2 Groups dropped (1 of them "
+                                 "saved for an extension of this run)")
+
+
+async def test_the_end_of_run_checkpoint_saves_a_group_the_summary_then_names(
+    tiny_model_dir: Path, tokenizer, tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    """Fully async, 2 steps: the last step drops the Group still generating (its prompt is saved
+    by the ``--save`` checkpoint written after it) and the ``finished:`` line says so."""
+    caplog.set_level(logging.INFO)
+    never = trio.Event()
+    engine = ScriptedEngine(
+        tokenizer=tokenizer, eos_id=tokenizer.eos_token_id,
+        replies=lambda ids: Reply(text="slow", gate=never) if "task 1" in tokenizer.decode(list(ids))
+        else Reply(text="fine"))
+    rollout = RolloutConfig(n_samples_per_prompt=1, rollout_batch_size=1, over_sampling_batch_size=2,
+                            fully_async=True, show_progress=False)
+    data = tmp_path / "prompts.jsonl"  # hashed into the checkpoint
+    data.write_text("".join(json.dumps({"input": f"task {i}"}) + "\n" for i in range(4)))
+    config = TrainRunConfig(prompt_data=data, num_rollout=2,
+                            agent=AgentConfig(command="true", cwd=tmp_path),
+                            output_dir=tmp_path / "run", save_dir=tmp_path / "ckpt")
+    checkpointer = RunCheckpointer(config=config)
+    trainer = Trainer.from_pretrained(tiny_model_dir, TrainConfig(lr=1e-3))
+    metrics = MetricsLog.fresh(tmp_path / "run" / "metrics.jsonl")
+    with trio.fail_after(60):
+        async with open_test_pipeline(tmp_path, tokenizer, engine, prompts([{}] * 4),
+                                      config=rollout) as (pipeline, _registry):
+            for step in (0, 1):
+                result = await pipeline.run_step(step, last=step == 1)
+                if step == 0:
+                    pipeline.backfill(1)  # as the driver does between a step and its update
+                metrics.append(step, {**group_metrics(result, rollout), "loss": 0.1})
+                assert checkpointer.save_due(step) == (step == 1)
+            await checkpointer.save(1, trainer=trainer, pipeline=pipeline, metrics=metrics,
+                                    tokenizer_dir=None)
+    assert checkpointer.saved_groups == 1
+    summary = await _finish(tmp_path / "run", None, tmp_path, metrics,
+                            _StepOutputs.fresh(config, tmp_path), saved_groups=checkpointer.saved_groups)
+    assert summary.run.dropped_groups == 1  # the documented counter is unchanged
+    assert ("finished: 2 of 2 steps trained, 2 samples, 1 Groups dropped (1 of them saved for an "
+            "extension of this run)") in caplog.text
