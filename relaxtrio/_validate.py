@@ -15,6 +15,8 @@ and can be re-reported at another path (a protocol's own field, a command-line f
   a ``None`` (JSON ``null``) is "absent" and returned as is.
 * ``is_*`` predicates are the same tests without an error, for callers whose message names
   something other than a field path ("custom advantage for session 2 context 'main'").
+* :func:`loads_utf8_json` decodes a request body (the agent API's and the embedded engine's):
+  UTF-8 only, each caller wrapping its ``ValueError`` in its own envelope.
 * The ``attrs`` validators at the bottom apply the checks to config fields; they raise
   :class:`~relaxtrio.ConfigError` (a ``ValueError``, as attrs expects) with ``param`` set to the
   field name.
@@ -34,9 +36,10 @@ uses it, and the forest stays pure).
 
 from __future__ import annotations
 
+import json
 import math
 from collections.abc import Callable
-from typing import Any
+from typing import Any, Final
 
 import attrs
 
@@ -46,6 +49,7 @@ __all__ = [
     "is_int",
     "is_number",
     "is_real",
+    "loads_utf8_json",
     "non_negative_number",
     "one_of",
     "optional_non_negative_int",
@@ -95,6 +99,40 @@ def is_real(value: Any) -> bool:
         return math.isfinite(value)
     except OverflowError:
         return False
+
+
+NOT_UTF8_JSON: Final = ("the body is not valid UTF-8 JSON (JSON exchanged between systems must be "
+                        "UTF-8: RFC 8259, section 8.1)")
+
+
+def loads_utf8_json(raw: bytes, loads: Callable[[bytes], Any] = json.loads) -> Any:
+    """``loads(raw)`` for a body in UTF-8, the only encoding JSON on the wire may use.
+
+    :func:`json.loads` guesses the encoding of bytes (:func:`json.detect_encoding`): a body that
+    starts with ``\\xff\\xfe``, or has a NUL among its first four bytes, is decoded as UTF-16 or
+    UTF-32, and garbage is reported as a UTF-16 codec error. Such a body, and one holding a byte
+    sequence that is not UTF-8, is refused here with one message. A UTF-8 body parses exactly as
+    with ``loads``: a leading UTF-8 BOM is skipped and a UTF-8-encoded lone surrogate passes, as
+    :func:`json.loads` does.
+
+    Args:
+        raw: the body bytes.
+        loads: decodes UTF-8 bytes (``json.loads`` or a drop-in such as the agent API's
+            ``BodyMemo.loads``).
+
+    Raises:
+        ValueError: not UTF-8 (the message is :data:`NOT_UTF8_JSON`, with the byte offset of
+            the first invalid byte when the body claims UTF-8), or whatever ``loads`` raises
+            (``json.JSONDecodeError``, a rejected constant, ``RecursionError``).
+    """
+    encoding = json.detect_encoding(raw)
+    if encoding not in ("utf-8", "utf-8-sig"):
+        raise ValueError(NOT_UTF8_JSON)
+    try:
+        return loads(raw)
+    except UnicodeDecodeError as exc:
+        offset = exc.start + (3 if encoding == "utf-8-sig" else 0)  # the BOM was cut first
+        raise ValueError(f"{NOT_UTF8_JSON}; byte {offset} is not UTF-8") from None
 
 
 def _shown(value: Any) -> str:

@@ -44,6 +44,7 @@ from werkzeug.exceptions import HTTPException
 
 from .._errors import InternalError, InvalidRequestError, RelaxError
 from .._serving import LISTEN_BACKLOG, serve_isolated
+from .._validate import loads_utf8_json
 from ..config import ApiConfig
 from ..nursery.session import Session, SessionRegistry
 from ..nursery.turns import TurnHandler
@@ -86,13 +87,16 @@ def _reject_constant(name: str) -> Any:
     raise ValueError(f"{name} is not valid JSON")
 
 
+_loads: Final = functools.partial(json.loads, parse_constant=_reject_constant)
+
+
 async def _read_json_object(memo: BodyMemo | None = None) -> dict[str, Any]:
     """The request body as a JSON object (through the Session's ``memo`` when given, which
     decodes only what is new since its previous body: :mod:`.body_memo`).
 
     Raises:
-        InvalidRequestError: not JSON (invalid UTF-8, syntax, ``NaN``), nested too deeply, or
-            not an object; ``param`` is ``body``.
+        InvalidRequestError: not JSON (not UTF-8, e.g. UTF-16, or invalid UTF-8: "not valid UTF-8
+            JSON"; syntax; ``NaN``), nested too deeply, or not an object; ``param`` is ``body``.
         HTTPException: the body is larger than the configured limit (rendered as 413).
 
     Cancellation:
@@ -100,13 +104,10 @@ async def _read_json_object(memo: BodyMemo | None = None) -> dict[str, Any]:
     """
     raw = await request.get_data(cache=False)
     try:
-        if memo is None:
-            body = json.loads(raw, parse_constant=_reject_constant)
-        else:
-            body = memo.loads(raw)
+        body = loads_utf8_json(raw, _loads if memo is None else memo.loads)
     except RecursionError:
         raise InvalidRequestError("Invalid request body: nested too deeply", param="body") from None
-    except ValueError as exc:  # JSONDecodeError and UnicodeDecodeError are ValueErrors
+    except ValueError as exc:  # JSONDecodeError, a constant, not UTF-8
         raise InvalidRequestError(f"Invalid request body: {exc}", param="body") from None
     if not isinstance(body, dict):
         raise InvalidRequestError("Request body must be a JSON object", param="body")

@@ -5,19 +5,25 @@ engine lacks (batch form, streaming, prompt logprobs, video/audio, LoRA, ``sessi
 refused with a 400 that says so rather than silently ignored. ``image_data`` (one image or a list,
 each a ``data:`` URL, bare base64 or ``{"url": ...}``) is parsed here; whether the served model can
 take it is the server's check. Control routes need a JSON object body; an empty body is the
-FastAPI-style 400 (docs/client-quirks.md#three-error-envelopes).
+FastAPI-style 400 (docs/client-quirks.md#three-error-envelopes). Every body must be UTF-8 JSON, as
+for the agent API (:func:`~relaxtrio._validate.loads_utf8_json`): a UTF-16 one is refused as "not
+valid UTF-8 JSON" where SGLang's FastAPI would guess its encoding.
 """
 
 from __future__ import annotations
 
-import json
 from collections.abc import Callable
 from typing import Any, Final
 
 import attrs
 
-from .._validate import is_int
-from ..sglang.wire import RequestError, SamplingParams, SchemaError, parse_sampling_params
+from .._validate import is_int, loads_utf8_json
+from ..sglang.wire import (
+    RequestError,
+    SamplingParams,
+    SchemaError,
+    parse_sampling_params,
+)
 
 __all__ = [
     "BodyError",
@@ -111,12 +117,13 @@ def parse_generate_body(raw: bytes, encode: Callable[[str], list[int]]) -> Gener
         encode: tokenizes ``text`` prompts with the server's tokenizer.
 
     Raises:
-        SchemaError: not a JSON object, or a field of the wrong JSON type / unknown sampling key.
+        SchemaError: not UTF-8 JSON (a UTF-16 or otherwise non-UTF-8 body included), not a JSON
+            object, or a field of the wrong JSON type / unknown sampling key.
         RequestError: missing or empty input, or a feature the embedded engine does not offer.
     """
     try:
-        body = json.loads(raw) if raw else None
-    except (ValueError, UnicodeDecodeError) as exc:
+        body = loads_utf8_json(raw) if raw else None
+    except ValueError as exc:  # not UTF-8 (e.g. UTF-16), or not JSON
         raise SchemaError(f"invalid JSON body: {exc}") from exc
     if not isinstance(body, dict):
         raise SchemaError("invalid type: expected struct GenerateReqInput (a JSON object)")
@@ -178,7 +185,8 @@ def control_body(raw: bytes) -> dict[str, Any]:
     """Decode the required JSON object body of a control route.
 
     Raises:
-        BodyError: empty body (``Field required``), invalid JSON, or not an object.
+        BodyError: empty body (``Field required``), invalid JSON (not UTF-8 included), or not an
+            object.
     """
     if not raw.strip():
         raise BodyError(
@@ -186,8 +194,8 @@ def control_body(raw: bytes) -> dict[str, Any]:
             " 'input': None}"
         )
     try:
-        body = json.loads(raw)
-    except (ValueError, UnicodeDecodeError) as exc:
+        body = loads_utf8_json(raw)
+    except ValueError as exc:  # not UTF-8 (e.g. UTF-16), or not JSON
         raise BodyError(f"1 validation error:\n  JSON decode error: {exc}") from exc
     if not isinstance(body, dict):
         raise BodyError("1 validation error:\n  body must be a JSON object")

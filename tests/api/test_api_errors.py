@@ -78,6 +78,32 @@ async def test_body_errors_are_400_naming_the_body(protocol: str, registry: Sess
 
 
 @pytest.mark.parametrize("protocol", sorted(ENDPOINTS))
+async def test_a_body_that_is_not_utf8_is_refused_as_such(protocol: str, registry: SessionRegistry) -> None:
+    """JSON on the wire is UTF-8 (RFC 8259, section 8.1). A body that ``json.loads`` would guess to
+    be UTF-16 or UTF-32 (a ``\\xff\\xfe`` start, NULs among the first bytes), or that holds bytes
+    UTF-8 does not have, is a 400 saying so, not in a UTF-16 codec's words; a UTF-8 body with a
+    BOM is still accepted, through the Session's body memo too (the second request)."""
+    app = create_app(registry, ScriptedHandler())
+    text = json.dumps(VALID[protocol])
+    async with open_session(registry) as session:
+        for raw in (b"\xff\xfe\xfa", b"\xff\xfe", text.encode("utf-16"), text.encode("utf-16-le"),
+                    text.encode("utf-32"), b"\xff", b'{"a": "\xff"}',
+                    b"\xef\xbb\xbf" + text.encode()[:-1] + b"\xc3("):
+            status, body, _ = await post(app, ENDPOINTS[protocol], raw=raw, token=session.session_id)
+            assert status == 400, raw[:20]
+            assert _kind(protocol, body) == "invalid_request_error"
+            message = body["error"]["message"]
+            assert message.startswith("Invalid request body: the body is not valid UTF-8 JSON"), message
+            assert "utf-16" not in message.lower() and "codec" not in message
+            if protocol != "messages":
+                assert body["error"]["param"] == "body"
+        for _ in range(2):
+            status, body, _ = await post(app, ENDPOINTS[protocol], raw=b"\xef\xbb\xbf" + text.encode(),
+                                         token=session.session_id)
+            assert status == 200, body
+
+
+@pytest.mark.parametrize("protocol", sorted(ENDPOINTS))
 async def test_too_large_body_is_413_json(protocol: str, registry: SessionRegistry) -> None:
     app = create_app(registry, ScriptedHandler(), config=ApiConfig(max_body_bytes=2048))
     async with open_session(registry) as session:

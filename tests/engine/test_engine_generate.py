@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 from collections.abc import Callable
 
 import httpx
@@ -239,6 +240,22 @@ async def test_value_errors_use_the_message_envelope(
     r = await http.post("/generate", json=body)
     assert r.status_code == 400
     assert message in r.json()["error"]["message"]
+
+
+async def test_a_body_that_is_not_utf8_json_is_refused_as_such(http: httpx.AsyncClient) -> None:
+    """As the agent API: a UTF-16 / UTF-32 / non-UTF-8 body is "not valid UTF-8 JSON" (in the
+    route's own envelope), never a UTF-16 codec error; a UTF-8 BOM is still accepted."""
+    text = json.dumps({"input_ids": PROMPT, "sampling_params": {"max_new_tokens": 1}})
+    for raw in (b"\xff\xfe\xfa", text.encode("utf-16"), text.encode("utf-32"), b'{"text": "\xff"}'):
+        r = await http.post("/generate", content=raw)
+        assert r.status_code == 400
+        assert r.json()["error"].startswith("invalid JSON body: the body is not valid UTF-8 JSON")
+        r = await http.post("/abort_request", content=raw)
+        assert r.status_code == 400 and "the body is not valid UTF-8 JSON" in r.json()["message"]
+        assert "utf-16" not in r.text.lower()
+    with trio.fail_after(60):
+        r = await http.post("/generate", content=b"\xef\xbb\xbf" + text.encode())
+    assert r.status_code == 200 and len(r.json()["output_ids"]) == 1
 
 
 async def test_context_limits(nursery: trio.Nursery, tiny_model_dir) -> None:
