@@ -91,3 +91,24 @@ def test_reward_key_picks_the_primary_value_and_names_a_missing_key(tmp_path: Pa
     missing = dump.session(groups[1].sessions[0].session_id)
     assert missing["status"] == "failed"
     assert "no key 'score' (keys: steps)" in missing["reason"] and "--reward-key is 'score'" in missing["reason"]
+
+
+def test_a_strict_export_of_separate_requests_says_what_happened_and_what_to_do(tmp_path: Path) -> None:
+    """Three requests that do not continue each other leave three leaves: the default (strict)
+    export fails the Session, naming the branching and the ways out, not only the leaf count."""
+    cfg = ServeConfig(num_sessions=1, output_dir=tmp_path)
+    [group] = _served(cfg, [...])
+    forest = group.sessions[0].forest
+    for i in (1, 2):  # two more requests, each a new conversation
+        obs = forest.add_observation(
+            forest.match(Conversation.from_wire([{"role": "user", "content": f"another task {i}"}])),
+            token_ids=[1, 5 + i])
+        forest.add_response(obs, {"role": "assistant", "content": "answer"}, token_ids=[3, 4],
+                            rollout_logprobs=[-0.5, -0.25], finish_reason="stop", request_id=f"r{i}")
+    summary = _finish(cfg, [group])
+    assert summary.failed == 1
+    reason = load_dump(summary.dump_path).session(group.sessions[0].session_id)["reason"]
+    assert reason.startswith("export failed: implicit export requires one committed leaf, found 3: "
+                             "the Session's requests branched into 3 separate conversations")
+    assert "Export explicitly (one named JSONL record per context to train" in reason
+    assert "--agentic-export-policy final" in reason and "all-leaves" in reason

@@ -75,11 +75,8 @@ def select_leaves(forest: SessionForest, policy: ExportPolicy = "strict") -> Lea
         raise ExportError(f"unknown export policy {policy!r}", param="agentic_export_policy")
     if policy == "strict" or not candidates:
         if len(candidates) != 1:
-            raise ExportError(
-                f"implicit export requires one committed leaf, found {len(candidates)}",
-                num_leaves=len(candidates),
-                session_id=forest.session_id,
-            )
+            raise ExportError(_one_leaf_message(len(candidates)), num_leaves=len(candidates),
+                              session_id=forest.session_id)
         if policy == "strict" and len(leaves) > 1:
             raise ExportError(
                 f"implicit export requires a linear history, but the Forest has {len(leaves)} "
@@ -100,6 +97,20 @@ def select_leaves(forest: SessionForest, policy: ExportPolicy = "strict") -> Lea
         in_main = forest.subtree_root(leaf).state_hash == main_root
         (dropped if in_main else side).append(leaf)
     return LeafSelection(contexts=((None, final),), dropped_branches=tuple(dropped), side_leaves=tuple(side))
+
+
+def _one_leaf_message(num_leaves: int) -> str:
+    """``implicit export requires one committed leaf, found N``; for N >= 2 also what happened
+    (the requests branched) and the ways out: explicit records, or another export policy."""
+    message = f"implicit export requires one committed leaf, found {num_leaves}"
+    if num_leaves < 2:
+        return message
+    return (f"{message}: the Session's requests branched into {num_leaves} separate conversations "
+            "(a request that does not continue an earlier answered history starts a new one). "
+            "Export explicitly (one named JSONL record per context to train, written to "
+            "RELAX_OUTPUT_JSON), or pass --agentic-export-policy final (train only the last "
+            "answered conversation) or all-leaves (each conversation a context); training several "
+            "contexts per Session needs --agentic-custom-advantage-path")
 
 
 def _final_response(forest: SessionForest) -> ResponseNode:

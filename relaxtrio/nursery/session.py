@@ -447,14 +447,12 @@ class SessionRegistry:
 
 
 def _export_hint(exc: ExportError) -> str:
-    """Plain words for the implicit-export failures users hit most (from ``num_leaves``)."""
-    if exc.num_leaves is None:
-        return ""
+    """Plain words for an implicit export that found no answered leaf (``num_leaves == 0``);
+    the message for several leaves says what happened and what to do itself."""
     if exc.num_leaves == 0:
         return (" (the agent got no model answer: it made no request, or every request failed or "
                 "was abandoned before the reply)")
-    return (f" (the agent's requests formed {exc.num_leaves} separate conversations; write explicit "
-            "JSONL records to RELAX_OUTPUT_JSON naming the contexts to train)")
+    return ""
 
 
 def _note_unexported(session: Session, selection: LeafSelection) -> None:
