@@ -10,7 +10,9 @@ cannot do: ``n`` above 1, ``top_logprobs`` above 0, ``tool_choice`` other than `
 ``none`` without tools), a ``response_format`` schema, the legacy ``functions`` and a ``tools``
 entry that is not a named function tool are 400s naming the field
 (:func:`.options.check_chat_options`). ``model`` is echoed. A ``developer`` message is rejected:
-the harness must map it to ``system`` (docs/client-quirks.md#developer-messages).
+the harness must map it to ``system`` (docs/client-quirks.md#developer-messages). A ``tool``
+message must name its ``tool_call_id`` (required by the API; a 400 naming
+``messages[i].tool_call_id`` otherwise), as Responses' ``call_id`` and Messages' ``tool_use_id``.
 
 Response: ``chat.completion`` JSON or, with ``stream: true``, one complete ``chat.completion.chunk``
 with usage followed by ``data: [DONE]`` (docs/agent-contract.md#buffered-sse;
@@ -49,7 +51,8 @@ def parse_chat_request(body: Mapping[str, Any], memo: ConversationMemo | None = 
     """
     check_chat_options(body)
     build = Conversation.from_wire if memo is None else memo.conversation
-    conversation = build(body.get("messages"), body.get("tools"), body.get("chat_template_kwargs"))
+    conversation = build(body.get("messages"), body.get("tools"), body.get("chat_template_kwargs"),
+                         require_tool_call_id=True)
     if not conversation.messages:
         raise InvalidRequestError("messages projected to zero supported messages", param="messages")
     max_completion = optional_positive_int(body, "max_completion_tokens")

@@ -12,7 +12,8 @@ state is identified by the SHA-256 of its compact, key-sorted JSON. The rules
   ``text`` item is rejected;
 * kept keys: ``role``, ``content``, ``reasoning_content`` (only when a non-empty string),
   ``tool_calls`` (assistant only, when non-empty), ``tool_call_id`` (tool only, when present,
-  non-empty string); all other keys are dropped;
+  non-empty string; ``require_tool_call_id`` makes it required, as Chat Completions does); all
+  other keys are dropped;
 * the ``system`` messages before the first other message are merged (texts joined with
   ``"\\n\\n"``) into one leading system message; a ``system`` message that comes later (Codex's
   ``developer`` message on a resumed thread, Claude Code's ``role: "system"`` entries) stays
@@ -66,12 +67,15 @@ HASH_PREFIX: Final = b'{"messages":['
 """Start of the serialized state: with sorted keys ``messages`` comes first."""
 
 
-def canonical_messages(messages: Any, *, param: str = "messages") -> tuple[dict[str, Any], ...]:
+def canonical_messages(messages: Any, *, param: str = "messages",
+                       require_tool_call_id: bool = False) -> tuple[dict[str, Any], ...]:
     """Validates and canonicalizes a message list (see the module docstring for the rules).
 
     Args:
         messages: a list (or tuple) of message dicts; None means no messages.
         param: field path prefix of the list (``messages``; the Responses layer passes ``input``).
+        require_tool_call_id: a ``tool`` message without ``tool_call_id`` is rejected (Chat
+            Completions requires it); else it is optional, as in export records.
 
     Returns:
         Fresh canonical messages; the merged leading system message, if any, comes first, and
@@ -86,7 +90,8 @@ def canonical_messages(messages: Any, *, param: str = "messages") -> tuple[dict[
     entries = []
     for index, message in enumerate(messages):
         chunks: list[str] = []
-        entries.append((_canonical_message(message, f"{param}[{index}]", chunks), chunks))
+        entries.append((_canonical_message(message, f"{param}[{index}]", chunks,
+                                           require_tool_call_id=require_tool_call_id), chunks))
     return tuple(place_system_messages(entries))
 
 
@@ -140,8 +145,10 @@ def canonical_message(message: Any, *, param: str = "message") -> dict[str, Any]
     return canonical
 
 
-def _canonical_message(message: Any, where: str, system_chunks: list[str]) -> dict[str, Any] | None:
-    """One message; a system message adds its text to ``system_chunks`` and returns None."""
+def _canonical_message(message: Any, where: str, system_chunks: list[str], *,
+                       require_tool_call_id: bool = False) -> dict[str, Any] | None:
+    """One message; a system message adds its text to ``system_chunks`` and returns None
+    (``require_tool_call_id``: as :func:`canonical_messages`)."""
     require_object(message, where)
     if "role" not in message:
         raise InvalidRequestError(f"{where} must include role", param=f"{where}.role")
@@ -162,6 +169,9 @@ def _canonical_message(message: Any, where: str, system_chunks: list[str]) -> di
         tool_call_id = message["tool_call_id"]
         if not isinstance(tool_call_id, str) or not tool_call_id:
             raise InvalidRequestError.at(f"{where}.tool_call_id", "must be a non-empty string")
+    elif role == "tool" and require_tool_call_id:
+        raise InvalidRequestError.at(f"{where}.tool_call_id",
+                                     "is required (the id of the assistant tool call it answers)")
     if "content" not in message and not empty_content_ok:
         raise InvalidRequestError(f"{where} must include content", param=f"{where}.content")
     content = message.get("content")
@@ -369,6 +379,7 @@ class Conversation:
         messages_param: str = "messages",
         tools_param: str = "tools",
         template_kwargs_param: str = "chat_template_kwargs",
+        require_tool_call_id: bool = False,
     ) -> Conversation:
         """Canonicalizes a request's history, tools and template kwargs. Never mutates its input.
 
@@ -380,6 +391,8 @@ class Conversation:
             messages_param: field path prefix for message errors (``input`` for Responses).
             tools_param: field path prefix for tool errors.
             template_kwargs_param: field path for template-kwargs errors.
+            require_tool_call_id: a ``tool`` message must name ``tool_call_id`` (Chat
+                Completions); else the id is optional.
 
         Returns:
             The canonical conversation.
@@ -388,7 +401,8 @@ class Conversation:
             InvalidRequestError: an invalid field; ``param`` is its path.
         """
         return cls(
-            canonical_messages(messages, param=messages_param),
+            canonical_messages(messages, param=messages_param,
+                               require_tool_call_id=require_tool_call_id),
             canonical_tools(tools, param=tools_param),
             canonical_template_kwargs(
                 template_kwargs, base=base_template_kwargs, param=template_kwargs_param

@@ -18,7 +18,7 @@ from relaxtrio import InvalidRequestError
 from relaxtrio.api.chat import parse_chat_request
 from relaxtrio.api.messages import parse_messages_request
 from relaxtrio.api.responses import parse_responses_request
-from relaxtrio.forest import state_hash
+from relaxtrio.forest import Conversation, ConversationMemo, state_hash
 
 PARSERS = {"chat": parse_chat_request, "responses": parse_responses_request, "messages": parse_messages_request}
 
@@ -348,8 +348,13 @@ def test_reasoning_items_without_readable_text_are_ignored() -> None:
     assert messages[1]["content"] == "Hello" and messages[1]["reasoning_content"] == "think"
 
 
+_TOOL_TURN = [{"role": "user", "content": "Weather?"}, {"role": "assistant", "content": "", "tool_calls": [CALL]}]
+
 REJECTED = [
     ("chat", {"messages": [{"role": "developer", "content": "x"}]}, "messages[0].role", "must be one of"),
+    # Required by the Chat Completions API (the openai SDK's ChatCompletionToolMessageParam).
+    ("chat", {"messages": [*_TOOL_TURN, {"role": "tool", "content": "18C"}]}, "messages[2].tool_call_id",
+     "messages[2].tool_call_id is required (the id of the assistant tool call it answers)"),
     ("chat", {"messages": []}, "messages", "messages projected to zero supported messages"),
     ("chat", {}, "messages", "messages projected to zero supported messages"),
     ("responses", {"input": []}, "input", "input projected to zero supported messages"),
@@ -518,3 +523,18 @@ def test_rejections_name_the_request_path(protocol: str, body: dict, param: str,
     assert info.value.message.startswith(param)
     if text is not None:
         assert text in info.value.message
+
+
+def test_a_chat_tool_message_needs_its_tool_call_id_through_the_session_memo_too() -> None:
+    """A refused request leaves the memo where it was, so resending it is refused again; the id
+    stays optional where no protocol requires it (export records, dataset rows)."""
+    memo = ConversationMemo()
+    parse_chat_request({"messages": _TOOL_TURN}, memo)
+    unnamed = {"messages": [*_TOOL_TURN, {"role": "tool", "content": "18C"}]}
+    for _ in range(2):
+        with pytest.raises(InvalidRequestError, match=r"^messages\[2\]\.tool_call_id is required") as info:
+            parse_chat_request(unnamed, memo)
+        assert info.value.param == "messages[2].tool_call_id"
+    named = {"messages": [*_TOOL_TURN, {"role": "tool", "content": "18C", "tool_call_id": "call_1"}]}
+    assert parse_chat_request(named, memo).turn.conversation.messages[2]["tool_call_id"] == "call_1"
+    assert Conversation.from_wire(unnamed["messages"]).messages[2] == {"role": "tool", "content": "18C"}
