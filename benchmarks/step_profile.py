@@ -143,7 +143,7 @@ def _run_job(name: str, out: Path, num_rollout: int, flags: list[str], extra: li
            "--save-debug-rollout-data", str(out / "dump" / "rollout_{rollout_id}.json"), *flags, *extra]
     start = time.monotonic()
     load_before = os.getloadavg()[0]
-    proc = subprocess.run(cmd, capture_output=True, text=True, env=os.environ.copy())
+    proc = subprocess.run(cmd, check=False, capture_output=True, text=True, env=os.environ.copy())
     wall_s = time.monotonic() - start
     load = [round(load_before, 1), round(os.getloadavg()[0], 1)]
     if proc.returncode != 0:
@@ -167,11 +167,10 @@ def _update_split(dump_path: Path, model_dir: Path) -> dict[str, Any]:
     """Times old-logprob forward, forward+backward and optimizer on one dumped step."""
     import torch
 
+    from relaxtrio.cpu_threads import available_cpus, split_cpu_threads
     from relaxtrio.replay import train_config_of
     from relaxtrio.rollout.dumps import load_dump
     from relaxtrio.train import Trainer
-
-    from relaxtrio.cpu_threads import available_cpus, split_cpu_threads
 
     # The trainer's threads in the synchronous job's update: every core, since no train Group
     # is resident then (relaxtrio.cpu_threads: trainer_solo_threads).

@@ -41,7 +41,12 @@ from ._tool_args import (
     doctor_config,
     serve_config,
 )
-from ._train_args import add_train_parser, configure_logging, split_sglang_args, train_config
+from ._train_args import (
+    add_train_parser,
+    configure_logging,
+    split_sglang_args,
+    train_config,
+)
 
 log = logging.getLogger("relaxtrio")
 

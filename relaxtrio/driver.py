@@ -38,17 +38,23 @@ from typing import Any, Final
 import attrs
 import trio
 
+from ._errors import ConfigError
+from ._serving import freeze_startup_heap
 from .api.app import create_app, serve_api
 from .api.operator import start_operator
 from .chat.compiler import ChatCompiler
-from ._errors import ConfigError
-from ._serving import freeze_startup_heap
 from .config import AgentConfig, FleetConfig, TrainRunConfig
 from .cpu_threads import ThreadSplit, available_cpus, split_cpu_threads
 from .inference import Inference, LifecycleRegistry, open_inference
 from .rollout.capacity import CapacityPlan, check_external_slots, plan_capacity
 from .rollout.dataset import PromptStream, load_prompts
-from .rollout.dumps import append_samples, dump_path, step_dump, step_samples, write_dump
+from .rollout.dumps import (
+    append_samples,
+    dump_path,
+    step_dump,
+    step_samples,
+    write_dump,
+)
 from .rollout.eval import EvalDataset, run_eval
 from .rollout.metrics import MetricsLog, plot_rewards
 from .rollout.operator_view import RunView
