@@ -16,7 +16,9 @@ update, weight push, eval and metrics row (``iter_<k>``), and holds:
   extended with a larger ``--num-rollout`` trains them, ``resume_requeued_groups``);
 - ``weight_version``: the version last pushed to the engines (None: the initial weights);
 - ``metrics``: every metrics row written so far;
-- ``run``: the output directory, the prompt file's path and SHA-256, ``num_rollout``.
+- ``run``: the output directory, the prompt file's path and SHA-256, ``num_rollout`` and the
+  step shape (``shape``: ``--rollout-batch-size``, ``--n-samples-per-prompt``,
+  ``--over-sampling-batch-size``; a resume with other values logs a warning for each).
 
 Resuming (``--load DIR``):
 
@@ -201,6 +203,11 @@ class RunCheckpointer:
         if saved is not None and saved != self._prompt_data_sha256:
             log.warning("resume: %s changed since the checkpoint was written; the saved cursor "
                         "indexes the new file's rows", self.config.prompt_data)
+        for flag, (was, now) in _shape_changes(self.resume.state.get("run", {}).get("shape"),
+                                               _run_shape(self.config)).items():
+            log.warning("resume: %s is %s, the checkpoint's run used %s: the run continues in "
+                        "this run's shape, so its steps after the resume are not the ones the "
+                        "interrupted run would have run (the prompt order is kept)", flag, now, was)
         checkpoint = RolloutCheckpoint.from_json(self.resume.state["rollout"])
         self._first_row_extra = restore_rollout(prompts, checkpoint)
 
@@ -299,7 +306,8 @@ class RunCheckpointer:
             "run": {"output_dir": str(cfg.output_dir.resolve()),
                     "prompt_data": str(cfg.prompt_data.resolve()),
                     "prompt_data_sha256": self._prompt_data_sha256,
-                    "num_rollout": cfg.num_rollout},
+                    "num_rollout": cfg.num_rollout,
+                    "shape": _run_shape(cfg)},
         }
 
         def write() -> Path:
@@ -322,3 +330,21 @@ class RunCheckpointer:
         log.info("checkpoint %s written in %.2f s (%.1f MB)%s", path, time.monotonic() - start,
                  size / 1e6, "".join(f"; {note}" for note in notes))
         return path
+
+
+def _run_shape(config: TrainRunConfig) -> dict[str, Any]:
+    """The settings that shape each step (Groups, Sessions per Group), by command-line flag;
+    the prompt order's own settings are compared by :func:`~relaxtrio.rollout.resume.restore_rollout`."""
+    rollout = config.rollout
+    return {"--rollout-batch-size": rollout.rollout_batch_size,
+            "--n-samples-per-prompt": rollout.n_samples_per_prompt,
+            "--over-sampling-batch-size": rollout.over_sampling_batch_size}
+
+
+def _shape_changes(saved: Any, current: dict[str, Any]) -> dict[str, tuple[Any, Any]]:
+    """``{flag: (checkpoint's value, this run's)}`` for each setting of :func:`_run_shape` that
+    differs; nothing for a checkpoint that did not record them (written before they were)."""
+    if not isinstance(saved, dict):
+        return {}
+    return {flag: (saved[flag], value) for flag, value in current.items()
+            if flag in saved and saved[flag] != value}

@@ -8,6 +8,7 @@ import json
 import logging
 from pathlib import Path
 
+import attrs
 import pytest
 import trio
 from support.pipeline import open_test_pipeline, prompts
@@ -32,11 +33,12 @@ _OLD_STATE = {
 }
 
 
-def _resumed_config(tmp_path: Path, state: dict) -> TrainRunConfig:
+def _resumed_config(tmp_path: Path, state: dict, shape: dict | None = None) -> TrainRunConfig:
+    tmp_path.mkdir(parents=True, exist_ok=True)
     data = tmp_path / "prompts.jsonl"
     data.write_text("".join(json.dumps({"input": f"task {i}"}) + "\n" for i in range(4)))
-    state = {**state, "run": {"output_dir": str(tmp_path / "run"), "prompt_data": str(data),
-                              "num_rollout": 2}}
+    run = {"output_dir": str(tmp_path / "run"), "prompt_data": str(data), "num_rollout": 2}
+    state = {**state, "run": run if shape is None else {**run, "shape": shape}}
     checkpoint = tmp_path / "ckpt" / "iter_0000002"
     checkpoint.mkdir(parents=True)
     (checkpoint / "state.json").write_text(json.dumps(state))
@@ -177,3 +179,41 @@ async def test_the_end_of_run_checkpoint_saves_a_group_the_summary_then_names(
     assert summary.run.dropped_groups == 1  # the documented counter is unchanged
     assert ("finished: 2 of 2 steps trained, 2 samples, 1 Groups dropped (1 of them saved for an "
             "extension of this run)") in caplog.text
+
+
+def test_a_resume_with_another_step_shape_warns_for_each_changed_flag(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    shape = {"--rollout-batch-size": 1, "--n-samples-per-prompt": 2, "--over-sampling-batch-size": None}
+    config = _resumed_config(tmp_path, _OLD_STATE, shape=shape)
+    config = attrs.evolve(config, rollout=RolloutConfig(rollout_batch_size=2, n_samples_per_prompt=2))
+    prompts, _ = _load_datasets(config)
+    caplog.set_level(logging.WARNING)
+    RunCheckpointer.open(config).restore_prompts(prompts)
+    changed = [r.getMessage() for r in caplog.records if "the checkpoint's run used" in r.getMessage()]
+    assert changed == [("resume: --rollout-batch-size is 2, the checkpoint's run used 1: the run "
+                       "continues in this run's shape, so its steps after the resume are not the "
+                       "ones the interrupted run would have run (the prompt order is kept)")]
+    assert next(prompts).index == 3  # the cursor is restored all the same
+
+
+def test_the_same_step_shape_or_an_older_checkpoint_resumes_without_a_shape_warning(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    for name, shape in (("same", {"--rollout-batch-size": 4, "--n-samples-per-prompt": 4,
+                                  "--over-sampling-batch-size": None}), ("old", None)):
+        config = _resumed_config(tmp_path / name, _OLD_STATE, shape=shape)
+        prompts, _ = _load_datasets(config)
+        caplog.set_level(logging.WARNING)
+        RunCheckpointer.open(config).restore_prompts(prompts)
+    assert "the checkpoint's run used" not in caplog.text
+
+
+def test_the_step_shape_names_each_flag_with_this_runs_value(tmp_path: Path) -> None:
+    from relaxtrio.run_checkpoint import _run_shape
+
+    config = TrainRunConfig(prompt_data=tmp_path / "p.jsonl", agent=AgentConfig(command="true", cwd=tmp_path),
+                            rollout=RolloutConfig(rollout_batch_size=3, n_samples_per_prompt=5,
+                                                  over_sampling_batch_size=4))
+    assert _run_shape(config) == {"--rollout-batch-size": 3, "--n-samples-per-prompt": 5,
+                                  "--over-sampling-batch-size": 4}
