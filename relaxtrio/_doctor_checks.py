@@ -123,6 +123,12 @@ def _first_request(obs: Observation, limit_s: float) -> Check:
                      "training run its whole Group waits at the first-request barrier meanwhile", fix)
     if obs.timed_out:
         return Check("first_request", "fail", "the agent timed out without sending a request", fix)
+    if obs.return_code:
+        return Check("first_request", "fail",
+                     f"the agent exited (code {obs.return_code}) without sending a request",
+                     "it failed before calling the model: read its output tail below (a "
+                     "ModuleNotFoundError usually means the command runs another Python than "
+                     "the agent's environment: name that interpreter by absolute path)")
     return Check("first_request", "fail",
                  f"the agent exited (code {obs.return_code}) without sending a request", fix)
 

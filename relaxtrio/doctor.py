@@ -52,8 +52,10 @@ from .serve import open_engine
 
 log = logging.getLogger(__name__)
 
-DEFAULT_TASK: Final = {"messages": [{"role": "user", "content": "What is 2 + 3? Answer with one number."}]}
-"""The RELAX_INPUT_JSON of a doctor run without ``--input``."""
+DEFAULT_TASK: Final = {"messages": [{"role": "user", "content": "What is 2 + 3? Answer with one number."}],
+                       "metadata": {"answer": "5", "kind": "number"}}
+"""The RELAX_INPUT_JSON of a doctor run without ``--input``: a dataset row's shape (``messages``
+and ``metadata``, the answer in the form ``examples/quiz_feedback`` grades with)."""
 LOG_TAIL_LINES: Final = 30
 
 

@@ -23,6 +23,8 @@ import json, os, sys, time
 from openai import OpenAI
 
 mode = sys.argv[1]
+if mode == "import_error":
+    import relaxtrio_doctor_no_such_module  # noqa: F401 (fails before any request)
 if mode == "silent":
     time.sleep(3600)
 client = OpenAI(base_url=os.environ["RELAX_BASE_URL"], api_key=os.environ["RELAX_SESSION_ID"],
@@ -94,6 +96,32 @@ async def test_no_first_request_within_the_limit(tiny_model_dir: Path, tmp_path:
     check = report.check("first_request")
     assert check.detail.startswith("no request reached the API within 3 s (the agent was stopped)")
     assert "RELAX_BASE_URL" in check.fix and report.check("exit_code").status == "skip"
+
+
+async def test_an_agent_that_fails_before_its_first_request_is_pointed_at_its_output(
+    tiny_model_dir: Path, tmp_path: Path
+) -> None:
+    report = await _doctor(tiny_model_dir, tmp_path, "import_error")
+    check = report.check("first_request")
+    assert check.status == "fail" and check.detail == "the agent exited (code 1) without sending a request"
+    assert "read its output tail below" in check.fix and "RELAX_BASE_URL" not in check.fix
+    assert any("ModuleNotFoundError" in line for line in report.lines())
+
+
+async def test_the_quiz_example_passes_with_the_default_task(tiny_model_dir: Path, tmp_path: Path) -> None:
+    example = Path(__file__).resolve().parents[2] / "examples" / "quiz_feedback"
+    cfg = DoctorConfig(
+        agent=AgentConfig(command=f"{sys.executable} agent.py", cwd=example, timeout_s=60.0,
+                          term_grace_s=0.5, env={"QUIZ_MAX_TOKENS": "4"}),
+        generation=GenerationConfig(max_response_tokens=4, tool_call_parser=None),
+        hf_checkpoint=tiny_model_dir, output_dir=tmp_path / "doctor", first_request_s=30.0)
+    with trio.fail_after(120):
+        async with trio.open_nursery() as nursery:
+            url = await nursery.start(serve_engine, EngineConfig(model_path=tiny_model_dir,
+                                                                 max_running_requests=2))
+            report = await run_doctor(attrs.evolve(cfg, engine_urls=(url,)))
+            nursery.cancel_scope.cancel()
+    assert report.ok, "\n".join(report.lines())  # its KeyError 'answer' before the default task had one
 
 
 async def test_unsupported_endpoint(tiny_model_dir: Path, tmp_path: Path) -> None:
