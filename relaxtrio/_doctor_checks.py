@@ -103,7 +103,7 @@ def _starts(obs: Observation) -> Check:
     if obs.start_error is not None:
         return Check("starts", "fail", f"the agent could not be started: {obs.start_error}",
                      "check --agent-command and --agent-cwd (the command runs as bash -lc CMD in --agent-cwd)")
-    if not obs.requests and obs.return_code in _NOT_FOUND_EXIT_CODES:
+    if _command_not_run(obs):
         return Check("starts", "fail",
                      f"bash could not run the command (exit code {obs.return_code}: not found or not "
                      "executable)",
@@ -112,11 +112,18 @@ def _starts(obs: Observation) -> Check:
     return Check("starts", "pass", "the agent process started")
 
 
+def _command_not_run(obs: Observation) -> bool:
+    """bash could not run the command (exit 126/127 before any request)."""
+    return not obs.requests and obs.return_code in _NOT_FOUND_EXIT_CODES
+
+
 def _first_request(obs: Observation, limit_s: float) -> Check:
     fix = ("call the model at RELAX_BASE_URL with RELAX_SESSION_ID as the API key; read the task from "
            "RELAX_INPUT_JSON")
     if obs.first_request_s is not None:
         return Check("first_request", "pass", f"first request after {obs.first_request_s:.1f} s")
+    if _command_not_run(obs):
+        return _skip("first_request", "the command did not run (see starts)")
     if obs.no_request_in_time:
         return Check("first_request", "fail",
                      f"no request reached the API within {limit_s:g} s (the agent was stopped); in a "
@@ -204,6 +211,8 @@ def _assistant_replay(obs: Observation) -> Check:
 def _exit_code(obs: Observation, agent_timeout_s: float) -> Check:
     if obs.no_request_in_time or not obs.started:
         return _skip("exit_code", "the agent was stopped or never started")
+    if _command_not_run(obs):
+        return _skip("exit_code", "the command did not run (see starts)")
     if obs.timed_out:
         return Check("exit_code", "fail", f"the agent ran out of its {agent_timeout_s:g} s of active time",
                      "finish within --agent-timeout, or raise it")

@@ -126,7 +126,9 @@ class DoctorReport:
         if failed:
             out.append(f"agent output, last {LOG_TAIL_LINES} lines ({self.log_path}):")
             out.extend("    " + line for line in (self.log_tail.splitlines() or ["(empty)"]))
-            out.append(f"doctor: {len(failed)} of {len(self.checks)} checks did not pass: {', '.join(failed)}")
+            skipped = sum(1 for c in self.checks if c.status == "skip")
+            out.append(f"doctor: {len(failed)} of {len(self.checks)} checks did not pass "
+                       f"({len(failed) - skipped} failed, {skipped} skipped): {', '.join(failed)}")
         else:
             out.append(f"doctor: all {len(self.checks)} checks passed")
         return out

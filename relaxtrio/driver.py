@@ -366,7 +366,8 @@ async def _run_split(cfg: TrainRunConfig, trackers: Trackers, split: ThreadSplit
     checkpointer.restore_prompts(prompts)
     trainer: Trainer | RankGroup | None = None
     if not cfg.rollout_only:
-        log.info("loading trainer model from %s", model_dir)
+        log.info("loading trainer model from %s", model_dir if checkpointer.resume is None
+                 else f"the checkpoint {checkpointer.resume.checkpoint_dir} (base model {model_dir})")
         trainer = await trio.to_thread.run_sync(checkpointer.load_trainer, model_dir)
     try:
         return await _run_loaded(cfg, checkpointer, metrics, model_dir, compiler, prompts, eval_sets,

@@ -183,6 +183,10 @@ async def test_no_reward_and_no_hook(tiny_model_dir: Path, tmp_path: Path) -> No
 async def test_command_not_found(tiny_model_dir: Path, tmp_path: Path) -> None:
     report = await _doctor(tiny_model_dir, tmp_path, "ok", command="no-such-agent-binary --go")
     assert report.check("starts").detail.startswith("bash could not run the command (exit code 127")
+    assert _failed(report) == ["starts"]  # what follows from it is skipped, not failed again
+    assert report.check("first_request").detail == "the command did not run (see starts)"
+    assert report.check("exit_code").status == "skip"
+    assert report.lines()[-1].startswith("doctor: 9 of 9 checks did not pass (1 failed, 8 skipped): ")
 
 
 @pytest.mark.slow
