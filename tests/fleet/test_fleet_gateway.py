@@ -49,6 +49,11 @@ async def test_every_turn_of_a_session_goes_to_one_worker(start_engines, tmp_pat
             open_gateway(CONFIG, engines.urls, log_dir=tmp_path) as launched,
             open_engine_fleet(CONFIG, gateway_url=launched.gateway_url) as fleet,
         ):
+            # The fleet opens once the gateway lists one worker; the others join as it registers
+            # them (open_engine_fleet), which can take a moment after the gateway's /health.
+            while len(fleet.urls) < len(engines.urls):
+                await fleet.refresh()
+                await trio.sleep(0.1)
             assert sorted(fleet.urls) == sorted(engines.urls)
 
             async def session(key: str) -> None:
