@@ -7,6 +7,7 @@ from __future__ import annotations
 import json
 import logging
 from pathlib import Path
+from typing import Any
 
 import attrs
 import pytest
@@ -49,16 +50,23 @@ def _resumed_config(tmp_path: Path, state: dict, shape: dict | None = None) -> T
                           rollout_only=True)
 
 
+def _resume(tmp_path: Path, state: dict) -> tuple[TrainRunConfig, RunCheckpointer, MetricsLog, Any]:
+    """A run resumed from ``state``: its checkpointer, metrics log and restored prompt stream."""
+    config = _resumed_config(tmp_path, state)
+    checkpointer = RunCheckpointer.open(config)
+    metrics = checkpointer.open_metrics(config.output_dir / "metrics.jsonl")
+    prompts, _ = _load_datasets(config)
+    checkpointer.restore_prompts(prompts)
+    return config, checkpointer, metrics, prompts
+
+
 async def test_a_resumed_summary_names_whole_run_and_this_process_figures(
     tmp_path: Path, caplog: pytest.LogCaptureFixture
 ) -> None:
     caplog.set_level(logging.INFO)
-    config = _resumed_config(tmp_path, _OLD_STATE)
-    checkpointer = RunCheckpointer.open(config)
+    # an old checkpoint: nothing requeued, cursor kept
+    config, checkpointer, metrics, prompts = _resume(tmp_path, _OLD_STATE)
     assert checkpointer.first_rollout_id == 2
-    metrics = checkpointer.open_metrics(config.output_dir / "metrics.jsonl")
-    prompts, _ = _load_datasets(config)
-    checkpointer.restore_prompts(prompts)  # an old checkpoint: nothing requeued, cursor kept
     assert next(prompts).index == 3
     for step, row in ((2, {"num_samples": 2, "dropped_groups": 2, "loss": 0.1}),
                       (3, {"num_samples": 0, "dropped_groups": 3})):  # step 3 trained nothing
@@ -112,11 +120,7 @@ async def test_a_resumed_summary_names_the_groups_rerun_and_requeued_on_resume(
     tmp_path: Path, caplog: pytest.LogCaptureFixture
 ) -> None:
     caplog.set_level(logging.INFO)
-    config = _resumed_config(tmp_path, _HELD_STATE)
-    checkpointer = RunCheckpointer.open(config)
-    metrics = checkpointer.open_metrics(config.output_dir / "metrics.jsonl")
-    prompts, _ = _load_datasets(config)
-    checkpointer.restore_prompts(prompts)
+    config, checkpointer, metrics, _ = _resume(tmp_path, _HELD_STATE)
     for step in (2, 3):
         row = {"num_samples": 2, "dropped_groups": 0, "loss": 0.1}
         checkpointer.note_step(step, row)
