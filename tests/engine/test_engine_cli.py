@@ -41,7 +41,8 @@ async def test_cli_prints_url_serves_and_exits_on_sigterm(tiny_model_dir: Path) 
             assert info["max_running_requests"] == 2
             assert (await http.get("/model_info")).json()["weight_version"] == "w0"
             r = await http.post("/generate", json={"input_ids": [1, 2, 3],
-                                                   "sampling_params": {"max_new_tokens": 3}})
+                                                   "sampling_params": {"max_new_tokens": 3,
+                                                                       "ignore_eos": True}})
             assert len(r.json()["output_ids"]) == 3
         process.send_signal(signal.SIGTERM)
         with trio.fail_after(30):
