@@ -117,7 +117,9 @@ def find_resume_point(load_dir: Path | None, *, log_missing: bool = True) -> Res
 
     Args:
         load_dir: the ``--load`` directory, or None.
-        log_missing: log a warning when ``load_dir`` holds no checkpoint (a fresh start).
+        log_missing: log a warning when ``load_dir`` holds no checkpoint (a fresh start); it
+            says whether the directory does not exist, is not a directory or is empty of
+            checkpoints.
 
     Raises:
         ConfigError: the checkpoint found is unreadable or of an unknown format.
@@ -127,14 +129,23 @@ def find_resume_point(load_dir: Path | None, *, log_missing: bool = True) -> Res
     checkpoint = find_run_checkpoint(load_dir)
     if checkpoint is None:
         if log_missing:
-            log.warning("--load %s holds no run checkpoint; starting from the beginning",
-                        load_dir)
+            log.warning("--load %s: %s; starting from the beginning", load_dir,
+                        _why_no_checkpoint(Path(load_dir)))
         return None
     try:
         state = read_run_state(checkpoint)
     except (OSError, ValueError) as exc:
         raise ConfigError(f"--load {str(checkpoint)!r}: {exc}", param="load") from exc
     return ResumePoint(checkpoint_dir=checkpoint, state=state)
+
+
+def _why_no_checkpoint(load_dir: Path) -> str:
+    """What ``--load load_dir`` found instead of a checkpoint, for the fresh-start warning."""
+    if not load_dir.exists():
+        return "the directory does not exist"
+    if not load_dir.is_dir():
+        return "not a directory"
+    return "the directory holds no run checkpoint"
 
 
 @attrs.define(eq=False, kw_only=True)

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import logging
 import random
 from pathlib import Path
 
@@ -11,6 +12,7 @@ import pytest
 import torch
 from train_helpers import make_samples
 
+from relaxtrio.run_checkpoint import find_resume_point
 from relaxtrio.train import TrainConfig, Trainer
 from relaxtrio.train.checkpoint import (
     LATEST_FILE,
@@ -136,3 +138,21 @@ def test_trainer_resumed_from_a_checkpoint_trains_the_same_weights(
     want, got = _weights(straight), _weights(resumed)
     for name, tensor in want.items():
         assert torch.equal(got[name], tensor), name
+
+
+def test_a_load_dir_without_a_checkpoint_warns_saying_what_it_found(
+        tmp_path: Path, caplog: pytest.LogCaptureFixture) -> None:
+    missing, empty, a_file = tmp_path / "typo", tmp_path / "empty", tmp_path / "a-file"
+    empty.mkdir()
+    a_file.write_text("x")
+    expected = {missing: "the directory does not exist", empty: "the directory holds no run checkpoint",
+                a_file: "not a directory"}
+    for load_dir, reason in expected.items():
+        caplog.clear()
+        with caplog.at_level(logging.WARNING, logger="relaxtrio.run_checkpoint"):
+            assert find_resume_point(load_dir) is None  # a fresh start, as `--save D --load D` needs
+        assert [r.getMessage() for r in caplog.records] == [
+            f"--load {load_dir}: {reason}; starting from the beginning"]
+    caplog.clear()
+    assert find_resume_point(missing, log_missing=False) is None
+    assert caplog.records == []
