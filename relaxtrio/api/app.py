@@ -58,6 +58,7 @@ from .errors import (
     RequestTooLargeError,
     RouteNotFoundError,
     client_disconnect,
+    describe_request,
     error_response,
     log_rejected,
 )
@@ -221,15 +222,23 @@ async def _dispatch(adapter: ProtocolAdapter, respond: _Responder = _model_respo
         response = await respond(_api(), adapter, progress)
         answered = True
         return response
-    except HTTPException:
+    except HTTPException as exc:
         answered = True
-        raise  # 413 and friends: rendered by _http_error
+        if exc.code != 413:
+            raise  # rendered by _http_error
+        # Too large a body: answered here, where the Session (already authenticated) is known.
+        too_large = _too_large(progress.session_id)
+        log_rejected(adapter.name, too_large, None, target=_target())
+        return error_response(too_large, adapter.name)
     except RelaxError as exc:
         answered = True
         if exc.http_status >= 500:
-            log.warning("%s request failed (session %s): %s", adapter.name, progress.session_id, exc.message)
+            log.warning("%s request failed (%s): %s", adapter.name,
+                        describe_request(exc.http_status, target=_target(),
+                                         session_id=progress.session_id or exc.session_id),
+                        exc.message)
         else:
-            log_rejected(adapter.name, exc, progress.session_id)
+            log_rejected(adapter.name, exc, progress.session_id, target=_target())
         return error_response(exc, adapter.name)
     except Exception:
         answered = True
@@ -238,7 +247,8 @@ async def _dispatch(adapter: ProtocolAdapter, respond: _Responder = _model_respo
     finally:
         if not answered:  # only a cancellation (the client went away) gets here
             disconnect = client_disconnect(body_read=progress.body_read)
-            log.info("%s (HTTP 499, session %s)", disconnect.message, progress.session_id)
+            log.info("%s (%s)", disconnect.message,
+                     describe_request(499, target=_target(), session_id=progress.session_id))
 
 
 async def _models() -> Response:
@@ -254,6 +264,16 @@ async def _head() -> Response:
 
 async def _health() -> Response:
     return json_response({"ok": True, "active_sessions": len(_api().registry)})
+
+
+def _too_large(session_id: str | None) -> RequestTooLargeError:
+    return RequestTooLargeError(f"Request body is larger than {_api().config.max_body_bytes} bytes",
+                                param="body", session_id=session_id)
+
+
+def _target() -> str:
+    """``"<METHOD> <path>"`` of the request being answered, for log lines."""
+    return " ".join(_request_target())
 
 
 def _request_target() -> tuple[str, str]:
@@ -276,15 +296,13 @@ async def _http_error(exc: HTTPException) -> Response:
     elif status == 405:
         err = MethodNotAllowedError(f"Method {method} is not allowed for {path}")
     elif status == 413:
-        err = RequestTooLargeError(
-            f"Request body is larger than {_api().config.max_body_bytes} bytes", param="body"
-        )
+        err = _too_large(None)
     elif status >= 500:
         err = InternalError(GENERIC_INTERNAL_MESSAGE)
     else:
         err = InvalidRequestError(exc.description or exc.name or "Bad request")
     if status < 500:
-        log_rejected(_protocol_of_path(path).name, err, None, status=status)
+        log_rejected(_protocol_of_path(path).name, err, None, status=status, target=f"{method} {path}")
     response = error_response(err, _protocol_of_path(path).name)
     response.status_code = status
     return response

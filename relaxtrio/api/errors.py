@@ -95,18 +95,37 @@ def error_response(exc: RelaxError, protocol: Protocol) -> Response:
 
 
 def log_rejected(protocol: Protocol, exc: RelaxError, session_id: str | None, *,
-                 status: int | None = None) -> None:
+                 status: int | None = None, target: str | None = None) -> None:
     """Logs one line for a 4xx answer (a client mistake), so a harness that exits on it leaves
     its reason in relaxtrio's log (docs/agent-contract.md#errors).
+
+    The line names only what is known: ``HTTP <status>``, then the request (``POST <path>``),
+    the Session and the field path when there are any; never a literal ``None``.
 
     Args:
         protocol: the request's protocol.
         exc: the error answered.
-        session_id: the request's Session, when it got that far.
+        session_id: the request's Session, when it got that far (else ``exc.session_id``).
         status: the status sent, when it is not the error's own (405, 413 from the router).
+        target: ``"<METHOD> <path>"`` of the request, when known.
     """
-    log.warning("%s request rejected (HTTP %d, session %s, param %s): %s", protocol,
-                status or http_status(exc, protocol), session_id or exc.session_id, exc.param, exc.message)
+    log.warning("%s request rejected (%s): %s", protocol,
+                describe_request(status or http_status(exc, protocol), target=target,
+                                 session_id=session_id or exc.session_id, param=exc.param),
+                exc.message)
+
+
+def describe_request(status: int, *, target: str | None = None, session_id: str | None = None,
+                     param: str | None = None) -> str:
+    """``"HTTP 413, POST /v1/messages, session s1, param body"``, leaving out the unknown parts."""
+    parts = [f"HTTP {status}"]
+    if target:
+        parts.append(target)
+    if session_id:
+        parts.append(f"session {session_id}")
+    if param:
+        parts.append(f"param {param}")
+    return ", ".join(parts)
 
 
 def client_disconnect(*, body_read: bool, session_id: str | None = None) -> ClientDisconnectError:

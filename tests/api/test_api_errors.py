@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import logging
 
 import httpx
 import pytest
@@ -104,13 +105,31 @@ async def test_a_body_that_is_not_utf8_is_refused_as_such(protocol: str, registr
 
 
 @pytest.mark.parametrize("protocol", sorted(ENDPOINTS))
-async def test_too_large_body_is_413_json(protocol: str, registry: SessionRegistry) -> None:
+async def test_too_large_body_is_413_json(protocol: str, registry: SessionRegistry,
+                                          caplog: pytest.LogCaptureFixture) -> None:
     app = create_app(registry, ScriptedHandler(), config=ApiConfig(max_body_bytes=2048))
     async with open_session(registry) as session:
         big = {**VALID[protocol], "pad": "x" * 4096}
-        status, body, headers = await post(app, ENDPOINTS[protocol], big, token=session.session_id)
+        with caplog.at_level(logging.WARNING, logger="relaxtrio.api"):
+            status, body, headers = await post(app, ENDPOINTS[protocol], big, token=session.session_id)
     assert status == 413 and headers["Content-Type"] == "application/json"
     assert _kind(protocol, body) == ("request_too_large" if protocol == "messages" else "invalid_request_error")
+    # The log line names the route and the (authenticated) Session, never a literal None.
+    assert [r.getMessage() for r in caplog.records] == [
+        f"{protocol} request rejected (HTTP 413, "
+        f"POST {ENDPOINTS[protocol]}, session {session.session_id}, param body): "
+        "Request body is larger than 2048 bytes"]
+
+
+async def test_a_rejection_before_any_session_is_logged_without_one(
+        registry: SessionRegistry, caplog: pytest.LogCaptureFixture) -> None:
+    app = create_app(registry, ScriptedHandler())
+    with caplog.at_level(logging.WARNING, logger="relaxtrio.api"):
+        status, _, _ = await post(app, "/agentic_api/v1/nowhere", VALID["chat"])
+    assert status == 404
+    [line] = [r.getMessage() for r in caplog.records]
+    assert line.startswith("chat request rejected (HTTP 404, POST /agentic_api/v1/nowhere): ")
+    assert "None" not in line
 
 
 @pytest.mark.parametrize("protocol", sorted(ENDPOINTS))

@@ -97,7 +97,8 @@ async def test_every_4xx_is_logged(registry: SessionRegistry, caplog: pytest.Log
         status, answer, _ = await _turn(registry, RESPONSES, body)
     assert status == 400 and answer["error"]["param"] == "input[2].output"
     [line] = [r.getMessage() for r in caplog.records if "rejected" in r.getMessage()]
-    assert line.startswith("responses request rejected (HTTP 400, session ") and "param input[2].output" in line
+    assert line.startswith("responses request rejected (HTTP 400, POST /agentic_api/v1/responses, session ")
+    assert "param input[2].output" in line
 
 
 # --- system text inside the conversation ------------------------------------------------------
