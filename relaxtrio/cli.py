@@ -47,6 +47,7 @@ from ._train_args import (
     split_sglang_args,
     train_config,
 )
+from .run_summary import count
 
 log = logging.getLogger("relaxtrio")
 
@@ -126,7 +127,7 @@ def _train_main(args: argparse.Namespace) -> int:
     judged = summary.judged  # a resumed run: the steps this process ran
     if config.rollout_only:
         print(f"metrics: {summary.metrics_path}\nsamples: {summary.samples_path} "
-              f"({summary.num_samples} samples)")
+              f"({count(summary.num_samples, 'sample')})")
         if judged.num_samples == 0:
             log.error("no sample produced: every Group was dropped (see the 'Dropped group' lines)")
             return 1
@@ -159,9 +160,7 @@ def _serve_main(args: argparse.Namespace) -> int:
         if code is None:
             raise
         return code
-    print(f"dump: {summary.dump_path} ({summary.num_sessions} sessions, "
-          f"{summary.num_samples} exported contexts, {summary.failed} failed, "
-          f"{summary.no_requests} with no requests)", flush=True)
+    print(f"dump: {summary.dump_path} ({summary.describe()})", flush=True)
     if summary.engine_failed:
         log.error("serve stopped because %s", summary.stopped_by)
         return 1

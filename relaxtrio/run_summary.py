@@ -20,7 +20,7 @@ import attrs
 
 log = logging.getLogger(__name__)
 
-__all__ = ["StepTotals", "TrainSummary", "summarize_run"]
+__all__ = ["StepTotals", "TrainSummary", "count", "summarize_run"]
 
 
 @attrs.frozen(kw_only=True)
@@ -66,9 +66,10 @@ class StepTotals:
         """``"<trained> of <steps> steps trained, <n> samples, <d> Groups dropped"``, then, each
         only when non-zero, ``" (<s> of them saved for an extension of this run)"``, ``", <r>
         Groups in flight at a checkpoint rerun on resume"`` and ``", <q> Groups from a finished
-        run's end requeued on resume"``."""
-        text = (f"{self.trained_steps} of {self.steps} steps trained, {self.num_samples} samples, "
-                f"{self.dropped_groups} Groups dropped")
+        run's end requeued on resume"``; each noun singular for a count of 1 (``"1 of 1 step
+        trained, 1 sample, 1 Group dropped"``)."""
+        text = (f"{self.trained_steps} of {count(self.steps, 'step')} trained, "
+                f"{count(self.num_samples, 'sample')}, {_groups(self.dropped_groups)} dropped")
         if self.saved_groups:
             text += f" ({self.saved_groups} of them saved for an extension of this run)"
         if self.resume_dropped_groups:
@@ -79,9 +80,19 @@ class StepTotals:
         return text
 
 
+def count(n: int, noun: str) -> str:
+    """``"1 <noun>"``, ``"<n> <noun>s"`` (``count(0, "sample") == "0 samples"``)."""
+    return f"{n} {noun}" if n == 1 else f"{n} {noun}s"
+
+
 def _groups(n: int) -> str:
     """``"1 Group"``, ``"<n> Groups"``."""
-    return f"{n} Group" if n == 1 else f"{n} Groups"
+    return count(n, "Group")
+
+
+def _steps_range(first: int, num_steps: int) -> str:
+    """``"step 2"``, ``"steps 2..3"``: the rollout ids ``first .. first + num_steps - 1``."""
+    return f"step {first}" if num_steps == 1 else f"steps {first}..{first + num_steps - 1}"
 
 
 @attrs.frozen(kw_only=True)
@@ -162,9 +173,9 @@ def summarize_run(
         log.info("finished: no step left to run after step %d; the whole run (metrics.jsonl): %s",
                  first_rollout_id - 1, run.describe())
     elif first_rollout_id:
-        log.info("finished: this process (steps %d..%d): %s; the whole run (metrics.jsonl): %s",
-                 first_rollout_id, first_rollout_id + this_process.steps - 1,
-                 this_process.describe(), run.describe())
+        log.info("finished: this process (%s): %s; the whole run (metrics.jsonl): %s",
+                 _steps_range(first_rollout_id, this_process.steps), this_process.describe(),
+                 run.describe())
     else:
         log.info("finished: %s", run.describe())
     return TrainSummary(metrics_path=metrics_path, plot_path=plot_path, checkpoint_dir=checkpoint_dir,

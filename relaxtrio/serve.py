@@ -59,6 +59,7 @@ from .rollout.dumps import (
 )
 from .rollout.operator_view import RunView
 from .rollout.turns import EngineTurnHandler
+from .run_summary import count
 from .sglang.client import EngineClient, context_token_limit, open_engine_client
 from .sglang.launch import open_embedded_engine
 
@@ -146,6 +147,13 @@ class ServeSummary:
     def engine_failed(self) -> bool:
         """Whether an engine failure, not a signal, ended the serve."""
         return self.stopped_by.startswith("engine failed")
+
+    def describe(self) -> str:
+        """``"<n> sessions, <k> exported contexts, <f> failed, <r> with no requests"``, each noun
+        singular for a count of 1."""
+        return (f"{count(self.num_sessions, 'session')}, "
+                f"{count(self.num_samples, 'exported context')}, {self.failed} failed, "
+                f"{self.no_requests} with no requests")
 
 
 def _announce(line: str) -> None:
@@ -386,8 +394,7 @@ def finish_serve(cfg: ServeConfig, groups: list[Group], *, model_dir: Path, base
                            failed=sum(1 for s in served if s.status == "failed"),
                            no_requests=sum(1 for s in served if s.error == NO_REQUESTS),
                            stopped_by=stopped_by)
-    log.info("serve dump: %s (%d sessions, %d exported contexts, %d failed, %d with no requests)", path,
-             summary.num_sessions, summary.num_samples, summary.failed, summary.no_requests)
+    log.info("serve dump: %s (%s)", path, summary.describe())
     return summary
 
 

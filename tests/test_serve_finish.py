@@ -112,3 +112,10 @@ def test_a_strict_export_of_separate_requests_says_what_happened_and_what_to_do(
                              "the Session's requests branched into 3 separate conversations")
     assert "Export explicitly (one named JSONL record per context to train" in reason
     assert "--agentic-export-policy final" in reason and "all-leaves" in reason
+
+
+def test_the_dump_line_is_singular_for_one() -> None:
+    one = ServeSummary(dump_path=Path("d.json"), num_sessions=1, num_samples=1, failed=1, no_requests=1)
+    assert one.describe() == "1 session, 1 exported context, 1 failed, 1 with no requests"
+    two = ServeSummary(dump_path=Path("d.json"), num_sessions=2, num_samples=0, failed=0)
+    assert two.describe() == "2 sessions, 0 exported contexts, 0 failed, 0 with no requests"

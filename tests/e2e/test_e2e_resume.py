@@ -246,5 +246,5 @@ def test_extending_a_finished_fully_async_run_trains_what_its_last_step_dropped(
     # extension. Each is trained (one per step) or counted in dropped_groups, exactly once.
     trained = sum(len(r["prompt_indices"]) for r in rows)
     assert (trained, sum(r["dropped_groups"] for r in rows)) == (3, 2)
-    assert "this process: 1 of 1 steps trained" in extended
+    assert "this process: 1 of 1 step trained" in extended
     assert "whole run: 3 of 3 steps trained" in extended

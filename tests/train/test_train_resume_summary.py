@@ -19,7 +19,7 @@ from relaxtrio.driver import _finish, _load_datasets, _StepOutputs
 from relaxtrio.rollout.metrics import MetricsLog
 from relaxtrio.rollout.step import group_metrics
 from relaxtrio.run_checkpoint import RunCheckpointer
-from relaxtrio.run_summary import StepTotals
+from relaxtrio.run_summary import StepTotals, summarize_run
 from relaxtrio.testing.scripted_engine import Reply, ScriptedEngine
 from relaxtrio.train import TrainConfig, Trainer
 
@@ -97,7 +97,7 @@ async def test_a_fresh_summary_is_the_whole_run(tmp_path: Path, caplog: pytest.L
                             _StepOutputs.fresh(config, tmp_path))
     assert summary.run == summary.this_process == StepTotals(steps=1, trained_steps=1, num_samples=3,
                                                              dropped_groups=1)
-    assert "finished: 1 of 1 steps trained, 3 samples, 1 Groups dropped" in caplog.text
+    assert "finished: 1 of 1 step trained, 3 samples, 1 Group dropped" in caplog.text
     # Resumed with no step left to run: judged by the whole run.
     done = await _finish(tmp_path / "fresh", None, tmp_path, metrics,
                          _StepOutputs.fresh(config, tmp_path), first_rollout_id=1)
@@ -133,10 +133,21 @@ async def test_a_resumed_summary_names_the_groups_rerun_and_requeued_on_resume(
                                               resume_dropped_groups=2, resume_requeued_groups=1)
     resumed = ("2 Groups in flight at a checkpoint rerun on resume, 1 Group from a finished "
                "run's end requeued on resume")
-    assert summary.run.describe() == f"4 of 4 steps trained, 12 samples, 1 Groups dropped, {resumed}"
+    assert summary.run.describe() == f"4 of 4 steps trained, 12 samples, 1 Group dropped, {resumed}"
     assert (f"finished: this process (steps 2..3): 2 of 2 steps trained, 4 samples, 0 Groups "
             f"dropped, {resumed}; the whole run (metrics.jsonl): 4 of 4 steps trained, 12 samples, "
-            f"1 Groups dropped, {resumed}") in caplog.text
+            f"1 Group dropped, {resumed}") in caplog.text
+
+
+def test_a_count_of_one_is_singular_in_the_summary(caplog: pytest.LogCaptureFixture) -> None:
+    caplog.set_level(logging.INFO)
+    assert StepTotals(steps=1, trained_steps=1, num_samples=1, dropped_groups=1).describe() == (
+        "1 of 1 step trained, 1 sample, 1 Group dropped")
+    assert StepTotals(steps=2, trained_steps=0).describe() == "0 of 2 steps trained, 0 samples, 0 Groups dropped"
+    rows = [{"step": 0, "num_samples": 2, "loss": 0.1}, {"step": 1, "num_samples": 1, "loss": 0.1}]
+    summarize_run(Path("m.jsonl"), rows, plot_path=Path("p.png"), checkpoint_dir=None, first_rollout_id=1)
+    assert ("finished: this process (step 1): 1 of 1 step trained, 1 sample, 0 Groups dropped; "
+            "the whole run (metrics.jsonl): 2 of 2 steps trained, 3 samples, 0 Groups dropped") in caplog.text
 
 
 def test_run_end_groups_saved_for_an_extension_are_told_apart_from_lost_ones() -> None:
@@ -181,7 +192,7 @@ async def test_the_end_of_run_checkpoint_saves_a_group_the_summary_then_names(
     summary = await _finish(tmp_path / "run", None, tmp_path, metrics,
                             _StepOutputs.fresh(config, tmp_path), saved_groups=checkpointer.saved_groups)
     assert summary.run.dropped_groups == 1  # the documented counter is unchanged
-    assert ("finished: 2 of 2 steps trained, 2 samples, 1 Groups dropped (1 of them saved for an "
+    assert ("finished: 2 of 2 steps trained, 2 samples, 1 Group dropped (1 of them saved for an "
             "extension of this run)") in caplog.text
 
 
