@@ -12,7 +12,9 @@ entry that is not a named function tool are 400s naming the field
 (:func:`.options.check_chat_options`). ``model`` is echoed. A ``developer`` message is rejected:
 the harness must map it to ``system`` (docs/client-quirks.md#developer-messages). A ``tool``
 message must name its ``tool_call_id`` (required by the API; a 400 naming
-``messages[i].tool_call_id`` otherwise), as Responses' ``call_id`` and Messages' ``tool_use_id``.
+``messages[i].tool_call_id`` otherwise), as Responses' ``call_id`` and Messages' ``tool_use_id``,
+and the id must be that of a tool call of an earlier assistant message in the request (a 400
+naming ``messages[i].tool_call_id`` otherwise, as OpenAI refuses it).
 
 Response: ``chat.completion`` JSON or, with ``stream: true``, one complete ``chat.completion.chunk``
 with usage followed by ``data: [DONE]`` (docs/agent-contract.md#buffered-sse;
@@ -32,6 +34,7 @@ from ..nursery.turns import TurnRequest, TurnResult
 from .errors import openai_error_body
 from .fields import optional_bool, optional_positive_int, optional_seed, optional_str, stop_strings
 from .options import check_chat_options
+from .projection import check_tool_results
 from .wire import ParsedRequest, ProtocolAdapter, new_id, sse_comment, sse_data
 
 DONE_FRAME: Final = b"data: [DONE]\n\n"
@@ -55,6 +58,7 @@ def parse_chat_request(body: Mapping[str, Any], memo: ConversationMemo | None = 
                          require_tool_call_id=True)
     if not conversation.messages:
         raise InvalidRequestError("messages projected to zero supported messages", param="messages")
+    check_tool_results(body["messages"], "messages[{}].tool_call_id".format)
     max_completion = optional_positive_int(body, "max_completion_tokens")
     max_legacy = optional_positive_int(body, "max_tokens")
     turn = TurnRequest(

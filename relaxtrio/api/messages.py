@@ -27,8 +27,9 @@ docs/agent-contract.md#anthropic-messages describes:
   (:func:`.options.check_messages_options`).
 
 Strict where it matters: a non-object message or block is a 400 (it is not skipped); a
-``tool_result`` whose block list holds no text and no image is a 400 naming the block; errors
-name exact paths.
+``tool_result`` whose block list holds no text and no image is a 400 naming the block, and so is
+one whose ``tool_use_id`` is the id of no ``tool_use`` block of an earlier assistant message (the
+API refuses it too; the 400 names ``messages[i].content[j].tool_use_id``); errors name exact paths.
 
 Response (https://docs.anthropic.com/en/api/messages-streaming): content
 blocks thinking (with a ``sig_<hex>`` signature) → text → ``tool_use`` (``id`` = committed call id,
@@ -56,7 +57,7 @@ from .fields import (
     thinking_switch,
 )
 from .options import check_messages_options
-from .projection import ElementMemo, Projection, Source, call_source, project_flat_tools
+from .projection import ElementMemo, Projection, Source, call_source, check_tool_results, project_flat_tools
 from .wire import ParsedRequest, ProtocolAdapter, dumps, new_id, sse_event
 
 THINKING_TYPES: Final = frozenset({"disabled", "enabled", "adaptive"})
@@ -286,7 +287,9 @@ def _conversation(body: Mapping[str, Any], memo: ConversationMemo | None = None)
     _project_tools(body.get("tools"), proj)
     thinking = optional_object(body, "thinking")
     kind = thinking.get("type") if thinking is not None else None
-    return proj.conversation(thinking_switch(kind, "thinking.type", THINKING_TYPES, off="disabled"), memo)
+    conversation = proj.conversation(thinking_switch(kind, "thinking.type", THINKING_TYPES, off="disabled"), memo)
+    check_tool_results(proj.messages, lambda i: proj.sources[i].wire_param(".tool_call_id"))
+    return conversation
 
 
 def parse_messages_request(body: Mapping[str, Any], memo: ConversationMemo | None = None) -> ParsedRequest:

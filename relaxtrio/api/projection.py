@@ -14,7 +14,7 @@ from __future__ import annotations
 
 import operator
 import re
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Mapping, Sequence
 from typing import Any, Final
 
 import attrs
@@ -138,6 +138,34 @@ class Projection:
         if new_param is None:
             return exc
         return exc.at_param(new_param)
+
+
+def check_tool_results(messages: Sequence[Mapping[str, Any]], param_of: Callable[[int], str]) -> None:
+    """Refuses a tool message answering a call that no earlier assistant message made.
+
+    The APIs refuse it too (a Chat ``tool`` message's ``tool_call_id``, a Messages
+    ``tool_result``'s ``tool_use_id``); relaxtrio would otherwise render a result the model never
+    asked for. Any earlier assistant message counts, not only the one just before. One pass over
+    the messages (a set of the call ids seen so far).
+
+    Args:
+        messages: Chat-shaped messages already validated by the canonical rules (the request's
+            own Chat ``messages``, or a :class:`Projection`'s).
+        param_of: the request path of message ``i``'s call id, for the error.
+
+    Raises:
+        InvalidRequestError: ``param`` is the first unmatched call id's path.
+    """
+    call_ids: set[str] = set()
+    for index, message in enumerate(messages):
+        role = message.get("role")
+        if role == "assistant":
+            call_ids.update(call["id"] for call in message.get("tool_calls") or () if call.get("id"))
+        elif role == "tool":
+            call_id = message.get("tool_call_id")
+            if call_id is not None and call_id not in call_ids:
+                raise InvalidRequestError.at(
+                    param_of(index), f"{call_id!r} answers no tool call of an earlier assistant message")
 
 
 @attrs.define(eq=False)

@@ -355,6 +355,21 @@ REJECTED = [
     # Required by the Chat Completions API (the openai SDK's ChatCompletionToolMessageParam).
     ("chat", {"messages": [*_TOOL_TURN, {"role": "tool", "content": "18C"}]}, "messages[2].tool_call_id",
      "messages[2].tool_call_id is required (the id of the assistant tool call it answers)"),
+    # A tool result must answer a call of an earlier assistant message (OpenAI and Anthropic refuse it too).
+    ("chat", {"messages": [*_TOOL_TURN, {"role": "tool", "tool_call_id": "call_9", "content": "18C"}]},
+     "messages[2].tool_call_id",
+     "messages[2].tool_call_id 'call_9' answers no tool call of an earlier assistant message"),
+    ("chat", {"messages": [{"role": "system", "content": "s"}, {"role": "user", "content": "Weather?"},
+                           {"role": "tool", "tool_call_id": "call_1", "content": "18C"}, _TOOL_TURN[1]]},
+     "messages[2].tool_call_id", "'call_1' answers no tool call"),  # the call comes after it
+    ("messages", _anthropic([{"role": "user", "content": [{"type": "tool_result", "tool_use_id": "t"}]}],
+                            system="s"),
+     "messages[0].content[0].tool_use_id", "'t' answers no tool call of an earlier assistant message"),
+    ("messages", _anthropic([{"role": "user", "content": "x"}, {"role": "assistant", "content": [
+        {"type": "tool_use", "id": "t", "name": "f", "input": {}}]}, {"role": "user", "content": [
+        {"type": "tool_result", "tool_use_id": "t"}, {"type": "text", "text": "and"},
+        {"type": "tool_result", "tool_use_id": "u"}]}]),
+     "messages[2].content[2].tool_use_id", "'u' answers no tool call"),
     ("chat", {"messages": []}, "messages", "messages projected to zero supported messages"),
     ("chat", {}, "messages", "messages projected to zero supported messages"),
     ("responses", {"input": []}, "input", "input projected to zero supported messages"),
@@ -538,3 +553,28 @@ def test_a_chat_tool_message_needs_its_tool_call_id_through_the_session_memo_too
     named = {"messages": [*_TOOL_TURN, {"role": "tool", "content": "18C", "tool_call_id": "call_1"}]}
     assert parse_chat_request(named, memo).turn.conversation.messages[2]["tool_call_id"] == "call_1"
     assert Conversation.from_wire(unnamed["messages"]).messages[2] == {"role": "tool", "content": "18C"}
+
+
+def test_a_tool_result_answering_no_call_is_refused_through_the_session_memo_too() -> None:
+    """The check covers the whole history, also when the Session's memo skips its repeated
+    messages; a result answering a call made any number of messages earlier is accepted."""
+    memo = ConversationMemo()
+    answered = [*_TOOL_TURN, {"role": "tool", "tool_call_id": "call_1", "content": "18C"},
+                {"role": "assistant", "content": "18C in Paris"}, {"role": "user", "content": "Again?"}]
+    parse_chat_request({"messages": answered}, memo)
+    for _ in range(2):
+        orphan = {"messages": [*answered, {"role": "tool", "tool_call_id": "call_2", "content": "19C"}]}
+        with pytest.raises(InvalidRequestError) as info:
+            parse_chat_request(orphan, memo)
+        assert info.value.param == "messages[5].tool_call_id"
+    late = {"messages": [*answered, {"role": "tool", "tool_call_id": "call_1", "content": "19C"}]}
+    assert parse_chat_request(late, memo).turn.conversation.messages[-1]["tool_call_id"] == "call_1"
+    anthropic_memo = ConversationMemo()
+    history = [{"role": "user", "content": "x"},
+               {"role": "assistant", "content": [{"type": "tool_use", "id": "t", "name": "f", "input": {}}]},
+               {"role": "user", "content": [{"type": "tool_result", "tool_use_id": "t", "content": "ok"}]}]
+    parse_messages_request(_anthropic(history), anthropic_memo)
+    with pytest.raises(InvalidRequestError) as info:
+        parse_messages_request(_anthropic([*history, {"role": "assistant", "content": "done"}, {
+            "role": "user", "content": [{"type": "tool_result", "tool_use_id": "v"}]}]), anthropic_memo)
+    assert info.value.param == "messages[4].content[0].tool_use_id"

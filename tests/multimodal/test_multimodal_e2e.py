@@ -25,7 +25,9 @@ from relaxtrio.rollout.turns import EngineTurnHandler, lineage_image_urls
 from relaxtrio.sglang.client import SamplingParams, open_engine_client
 from relaxtrio.train import TrainConfig, Trainer, merge_multimodal_inputs
 
-# Turn 1 sends the dataset's image; turn 2 adds an image in a user message, turn 3 in a tool result.
+# Turn 1 sends the dataset's image; turns 2 and 3 add an image in a user message each. (Not in a
+# tool result: that must answer a tool call of an earlier assistant message, which this untrained
+# model does not make; an image in a tool result is test_multimodal_turns' and the compiler tests'.)
 IMAGE_AGENT = r'''
 import asyncio, json, os
 from openai import AsyncOpenAI
@@ -40,7 +42,7 @@ async def main():
     follow_ups = [
         {"role": "user", "content": [{"type": "text", "text": "And this one?"},
                                      {"type": "image_url", "image_url": {"url": later[0]}}]},
-        {"role": "tool", "tool_call_id": "zoom_1",
+        {"role": "user",
          "content": [{"type": "text", "text": "zoomed in:"}, {"type": "image_url", "image_url": {"url": later[1]}}]},
         None,
     ]
