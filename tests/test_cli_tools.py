@@ -67,3 +67,17 @@ def test_replay_refuses_a_file_that_is_not_a_dump(tmp_path: Path, tiny_model_dir
     bogus.write_text("[]")
     assert main(["replay", str(bogus), "--checkpoint", str(tiny_model_dir)]) == 2
     assert "is not a relaxtrio dump" in caplog.text
+
+
+@pytest.mark.parametrize("command", ["doctor", "serve"])
+def test_help_says_what_input_holds(command: str, capsys: pytest.CaptureFixture[str]) -> None:
+    """``--input`` is written as-is as RELAX_INPUT_JSON: the help names that shape, and that a
+    dataset row is not it (training turns the row's --input-key field into ``messages``)."""
+    with pytest.raises(SystemExit) as exit_info:
+        main([command, "--help"])
+    assert exit_info.value.code == 0
+    text = " ".join(capsys.readouterr().out.split())
+    assert 'written as-is as the agent\'s RELAX_INPUT_JSON' in text
+    assert '{"messages": [...], "metadata": {...}}, not the dataset row itself' in text
+    if command == "doctor":
+        assert "--agent-cwd AGENT_CWD directory the agent command runs in" in text
