@@ -58,7 +58,7 @@ def parse_chat_request(body: Mapping[str, Any], memo: ConversationMemo | None = 
                          require_tool_call_id=True)
     if not conversation.messages:
         raise InvalidRequestError("messages projected to zero supported messages", param="messages")
-    check_tool_results(body["messages"], "messages[{}].tool_call_id".format)
+    check_tool_results(body["messages"], "messages[{}].tool_call_id".format, memo)
     max_completion = optional_positive_int(body, "max_completion_tokens")
     max_legacy = optional_positive_int(body, "max_tokens")
     turn = TurnRequest(

@@ -288,7 +288,7 @@ def _conversation(body: Mapping[str, Any], memo: ConversationMemo | None = None)
     thinking = optional_object(body, "thinking")
     kind = thinking.get("type") if thinking is not None else None
     conversation = proj.conversation(thinking_switch(kind, "thinking.type", THINKING_TYPES, off="disabled"), memo)
-    check_tool_results(proj.messages, lambda i: proj.sources[i].wire_param(".tool_call_id"))
+    check_tool_results(proj.messages, lambda i: proj.sources[i].wire_param(".tool_call_id"), memo)
     return conversation
 
 

@@ -140,24 +140,36 @@ class Projection:
         return exc.at_param(new_param)
 
 
-def check_tool_results(messages: Sequence[Mapping[str, Any]], param_of: Callable[[int], str]) -> None:
+def check_tool_results(messages: Sequence[Mapping[str, Any]], param_of: Callable[[int], str],
+                       memo: ConversationMemo | None = None) -> None:
     """Refuses a tool message answering a call that no earlier assistant message made.
 
     The APIs refuse it too (a Chat ``tool`` message's ``tool_call_id``, a Messages
     ``tool_result``'s ``tool_use_id``); relaxtrio would otherwise render a result the model never
-    asked for. Any earlier assistant message counts, not only the one just before. One pass over
-    the messages (a set of the call ids seen so far).
+    asked for. Any earlier assistant message counts, not only the one just before. With the
+    Session's ``memo`` (after its :meth:`~relaxtrio.forest.ConversationMemo.conversation` for these
+    very ``messages``), a request that extends the previous one scans only its new messages: the
+    call ids of the repeated ones are kept in ``memo.scan`` (so a 1,000-turn history costs what a
+    short one does).
 
     Args:
-        messages: Chat-shaped messages already validated by the canonical rules (the request's
-            own Chat ``messages``, or a :class:`Projection`'s).
+        messages: Chat-shaped messages already validated by the canonical rules (the list the
+            memo's ``conversation`` was given: the request's own Chat ``messages``, or a
+            :class:`Projection`'s).
         param_of: the request path of message ``i``'s call id, for the error.
+        memo: the Session's memo, or None (scan everything).
 
     Raises:
         InvalidRequestError: ``param`` is the first unmatched call id's path.
     """
-    call_ids: set[str] = set()
-    for index, message in enumerate(messages):
+    start, call_ids = 0, set()
+    state = memo.scan if memo is not None else None
+    if isinstance(state, _ToolScan) and memo.extended_from == state.num_messages:
+        start, call_ids = state.num_messages, state.call_ids
+    if memo is not None:
+        memo.scan = None  # until this scan succeeds
+    for index in range(start, len(messages)):
+        message = messages[index]
         role = message.get("role")
         if role == "assistant":
             call_ids.update(call["id"] for call in message.get("tool_calls") or () if call.get("id"))
@@ -166,6 +178,17 @@ def check_tool_results(messages: Sequence[Mapping[str, Any]], param_of: Callable
             if call_id is not None and call_id not in call_ids:
                 raise InvalidRequestError.at(
                     param_of(index), f"{call_id!r} answers no tool call of an earlier assistant message")
+    if memo is not None:
+        memo.scan = _ToolScan(len(messages), call_ids)
+
+
+@attrs.define(eq=False)
+class _ToolScan:
+    """:func:`check_tool_results`' state in ``ConversationMemo.scan``: the first
+    ``num_messages`` remembered messages make the calls ``call_ids``."""
+
+    num_messages: int
+    call_ids: set[str]
 
 
 @attrs.define(eq=False)

@@ -128,6 +128,13 @@ class ConversationMemo:
         self.wire: Any = None
         """Opaque to the forest: the protocol layer's own memo of the previous request (how
         its wire history projected onto messages)."""
+        self.extended_from: int | None = None
+        """After :meth:`conversation`: how many leading messages of that request repeated the
+        remembered ones exactly (the extension path), or None when it took another path."""
+        self.scan: Any = None
+        """Opaque to the forest: the protocol layer's incremental scan of the remembered messages
+        (e.g. the tool call ids seen so far). Kept while requests extend the remembered
+        messages; :meth:`conversation` resets it to None whenever it replaces them otherwise."""
 
     def conversation(
         self,
@@ -159,6 +166,7 @@ class ConversationMemo:
                 require_tool_call_id=require_tool_call_id,
             )
 
+        self.extended_from = None
         if not isinstance(messages, list):  # None, tuples and wrong types: the plain path
             return plain()
         try:
@@ -194,6 +202,7 @@ class ConversationMemo:
         )
         self.num_reused += k
         self.num_extended += 1
+        self.extended_from = k
         # The memo's own lists grow in place (no copies of the history): the repeated messages
         # are equal to the remembered ones, exactly so for the number messages.
         self._raw.extend(messages[k:])
@@ -217,6 +226,7 @@ class ConversationMemo:
                                             template_kwargs)
         conv._prefix_states()  # computed now, so the next extension only adds to them
         self.num_reused += same
+        self.scan = None  # the remembered messages are replaced, not extended
         self._raw, self._items = list(messages), new_items
         self._number_messages = [i for i, item in enumerate(new_items) if not item[0]]
         self._set_conversation(conv)

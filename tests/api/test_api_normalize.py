@@ -578,3 +578,34 @@ def test_a_tool_result_answering_no_call_is_refused_through_the_session_memo_too
         parse_messages_request(_anthropic([*history, {"role": "assistant", "content": "done"}, {
             "role": "user", "content": [{"type": "tool_result", "tool_use_id": "v"}]}]), anthropic_memo)
     assert info.value.param == "messages[4].content[0].tool_use_id"
+
+
+def test_the_tool_result_check_scans_only_an_extension_and_never_a_replaced_history() -> None:
+    """An extending request's call ids come from the memo's scan (only its new messages are
+    read); a request that replaces the history is scanned whole, so a call id that only the
+    replaced history made does not count."""
+    memo = ConversationMemo()
+    answered = [*_TOOL_TURN, {"role": "tool", "tool_call_id": "call_1", "content": "18C"},
+                {"role": "assistant", "content": "18C in Paris"}, {"role": "user", "content": "Again?"}]
+    parse_chat_request({"messages": answered}, memo)
+    assert memo.scan.num_messages == len(answered) and memo.scan.call_ids == {"call_1"}
+    second = [*answered, {"role": "assistant", "content": "", "tool_calls": [
+        {"id": "call_2", "type": "function", "function": {"name": "weather", "arguments": "{}"}}]},
+        {"role": "tool", "tool_call_id": "call_2", "content": "19C"}]
+    parse_chat_request({"messages": second}, memo)
+    assert memo.extended_from == len(answered)
+    assert memo.scan.num_messages == len(second) and memo.scan.call_ids == {"call_1", "call_2"}
+    # A history that replaces the remembered one (another first user message): call_1 and call_2
+    # are not calls of this request, whatever the memo scanned before.
+    replaced = [{"role": "system", "content": "s"}, {"role": "user", "content": "Other city?"},
+                {"role": "tool", "tool_call_id": "call_2", "content": "19C"}]
+    with pytest.raises(InvalidRequestError) as info:
+        parse_chat_request({"messages": replaced}, memo)
+    assert info.value.param == "messages[2].tool_call_id" and memo.scan is None
+    parse_chat_request({"messages": replaced[:2]}, memo)
+    assert memo.extended_from is None and memo.scan.call_ids == set()
+    # Another protocol's request (no check) replacing the history drops the scan with it.
+    parse_chat_request({"messages": answered}, memo)
+    memo.conversation([*replaced[:2], {"role": "assistant", "content": "a"}, {"role": "user", "content": "b"},
+                       {"role": "assistant", "content": "c"}])
+    assert memo.scan is None
