@@ -252,7 +252,9 @@ def _with_checkpoint_flags(config: Any, args: argparse.Namespace) -> Any:
     run directory a resume may pick).
 
     Raises:
-        ConfigError: ``--save-interval`` below 1 or without ``--save``; an unreadable checkpoint.
+        ConfigError: ``--save-interval`` below 1 or without ``--save``; an unreadable checkpoint;
+            a ``--load`` / ``--save`` pair :func:`~relaxtrio.run_checkpoint.check_checkpoint_dirs`
+            refuses.
     """
     import attrs
 
@@ -261,6 +263,10 @@ def _with_checkpoint_flags(config: Any, args: argparse.Namespace) -> Any:
     _need(not (args.debug_rollout_only and (args.save is not None or args.load is not None)),
           "--save and --load checkpoint training; a rollout-only run trains nothing to checkpoint")
     output_dir = config.output_dir
+    if args.load is not None or args.save is not None:
+        from .run_checkpoint import check_checkpoint_dirs
+
+        check_checkpoint_dirs(args.load, args.save)
     if args.load is not None and args.output_dir is None:
         from .run_checkpoint import find_resume_point
 

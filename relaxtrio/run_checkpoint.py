@@ -139,6 +139,44 @@ def find_resume_point(load_dir: Path | None, *, log_missing: bool = True) -> Res
     return ResumePoint(checkpoint_dir=checkpoint, state=state)
 
 
+def check_checkpoint_dirs(load_dir: Path | None, save_dir: Path | None) -> None:
+    """Refuses ``--load`` / ``--save`` pairs that would resume nothing or mix runs by mistake.
+
+    * ``--load L`` where L holds no checkpoint starts from the beginning only when L is also the
+      ``--save`` directory (``--save D --load D`` from a run's first start on). Any other L is
+      most likely a mistyped path, and starting over would cost the run it meant to resume.
+    * ``--save S`` where S already holds a run checkpoint needs that checkpoint to be the one
+      resumed (``--load S``, or ``--load`` of one of S's ``iter_*`` directories): otherwise the new
+      run would write its checkpoints beside the old run's and move ``latest`` off them.
+
+    Raises:
+        ConfigError: ``param`` is ``load`` or ``save``; the message names the directory and what
+            it holds.
+    """
+    resumed = find_run_checkpoint(load_dir) if load_dir is not None else None
+    if load_dir is not None and resumed is None and not _same_dir(load_dir, save_dir):
+        raise ConfigError(
+            f"--load {str(load_dir)!r}: {_why_no_checkpoint(Path(load_dir))}, so there is nothing to "
+            "resume; to start a run that can resume later, pass the same directory as --save and "
+            "--load (a fresh start while it holds no checkpoint)", param="load")
+    if save_dir is None:
+        return
+    existing = find_run_checkpoint(save_dir)
+    if existing is None:
+        return
+    if resumed is not None and any(_same_dir(save_dir, d) for d in (load_dir, resumed, resumed.parent)):
+        return
+    what = "starts from the beginning" if resumed is None else f"resumes {str(resumed)!r}"
+    raise ConfigError(
+        f"--save {str(save_dir)!r} already holds a run checkpoint ({existing.name}) of another run, "
+        f"and this one {what}: pass --load {str(save_dir)!r} to resume it, or a --save directory "
+        "without checkpoints", param="save")
+
+
+def _same_dir(a: Path | None, b: Path | None) -> bool:
+    return a is not None and b is not None and Path(a).resolve() == Path(b).resolve()
+
+
 def _why_no_checkpoint(load_dir: Path) -> str:
     """What ``--load load_dir`` found instead of a checkpoint, for the fresh-start warning."""
     if not load_dir.exists():

@@ -144,9 +144,29 @@ def test_checkpoint_flags(tmp_path: Path) -> None:
     config = _config("--load", str(tmp_path / "ckpt"))
     assert (config.load_dir, config.output_dir) == (tmp_path / "ckpt", tmp_path / "first-run")
     assert _config("--load", str(tmp_path / "ckpt"), "--output-dir", "x").output_dir == Path("x")
-    # ... and an empty --load directory is a fresh start (so --save D --load D always works).
-    empty = _config("--load", str(tmp_path / "empty"))
+    # ... and an empty --load directory is a fresh start when it is the --save directory too
+    # (so --save D --load D always works) ...
+    empty = _config("--load", str(tmp_path / "empty"), "--save", str(tmp_path / "empty"))
     assert empty.load_dir == tmp_path / "empty" and empty.output_dir.parent == Path("runs")
+    # ... and a mistake otherwise: a mistyped --load, a --save holding another run's checkpoint.
+    with pytest.raises(RelaxError, match="the directory does not exist, so there is nothing to resume") as info:
+        _config("--load", str(tmp_path / "ckpt-typo"), "--save", str(tmp_path / "ckpt"))
+    assert info.value.param == "load"
+    with pytest.raises(RelaxError, match="nothing to resume"):
+        _config("--load", str(tmp_path / "empty"))
+    with pytest.raises(RelaxError, match=r"--save .*ckpt' already holds a run checkpoint \(iter_0000001\) "
+                       "of another run, and this one starts from the beginning") as info:
+        _config("--save", str(tmp_path / "ckpt"))
+    assert info.value.param == "save"
+    other = tmp_path / "other"
+    (other / "iter_0000003").mkdir(parents=True)
+    (other / "iter_0000003" / "state.json").write_text(json.dumps({"format": 1, "steps_done": 3, "run": {}}))
+    with pytest.raises(RelaxError, match="and this one resumes"):
+        _config("--load", str(other), "--save", str(tmp_path / "ckpt"))
+    # Resuming the --save directory itself, or one of its iter_* checkpoints, or into a new one.
+    for load in (tmp_path / "ckpt", checkpoint):
+        assert _config("--load", str(load), "--save", str(tmp_path / "ckpt")).load_dir == load
+    assert _config("--load", str(other), "--save", str(tmp_path / "fork")).save_dir == tmp_path / "fork"
 
 
 @pytest.mark.slow
