@@ -23,11 +23,21 @@ _INPUT_HELP: Final = ('a JSON object file written as-is as the agent\'s RELAX_IN
                'not the dataset row itself (its --input-key field becomes "messages")')
 
 
+class DefaultsHelpFormatter(argparse.ArgumentDefaultsHelpFormatter):
+    """``ArgumentDefaultsHelpFormatter`` without ``(default: None)`` on required flags (a
+    required flag has no default to show)."""
+
+    def _get_help_string(self, action: argparse.Action) -> str | None:
+        if action.required:
+            return action.help
+        return super()._get_help_string(action)
+
+
 def add_serve_parser(sub: argparse._SubParsersAction) -> argparse.ArgumentParser:
     """Adds the ``serve`` sub-command."""
     p = sub.add_parser(
         "serve", help="engine + agent API with open Sessions, for agents run by hand",
-        formatter_class=argparse.ArgumentDefaultsHelpFormatter,
+        formatter_class=DefaultsHelpFormatter,
         description="Start the engine and the agent API, open --sessions Sessions without starting "
                     "agents and print the environment each agent needs. Ctrl-C writes every "
                     "Session's forest and exports as a dump (docs/dumps.md) and exits 0.")
@@ -134,7 +144,7 @@ def add_replay_parser(sub: argparse._SubParsersAction) -> argparse.ArgumentParse
     """Adds the ``replay`` sub-command."""
     p = sub.add_parser(
         "replay", help="recompute a dumped step on CPU and report the first divergence",
-        formatter_class=argparse.ArgumentDefaultsHelpFormatter,
+        formatter_class=DefaultsHelpFormatter,
         description="Recompute each sample's trainer logprobs, the advantages and the step loss "
                     "from a debug dump (--save-debug-rollout-data) and the model directory whose "
                     "weights sampled the step; report the first value that diverges. Exit 0: no "
@@ -163,7 +173,7 @@ def add_doctor_parser(sub: argparse._SubParsersAction) -> argparse.ArgumentParse
     """Adds the ``doctor`` sub-command."""
     p = sub.add_parser(
         "doctor", help="run one Session of your agent and check the agent contract step by step",
-        formatter_class=argparse.ArgumentDefaultsHelpFormatter,
+        formatter_class=DefaultsHelpFormatter,
         description="Run the agent once against the engine and the agent API, as a training run "
                     "would, and check each step of the contract (docs/doctor.md). Exit 0 only when "
                     "every check passes; 1 otherwise; 2 on bad flags.")

@@ -18,6 +18,7 @@ from typing import Any
 from ._cluster_args import add_cluster_flags, with_cluster_flags
 from ._algorithm_args import add_algorithm_flags, add_reward_flags, algorithm_overrides
 from ._errors import ConfigError
+from ._tool_args import DefaultsHelpFormatter
 from ._validate import is_real
 from .chat.parsers import REASONING_PARSERS, TOOL_CALL_PARSERS
 from .cpu_threads import MAX_THREADS
@@ -63,11 +64,11 @@ def add_train_parser(sub: argparse._SubParsersAction, name: str = "train") -> ar
     rollout-only command) with every flag and its help text."""
     if name == "rollout":
         p = sub.add_parser("rollout", help="rollout steps without training; samples as JSONL",
-                           formatter_class=argparse.ArgumentDefaultsHelpFormatter,
+                           formatter_class=DefaultsHelpFormatter,
                            description=_ROLLOUT_DESCRIPTION)
     else:
         p = sub.add_parser(name, help="agentic RL training (rollout + GRPO/PPO updates)",
-                           formatter_class=argparse.ArgumentDefaultsHelpFormatter,
+                           formatter_class=DefaultsHelpFormatter,
                            description="Train a model through an agent program. With no flags: "
                                        "SmolLM2-135M-Instruct through examples/quiz_feedback.")
     data = p.add_argument_group("data")
