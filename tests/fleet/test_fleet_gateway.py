@@ -157,12 +157,14 @@ async def test_a_lost_worker_behind_the_gateway(start_engines, tmp_path: Path,
                 await trio.sleep(0.1)
             stats = fleet.statistics()
     # Either the fleet saw the loss (an abort with no output, resumed by the caller) or the
-    # gateway's own retry ran the request again on the other worker to its end (its default
-    # --retry-max-retries 5, when its backoff outlasts the removal of the lost worker).
+    # gateway's own retry (sglang-router retries 5 times by default) ran the request again on
+    # the other worker: to its end, or until the fleet's abort of every in-flight request after
+    # the removal (an abort with the retry's partial output).
     result = lost["result"]
-    assert (result.finish_type, len(result.output_ids)) in {("abort", 0), ("length", 3000)}, result
-    if result.finish_type == "length":
+    assert result.finish_type in ("abort", "length"), result
+    if result.output_ids:
         assert result.weight_version == "w1"
+    assert result.finish_type == "abort" or len(result.output_ids) == 3000
     assert resumed.weight_version == "w1"
     assert stats.workers == (engines.urls[1],)
     assert any(f"worker {engines.urls[0]} removed" in r.getMessage() for r in caplog.records)
