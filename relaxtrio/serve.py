@@ -40,7 +40,7 @@ from typing import Any, Final, Literal
 import attrs
 import trio
 
-from ._errors import ConfigError, ExportError
+from ._errors import BackendError, ConfigError, ExportError
 from ._serving import freeze_startup_heap
 from .api.app import create_app, serve_api
 from .api.operator import start_operator
@@ -286,7 +286,9 @@ async def run_serve(cfg: ServeConfig, *, announce: Callable[[str], None] = _anno
         Where the dump went, what it holds and what stopped the serve.
 
     Raises:
-        BackendError: the embedded engine failed to start, or its process died.
+        BackendError: the embedded engine failed to start. One that dies while serving ends the
+            serve like an engine failure with ``--engine-url``: the Sessions are exported and
+            dumped, and ``stopped_by`` starts with ``engine failed``.
 
     Cancellation:
         Cancelling (rather than a signal) stops the engine and the API without writing a dump.
@@ -294,36 +296,71 @@ async def run_serve(cfg: ServeConfig, *, announce: Callable[[str], None] = _anno
     out = cfg.output_dir
     out.mkdir(parents=True, exist_ok=True)
     task = {} if cfg.input_path is None else json.loads(cfg.input_path.read_text(encoding="utf-8"))
+    served = _Served()
     with trio.open_signal_receiver(signal.SIGINT, signal.SIGTERM) as signals:
         model_dir = await trio.to_thread.run_sync(_resolve_model, cfg)
         compiler = await trio.to_thread.run_sync(ChatCompiler.from_pretrained, model_dir)
-        async with AsyncExitStack() as stack:
-            client, max_context = await open_engine(stack, cfg, model_dir)
-            handler = EngineTurnHandler(client=client, compiler=compiler, config=cfg.generation)
-            registry = SessionRegistry()
-            app = create_app(registry, handler, config=ApiConfig(model_name=model_dir.name))
-            freeze_startup_heap()  # full GC collections skip the start-up heap from now on
-            groups = [Group.create(f"serve:group_{i:06d}", num_sessions=1, input_payload=task,
-                                   timeout_s=math.inf, max_context_tokens=max_context)
-                      for i in range(cfg.num_sessions)]
-            async with trio.open_nursery() as nursery:
-                base_url = await nursery.start(functools.partial(serve_api, app, host=cfg.host, port=cfg.port))
-                if cfg.operator_port is not None:
-                    view = RunView(kind="serve")
-                    view.watch(groups)
-                    await start_operator(nursery, view, port=cfg.operator_port, announce=announce)
-                async with trio.open_nursery() as sessions:
-                    for i, group in enumerate(groups):
-                        await sessions.start(_serve_group, group, registry)
-                        announce(session_line(i, base_url, group.sessions[0], _io_dir(cfg, i),
-                                              with_input=cfg.input_path is not None))
-                    announce(f"# serving {cfg.num_sessions} sessions at {base_url}; "
-                             "Ctrl-C writes the dump and exits")
-                    stopped_by = await _wait_stop(signals, handler)
-                    log.info("stopping (%s): closing %d sessions", stopped_by, cfg.num_sessions)
-                    sessions.cancel_scope.cancel()
-                nursery.cancel_scope.cancel()
-    return finish_serve(cfg, groups, model_dir=model_dir, base_url=base_url, stopped_by=stopped_by)
+        try:
+            stopped_by = await _serve_until_stopped(cfg, model_dir, compiler, task, signals, served,
+                                                    announce)
+        except* BackendError as failure:
+            if not served.base_url:
+                raise  # the engine failed before anything was served
+            # The embedded engine died while serving: its watcher cancelled the serve. The
+            # Sessions' forests are in memory still, so they are exported and dumped as after a
+            # signal (exit 1, as for an engine failure with --engine-url).
+            error = failure.exceptions[0]
+            log.error("the embedded engine failed while serving: %s", error)
+            stopped_by = f"engine failed: {error}"
+    return finish_serve(cfg, served.groups, model_dir=model_dir, base_url=served.base_url,
+                        stopped_by=stopped_by)
+
+
+@attrs.define
+class _Served:
+    """What a serve has started, for the dump after it stops (:func:`run_serve`)."""
+
+    groups: list[Group] = attrs.field(factory=list)
+    base_url: str = ""  # set once the agent API listens
+
+
+async def _serve_until_stopped(cfg: ServeConfig, model_dir: Path, compiler: ChatCompiler,
+                               task: dict[str, Any], signals: Any, served: _Served,
+                               announce: Callable[[str], None]) -> str:
+    """Starts the engine and the API and serves ``cfg.num_sessions`` Sessions (recorded in
+    ``served``) until a signal or an engine failure; returns what stopped the serve.
+
+    Raises:
+        BackendError: the embedded engine failed to start, or its process died.
+    """
+    async with AsyncExitStack() as stack:
+        client, max_context = await open_engine(stack, cfg, model_dir)
+        handler = EngineTurnHandler(client=client, compiler=compiler, config=cfg.generation)
+        registry = SessionRegistry()
+        app = create_app(registry, handler, config=ApiConfig(model_name=model_dir.name))
+        freeze_startup_heap()  # full GC collections skip the start-up heap from now on
+        served.groups[:] = [Group.create(f"serve:group_{i:06d}", num_sessions=1, input_payload=task,
+                                         timeout_s=math.inf, max_context_tokens=max_context)
+                            for i in range(cfg.num_sessions)]
+        async with trio.open_nursery() as nursery:
+            served.base_url = await nursery.start(functools.partial(serve_api, app, host=cfg.host,
+                                                                    port=cfg.port))
+            if cfg.operator_port is not None:
+                view = RunView(kind="serve")
+                view.watch(served.groups)
+                await start_operator(nursery, view, port=cfg.operator_port, announce=announce)
+            async with trio.open_nursery() as sessions:
+                for i, group in enumerate(served.groups):
+                    await sessions.start(_serve_group, group, registry)
+                    announce(session_line(i, served.base_url, group.sessions[0], _io_dir(cfg, i),
+                                          with_input=cfg.input_path is not None))
+                announce(f"# serving {cfg.num_sessions} sessions at {served.base_url}; "
+                         "Ctrl-C writes the dump and exits")
+                stopped_by = await _wait_stop(signals, handler)
+                log.info("stopping (%s): closing %d sessions", stopped_by, cfg.num_sessions)
+                sessions.cancel_scope.cancel()
+            nursery.cancel_scope.cancel()
+    return stopped_by
 
 
 def _io_dir(cfg: ServeConfig, index: int) -> Path:

@@ -129,3 +129,77 @@ async def test_serve_then_ctrl_c_dumps_the_forest_of_a_hand_run_agent(tiny_model
     # No agent used it: not a failed export, but "no requests" (in the dump and the closing line).
     assert idle["status"] == "cancelled" and idle["reason"] == "no requests"
     assert b"0 failed, 1 with no requests" in tail
+
+
+def _descendants(pid: int) -> list[int]:
+    """Pids of every live descendant of ``pid`` (from /proc)."""
+    children: dict[int, list[int]] = {}
+    for entry in os.listdir("/proc"):
+        if entry.isdigit():
+            try:
+                with open(f"/proc/{entry}/stat") as f:
+                    ppid = int(f.read().rsplit(")", 1)[1].split()[1])
+            except (OSError, ValueError, IndexError):
+                continue
+            children.setdefault(ppid, []).append(int(entry))
+    found, todo = [], [pid]
+    while todo:
+        for child in children.get(todo.pop(), []):
+            found.append(child)
+            todo.append(child)
+    return found
+
+
+def _cmdline(pid: int) -> str:
+    try:
+        with open(f"/proc/{pid}/cmdline", "rb") as f:
+            return f.read().replace(b"\0", b" ").decode(errors="replace")
+    except OSError:
+        return ""
+
+
+async def test_serve_dumps_its_sessions_when_the_embedded_engine_dies(tiny_model_dir: Path,
+                                                                     tmp_path: Path) -> None:
+    """kill -9 of serve's own engine: serve still exports every Session and writes the dump
+    (exit 1), as with a failing ``--engine-url``; the Session's committed turn is in it."""
+    import httpx
+
+    out_dir = tmp_path / "serve"
+    cmd = [sys.executable, "-m", "relaxtrio", "serve", "--hf-checkpoint", str(tiny_model_dir),
+           "--sessions", "2", "--output-dir", str(out_dir), "--rollout-max-response-len", "4",
+           "--log-level", "WARNING"]
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join(sys.path)}
+    process = await trio.lowlevel.open_process(cmd, stdout=subprocess.PIPE, env=env)
+    try:
+        with trio.fail_after(SERVE_START_S):
+            buffer = b""
+            while b"# serving" not in buffer:
+                chunk = await process.stdout.receive_some()
+                assert chunk, f"serve exited early: {buffer!r}"
+                buffer += chunk
+        exports = [_parse_exports(line) for line in buffer.decode().splitlines()
+                   if line.startswith("export ")]
+        base, token = exports[0]["RELAX_BASE_URL"], exports[0]["RELAX_SESSION_ID"]
+        async with httpx.AsyncClient(timeout=120) as http:
+            reply = await http.post(base + "v1/chat/completions", headers={"Authorization": f"Bearer {token}"},
+                                    json={"model": "m", "messages": [{"role": "user", "content": "Hi"}]})
+        assert reply.status_code == 200, reply.text
+        # The engine itself, not the reaper shim that runs it (whose argv holds the engine's).
+        [engine] = [p for p in _descendants(process.pid) if "-m relaxtrio.engine " in _cmdline(p)
+                    and "--parent" not in _cmdline(p)]
+        os.kill(engine, signal.SIGKILL)
+        with trio.fail_after(SERVE_STOP_S):
+            tail = b""
+            while chunk := await process.stdout.receive_some():
+                tail += chunk
+            assert await process.wait() == 1
+    finally:
+        if process.returncode is None:
+            process.kill()
+            await process.wait()
+    assert b"dump: " in tail
+    dump = load_dump(out_dir / "serve_dump.json")
+    used = dump.session(token)
+    assert [n["kind"] for n in used["forest"]["nodes"]] == ["observation", "response"]
+    assert used["num_requests"] == 1
+    assert dump.session(exports[1]["RELAX_SESSION_ID"])["reason"] == "no requests"
