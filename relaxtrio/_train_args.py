@@ -269,11 +269,11 @@ def _with_checkpoint_flags(config: Any, args: argparse.Namespace) -> Any:
 
         check_checkpoint_dirs(args.load, args.save)
     if args.load is not None and args.output_dir is None:
-        from .run_checkpoint import find_resume_point
+        from .run_checkpoint import find_resume_point, forks_run
 
         resume = find_resume_point(args.load, log_missing=False)  # the driver logs it
-        if resume is not None and resume.output_dir is not None:
-            output_dir = resume.output_dir
+        if resume is not None and resume.output_dir is not None and not forks_run(args.load, args.save):
+            output_dir = resume.output_dir  # a fork (another --save) gets a run directory of its own
     generation = config.generation
     if args.sglang_enable_deterministic_inference:
         generation = attrs.evolve(generation, seed=args.rollout_seed, seed_per_sample=True)

@@ -61,7 +61,7 @@ from .rollout.operator_view import RunView
 from .rollout.pipeline import RolloutPipeline, open_rollout_pipeline
 from .rollout.step import StepResult, group_metrics
 from .rollout.turns import EngineTurnHandler
-from .run_checkpoint import RunCheckpointer, weight_version_name
+from .run_checkpoint import RunCheckpointer, hold_run_dirs, weight_version_name
 from .run_summary import TrainSummary, summarize_run
 from .sglang.client import EngineClient, context_token_limit
 from .sglang.launch_fleet import detect_engine_kind
@@ -356,6 +356,12 @@ async def _run_training(cfg: TrainRunConfig, trackers: Trackers) -> TrainSummary
 
 async def _run_split(cfg: TrainRunConfig, trackers: Trackers, split: ThreadSplit) -> TrainSummary:
     """:func:`_run_training` once the cores are split (:mod:`relaxtrio.cpu_threads`)."""
+    with hold_run_dirs(cfg.output_dir, cfg.save_dir):  # one run per directory
+        return await _run_held(cfg, trackers, split)
+
+
+async def _run_held(cfg: TrainRunConfig, trackers: Trackers, split: ThreadSplit) -> TrainSummary:
+    """:func:`_run_split` while this process holds its run directories."""
     out = cfg.output_dir
     agent = attrs.evolve(cfg.agent, failed_log_dir=out / "agent_logs")
     checkpointer = RunCheckpointer.open(cfg)

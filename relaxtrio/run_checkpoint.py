@@ -44,12 +44,15 @@ May import: config, rollout, train (torch), trio. Used by :mod:`relaxtrio.driver
 
 from __future__ import annotations
 
+import contextlib
+import fcntl
 import hashlib
 import logging
+import os
 import time
-from collections.abc import Mapping
+from collections.abc import Iterator, Mapping
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Final
 
 import attrs
 import trio
@@ -61,6 +64,7 @@ from .rollout.metrics import MetricsLog
 from .rollout.resume import RolloutCheckpoint, capture_pipeline, restore_rollout
 from .train import Trainer
 from .train.checkpoint import (
+    RUN_STATE_FILE,
     find_run_checkpoint,
     read_run_state,
     restore_rng_state,
@@ -140,11 +144,15 @@ def find_resume_point(load_dir: Path | None, *, log_missing: bool = True) -> Res
 
 
 def check_checkpoint_dirs(load_dir: Path | None, save_dir: Path | None) -> None:
-    """Refuses ``--load`` / ``--save`` pairs that would resume nothing or mix runs by mistake.
+    """Refuses ``--load`` / ``--save`` pairs that would resume nothing or mix runs by mistake,
+    before anything starts.
 
     * ``--load L`` where L holds no checkpoint starts from the beginning only when L is also the
       ``--save`` directory (``--save D --load D`` from a run's first start on). Any other L is
       most likely a mistyped path, and starting over would cost the run it meant to resume.
+    * ``--save S`` must be a directory (or not exist yet), and neither a checkpoint itself nor
+      inside one (what a run writes there is never found by ``--load`` of its parent, and
+      ``--load S`` would resume the checkpoint S itself).
     * ``--save S`` where S already holds a run checkpoint needs that checkpoint to be the one
       resumed (``--load S``, or ``--load`` of one of S's ``iter_*`` directories): otherwise the new
       run would write its checkpoints beside the old run's and move ``latest`` off them.
@@ -161,16 +169,91 @@ def check_checkpoint_dirs(load_dir: Path | None, save_dir: Path | None) -> None:
             "--load (a fresh start while it holds no checkpoint)", param="load")
     if save_dir is None:
         return
+    save_dir = Path(save_dir)
+    if save_dir.exists() and not save_dir.is_dir():
+        raise ConfigError(f"--save {str(save_dir)!r} is not a directory", param="save")
+    inside = next((d for d in (save_dir, *save_dir.resolve().parents) if (d / RUN_STATE_FILE).is_file()), None)
+    if inside is not None:
+        where = "a run checkpoint" if _same_dir(inside, save_dir) else f"inside the run checkpoint {str(inside)!r}"
+        raise ConfigError(f"--save {str(save_dir)!r} is {where}: pass the directory that holds the "
+                          f"checkpoints ({str(inside.parent)!r}) as --save", param="save")
     existing = find_run_checkpoint(save_dir)
     if existing is None:
         return
     if resumed is not None and any(_same_dir(save_dir, d) for d in (load_dir, resumed, resumed.parent)):
         return
-    what = "starts from the beginning" if resumed is None else f"resumes {str(resumed)!r}"
+    if resumed is None:
+        raise ConfigError(
+            f"--save {str(save_dir)!r} already holds a run checkpoint ({existing.name}) and this run "
+            f"starts from the beginning: pass --load {str(save_dir)!r} to resume it, or a --save "
+            "directory without checkpoints", param="save")
     raise ConfigError(
-        f"--save {str(save_dir)!r} already holds a run checkpoint ({existing.name}) of another run, "
-        f"and this one {what}: pass --load {str(save_dir)!r} to resume it, or a --save directory "
-        "without checkpoints", param="save")
+        f"--save {str(save_dir)!r} already holds a run checkpoint ({existing.name}) and this run "
+        f"resumes another one ({str(resumed)!r}): pass --load {str(save_dir)!r} to resume the "
+        "first, or a --save directory without checkpoints to fork the second", param="save")
+
+
+RUN_LOCK_FILE: Final = ".relaxtrio.lock"
+"""Held (``flock``) by the run using a run or ``--save`` directory; it holds that run's pid."""
+
+
+@contextlib.contextmanager
+def hold_run_dirs(output_dir: Path, save_dir: Path | None) -> Iterator[None]:
+    """Holds the run's output directory and ``--save`` directory for this process while inside.
+
+    Two runs writing one directory interleave their ``metrics.jsonl`` rows and overwrite each
+    other's checkpoints (a scheduler that restarts a job while the old driver still runs does
+    exactly that). Each directory gets an exclusive ``flock`` on its :data:`RUN_LOCK_FILE`, which
+    the kernel drops when the process ends in any way (kill -9 included), so nothing stale is
+    ever left to clear by hand. Creates the directories.
+
+    Raises:
+        ConfigError: a directory cannot be created, or another live run holds it (``param``
+            ``output_dir`` or ``save``; the message has that run's pid).
+    """
+    with contextlib.ExitStack() as stack:
+        for directory, flag in ((output_dir, "output_dir"), (save_dir, "save")):
+            if directory is not None:
+                stack.enter_context(_hold_dir(Path(directory), flag))
+        yield
+
+
+@contextlib.contextmanager
+def _hold_dir(directory: Path, param: str) -> Iterator[None]:
+    flag = "--" + param.replace("_", "-")
+    try:
+        directory.mkdir(parents=True, exist_ok=True)
+        fd = os.open(directory / RUN_LOCK_FILE, os.O_RDWR | os.O_CREAT, 0o644)
+    except OSError as exc:
+        raise ConfigError(f"{flag} {str(directory)!r}: cannot create it ({exc.strerror})",
+                          param=param) from exc
+    try:
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            holder = os.pread(fd, 32, 0).decode(errors="replace").strip() or "unknown"
+            raise ConfigError(f"{flag} {str(directory)!r} is in use by another run (pid {holder}); "
+                              "wait for it to end or pass another directory", param=param) from None
+        os.ftruncate(fd, 0)
+        os.pwrite(fd, f"{os.getpid()}\n".encode(), 0)
+        yield
+    finally:
+        os.close(fd)  # releases the lock
+
+
+def forks_run(load_dir: Path | None, save_dir: Path | None) -> bool:
+    """Whether a run that resumes ``--load load_dir`` writes its checkpoints elsewhere (a fork):
+    ``save_dir`` is given and is neither ``load_dir`` nor the directory of its checkpoint.
+
+    A fork starts a run directory of its own (metrics, plots), so the run it forked from keeps
+    its rows; a resume that saves in place, or does not save, continues the checkpoint's run
+    directory.
+    """
+    if load_dir is None or save_dir is None:
+        return False
+    resumed = find_run_checkpoint(load_dir)
+    places = (load_dir,) if resumed is None else (load_dir, resumed, resumed.parent)
+    return not any(_same_dir(save_dir, d) for d in places)
 
 
 def _same_dir(a: Path | None, b: Path | None) -> bool:

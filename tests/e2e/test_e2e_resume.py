@@ -155,18 +155,30 @@ def test_checkpoint_flags(tmp_path: Path) -> None:
     with pytest.raises(RelaxError, match="nothing to resume"):
         _config("--load", str(tmp_path / "empty"))
     with pytest.raises(RelaxError, match=r"--save .*ckpt' already holds a run checkpoint \(iter_0000001\) "
-                       "of another run, and this one starts from the beginning") as info:
+                       "and this run starts from the beginning") as info:
         _config("--save", str(tmp_path / "ckpt"))
     assert info.value.param == "save"
     other = tmp_path / "other"
     (other / "iter_0000003").mkdir(parents=True)
-    (other / "iter_0000003" / "state.json").write_text(json.dumps({"format": 1, "steps_done": 3, "run": {}}))
-    with pytest.raises(RelaxError, match="and this one resumes"):
+    (other / "iter_0000003" / "state.json").write_text(json.dumps(
+        {"format": 1, "steps_done": 3, "run": {"output_dir": str(tmp_path / "other-run")}}))
+    with pytest.raises(RelaxError, match="and this run resumes another one"):
         _config("--load", str(other), "--save", str(tmp_path / "ckpt"))
-    # Resuming the --save directory itself, or one of its iter_* checkpoints, or into a new one.
+    # A --save that is no directory, or a checkpoint, or inside one.
+    (tmp_path / "a-file").write_text("x")
+    with pytest.raises(RelaxError, match="a-file' is not a directory"):
+        _config("--save", str(tmp_path / "a-file"))
+    for save, what in ((checkpoint, "is a run checkpoint"), (checkpoint / "sub", "is inside the run checkpoint")):
+        with pytest.raises(RelaxError, match=f"{what}.*pass the directory that holds the checkpoints"):
+            _config("--load", str(checkpoint), "--save", str(save))
+    # Resuming the --save directory itself or one of its iter_* checkpoints continues the
+    # checkpoint's run directory; resuming into a new --save (a fork) starts one of its own.
     for load in (tmp_path / "ckpt", checkpoint):
-        assert _config("--load", str(load), "--save", str(tmp_path / "ckpt")).load_dir == load
-    assert _config("--load", str(other), "--save", str(tmp_path / "fork")).save_dir == tmp_path / "fork"
+        resumed = _config("--load", str(load), "--save", str(tmp_path / "ckpt"))
+        assert (resumed.load_dir, resumed.output_dir) == (load, tmp_path / "first-run")
+    fork = _config("--load", str(other), "--save", str(tmp_path / "fork"))
+    assert fork.save_dir == tmp_path / "fork" and fork.output_dir.parent == Path("runs")
+    assert _config("--load", str(other)).output_dir == tmp_path / "other-run"  # no --save: no fork
 
 
 @pytest.mark.slow
@@ -221,7 +233,8 @@ def test_sigkill_during_step_1_then_load_matches_an_uninterrupted_run(
         assert (run_weights[name] - tensor).abs().max().item() <= 1e-5, name
     # The last two checkpoints are kept; latest is the final one.
     assert (save_dir / "latest").read_text().strip() == "iter_0000003"
-    assert sorted(p.name for p in save_dir.iterdir()) == ["iter_0000002", "iter_0000003", "latest"]
+    assert sorted(p.name for p in save_dir.iterdir()) == [".relaxtrio.lock", "iter_0000002", "iter_0000003",
+                                                          "latest"]
     print(f"resume e2e: {time.monotonic() - started:.1f} s")
 
 

@@ -156,3 +156,35 @@ def test_a_load_dir_without_a_checkpoint_warns_saying_what_it_found(
     caplog.clear()
     assert find_resume_point(missing, log_missing=False) is None
     assert caplog.records == []
+
+
+def test_a_run_directory_is_held_by_one_run_at_a_time(tmp_path: Path) -> None:
+    """A second holder of a run or --save directory is refused naming the first's pid; the hold
+    ends with the context (and with the process), and a path that cannot be a directory is a
+    clear error."""
+    import os
+    import subprocess
+    import sys
+
+    from relaxtrio._errors import ConfigError
+    from relaxtrio.run_checkpoint import RUN_LOCK_FILE, hold_run_dirs
+
+    out, save = tmp_path / "run", tmp_path / "ckpt"
+    with hold_run_dirs(out, save):
+        assert (save / RUN_LOCK_FILE).read_text().strip() == str(os.getpid())
+        # flock is per open file: another process is refused, as a second driver would be.
+        probe = ("import sys; from relaxtrio.run_checkpoint import hold_run_dirs\n"
+                 "try:\n    hold_run_dirs(sys.argv[1], None).__enter__()\n"
+                 "except Exception as exc:\n    print(exc.param, exc); sys.exit(3)\n")
+        for directory, param in ((out, "output_dir"), (save, "output_dir")):
+            done = subprocess.run([sys.executable, "-c", probe, str(directory)], capture_output=True,
+                                  text=True, check=False)
+            assert done.returncode == 3, done.stderr
+            assert done.stdout.startswith(param) and f"is in use by another run (pid {os.getpid()})" in done.stdout
+    with hold_run_dirs(out, save):  # released on exit
+        pass
+    (tmp_path / "a-file").write_text("x")
+    with pytest.raises(ConfigError, match="cannot create it") as info:
+        with hold_run_dirs(out, tmp_path / "a-file" / "ckpt"):
+            pass
+    assert info.value.param == "save"
