@@ -17,7 +17,9 @@ docs/agent-contract.md#responses describes:
     other message or a ``function_call_output``;
   - ``function_call_output`` → a tool message with the same ``call_id``; its output is a string
     (``""`` allowed) or ``input_text`` / ``input_image`` parts (text only → joined with ``""``,
-    with images → ``text`` / ``image_url`` parts);
+    with images → ``text`` / ``image_url`` parts); without ``previous_response_id`` its
+    ``call_id`` must be that of an earlier ``function_call`` / ``custom_tool_call`` of the input (a
+    400 naming ``input[i].call_id`` otherwise, as OpenAI refuses it);
   - any other role is a 400 naming ``input[i].role``, any other item type a 400 naming
     ``input[i].type`` and the value (:func:`.options.responses_item_type_error`; built-in tool
     calls and server-side state such as ``item_reference`` included), never dropped
@@ -60,7 +62,7 @@ from ..nursery.turns import TurnRequest, TurnResult
 from .errors import openai_error_body
 from .fields import non_empty_str, optional_bool, optional_object, optional_positive_int, optional_str, thinking_switch
 from .options import check_responses_options, responses_item_type_error
-from .projection import ElementMemo, Projection, Source, call_source
+from .projection import ElementMemo, Projection, Source, call_source, check_tool_results
 from .responses_tools import custom_call_arguments, custom_call_item, project_responses_tools
 from .wire import ParsedRequest, ProtocolAdapter, new_id, sse_comment, sse_event
 
@@ -289,8 +291,14 @@ def parse_responses_request(body: Mapping[str, Any], memo: ConversationMemo | No
     reasoning = optional_object(body, "reasoning")
     effort = reasoning.get("effort") if reasoning is not None else None
     kwargs = thinking_switch(effort, "reasoning.effort", EFFORTS, off="none")
+    conversation = proj.conversation(kwargs, memo)
+    if body.get("previous_response_id") is None:
+        # With previous_response_id a client may send only the new items (relaxtrio keeps no
+        # response state: their calls are not in the request), so only a self-contained input
+        # is checked.
+        check_tool_results(proj.messages, lambda i: proj.sources[i].wire_param(".tool_call_id"), memo)
     turn = TurnRequest(
-        conversation=proj.conversation(kwargs, memo),
+        conversation=conversation,
         max_new_tokens=optional_positive_int(body, "max_output_tokens"),
         protocol="responses",
     )

@@ -609,3 +609,24 @@ def test_the_tool_result_check_scans_only_an_extension_and_never_a_replaced_hist
     memo.conversation([*replaced[:2], {"role": "assistant", "content": "a"}, {"role": "user", "content": "b"},
                        {"role": "assistant", "content": "c"}])
     assert memo.scan is None
+
+
+def test_a_responses_function_call_output_must_answer_a_call_of_the_input() -> None:
+    """Without previous_response_id the input is the whole history: an output whose call_id
+    no function_call made is a 400 naming it; with previous_response_id (only new items may be
+    sent) it is accepted as before."""
+    call = {"type": "function_call", "call_id": "c1", "name": "f", "arguments": "{}"}
+    answered = [{"role": "user", "content": "hi"}, call,
+                {"type": "function_call_output", "call_id": "c1", "output": "ok"}]
+    assert parse_responses_request({"input": answered}).turn.conversation.messages[-1]["tool_call_id"] == "c1"
+    orphan = [{"role": "user", "content": "hi"}, {"type": "function_call_output", "call_id": "nope", "output": "x"}]
+    with pytest.raises(InvalidRequestError) as info:
+        parse_responses_request({"input": orphan})
+    assert info.value.param == "input[1].call_id" and "'nope' answers no tool call" in info.value.message
+    memo = ConversationMemo()
+    parse_responses_request({"input": answered}, memo)
+    with pytest.raises(InvalidRequestError) as info:
+        parse_responses_request({"input": [*answered, {"type": "function_call_output", "call_id": "c2",
+                                                       "output": "y"}]}, memo)
+    assert info.value.param == "input[3].call_id"
+    assert parse_responses_request({"input": orphan, "previous_response_id": "resp_1"}).turn is not None
