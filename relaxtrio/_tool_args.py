@@ -33,6 +33,27 @@ class DefaultsHelpFormatter(argparse.ArgumentDefaultsHelpFormatter):
         return super()._get_help_string(action)
 
 
+
+def read_session_input(path: Path) -> dict[str, Any]:
+    """The ``--input`` file of ``serve`` and ``doctor``: a Session input object
+    (``{"messages": [...], "metadata": {...}}``, written as-is as ``RELAX_INPUT_JSON``).
+
+    Raises:
+        ConfigError: the file is unreadable, not JSON, not an object, or has no ``messages``
+            list (a dataset row such as ``{"input": ...}`` is the usual mistake: the message says so).
+    """
+    _need(path.is_file(), f"--input {str(path)!r} is not a readable file")
+    try:
+        task = json.loads(path.read_text(encoding="utf-8"))
+    except (json.JSONDecodeError, UnicodeDecodeError) as exc:
+        raise ConfigError(f"--input {str(path)!r} is not valid JSON: {exc}") from exc
+    _need(isinstance(task, dict), f"--input {str(path)!r} must hold a JSON object")
+    _need(isinstance(task.get("messages"), list),
+          f"--input {str(path)!r} has no \"messages\" list: it is the Session input the agent "
+          "reads as RELAX_INPUT_JSON ({\"messages\": [...], \"metadata\": {...}}), not a dataset "
+          f"row (keys here: {', '.join(sorted(task)) or 'none'})")
+    return task
+
 def add_serve_parser(sub: argparse._SubParsersAction) -> argparse.ArgumentParser:
     """Adds the ``serve`` sub-command."""
     p = sub.add_parser(
@@ -108,12 +129,7 @@ def serve_config(args: argparse.Namespace) -> Any:
               f"--hf-checkpoint {str(args.hf_checkpoint)!r} is not a Hugging Face model directory "
               "(no config.json)")
     if args.input is not None:
-        _need(args.input.is_file(), f"--input {str(args.input)!r} is not a readable file")
-        try:
-            task = json.loads(args.input.read_text(encoding="utf-8"))
-        except (json.JSONDecodeError, UnicodeDecodeError) as exc:
-            raise ConfigError(f"--input {str(args.input)!r} is not valid JSON: {exc}") from exc
-        _need(isinstance(task, dict), f"--input {str(args.input)!r} must hold a JSON object")
+        read_session_input(args.input)
     template = args.save_debug_rollout_data
     if template is not None:
         check_dump_template(template)
@@ -232,12 +248,7 @@ def doctor_config(args: argparse.Namespace) -> Any:
               "(no config.json)")
     task: dict[str, Any] = dict(DEFAULT_TASK)
     if args.input is not None:
-        _need(args.input.is_file(), f"--input {str(args.input)!r} is not a readable file")
-        try:
-            task = json.loads(args.input.read_text(encoding="utf-8"))
-        except (json.JSONDecodeError, UnicodeDecodeError) as exc:
-            raise ConfigError(f"--input {str(args.input)!r} is not valid JSON: {exc}") from exc
-        _need(isinstance(task, dict), f"--input {str(args.input)!r} must hold a JSON object")
+        task = read_session_input(args.input)
     hook = None
     for flag, path in (("--custom-rm-path", args.custom_rm_path),
                        ("--agentic-custom-advantage-path", args.agentic_custom_advantage_path)):

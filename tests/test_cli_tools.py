@@ -81,3 +81,14 @@ def test_help_says_what_input_holds(command: str, capsys: pytest.CaptureFixture[
     assert '{"messages": [...], "metadata": {...}}, not the dataset row itself' in text
     if command == "doctor":
         assert "--agent-cwd AGENT_CWD directory the agent command runs in" in text
+
+
+@pytest.mark.parametrize("command", ["doctor", "serve"])
+def test_an_input_without_messages_is_refused_as_a_dataset_row(
+    command: str, tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    row = tmp_path / "row.json"
+    row.write_text(json.dumps({"input": "What is 2 + 2?", "metadata": {"answer": "4"}}))
+    extra = ["--agent-cwd", str(tmp_path), "--agent-command", "true"] if command == "doctor" else []
+    assert main([command, "--input", str(row), *extra]) == 2
+    assert 'has no "messages" list' in caplog.text and "not a dataset row (keys here: input, metadata)" in caplog.text
