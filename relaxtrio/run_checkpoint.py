@@ -49,6 +49,7 @@ import fcntl
 import hashlib
 import logging
 import os
+import re
 import time
 from collections.abc import Iterator, Mapping
 from pathlib import Path
@@ -172,7 +173,10 @@ def check_checkpoint_dirs(load_dir: Path | None, save_dir: Path | None) -> None:
     save_dir = Path(save_dir)
     if save_dir.exists() and not save_dir.is_dir():
         raise ConfigError(f"--save {str(save_dir)!r} is not a directory", param="save")
-    inside = next((d for d in (save_dir, *save_dir.resolve().parents) if (d / RUN_STATE_FILE).is_file()), None)
+    # The directory itself, or an ``iter_*`` checkpoint above it (any other state.json up the
+    # tree belongs to something else).
+    above = [d for d in save_dir.resolve().parents if _CHECKPOINT_NAME.fullmatch(d.name)]
+    inside = next((d for d in (save_dir, *above) if (d / RUN_STATE_FILE).is_file()), None)
     if inside is not None:
         where = "a run checkpoint" if _same_dir(inside, save_dir) else f"inside the run checkpoint {str(inside)!r}"
         raise ConfigError(f"--save {str(save_dir)!r} is {where}: pass the directory that holds the "
@@ -193,6 +197,8 @@ def check_checkpoint_dirs(load_dir: Path | None, save_dir: Path | None) -> None:
         "first, or a --save directory without checkpoints to fork the second", param="save")
 
 
+_CHECKPOINT_NAME: Final = re.compile(r"iter_\d+")  # as RunCheckpointer names them
+
 RUN_LOCK_FILE: Final = ".relaxtrio.lock"
 """Held (``flock``) by the run using a run or ``--save`` directory; it holds that run's pid."""
 
@@ -212,9 +218,9 @@ def hold_run_dirs(output_dir: Path, save_dir: Path | None) -> Iterator[None]:
             ``output_dir`` or ``save``; the message has that run's pid).
     """
     with contextlib.ExitStack() as stack:
-        for directory, flag in ((output_dir, "output_dir"), (save_dir, "save")):
-            if directory is not None:
-                stack.enter_context(_hold_dir(Path(directory), flag))
+        stack.enter_context(_hold_dir(Path(output_dir), "output_dir"))
+        if save_dir is not None and not _same_dir(save_dir, output_dir):  # one lock per directory
+            stack.enter_context(_hold_dir(Path(save_dir), "save"))
         yield
 
 

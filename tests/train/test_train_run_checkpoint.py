@@ -183,6 +183,8 @@ def test_a_run_directory_is_held_by_one_run_at_a_time(tmp_path: Path) -> None:
             assert done.stdout.startswith(param) and f"is in use by another run (pid {os.getpid()})" in done.stdout
     with hold_run_dirs(out, save):  # released on exit
         pass
+    with hold_run_dirs(out, out):  # one directory for both: held once
+        assert (out / RUN_LOCK_FILE).read_text().strip() == str(os.getpid())
     (tmp_path / "a-file").write_text("x")
     with pytest.raises(ConfigError, match="cannot create it") as info:
         with hold_run_dirs(out, tmp_path / "a-file" / "ckpt"):
