@@ -33,7 +33,6 @@ class DefaultsHelpFormatter(argparse.ArgumentDefaultsHelpFormatter):
         return super()._get_help_string(action)
 
 
-
 def read_session_input(path: Path) -> dict[str, Any]:
     """The ``--input`` file of ``serve`` and ``doctor``: a Session input object
     (``{"messages": [...], "metadata": {...}}``, written as-is as ``RELAX_INPUT_JSON``).
@@ -53,6 +52,7 @@ def read_session_input(path: Path) -> dict[str, Any]:
           "reads as RELAX_INPUT_JSON ({\"messages\": [...], \"metadata\": {...}}), not a dataset "
           f"row (keys here: {', '.join(sorted(task)) or 'none'})")
     return task
+
 
 def add_serve_parser(sub: argparse._SubParsersAction) -> argparse.ArgumentParser:
     """Adds the ``serve`` sub-command."""
