@@ -15,18 +15,18 @@ import time
 from pathlib import Path
 from typing import Any
 
-from ._cluster_args import add_cluster_flags, with_cluster_flags
 from ._algorithm_args import add_algorithm_flags, add_reward_flags, algorithm_overrides
+from ._cluster_args import add_cluster_flags, with_cluster_flags
 from ._errors import ConfigError
 from ._tool_args import DefaultsHelpFormatter
 from ._validate import is_real
 from .chat.parsers import REASONING_PARSERS, TOOL_CALL_PARSERS
-from .cpu_threads import MAX_THREADS
 from .config import (
     AgentConfig,
     GenerationConfig,
     RolloutConfig,
 )
+from .cpu_threads import MAX_THREADS
 from .nursery.agent import parse_agent_env
 from .rollout.dumps import check_dump_template
 from .rollout.hooks import load_function

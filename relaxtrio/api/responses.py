@@ -60,10 +60,21 @@ from .._validate import require_object
 from ..forest import ConversationMemo
 from ..nursery.turns import TurnRequest, TurnResult
 from .errors import openai_error_body
-from .fields import non_empty_str, optional_bool, optional_object, optional_positive_int, optional_str, thinking_switch
+from .fields import (
+    non_empty_str,
+    optional_bool,
+    optional_object,
+    optional_positive_int,
+    optional_str,
+    thinking_switch,
+)
 from .options import check_responses_options, responses_item_type_error
 from .projection import ElementMemo, Projection, Source, call_source, check_tool_results
-from .responses_tools import custom_call_arguments, custom_call_item, project_responses_tools
+from .responses_tools import (
+    custom_call_arguments,
+    custom_call_item,
+    project_responses_tools,
+)
 from .wire import ParsedRequest, ProtocolAdapter, new_id, sse_comment, sse_event
 
 EFFORTS: Final = frozenset({"none", "minimal", "low", "medium", "high", "xhigh", "max"})

@@ -15,7 +15,6 @@ import signal
 import subprocess
 import sys
 from pathlib import Path
-
 from typing import Final
 
 import trio

@@ -186,7 +186,7 @@ def test_a_run_directory_is_held_by_one_run_at_a_time(tmp_path: Path) -> None:
     with hold_run_dirs(out, out):  # one directory for both: held once
         assert (out / RUN_LOCK_FILE).read_text().strip() == str(os.getpid())
     (tmp_path / "a-file").write_text("x")
-    with pytest.raises(ConfigError, match="cannot create it") as info:
-        with hold_run_dirs(out, tmp_path / "a-file" / "ckpt"):
-            pass
+    with pytest.raises(ConfigError, match="cannot create it") as info, \
+            hold_run_dirs(out, tmp_path / "a-file" / "ckpt"):
+        pass
     assert info.value.param == "save"
