@@ -75,13 +75,19 @@ async def send_with_retries(
 
     Raises:
         BackendTimeoutError: every attempt timed out (the last one is the ``__cause__``).
-        EngineUnavailableError: every attempt failed at the transport level.
+        EngineUnavailableError: every attempt failed at the transport level, or ``client`` (an
+            ``httpx.AsyncClient``) was closed before an attempt.
 
     Cancellation:
         A checkpoint; cancelling drops the request in flight (the engine sees a disconnect).
     """
     attempts = max(1, config.max_attempts)
     for attempt in range(1, attempts + 1):
+        if isinstance(client, httpx.AsyncClient) and client.is_closed:
+            # Its owner (the fleet) closed it while this call waited between attempts, e.g. a
+            # restarted engine's readmission at the end of a run: httpx would raise RuntimeError.
+            raise EngineUnavailableError(f"engine {url}{path}: the client was closed (shutting down)",
+                                         engine_url=url)
         try:
             if isinstance(body, bytes):
                 content, payload = body, None

@@ -40,10 +40,10 @@ import shutil
 import socket
 import subprocess
 import sys
-from collections.abc import AsyncIterator, Sequence
+from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
 from contextlib import asynccontextmanager
 from pathlib import Path
-from typing import Final, Literal
+from typing import Any, Final, Literal
 
 import attrs
 import httpx
@@ -395,6 +395,7 @@ async def open_launched_fleet(
                     config.num_engines)
     log.info("starting %d %s engine(s)%s (logs in %s)", config.num_engines, kind,
              " and the gateway" if use_gateway else "", log_dir)
+    supervisors = _Supervisors()
     async with httpx.AsyncClient() as client, trio.open_nursery() as nursery:
         launched._nursery = nursery
         try:
@@ -408,12 +409,50 @@ async def open_launched_fleet(
                 await _boot(gateway, config.startup_timeout_s, client, nursery)
                 launched.gateway_url = gateway.url
             for proc in procs:
-                nursery.start_soon(_supervise, launched, proc, proc.name == "gateway", config,
-                                   client, nursery)
+                nursery.start_soon(supervisors.run, _supervise, launched, proc, proc.name == "gateway",
+                                   config, client, nursery)
             yield launched
         finally:
+            # Supervisors first: one restarting an engine as the run ends would otherwise start
+            # its replacement after _stop_all (which then leaks). A cancelled start stops what it
+            # started; a finished one left its process in proc.handle for _stop_all.
+            await supervisors.stop()
             await _stop_all(procs)
             nursery.cancel_scope.cancel()
+
+
+@attrs.define(eq=False)
+class _Supervisors:
+    """The ``_supervise`` tasks of a launched fleet, cancellable and awaitable as one."""
+
+    scopes: list[trio.CancelScope] = attrs.field(factory=list)
+    stopping: bool = False
+    running: int = 0
+    idle: trio.Event = attrs.field(factory=trio.Event)
+
+    async def run(self, fn: Callable[..., Awaitable[None]], *args: Any) -> None:
+        scope = trio.CancelScope()
+        self.scopes.append(scope)
+        if self.stopping:
+            scope.cancel()
+        self.running += 1
+        try:
+            with scope:
+                await fn(*args)
+        finally:
+            self.running -= 1
+            if self.running == 0:
+                self.idle.set()
+
+    async def stop(self) -> None:
+        """Cancels every supervisor and waits (shielded) until each has returned."""
+        self.stopping = True
+        for scope in self.scopes:
+            scope.cancel()
+        with trio.CancelScope(shield=True):
+            while self.running:
+                self.idle = trio.Event()
+                await self.idle.wait()
 
 
 async def _stop_all(procs: Sequence[_Proc]) -> None:

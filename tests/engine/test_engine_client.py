@@ -318,3 +318,20 @@ async def test_requests_carry_the_native_fields() -> None:
     assert seen[1:3] == [("/continue_generation", {})] * 2
     assert seen[3:] == [("/update_weight_version",
                          {"new_version": "v7", "abort_all_requests": False})] * 2
+
+
+async def test_a_call_on_a_closed_control_client_is_an_engine_unavailable_error() -> None:
+    """httpx raises RuntimeError for a request on a closed client; a call whose owner closed the
+    client (a fleet shutting down while a restarted engine is readmitted) gets the error type
+    the fleet's callers handle instead."""
+    import httpx
+    import pytest
+
+    from relaxtrio._errors import EngineUnavailableError
+    from relaxtrio.sglang._http import EngineClientConfig, send_with_retries
+
+    client = httpx.AsyncClient()
+    await client.aclose()
+    with pytest.raises(EngineUnavailableError, match="the client was closed"):
+        await send_with_retries(client, "GET", "http://127.0.0.1:9", "/health", None,
+                                httpx_timeout=httpx.Timeout(1.0), config=EngineClientConfig())
