@@ -18,6 +18,7 @@ from pathlib import Path
 from typing import Final
 
 import trio
+from support.procs import descendants
 
 from relaxtrio.replay import replay_dump
 from relaxtrio.rollout.dumps import load_dump
@@ -60,6 +61,26 @@ def _parse_exports(line: str) -> dict[str, str]:
     return dict(word.split("=", 1) for word in words[1:])
 
 
+async def _read_until_serving(process: trio.Process) -> str:
+    """serve's stdout up to its ``# serving`` line (its export lines before it)."""
+    with trio.fail_after(SERVE_START_S):
+        buffer = b""
+        while b"# serving" not in buffer:
+            chunk = await process.stdout.receive_some()
+            assert chunk, f"serve exited early: {buffer!r}"
+            buffer += chunk
+    return buffer.decode()
+
+
+async def _read_to_exit(process: trio.Process) -> tuple[bytes, int]:
+    """The rest of serve's stdout and its exit status."""
+    with trio.fail_after(SERVE_STOP_S):
+        tail = b""
+        while chunk := await process.stdout.receive_some():
+            tail += chunk
+        return tail, await process.wait()
+
+
 async def test_serve_then_ctrl_c_dumps_the_forest_of_a_hand_run_agent(tiny_model_dir: Path, tmp_path: Path,
                                                                      shared_engine_url: str) -> None:
     out_dir = tmp_path / "serve"
@@ -69,13 +90,8 @@ async def test_serve_then_ctrl_c_dumps_the_forest_of_a_hand_run_agent(tiny_model
     env = {**os.environ, "PYTHONPATH": os.pathsep.join(sys.path)}
     process = await trio.lowlevel.open_process(cmd, stdout=subprocess.PIPE, env=env)
     try:
-        with trio.fail_after(SERVE_START_S):
-            buffer = b""
-            while b"# serving" not in buffer:
-                chunk = await process.stdout.receive_some()
-                assert chunk, f"serve exited early: {buffer!r}"
-                buffer += chunk
-        lines = [line for line in buffer.decode().splitlines() if line.startswith("export ")]
+        lines = [line for line in (await _read_until_serving(process)).splitlines()
+                 if line.startswith("export ")]
         assert len(lines) == 2 and lines[0].endswith("# session 0")
         exports = [_parse_exports(line) for line in lines]
         assert exports[0]["RELAX_BASE_URL"].endswith("/agentic_api/")
@@ -91,11 +107,8 @@ async def test_serve_then_ctrl_c_dumps_the_forest_of_a_hand_run_agent(tiny_model
         assert done.returncode == 0, done.stderr.decode()[-2000:]
 
         process.send_signal(signal.SIGINT)
-        with trio.fail_after(SERVE_STOP_S):
-            tail = b""
-            while chunk := await process.stdout.receive_some():
-                tail += chunk
-            assert await process.wait() == 0
+        tail, code = await _read_to_exit(process)
+        assert code == 0
     finally:
         if process.returncode is None:
             process.kill()
@@ -130,25 +143,6 @@ async def test_serve_then_ctrl_c_dumps_the_forest_of_a_hand_run_agent(tiny_model
     assert b"0 failed, 1 with no requests" in tail
 
 
-def _descendants(pid: int) -> list[int]:
-    """Pids of every live descendant of ``pid`` (from /proc)."""
-    children: dict[int, list[int]] = {}
-    for entry in os.listdir("/proc"):
-        if entry.isdigit():
-            try:
-                with open(f"/proc/{entry}/stat") as f:
-                    ppid = int(f.read().rsplit(")", 1)[1].split()[1])
-            except (OSError, ValueError, IndexError):
-                continue
-            children.setdefault(ppid, []).append(int(entry))
-    found, todo = [], [pid]
-    while todo:
-        for child in children.get(todo.pop(), []):
-            found.append(child)
-            todo.append(child)
-    return found
-
-
 def _cmdline(pid: int) -> str:
     try:
         with open(f"/proc/{pid}/cmdline", "rb") as f:
@@ -170,13 +164,7 @@ async def test_serve_dumps_its_sessions_when_the_embedded_engine_dies(tiny_model
     env = {**os.environ, "PYTHONPATH": os.pathsep.join(sys.path)}
     process = await trio.lowlevel.open_process(cmd, stdout=subprocess.PIPE, env=env)
     try:
-        with trio.fail_after(SERVE_START_S):
-            buffer = b""
-            while b"# serving" not in buffer:
-                chunk = await process.stdout.receive_some()
-                assert chunk, f"serve exited early: {buffer!r}"
-                buffer += chunk
-        exports = [_parse_exports(line) for line in buffer.decode().splitlines()
+        exports = [_parse_exports(line) for line in (await _read_until_serving(process)).splitlines()
                    if line.startswith("export ")]
         base, token = exports[0]["RELAX_BASE_URL"], exports[0]["RELAX_SESSION_ID"]
         async with httpx.AsyncClient(timeout=120) as http:
@@ -184,14 +172,11 @@ async def test_serve_dumps_its_sessions_when_the_embedded_engine_dies(tiny_model
                                     json={"model": "m", "messages": [{"role": "user", "content": "Hi"}]})
         assert reply.status_code == 200, reply.text
         # The engine itself, not the reaper shim that runs it (whose argv holds the engine's).
-        [engine] = [p for p in _descendants(process.pid) if "-m relaxtrio.engine " in _cmdline(p)
+        [engine] = [p for p in descendants(process.pid) if "-m relaxtrio.engine " in _cmdline(p)
                     and "--parent" not in _cmdline(p)]
         os.kill(engine, signal.SIGKILL)
-        with trio.fail_after(SERVE_STOP_S):
-            tail = b""
-            while chunk := await process.stdout.receive_some():
-                tail += chunk
-            assert await process.wait() == 1
+        tail, code = await _read_to_exit(process)
+        assert code == 1
     finally:
         if process.returncode is None:
             process.kill()
