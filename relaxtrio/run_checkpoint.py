@@ -49,7 +49,6 @@ import fcntl
 import hashlib
 import logging
 import os
-import re
 import time
 from collections.abc import Iterator, Mapping
 from pathlib import Path
@@ -65,6 +64,7 @@ from .rollout.metrics import MetricsLog
 from .rollout.resume import RolloutCheckpoint, capture_pipeline, restore_rollout
 from .train import Trainer
 from .train.checkpoint import (
+    _ITER_RE,
     RUN_STATE_FILE,
     find_run_checkpoint,
     read_run_state,
@@ -175,7 +175,7 @@ def check_checkpoint_dirs(load_dir: Path | None, save_dir: Path | None) -> None:
         raise ConfigError(f"--save {str(save_dir)!r} is not a directory", param="save")
     # The directory itself, or an ``iter_*`` checkpoint above it (any other state.json up the
     # tree belongs to something else).
-    above = [d for d in save_dir.resolve().parents if _CHECKPOINT_NAME.fullmatch(d.name)]
+    above = [d for d in save_dir.resolve().parents if _ITER_RE.match(d.name)]
     inside = next((d for d in (save_dir, *above) if (d / RUN_STATE_FILE).is_file()), None)
     if inside is not None:
         where = "a run checkpoint" if _same_dir(inside, save_dir) else f"inside the run checkpoint {str(inside)!r}"
@@ -196,8 +196,6 @@ def check_checkpoint_dirs(load_dir: Path | None, save_dir: Path | None) -> None:
         f"resumes another one ({str(resumed)!r}): pass --load {str(save_dir)!r} to resume the "
         "first, or a --save directory without checkpoints to fork the second", param="save")
 
-
-_CHECKPOINT_NAME: Final = re.compile(r"iter_\d+")  # as RunCheckpointer names them
 
 RUN_LOCK_FILE: Final = ".relaxtrio.lock"
 """Held (``flock``) by the run using a run or ``--save`` directory; it holds that run's pid."""
