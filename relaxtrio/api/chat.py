@@ -53,6 +53,8 @@ def parse_chat_request(body: Mapping[str, Any], memo: ConversationMemo | None = 
             (``messages[3].content``, ``max_tokens``, ``chat_template_kwargs``...).
     """
     check_chat_options(body)
+    if body.get("messages") is None:  # the API requires it; "projected to zero" would mislead
+        raise InvalidRequestError("messages is required and must be a list", param="messages")
     build = Conversation.from_wire if memo is None else memo.conversation
     conversation = build(body.get("messages"), body.get("tools"), body.get("chat_template_kwargs"),
                          require_tool_call_id=True)
