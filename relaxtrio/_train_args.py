@@ -174,6 +174,9 @@ def add_train_parser(sub: argparse._SubParsersAction, name: str = "train") -> ar
                        help="GPUs (tensor-parallel size) per launched SGLang engine")
     model.add_argument("--min-healthy-engines", type=int, default=1,
                        help="stop the run when fewer healthy engines remain")
+    model.add_argument("--engine-restarts", type=int, default=3, metavar="N",
+                       help="restarts of a launched embedded engine that died allowed within any "
+                            "hour; one more death in that hour ends the run (a crash loop)")
     model.add_argument("--weights-dir", type=Path, default=None,
                        help="directory for the weight versions pushed to the engines, on storage "
                             "every engine can read (unset: <output dir>/weights); made absolute")
@@ -364,6 +367,7 @@ def _check_fleet_flags(args: argparse.Namespace) -> None:
         _need(value is None or value >= 1, f"--{flag.replace('_', '-')} must be >= 1")
     for flag in ("rollout_num_gpus_per_engine", "min_healthy_engines"):
         _need(getattr(args, flag) >= 1, f"--{flag.replace('_', '-')} must be >= 1")
+    _need(args.engine_restarts >= 0, "--engine-restarts must be >= 0")
     connected = bool(args.sglang_router_url or args.engine_urls)
     _need(not (connected and (args.rollout_num_engines or args.rollout_num_gpus)),
           "--rollout-num-engines / --rollout-num-gpus launch engines; they cannot be combined "
@@ -501,6 +505,7 @@ def train_config(args: argparse.Namespace) -> Any:
             num_gpus_per_engine=args.rollout_num_gpus_per_engine,
             sglang_args=tuple(getattr(args, "sglang_args", ())),
             min_healthy_engines=args.min_healthy_engines,
+            engine_restarts=args.engine_restarts,
             weights_dir=args.weights_dir,
             weight_sync=args.weight_sync,
             session_lifecycle=args.agentic_session_lifecycle,

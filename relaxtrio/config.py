@@ -368,7 +368,9 @@ class FleetConfig:
         health_failures: consecutive failed probes that remove a worker still accepting
             connections (a refused connection removes it at once).
         gateway_wait_s: seconds the gateway may stay unreachable before the run stops.
-        engine_restarts: times a launched embedded engine that died is restarted.
+        engine_restarts: restarts of a launched embedded engine that died allowed within any
+            ``engine_restart_window_s`` (more deaths in that window end the run: a crash loop).
+        engine_restart_window_s: seconds of that window.
         startup_timeout_s: seconds a launched engine or gateway may take to answer ``/health``.
     """
 
@@ -387,7 +389,8 @@ class FleetConfig:
     health_failures: int = attrs.field(default=2, validator=positive_int)
     gateway_wait_s: float = attrs.field(default=120.0, validator=positive_number)
     engine_restarts: int = attrs.field(
-        default=1, validator=[attrs.validators.instance_of(int), attrs.validators.ge(0)])
+        default=3, validator=[attrs.validators.instance_of(int), attrs.validators.ge(0)])
+    engine_restart_window_s: float = attrs.field(default=3600.0, validator=positive_number)
     startup_timeout_s: float = attrs.field(default=600.0, validator=positive_number)
 
     def __attrs_post_init__(self) -> None:

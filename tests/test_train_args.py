@@ -141,3 +141,10 @@ def test_lora_flags_reach_the_train_config() -> None:
 def test_lora_run_checkpoints_are_refused(tmp_path) -> None:
     with pytest.raises(RelaxError, match="--lora-rank cannot be combined with --save / --load"):
         _config("--lora-rank", "4", "--save", str(tmp_path / "ckpt"))
+
+
+def test_engine_restarts_reach_the_fleet_config_and_refuse_a_negative_count() -> None:
+    assert _config().fleet.engine_restarts == 3
+    assert _config("--engine-restarts", "0").fleet.engine_restarts == 0
+    with pytest.raises(RelaxError, match="--engine-restarts must be >= 0"):
+        _config("--engine-restarts", "-1")

@@ -17,10 +17,12 @@ down (the shim watches the driver's pid). The processes live in the launcher's n
 by Ctrl-C) stops them all. Logs go to ``<log_dir>/engine-<i>.log`` and ``<log_dir>/gateway.log``.
 
 Supervision: a launched embedded engine that exits is removed from the fleet with its exit
-status (and the tail of its log), restarted on the same port up to ``engine_restarts`` times,
-given the current weights, and readmitted; an SGLang engine is not restarted (a GPU server that
-died usually needs a person). The gateway is restarted on its port whenever it exits; the fleet
-waits for it (up to ``gateway_wait_s``).
+status (and the tail of its log), restarted on the same port, given the current weights, and
+readmitted, up to ``engine_restarts`` times within any ``engine_restart_window_s`` (a crash loop
+ends the run; an engine that dies once a day in a run of many days is restarted every time); an SGLang engine is not restarted (a GPU server that
+died usually needs a person). The gateway is restarted on its port whenever it exits (up to
+:data:`MAX_GATEWAY_RESTARTS` times within any hour); the fleet waits for it (up to
+``gateway_wait_s``).
 
 Where engines run: an :class:`~relaxtrio.sglang.starter.EngineStarter` starts each engine's
 command line; the default :class:`~relaxtrio.sglang.starter.LocalStarter` runs it here as
@@ -69,7 +71,7 @@ log = logging.getLogger(__name__)
 
 EngineKind = Literal["sglang", "embedded"]
 KILL_GRACE_S: Final = 2.0
-MAX_GATEWAY_RESTARTS: Final = 5
+MAX_GATEWAY_RESTARTS: Final = 5  # within any hour
 _POLL_S: Final = 0.2
 
 
@@ -108,8 +110,26 @@ class _Proc:
     starter: EngineStarter
     url: str | None = None
     handle: EngineProcess | None = None
-    restarts_left: int = 0
+    max_restarts: int = 0
+    restart_window_s: float = 3600.0
+    restart_times: list[float] = attrs.field(factory=list)  # trio.current_time() of each restart
     stopping: bool = False
+
+    @property
+    def supervised(self) -> bool:
+        """Whether a death is ever restarted (the fleet then waits for it, see
+        :meth:`~relaxtrio.sglang.fleet.EngineFleet.set_restartable`)."""
+        return self.max_restarts > 0
+
+    def take_restart(self) -> bool:
+        """Uses up one restart if fewer than ``max_restarts`` happened in the last
+        ``restart_window_s`` seconds; False (nothing used) when the budget is spent."""
+        now = trio.current_time()
+        self.restart_times = [t for t in self.restart_times if now - t < self.restart_window_s]
+        if len(self.restart_times) >= self.max_restarts:
+            return False
+        self.restart_times.append(now)
+        return True
 
     @property
     def name(self) -> str:
@@ -156,7 +176,7 @@ class LaunchedFleet:
         self.fleet = fleet
         for proc in self._procs:
             if proc.url is not None and proc.name != "gateway":
-                fleet.set_restartable(proc.url, proc.restarts_left > 0)
+                fleet.set_restartable(proc.url, proc.supervised)
         fleet.on_remove = self._on_remove
 
     def _on_remove(self, url: str, reason: str) -> None:
@@ -287,7 +307,8 @@ def _engine_procs(config: FleetConfig, kind: EngineKind, model_dir: Path, log_di
             env = _cpu_share_env(config.num_engines) if local else {}
             spec = ProcessSpec(name=f"engine {i}", cmd=cmd, log_path=log_path, env=env,
                                announces_url=True)
-            procs.append(_Proc(spec=spec, starter=starter, restarts_left=config.engine_restarts))
+            procs.append(_Proc(spec=spec, starter=starter, max_restarts=config.engine_restarts,
+                               restart_window_s=config.engine_restart_window_s))
     return procs
 
 
@@ -299,7 +320,7 @@ def _gateway_proc(urls: Sequence[str], log_dir: Path) -> _Proc:
            "--prometheus-port", str(_free_port()), "--health-check-interval-secs", "5",
            "--log-level", "warn"]
     spec = ProcessSpec(name="gateway", cmd=cmd, log_path=log_dir / "gateway.log")
-    return _Proc(spec=spec, starter=LocalStarter(), restarts_left=MAX_GATEWAY_RESTARTS)
+    return _Proc(spec=spec, starter=LocalStarter(), max_restarts=MAX_GATEWAY_RESTARTS)
 
 
 async def _supervise(launched: LaunchedFleet, proc: _Proc, gateway: bool, config: FleetConfig,
@@ -317,7 +338,7 @@ async def _supervise(launched: LaunchedFleet, proc: _Proc, gateway: bool, config
             return
         status = proc.handle.describe_exit()
         fleet = None if gateway else launched.fleet
-        restart = proc.restarts_left > 0
+        restart = proc.take_restart()
         reason = f"{proc.name} process exited with {status}"
         old_url = proc.url
         if fleet is not None and old_url is not None:
@@ -328,13 +349,12 @@ async def _supervise(launched: LaunchedFleet, proc: _Proc, gateway: bool, config
             log.error("%s exited with %s; not restarting it (log %s):\n%s", proc.name, status,
                       proc.where, await proc.handle.log_tail())
             return
-        proc.restarts_left -= 1
         log.warning("%s exited with %s; restarting it on port %s (log %s)", proc.name, status,
                     flag_value(proc.spec.cmd, "--port"), proc.where)
         try:
             await _boot(proc, config.startup_timeout_s, client, nursery)
             if fleet is not None and proc.url is not None:
-                fleet.set_restartable(proc.url, proc.restarts_left > 0)
+                fleet.set_restartable(proc.url, proc.supervised)
                 await fleet.readmit(proc.url)
                 if old_url is not None and proc.url != old_url:
                     log.warning("%s came back at %s instead of %s", proc.name, proc.url, old_url)

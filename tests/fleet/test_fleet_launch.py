@@ -1,4 +1,5 @@
-"""Launched engines: readiness, restart once, and no process left behind in any way out."""
+"""Launched engines: readiness, restarts within their budget, and no process left behind in any
+way out."""
 
 from __future__ import annotations
 
@@ -11,14 +12,17 @@ import sys
 import textwrap
 from pathlib import Path
 
+import attrs
 import pytest
 import trio
+import trio.testing
 from support.procs import alive
 
 from relaxtrio import EngineUnavailableError
 from relaxtrio.config import FleetConfig
 from relaxtrio.sglang.fleet import open_engine_fleet
-from relaxtrio.sglang.launch_fleet import open_launched_fleet
+from relaxtrio.sglang.launch_fleet import _Proc, open_launched_fleet
+from relaxtrio.sglang.starter import LocalStarter, ProcessSpec
 from relaxtrio.sglang.wire import SamplingParams
 
 SHORT = SamplingParams(max_new_tokens=3, temperature=0.0)
@@ -39,11 +43,31 @@ def engine_pid(shim_pid: int) -> int:
     return int(children[0])
 
 
+def test_restarts_are_counted_within_a_sliding_window() -> None:
+    """``engine_restarts`` per window: a crash loop is refused, a death an hour later is not."""
+    proc = _Proc(spec=ProcessSpec(name="engine 0", cmd=["x"], log_path=Path("x.log")),
+                 starter=LocalStarter(), max_restarts=2, restart_window_s=3600.0)
+    taken: list[tuple[float, bool]] = []
+
+    async def deaths() -> None:
+        for at in (0.0, 10.0, 20.0, 3599.0, 3601.0, 3611.0, 3612.0):
+            await trio.sleep_until(at)
+            taken.append((at, proc.take_restart()))
+
+    trio.run(deaths, clock=trio.testing.MockClock(autojump_threshold=0))
+    # 0 and 10 fit; 20 and 3599 are the 3rd in an hour; 3601 (0 has left the window) and 3611
+    # (10 has left) fit; 3612 is the 3rd within [12, 3612].
+    assert taken == [(0.0, True), (10.0, True), (20.0, False), (3599.0, False), (3601.0, True),
+                     (3611.0, True), (3612.0, False)]
+    assert proc.supervised
+    assert not attrs.evolve(proc, max_restarts=0).supervised
+
+
 async def test_a_dead_embedded_engine_is_restarted_once(
     tiny_model_dir: Path, tmp_path: Path, caplog: pytest.LogCaptureFixture
 ) -> None:
     caplog.set_level(logging.INFO)
-    config = FleetConfig(num_engines=1, health_interval_s=0.2)
+    config = FleetConfig(num_engines=1, health_interval_s=0.2, engine_restarts=1)
     pgids: list[int] = []
     with trio.fail_after(240), pytest.RaisesGroup(
         pytest.RaisesExc(EngineUnavailableError, match="fewer than --min-healthy-engines 1"),
