@@ -235,7 +235,8 @@ async def open_inference(
             gateway_url = launched.gateway_url
             worker_urls = () if gateway_url else launched.worker_urls
         fleet = await stack.enter_async_context(
-            open_engine_fleet(config, worker_urls=worker_urls, gateway_url=gateway_url))
+            open_engine_fleet(config, worker_urls=worker_urls, gateway_url=gateway_url,
+                              expect_urls=launched.worker_urls if launched else ()))
         if launched is not None:
             launched.attach(fleet)
         kind = config.weight_sync

@@ -516,12 +516,36 @@ class EngineFleet(FleetMembers):
         except BackendError as exc:
             log.warning("fleet: close_session %s failed: %s", session_id, exc)
 
+async def _await_listing(fleet: EngineFleet, wait_s: float, expect_urls: Sequence[str]) -> None:
+    """Poll the gateway's listing until it has every URL of ``expect_urls`` (at least one
+    worker when empty); past ``wait_s`` go on with a non-empty listing (warned).
+
+    Raises:
+        EngineUnavailableError: nothing listed within ``wait_s`` (or the gateway unreachable
+            that long).
+    """
+    expected = {u.rstrip("/") for u in expect_urls}
+    with trio.move_on_after(wait_s):
+        while True:
+            await fleet.refresh()
+            if fleet.urls and expected <= set(fleet.urls):
+                return
+            await trio.sleep(GATEWAY_POLL_S)
+    if not fleet.urls:
+        raise EngineUnavailableError(f"the gateway {fleet.gateway_url} listed no worker within "
+                                     f"{wait_s:g} s")
+    log.warning("fleet: after %g s the gateway lists %d of the %d launched workers (missing: %s); "
+                "opening with those listed", wait_s, len(expected & set(fleet.urls)), len(expected),
+                ", ".join(sorted(expected - set(fleet.urls))))
+
+
 @asynccontextmanager
 async def open_engine_fleet(
     config: FleetConfig,
     *,
     worker_urls: Sequence[str] = (),
     gateway_url: str | None = None,
+    expect_urls: Sequence[str] = (),
     client_config: EngineClientConfig | None = None,
 ) -> AsyncIterator[EngineFleet]:
     """Open the fleet: pools, the worker listing, and the health monitor.
@@ -530,6 +554,11 @@ async def open_engine_fleet(
         config: membership, health and lifecycle settings.
         worker_urls: workers without a gateway (direct mode).
         gateway_url: the gateway (gateway mode); its ``GET /workers`` is read before yielding.
+        expect_urls: gateway mode: workers the gateway was started with (launched engines). The
+            fleet opens once the gateway lists all of them, so the first Sessions (whose routing
+            keys stick to the worker that served them first) spread over every engine instead
+            of all landing on the first one registered; after ``gateway_wait_s`` it opens with
+            what is listed, with a warning.
         client_config: timeouts and retries of the per-worker clients.
 
     Yields:
@@ -558,11 +587,7 @@ async def open_engine_fleet(
                             generation=generation, control=control, client_config=cfg,
                             nursery=nursery)
         if gateway_url is not None:
-            with trio.fail_after(config.gateway_wait_s):
-                while not fleet.urls:
-                    await fleet.refresh()
-                    if not fleet.urls:
-                        await trio.sleep(GATEWAY_POLL_S)
+            await _await_listing(fleet, config.gateway_wait_s, expect_urls)
         log.info("fleet: %d worker(s)%s: %s", len(fleet.urls),
                  f" behind gateway {gateway_url}" if gateway_url else "", ", ".join(fleet.urls))
         await nursery.start(fleet.run_monitor)

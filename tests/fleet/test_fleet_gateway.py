@@ -47,13 +47,11 @@ async def test_every_turn_of_a_session_goes_to_one_worker(start_engines, tmp_pat
     with trio.fail_after(120):
         async with (
             open_gateway(CONFIG, engines.urls, log_dir=tmp_path) as launched,
-            open_engine_fleet(CONFIG, gateway_url=launched.gateway_url) as fleet,
+            open_engine_fleet(CONFIG, gateway_url=launched.gateway_url,
+                              expect_urls=engines.urls) as fleet,
         ):
-            # The fleet opens once the gateway lists one worker; the others join as it registers
-            # them (open_engine_fleet), which can take a moment after the gateway's /health.
-            while len(fleet.urls) < len(engines.urls):
-                await fleet.refresh()
-                await trio.sleep(0.1)
+            # The gateway registers its workers a moment after its /health answers; with
+            # expect_urls the fleet opens only once it lists them all.
             assert sorted(fleet.urls) == sorted(engines.urls)
 
             async def session(key: str) -> None:
@@ -67,6 +65,24 @@ async def test_every_turn_of_a_session_goes_to_one_worker(start_engines, tmp_pat
                     nursery.start_soon(session, f"s{s}")
             await keys_per_worker(fleet, engines.labels)
     assert all(len(labels) == 1 for labels in served.values()), served
+
+
+async def test_a_launched_worker_the_gateway_never_lists_is_waited_for_then_warned(
+    start_engines, tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    engines = await start_engines(1)
+    config = FleetConfig(health_interval_s=0.5, gateway_wait_s=3.0)
+    missing = "http://127.0.0.1:9"  # expected, but not one of the gateway's workers
+    with trio.fail_after(120):
+        async with open_gateway(config, engines.urls, log_dir=tmp_path) as launched:
+            start = trio.current_time()
+            async with open_engine_fleet(config, gateway_url=launched.gateway_url,
+                                         expect_urls=[*engines.urls, missing]) as fleet:
+                waited_s = trio.current_time() - start
+                assert fleet.urls == tuple(engines.urls)
+    assert waited_s >= 3.0
+    assert any("lists 1 of the 2 launched workers (missing: http://127.0.0.1:9)" in r.getMessage()
+               for r in caplog.records)
 
 
 async def test_control_calls_reach_every_worker_the_gateway_lists(
