@@ -183,7 +183,8 @@ async def _model_response(state: _ApiState, adapter: ProtocolAdapter, progress: 
         await pending.wait_prepared()
         if pending.failed_early:
             await pending.result()  # raises the turn's error
-        return sse_response(adapter, parsed, pending.result, state.config.heartbeat_s)
+        return sse_response(adapter, parsed, pending.result, state.config.heartbeat_s,
+                            target=_target(), session_id=session.session_id)
     result = await session.run_turn(state.handler, parsed.turn)
     try:
         payload = adapter.render_json(result, parsed)

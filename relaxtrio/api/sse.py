@@ -35,7 +35,13 @@ from quart.wrappers.response import ResponseBody
 
 from .._errors import InternalError, RelaxError
 from ..nursery.turns import TurnResult
-from .errors import GENERIC_INTERNAL_MESSAGE, RENDER_FAILED_MESSAGE, client_disconnect, log_rejected
+from .errors import (
+    GENERIC_INTERNAL_MESSAGE,
+    RENDER_FAILED_MESSAGE,
+    client_disconnect,
+    describe_request,
+    log_rejected,
+)
 from .wire import ParsedRequest, ProtocolAdapter
 
 log = logging.getLogger(__name__)
@@ -61,11 +67,17 @@ class BufferedSse(ResponseBody):
         run_turn: runs the turn and returns its committed result (``session.run_turn`` bound
             to the handler and the turn); may raise :class:`~relaxtrio.RelaxError`.
         heartbeat_s: seconds between heartbeat frames.
+        target: ``"<METHOD> <path>"`` of the request, for log lines (the route is gone from
+            quart's request context by the time the stream ends).
+        session_id: the request's Session, for log lines.
     """
 
-    def __init__(self, adapter: ProtocolAdapter, request: ParsedRequest, run_turn: RunTurn, heartbeat_s: float):
+    def __init__(self, adapter: ProtocolAdapter, request: ParsedRequest, run_turn: RunTurn,
+                 heartbeat_s: float, *, target: str | None = None, session_id: str | None = None):
         self._adapter = adapter
         self._request = request
+        self._target = target
+        self._session_id = session_id
         self._run_turn = run_turn
         self._heartbeat_s = heartbeat_s
         self._nursery_manager: AbstractAsyncContextManager[trio.Nursery] | None = None
@@ -97,7 +109,8 @@ class BufferedSse(ResponseBody):
         """
         assert self._nursery is not None and self._nursery_manager is not None and self._receive is not None
         if not self._outcome.done.is_set():
-            log.info("%s (HTTP 499)", client_disconnect(body_read=True).message)
+            log.info("%s (%s)", client_disconnect(body_read=True).message,
+                     describe_request(499, target=self._target, session_id=self._session_id))
         self._nursery.cancel_scope.cancel()
         try:
             return await self._nursery_manager.__aexit__(exc_type, exc, tb)
@@ -152,19 +165,25 @@ class BufferedSse(ResponseBody):
                 return self._adapter.render_sse(outcome.result, self._request)
             error = outcome.error or InternalError(GENERIC_INTERNAL_MESSAGE)
             if error.http_status >= 500:
-                log.warning("streamed %s turn failed: %s", self._adapter.name, error.message)
+                log.warning("streamed %s turn failed (%s): %s", self._adapter.name,
+                            describe_request(error.http_status, target=self._target,
+                                             session_id=self._session_id or error.session_id),
+                            error.message)
             else:
-                log_rejected(self._adapter.name, error, None)
+                log_rejected(self._adapter.name, error, self._session_id, target=self._target)
             return self._adapter.render_sse_error(error, self._request)
         except Exception:
             log.exception("rendering the %s stream terminal failed", self._adapter.name)
             return self._adapter.render_sse_error(InternalError(RENDER_FAILED_MESSAGE), self._request)
 
 
-def sse_response(adapter: ProtocolAdapter, request: ParsedRequest, run_turn: RunTurn, heartbeat_s: float) -> Response:
-    """A 200 ``text/event-stream`` response streaming one turn; it has no response timeout."""
+def sse_response(adapter: ProtocolAdapter, request: ParsedRequest, run_turn: RunTurn,
+                 heartbeat_s: float, *, target: str | None = None,
+                 session_id: str | None = None) -> Response:
+    """A 200 ``text/event-stream`` response streaming one turn; it has no response timeout
+    (``target`` and ``session_id``: see :class:`BufferedSse`)."""
     response = Response(
-        BufferedSse(adapter, request, run_turn, heartbeat_s),
+        BufferedSse(adapter, request, run_turn, heartbeat_s, target=target, session_id=session_id),
         status=200,
         content_type="text/event-stream",
         headers=SSE_HEADERS,

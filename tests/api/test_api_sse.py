@@ -3,6 +3,8 @@ in-stream failures, JSON/SSE equivalence of commits, and disconnects that do not
 
 from __future__ import annotations
 
+import logging
+
 import functools
 import json
 from typing import Any
@@ -127,15 +129,21 @@ async def test_heartbeat_interval_is_configurable(registry: SessionRegistry,
 @pytest.mark.parametrize("error", [BackendError("engine exploded at 10.0.0.7"),
                                    ContextLengthExceededError("too long", param="messages")])
 async def test_failures_inside_the_stream_use_the_protocol_form(protocol: str, error: Exception,
-                                                                 registry: SessionRegistry) -> None:
+                                                                 registry: SessionRegistry,
+                                                                 caplog: pytest.LogCaptureFixture) -> None:
     app = create_app(registry, ScriptedHandler(error=error))
-    async with open_session(registry) as session:
-        status, body, _ = await post(app, ENDPOINTS[protocol], body_for(protocol, stream=True),
-                                     token=session.session_id)
+    with caplog.at_level(logging.WARNING, logger="relaxtrio.api"):
+        async with open_session(registry) as session:
+            status, body, _ = await post(app, ENDPOINTS[protocol], body_for(protocol, stream=True),
+                                         token=session.session_id)
     assert status == 200  # headers were already sent when the turn failed
     frames = events(parse_sse(body))
     assert "10.0.0.7" not in body
     internal = isinstance(error, BackendError)
+    # The log line names the route and the Session although the request context is gone.
+    [line] = [r.getMessage() for r in caplog.records if r.name.startswith("relaxtrio.api")]
+    where = f"POST {ENDPOINTS[protocol]}, session {session.session_id}"
+    assert (f"(HTTP 500, {where})" if internal else f"(HTTP 400, {where}, param messages)") in line
     message = "Internal error while handling agentic request." if internal else "too long"
     if protocol == "chat":
         assert [f.data for f in frames][-1] == "[DONE]"
