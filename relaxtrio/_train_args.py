@@ -155,6 +155,9 @@ def add_train_parser(sub: argparse._SubParsersAction, name: str = "train") -> ar
                        help="extra environment for agents (RELAX_ keys are reserved)")
     agent.add_argument("--agent-timeout", type=float, default=600.0,
                        help="active-time budget per Session, seconds")
+    agent.add_argument("--agent-first-request-timeout", type=float, default=600.0, metavar="S",
+                       help="seconds an agent may run before its first model request; then it is "
+                            "stopped and its Group dropped (0: no limit)")
 
     model = p.add_argument_group("model and engine")
     model.add_argument("--hf-checkpoint", type=Path, default=None,
@@ -443,6 +446,7 @@ def train_config(args: argparse.Namespace) -> Any:
     eval_sets = _eval_sets(args)
     agent = AgentConfig(command=args.agent_command, cwd=args.agent_cwd.resolve(),
                         env=parse_agent_env(args.agent_env), timeout_s=args.agent_timeout,
+                        first_request_timeout_s=args.agent_first_request_timeout or None,
                         export_policy=args.agentic_export_policy)
     train = _train_section(args)
     output_dir = args.output_dir or Path("runs") / time.strftime("%Y%m%d-%H%M%S")

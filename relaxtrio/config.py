@@ -105,6 +105,10 @@ class AgentConfig:
         cwd: working directory; must exist.
         env: extra environment entries (no ``RELAX_`` keys).
         timeout_s: active-time budget per Session, in seconds (> 0).
+        first_request_timeout_s: seconds an agent may run before its first model request
+            (from its process start; > 0); past that it is stopped and its Session fails.
+            None: no limit (an agent stuck before its first request then holds its Group at
+            the first-request barrier for ever).
         term_grace_s: seconds between SIGTERM and SIGKILL of the process group.
         export_policy: what implicit export trains when the agent's requests left several
             leaves: ``strict`` (exactly one leaf, the default), ``final`` (the lineage ending in
@@ -120,13 +124,14 @@ class AgentConfig:
 
     Raises:
         ConfigError: a blank command, a missing ``cwd``, a timeout that is not a positive
-            number, or a reserved ``RELAX_`` key in ``env`` (messages name the flag).
+            number (either one), or a reserved ``RELAX_`` key in ``env`` (messages name the flag).
     """
 
     command: str
     cwd: Path = attrs.field(converter=Path)
     env: Mapping[str, str] = attrs.field(factory=dict)
     timeout_s: float = 1800.0
+    first_request_timeout_s: float | None = 600.0
     term_grace_s: float = TERM_GRACE_S
     export_policy: ExportPolicyName = "strict"
     launcher: Callable[..., Any] | None = attrs.field(default=None, eq=False)
@@ -146,6 +151,11 @@ class AgentConfig:
         if not (is_real(self.timeout_s) and self.timeout_s > 0):
             raise ConfigError("--agent-timeout must be a positive number of seconds.",
                               param="agent_timeout")
+        first = self.first_request_timeout_s
+        if first is not None and not (is_real(first) and first > 0):
+            raise ConfigError("--agent-first-request-timeout must be a positive number of seconds "
+                              "(0 on the command line: no limit).",
+                              param="agent_first_request_timeout")
         for key in self.env:
             if key.startswith(RESERVED_ENV_PREFIX):
                 raise ConfigError(

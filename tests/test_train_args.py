@@ -148,3 +148,11 @@ def test_engine_restarts_reach_the_fleet_config_and_refuse_a_negative_count() ->
     assert _config("--engine-restarts", "0").fleet.engine_restarts == 0
     with pytest.raises(RelaxError, match="--engine-restarts must be >= 0"):
         _config("--engine-restarts", "-1")
+
+
+def test_first_request_timeout_flag_reaches_the_agent_config() -> None:
+    assert _config().agent.first_request_timeout_s == 600.0
+    assert _config("--agent-first-request-timeout", "30").agent.first_request_timeout_s == 30.0
+    assert _config("--agent-first-request-timeout", "0").agent.first_request_timeout_s is None
+    with pytest.raises(RelaxError, match="--agent-first-request-timeout must be a positive number"):
+        _config("--agent-first-request-timeout", "-5")

@@ -160,6 +160,8 @@ class Session:
     _turns: trio.Nursery | None = None
     _closed: bool = False
     _ended: trio.Event = attrs.field(factory=trio.Event)
+    _agent_started: trio.Event = attrs.field(factory=trio.Event)
+    _first_request: trio.Event = attrs.field(factory=trio.Event)
 
     @property
     def mode(self) -> RolloutMode:
@@ -218,6 +220,7 @@ class Session:
                 session_id=self.session_id,
             )
         self.num_requests += 1
+        self._first_request.set()
         self.group.note_request(self)
         cell = _TurnCell()
         self._turns.start_soon(self._turn_task, handler, request, cell)
@@ -411,6 +414,7 @@ class _PgidRecorder:
 
     def started(self, pgid: int) -> None:
         self.session.agent_pgid = pgid
+        self.session._agent_started.set()
 
 
 @attrs.define(eq=False)
@@ -514,6 +518,37 @@ def _settle_agent_log(path: Path | None, session: Session) -> None:
         path.unlink(missing_ok=True)
 
 
+@attrs.define(eq=False)
+class _FirstRequestWatch:
+    """Stops an agent that sends no model request within ``timeout_s`` of its process start.
+
+    Before its first request a Session is not in Runtime, so ``--agent-timeout`` does not run
+    yet (docs/agent-contract.md#active-time-budget); without this watch, an agent stuck before
+    its first request (a login prompt, a hung setup step) would hold its Group at the
+    first-request barrier for ever. Expiry cancels the launch (the agent's process group is
+    terminated) and the Session fails, so its Group is dropped like any other failed Group.
+    ``timeout_s`` None: no limit.
+    """
+
+    session: Session
+    timeout_s: float | None
+    expired: bool = False
+
+    async def run(self, launch_scope: trio.CancelScope) -> None:
+        if self.timeout_s is None:
+            return
+        await self.session._agent_started.wait()  # a Ray actor's placement does not count
+        with trio.move_on_after(self.timeout_s):
+            await self.session._first_request.wait()
+            return
+        self.expired = True
+        launch_scope.cancel()
+
+    def message(self) -> str:
+        return (f"Agent sent no model request within {self.timeout_s:g} s of starting "
+                f"(--agent-first-request-timeout); it was stopped.")
+
+
 async def _run_session(
     session: Session,
     *,
@@ -536,14 +571,21 @@ async def _run_session(
     try:
         async with session.serving():
             task_status.started()
-            try:
-                launch = agent.launcher or run_agent  # --agent-executor ray: on a Ray node
-                run = await launch(agent, env, session.input_payload, session.budget,
-                                   log_path=log_path, task_status=_PgidRecorder(session))
-            except AgentExecutionError as exc:
-                session.fail(str(exc))
-            except OSError as exc:
-                session.fail(f"Agent could not be started: {exc}")
+            launch = agent.launcher or run_agent  # --agent-executor ray: on a Ray node
+            silent = _FirstRequestWatch(session, agent.first_request_timeout_s)
+            async with trio.open_nursery() as watch:
+                watch.start_soon(silent.run, watch.cancel_scope)
+                try:
+                    run = await launch(agent, env, session.input_payload, session.budget,
+                                       log_path=log_path, task_status=_PgidRecorder(session))
+                except AgentExecutionError as exc:
+                    session.fail(str(exc))
+                except OSError as exc:
+                    session.fail(f"Agent could not be started: {exc}")
+                finally:
+                    watch.cancel_scope.cancel()
+            if silent.expired:
+                session.fail(silent.message())
     finally:
         registry.discard(session)
         if session.status == "running" and run is None:

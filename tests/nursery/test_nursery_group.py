@@ -44,7 +44,8 @@ class _EnteringHandler:
 
 async def _run(group: Group, commands: list[str], engine: ScriptedEngine, tokenizer, tmp_path: Path,
                env: dict[str, str] | None = None, timeout_s: float = 60.0,
-               wrap: Callable[[TurnHandler], TurnHandler] = lambda handler: handler) -> SessionRegistry:
+               wrap: Callable[[TurnHandler], TurnHandler] = lambda handler: handler,
+               first_request_timeout_s: float | None = None) -> SessionRegistry:
     """Runs ``group`` with per-session commands (a wrapper script dispatches on RELAX_SESSION_ID)."""
     registry = SessionRegistry()
     dispatch = {s.session_id: cmd for s, cmd in zip(group.sessions, commands, strict=True)}
@@ -55,7 +56,8 @@ async def _run(group: Group, commands: list[str], engine: ScriptedEngine, tokeni
                                      config=GenerationConfig(max_response_tokens=16)))
     async with serve_agent_api(registry, handler) as base_url:
         await run_group(group, agent=AgentConfig(command="bash run.sh", cwd=tmp_path, env=env or {},
-                                                 timeout_s=timeout_s, term_grace_s=0.5),
+                                                 timeout_s=timeout_s, term_grace_s=0.5,
+                                                 first_request_timeout_s=first_request_timeout_s),
                         base_url=base_url, registry=registry)
     return registry
 
@@ -108,6 +110,28 @@ async def test_first_request_barrier_holds_generation(tokenizer, tmp_path: Path)
     assert seen_before_release == [0], "no generation before every Session sent its first request"
     assert barrier_at_call == [True, True], "every generation started after the barrier passed"
     assert not group.dropped and len(engine.calls) == 2
+
+
+async def test_an_agent_silent_before_its_first_request_is_stopped_and_drops_its_group(
+    tokenizer, tmp_path: Path
+) -> None:
+    """--agent-timeout only runs in Runtime; the first-request timeout bounds the time before."""
+    cmd = write_httpx_agent(tmp_path)
+    pid_file = tmp_path / "pids"
+    engine = ScriptedEngine(tokenizer=tokenizer, eos_id=tokenizer.eos_token_id,
+                            replies=lambda ids: Reply(text="fine"))
+    group = _group(2)
+    with trio.fail_after(60):
+        start = trio.current_time()
+        await _run(group, [f"{cmd} ok", "bash -c 'echo $$ >> \"$AGENT_PID_FILE\"; exec sleep 1000'"],
+                   engine, tokenizer, tmp_path, env={"AGENT_PID_FILE": str(pid_file)},
+                   first_request_timeout_s=1.5)
+    assert trio.current_time() - start >= 1.5
+    assert group.dropped
+    assert "Agent sent no model request within 1.5 s of starting" in group.dropped_reason
+    assert group.sessions[1].status == "failed"
+    assert group.samples() == [] and engine.calls == []  # session 0 was held at the barrier
+    assert not any(alive(int(pid)) for pid in pid_file.read_text().split())
 
 
 @pytest.mark.parametrize(
