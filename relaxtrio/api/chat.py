@@ -8,7 +8,8 @@ docs/agent-contract.md#chat-completions): ``messages`` (complete history), ``too
 generation (the training configuration owns sampling), except options that ask for what relaxtrio
 cannot do: ``n`` above 1, ``top_logprobs`` above 0, ``tool_choice`` other than ``auto`` (or
 ``none`` without tools), a ``response_format`` schema, the legacy ``functions`` and a ``tools``
-entry that is not a named function tool are 400s naming the field
+entry that is not a named function tool (with an object or null ``parameters``, a string or null
+``description``) are 400s naming the field
 (:func:`.options.check_chat_options`). ``model`` is echoed. A ``developer`` message is rejected:
 the harness must map it to ``system`` (docs/client-quirks.md#developer-messages). A ``tool``
 message must name its ``tool_call_id`` (required by the API; a 400 naming

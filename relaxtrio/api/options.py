@@ -119,6 +119,14 @@ def _chat_tools(tools: Any) -> None:
         if not isinstance(name, str) or not name:
             raise InvalidRequestError(f"{path}.function.name must be a non-empty string",
                                       param=f"{path}.function.name")
+        # Absent or null parameters are allowed (OpenAI's schema: a function without arguments).
+        if function.get("parameters") is not None and not isinstance(function["parameters"], dict):
+            raise InvalidRequestError(f"{path}.function.parameters must be a JSON object",
+                                      param=f"{path}.function.parameters")
+        description = function.get("description")
+        if description is not None and not isinstance(description, str):
+            raise InvalidRequestError(f"{path}.function.description must be a string",
+                                      param=f"{path}.function.description")
 
 
 def check_chat_options(body: Mapping[str, Any]) -> None:
