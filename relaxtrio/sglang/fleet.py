@@ -293,7 +293,8 @@ class EngineFleet(FleetMembers):
             flight.lost = f"generation failed: {failure}"
         if self._fatal is not None:
             raise self._fatal
-        log.warning("fleet: request %s resumes on another worker (%s)", rid, flight.lost)
+        log.warning("fleet: request %s resumes on %s (%s)", rid,
+                    "another worker" if self.urls else "the next worker available", flight.lost)
         version = self.weights[1] if self.weights else "default"
         return lost_result(rid, flight.lost, version)
 
