@@ -546,7 +546,8 @@ class _FirstRequestWatch:
 
     def message(self) -> str:
         return (f"Agent sent no model request within {self.timeout_s:g} s of starting "
-                f"(--agent-first-request-timeout); it was stopped.")
+                f"(--agent-first-request-timeout; a request refused with a 4xx does not count); "
+                f"it was stopped.")
 
 
 async def _run_session(

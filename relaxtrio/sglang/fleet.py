@@ -517,6 +517,7 @@ class EngineFleet(FleetMembers):
         except BackendError as exc:
             log.warning("fleet: close_session %s failed: %s", session_id, exc)
 
+
 async def _await_listing(fleet: EngineFleet, wait_s: float, expect_urls: Sequence[str]) -> None:
     """Poll the gateway's listing until it has every URL of ``expect_urls`` (at least one
     worker when empty); past ``wait_s`` go on with a non-empty listing (warned).

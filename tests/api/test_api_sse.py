@@ -3,10 +3,9 @@ in-stream failures, JSON/SSE equivalence of commits, and disconnects that do not
 
 from __future__ import annotations
 
-import logging
-
 import functools
 import json
+import logging
 from typing import Any
 
 import attrs
