@@ -121,6 +121,19 @@ class _Proc:
         :meth:`~relaxtrio.sglang.fleet.EngineFleet.set_restartable`)."""
         return self.max_restarts > 0
 
+    def budget_used(self) -> str:
+        """``"restart 2 of 3 within 60 min"``: the restart just taken, for log lines."""
+        return (f"restart {len(self.restart_times)} of {self.max_restarts} within "
+                f"{self.restart_window_s / 60:g} min")
+
+    def budget_spent(self) -> str:
+        """Why a death is not restarted, for log lines and the fleet's final error."""
+        flag = "" if self.name == "gateway" else f", --engine-restarts {self.max_restarts}"
+        if self.max_restarts == 0:
+            return f"restarts are off{flag}"
+        return (f"its restart budget is spent ({len(self.restart_times)} restart(s) within the last "
+                f"{self.restart_window_s / 60:g} min{flag}): it keeps dying")
+
     def take_restart(self) -> bool:
         """Uses up one restart if fewer than ``max_restarts`` happened in the last
         ``restart_window_s`` seconds; False (nothing used) when the budget is spent."""
@@ -327,9 +340,11 @@ async def _supervise(launched: LaunchedFleet, proc: _Proc, gateway: bool, config
                      client: httpx.AsyncClient, nursery: trio.Nursery) -> None:
     """Watch one process; restart it when it dies (see the module docstring).
 
-    A restart normally gets the same URL (same node, same port); when it cannot (a Ray actor
-    re-placed on another node, or its port taken there), the new URL joins the fleet and the
-    old one is marked as given up only after it did, so the quorum never counts a gap.
+    A restart that fails (the new process dies during start-up or never answers ``/health``)
+    is one more death: it is tried again while the restart budget allows. A restart normally
+    gets the same URL (same node, same port); when it cannot (a Ray actor re-placed on another
+    node, or its port taken there), the new URL joins the fleet and the old one is marked as
+    given up only after it did, so the quorum never counts a gap.
     """
     while True:
         assert proc.handle is not None
@@ -344,28 +359,39 @@ async def _supervise(launched: LaunchedFleet, proc: _Proc, gateway: bool, config
         if fleet is not None and old_url is not None:
             fleet.remove(old_url, reason, restarting=restart)
             if not restart:
-                fleet.restart_failed(old_url, reason)
+                fleet.restart_failed(old_url, f"{reason}; {proc.budget_spent()}")
         if not restart:
-            log.error("%s exited with %s; not restarting it (log %s):\n%s", proc.name, status,
-                      proc.where, await proc.handle.log_tail())
+            log.error("%s exited with %s; not restarting it: %s (log %s):\n%s", proc.name, status,
+                      proc.budget_spent(), proc.where, await proc.handle.log_tail())
             return
-        log.warning("%s exited with %s; restarting it on port %s (log %s)", proc.name, status,
-                    flag_value(proc.spec.cmd, "--port"), proc.where)
-        try:
-            await _boot(proc, config.startup_timeout_s, client, nursery)
-            if fleet is not None and proc.url is not None:
-                fleet.set_restartable(proc.url, proc.supervised)
-                await fleet.readmit(proc.url)
-                if old_url is not None and proc.url != old_url:
-                    log.warning("%s came back at %s instead of %s", proc.name, proc.url, old_url)
-                    fleet.restart_failed(old_url, f"{reason}; replaced by {proc.url}")
-                    launched.worker_urls = tuple(
-                        proc.url if u == old_url else u for u in launched.worker_urls)
-        except BackendError as exc:
-            log.error("%s could not be restarted: %s", proc.name, exc)
-            if fleet is not None and old_url is not None:
-                fleet.restart_failed(old_url, f"{reason}; the restart failed: {exc}")
-            return
+        what = f"{proc.name} exited with {status}"
+        while True:  # restart attempts
+            log.warning("%s; restarting it on port %s (%s; log %s)", what,
+                        flag_value(proc.spec.cmd, "--port"), proc.budget_used(), proc.where)
+            try:
+                await _boot(proc, config.startup_timeout_s, client, nursery)
+                if fleet is not None and proc.url is not None:
+                    fleet.set_restartable(proc.url, proc.supervised)
+                    await fleet.readmit(proc.url)
+                    if old_url is not None and proc.url != old_url:
+                        log.warning("%s came back at %s instead of %s", proc.name, proc.url, old_url)
+                        fleet.restart_failed(old_url, f"{reason}; replaced by {proc.url}")
+                        launched.worker_urls = tuple(
+                            proc.url if u == old_url else u for u in launched.worker_urls)
+                break
+            except BackendError as exc:
+                if proc.handle is not None:  # one that never answered /health must not linger
+                    with trio.CancelScope(shield=True):
+                        await proc.handle.stop()
+                if proc.stopping:
+                    return
+                what = f"{proc.name} could not be restarted ({exc})"
+                if not proc.take_restart():
+                    log.error("%s could not be restarted: %s; %s", proc.name, exc, proc.budget_spent())
+                    if fleet is not None and old_url is not None:
+                        fleet.restart_failed(old_url, f"{reason}; the restart failed: {exc}; "
+                                                      f"{proc.budget_spent()}")
+                    return
 
 
 @asynccontextmanager

@@ -3,6 +3,7 @@ way out."""
 
 from __future__ import annotations
 
+import contextlib
 import json
 import logging
 import os
@@ -91,7 +92,49 @@ async def test_a_dead_embedded_engine_is_restarted_once(
     messages = [r.getMessage() for r in caplog.records]
     assert any("engine 0 exited with code 137 (killed by SIGKILL); restarting" in m for m in messages)
     assert sum("restarting it on port" in m for m in messages) == 1  # once, not twice
+    assert any("(restart 1 of 1 within 60 min;" in m for m in messages)
+    assert any("not restarting it: its restart budget is spent (1 restart(s) within the last "
+               "60 min, --engine-restarts 1): it keeps dying" in m for m in messages)
     assert (tmp_path / "engine-0.log").read_text().count("RELAXTRIO_ENGINE_URL=") == 2  # restarted once
+    assert not any(group_alive(p) for p in pgids)
+
+
+async def _engine_child(shim_pid: int) -> int:
+    """The engine process under a reaper shim, once the shim started it."""
+    while True:
+        with contextlib.suppress(FileNotFoundError):
+            children = Path(f"/proc/{shim_pid}/task/{shim_pid}/children").read_text().split()
+            if children:
+                return int(children[0])
+        await trio.sleep(0.005)
+
+
+async def test_an_engine_that_dies_while_restarting_is_restarted_again(
+    tiny_model_dir: Path, tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    """A failed restart is one more death within the budget, not the end of the run."""
+    caplog.set_level(logging.INFO)
+    config = FleetConfig(num_engines=1, health_interval_s=0.2, engine_restarts=3)
+    pgids: list[int] = []
+    with trio.fail_after(240):
+        async with open_launched_fleet(config, model_dir=tiny_model_dir, log_dir=tmp_path,
+                                       kind="embedded") as launched:
+            pgids.extend(launched.pids())
+            [url] = launched.worker_urls
+            async with open_engine_fleet(config, worker_urls=[url]) as fleet:
+                launched.attach(fleet)
+                os.kill(engine_pid(pgids[0]), signal.SIGKILL)
+                while launched.pids() in ([], pgids[:1]):  # until the restart's new group
+                    await trio.sleep(0.005)
+                pgids.extend(launched.pids())
+                # Killed while it loads the model, before its /health answers.
+                os.kill(await _engine_child(pgids[1]), signal.SIGKILL)
+                result = await fleet.generate([1, 2, 3], SHORT, rid="a:t0#", routing_key="a")
+                assert fleet.urls == (url,)
+    assert result.finish_type == "length"
+    messages = [r.getMessage() for r in caplog.records]
+    assert any("engine 0 could not be restarted (" in m and "(restart 2 of 3 within 60 min;" in m
+               for m in messages), messages
     assert not any(group_alive(p) for p in pgids)
 
 
