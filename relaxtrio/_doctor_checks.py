@@ -127,7 +127,8 @@ def _first_request(obs: Observation, limit_s: float) -> Check:
     if obs.no_request_in_time:
         return Check("first_request", "fail",
                      f"no request reached the API within {limit_s:g} s (the agent was stopped); in a "
-                     "training run its whole Group waits at the first-request barrier meanwhile", fix)
+                     "training run its whole Group waits at the first-request barrier until "
+                     "--agent-first-request-timeout stops it and drops the Group", fix)
     if obs.timed_out:
         return Check("first_request", "fail", "the agent timed out without sending a request", fix)
     if obs.return_code:

@@ -202,8 +202,10 @@ def add_doctor_parser(sub: argparse._SubParsersAction) -> argparse.ArgumentParse
     p.add_argument("--agent-timeout", type=float, default=300.0, help="active-time budget, seconds")
     p.add_argument("--input", type=Path, default=None,
                    help=f"{_INPUT_HELP} (unset: a one-question task with its answer in metadata)")
-    p.add_argument("--first-request-timeout", type=float, default=60.0,
-                   help="seconds the agent has to send its first request")
+    p.add_argument("--first-request-timeout", "--agent-first-request-timeout",
+                   dest="first_request_timeout", type=float, default=60.0,
+                   help="seconds the agent has to send its first request (train's "
+                        "--agent-first-request-timeout, whose default is 600)")
     p.add_argument("--min-client-timeout", type=float, default=600.0,
                    help="shortest acceptable client read timeout, seconds")
     p.add_argument("--custom-rm-path", default=None, help="a configured reward hook (module.function)")

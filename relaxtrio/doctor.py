@@ -30,6 +30,7 @@ from __future__ import annotations
 import functools
 import logging
 import math
+import re
 from contextlib import AsyncExitStack
 from pathlib import Path
 from typing import Any, Final
@@ -177,12 +178,18 @@ def _header_float(headers: Any, *names: str) -> float | None:
     return None
 
 
+_CONTROL: Final = re.compile(r"[\x00-\x08\x0b-\x1f\x7f-\x9f]")
+
+
 def _tail(path: Path, lines: int = LOG_TAIL_LINES) -> str:
+    """The log's last ``lines`` lines, with control characters (terminal escapes, NUL) shown
+    as ``\\xNN`` so that an agent's output cannot recolour or garble the user's terminal."""
     try:
         text = path.read_text(encoding="utf-8", errors="replace")
     except OSError:
         return ""
-    return "\n".join(text.rstrip().splitlines()[-lines:])
+    tail = "\n".join(text.rstrip().splitlines()[-lines:])
+    return _CONTROL.sub(lambda m: f"\\x{ord(m.group()):02x}", tail)
 
 
 @attrs.frozen

@@ -44,6 +44,7 @@ messages.pop()
 out = os.environ["RELAX_OUTPUT_JSON"]
 if mode == "crash":
     print("agent: giving up", file=sys.stderr)
+    print("\x1b[31mred\x00\x07", file=sys.stderr)  # terminal escapes must not reach the user's terminal
     sys.exit(3)
 if mode == "bad_json":
     open(out, "w").write("{reward: 1")
@@ -156,6 +157,8 @@ async def test_non_zero_exit(tiny_model_dir: Path, tmp_path: Path) -> None:
     assert report.check("output").status == "skip"
     lines = report.lines()
     assert "    agent: giving up" in lines and lines[-1].startswith("doctor: 4 of 9 checks did not pass")
+    assert "    \\x1b[31mred\\x00\\x07" in lines
+    assert not any(ch in report.log_tail for ch in "\x1b\x00\x07")
 
 
 async def test_invalid_output_json(tiny_model_dir: Path, tmp_path: Path) -> None:
