@@ -53,15 +53,29 @@ log = logging.getLogger("relaxtrio")
 
 
 class _Terminated(Exception):
-    """SIGTERM or SIGHUP arrived; the run is cancelled and cleaned up."""
+    """SIGTERM, SIGHUP or SIGINT arrived; the run is cancelled and cleaned up."""
 
     def __init__(self, signum: int) -> None:
         super().__init__(signal.Signals(signum).name)
         self.signum = signum
 
 
+def _stop_signals() -> tuple[int, ...]:
+    """The signals that cancel a run: SIGTERM, SIGHUP, and SIGINT unless it is ignored (a
+    background job of a non-interactive shell starts so, and Ctrl-C must not reach it).
+
+    SIGINT goes through the same receiver rather than trio's KeyboardInterrupt: that one is
+    only delivered once the main task waits somewhere abortable, so a Ctrl-C during a shielded
+    checkpoint write let the next step start its agents before the run stopped.
+    """
+    stop = [signal.SIGTERM, signal.SIGHUP]
+    if signal.getsignal(signal.SIGINT) is not signal.SIG_IGN:
+        stop.append(signal.SIGINT)
+    return tuple(stop)
+
+
 async def _run_with_signals(config: Any) -> Any:
-    """Runs the training job; SIGTERM/SIGHUP cancel it like Ctrl-C does (with full cleanup).
+    """Runs the training job; SIGTERM, SIGHUP and Ctrl-C cancel it (with full cleanup).
 
     Cancellation:
         A signal cancels the run; agents and the engine are terminated by the run's own
@@ -70,7 +84,7 @@ async def _run_with_signals(config: Any) -> Any:
     from .driver import run_training
 
     result: list[Any] = []
-    with trio.open_signal_receiver(signal.SIGTERM, signal.SIGHUP) as signals:
+    with trio.open_signal_receiver(*_stop_signals()) as signals:
         async with trio.open_nursery() as nursery:
             async def watch() -> None:
                 async for signum in signals:
@@ -95,6 +109,9 @@ def _exit_code(exc: BaseException) -> int | None:
         log.error("interrupted; agents and the engine were stopped")
         return 130
     terminated = [e for e in leaves if isinstance(e, _Terminated)]
+    if terminated and terminated[0].signum == signal.SIGINT:
+        log.error("interrupted; agents and the engine were stopped")
+        return 130
     if terminated:
         log.error("terminated by %s; agents and the engine were stopped", terminated[0])
         return 128 + terminated[0].signum

@@ -440,6 +440,9 @@ async def _run_loaded(
             ) as pipeline:
                 view.attach(pipeline)
                 for rollout_id in range(checkpointer.first_rollout_id, cfg.num_rollout):
+                    # A stop (Ctrl-C, SIGTERM) that came during the shielded checkpoint write
+                    # takes effect here, before the next step starts any agent.
+                    await trio.lowlevel.checkpoint()
                     row = await _train_step(cfg, pipeline, trainer, inference, rollout_id,
                                             eval_sets, outputs, view, split)
                     checkpointer.note_step(rollout_id, row)
