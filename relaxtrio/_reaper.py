@@ -12,7 +12,9 @@ started as the leader of a new process group (``start_new_session``); CMD and wh
   launched it; the caller's pid is passed rather than read at start, so a driver that died before
   the shim looked is noticed too). When the parent is gone, even SIGKILLed so that none of its
   cleanup ran, the shim sends the group SIGTERM, waits up to :data:`GRACE_S` seconds for CMD to
-  exit, then SIGKILLs the whole group, itself included;
+  exit, removes the dead driver's shared-memory weight mailboxes (``/dev/shm`` directories named
+  after its pid, see :mod:`relaxtrio.shm_weights`: they would hold the model's size in RAM until
+  the next run), then SIGKILLs the whole group, itself included;
 - makes CMD receive SIGKILL when the shim itself dies (Linux ``PR_SET_PDEATHSIG``, set in CMD
   right after the fork). The shim is single-threaded, so that signal is tied to the shim's life;
   it is not set between the driver and the shim because trio forks from a worker thread, and the
@@ -29,15 +31,19 @@ from __future__ import annotations
 import ctypes
 import os
 import resource
+import shutil
 import signal
 import subprocess
 import sys
+from pathlib import Path
 from collections.abc import Callable, Sequence
 from typing import Final
 
 POLL_S: Final = 0.5
 GRACE_S: Final = 10.0
 _PR_SET_PDEATHSIG: Final = 1
+SHM_ROOT: Final = Path("/dev/shm")
+SHM_MAILBOX_PREFIX: Final = "relaxtrio-weights-"  # relaxtrio.shm_weights._PREFIX (not imported)
 
 
 SCRIPT: Final = os.path.abspath(__file__)
@@ -86,6 +92,12 @@ def _end_like(code: int) -> int:
     return 128 + signum  # a signal that does not kill (or could not be re-raised)
 
 
+def remove_mailboxes(driver_pid: int, root: Path = SHM_ROOT) -> None:
+    """Remove the weight mailboxes of ``driver_pid`` (``<prefix><pid>-*`` under ``root``)."""
+    for path in root.glob(f"{SHM_MAILBOX_PREFIX}{driver_pid}-*"):
+        shutil.rmtree(path, ignore_errors=True)
+
+
 def _kill_group(signum: int) -> None:
     """Signal the shim's process group, only when the shim leads it (never the caller's)."""
     if os.getpgrp() != os.getpid():
@@ -130,6 +142,7 @@ def main(argv: list[str]) -> int:
                 child.wait(timeout=GRACE_S)
             except subprocess.TimeoutExpired:
                 pass
+            remove_mailboxes(parent)  # its engines (this CMD among them) have stopped reading
             _kill_group(signal.SIGKILL)
             child.kill()  # not a group leader: at least CMD goes
             return 1

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
 import signal
 import subprocess
 import sys
@@ -18,7 +19,7 @@ from pathlib import Path
 import pytest
 from support.procs import alive
 
-from relaxtrio import _reaper
+from relaxtrio import _reaper, shm_weights
 
 DEADLINE_S = 30.0
 
@@ -86,6 +87,10 @@ _DRIVER = textwrap.dedent("""
 """)
 
 
+def test_the_shim_knows_the_mailbox_prefix_of_shm_weights() -> None:
+    assert _reaper.SHM_MAILBOX_PREFIX == shm_weights._PREFIX
+
+
 def test_a_sigkilled_driver_takes_every_shimmed_group_down(tmp_path: Path) -> None:
     env = dict(os.environ, PYTHONPATH=os.pathsep.join(sys.path))
     driver = subprocess.Popen([sys.executable, "-c", _DRIVER], stdout=subprocess.PIPE, env=env)
@@ -100,10 +105,19 @@ def test_a_sigkilled_driver_takes_every_shimmed_group_down(tmp_path: Path) -> No
                 break
             assert time.monotonic() < deadline, (under, grandchildren)
             time.sleep(0.05)
+        # The driver's weight mailbox (named after its pid) must not outlive it in RAM.
+        mailbox = _reaper.SHM_ROOT / f"{_reaper.SHM_MAILBOX_PREFIX}{driver.pid}-test"
+        mailbox.mkdir()
+        (mailbox / "weights.bin").write_bytes(b"\0" * 4096)
+        other = _reaper.SHM_ROOT / f"{_reaper.SHM_MAILBOX_PREFIX}{os.getpid()}-test"  # alive
+        other.mkdir()
         driver.kill()
         driver.wait()
         wait_gone(*shims, *under, *grandchildren)
+        assert not mailbox.exists() and other.exists()
     finally:
+        for path in _reaper.SHM_ROOT.glob(f"{_reaper.SHM_MAILBOX_PREFIX}*-test"):
+            shutil.rmtree(path, ignore_errors=True)
         driver.kill()
         driver.wait()
         if driver.stdout is not None:
