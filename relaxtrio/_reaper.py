@@ -35,8 +35,8 @@ import shutil
 import signal
 import subprocess
 import sys
-from pathlib import Path
 from collections.abc import Callable, Sequence
+from pathlib import Path
 from typing import Final
 
 POLL_S: Final = 0.5
