@@ -105,11 +105,9 @@ def _leaves(exc: BaseException) -> list[BaseException]:
 def _exit_code(exc: BaseException) -> int | None:
     """Exit code for an expected way a run ends early, or None for a bug (re-raised)."""
     leaves = _leaves(exc)
-    if any(isinstance(e, KeyboardInterrupt) for e in leaves):
-        log.error("interrupted; agents and the engine were stopped")
-        return 130
     terminated = [e for e in leaves if isinstance(e, _Terminated)]
-    if terminated and terminated[0].signum == signal.SIGINT:
+    if any(isinstance(e, KeyboardInterrupt) for e in leaves) or (
+            terminated and terminated[0].signum == signal.SIGINT):
         log.error("interrupted; agents and the engine were stopped")
         return 130
     if terminated:

@@ -11,6 +11,7 @@ import signal
 import subprocess
 import sys
 import textwrap
+from collections.abc import AsyncIterator
 from pathlib import Path
 
 import attrs
@@ -21,8 +22,8 @@ from support.procs import alive
 
 from relaxtrio import EngineUnavailableError
 from relaxtrio.config import FleetConfig
-from relaxtrio.sglang.fleet import open_engine_fleet
-from relaxtrio.sglang.launch_fleet import _Proc, open_launched_fleet
+from relaxtrio.sglang.fleet import EngineFleet, open_engine_fleet
+from relaxtrio.sglang.launch_fleet import LaunchedFleet, _Proc, open_launched_fleet
 from relaxtrio.sglang.starter import LocalStarter, ProcessSpec
 from relaxtrio.sglang.wire import SamplingParams
 
@@ -42,6 +43,20 @@ def engine_pid(shim_pid: int) -> int:
     children = Path(f"/proc/{shim_pid}/task/{shim_pid}/children").read_text().split()
     assert len(children) == 1, children
     return int(children[0])
+
+
+@contextlib.asynccontextmanager
+async def _one_supervised_engine(config: FleetConfig, model_dir: Path, log_dir: Path,
+                                 pgids: list[int]) -> AsyncIterator[tuple[LaunchedFleet, EngineFleet, str]]:
+    """One launched embedded engine in a fleet that its supervisor reports to; its first
+    process group is appended to ``pgids``."""
+    async with open_launched_fleet(config, model_dir=model_dir, log_dir=log_dir,
+                                   kind="embedded") as launched:
+        pgids.extend(launched.pids())
+        [url] = launched.worker_urls
+        async with open_engine_fleet(config, worker_urls=[url]) as fleet:
+            launched.attach(fleet)
+            yield launched, fleet, url
 
 
 def test_restarts_are_counted_within_a_sliding_window() -> None:
@@ -74,20 +89,16 @@ async def test_a_dead_embedded_engine_is_restarted_once(
         pytest.RaisesExc(EngineUnavailableError, match="fewer than --min-healthy-engines 1"),
         flatten_subgroups=True,
     ):
-        async with open_launched_fleet(config, model_dir=tiny_model_dir, log_dir=tmp_path,
-                                       kind="embedded") as launched:
-            pgids.extend(launched.pids())
-            [url] = launched.worker_urls
-            async with open_engine_fleet(config, worker_urls=[url]) as fleet:
-                launched.attach(fleet)
-                os.kill(engine_pid(pgids[0]), signal.SIGKILL)
-                while url not in fleet.statistics().removed:
-                    await trio.sleep(0.05)
-                # The only worker is being restarted: a generation waits for it.
-                result = await fleet.generate([1, 2, 3], SHORT, rid="a:t0#", routing_key="a")
-                assert fleet.urls == (url,)
-                os.kill(engine_pid(launched.pids()[0]), signal.SIGKILL)
-                await trio.sleep(60)  # the monitor stops the fleet: no restart left
+        async with _one_supervised_engine(config, tiny_model_dir, tmp_path, pgids) as (
+                launched, fleet, url):
+            os.kill(engine_pid(pgids[0]), signal.SIGKILL)
+            while url not in fleet.statistics().removed:
+                await trio.sleep(0.05)
+            # The only worker is being restarted: a generation waits for it.
+            result = await fleet.generate([1, 2, 3], SHORT, rid="a:t0#", routing_key="a")
+            assert fleet.urls == (url,)
+            os.kill(engine_pid(launched.pids()[0]), signal.SIGKILL)
+            await trio.sleep(60)  # the monitor stops the fleet: no restart left
     assert result.finish_type == "length"
     messages = [r.getMessage() for r in caplog.records]
     assert any("engine 0 exited with code 137 (killed by SIGKILL); restarting" in m for m in messages)
@@ -117,20 +128,16 @@ async def test_an_engine_that_dies_while_restarting_is_restarted_again(
     config = FleetConfig(num_engines=1, health_interval_s=0.2, engine_restarts=3)
     pgids: list[int] = []
     with trio.fail_after(240):
-        async with open_launched_fleet(config, model_dir=tiny_model_dir, log_dir=tmp_path,
-                                       kind="embedded") as launched:
+        async with _one_supervised_engine(config, tiny_model_dir, tmp_path, pgids) as (
+                launched, fleet, url):
+            os.kill(engine_pid(pgids[0]), signal.SIGKILL)
+            while launched.pids() in ([], pgids[:1]):  # until the restart's new group
+                await trio.sleep(0.005)
             pgids.extend(launched.pids())
-            [url] = launched.worker_urls
-            async with open_engine_fleet(config, worker_urls=[url]) as fleet:
-                launched.attach(fleet)
-                os.kill(engine_pid(pgids[0]), signal.SIGKILL)
-                while launched.pids() in ([], pgids[:1]):  # until the restart's new group
-                    await trio.sleep(0.005)
-                pgids.extend(launched.pids())
-                # Killed while it loads the model, before its /health answers.
-                os.kill(await _engine_child(pgids[1]), signal.SIGKILL)
-                result = await fleet.generate([1, 2, 3], SHORT, rid="a:t0#", routing_key="a")
-                assert fleet.urls == (url,)
+            # Killed while it loads the model, before its /health answers.
+            os.kill(await _engine_child(pgids[1]), signal.SIGKILL)
+            result = await fleet.generate([1, 2, 3], SHORT, rid="a:t0#", routing_key="a")
+            assert fleet.urls == (url,)
     assert result.finish_type == "length"
     messages = [r.getMessage() for r in caplog.records]
     assert any("engine 0 could not be restarted (" in m and "(restart 2 of 3 within 60 min;" in m

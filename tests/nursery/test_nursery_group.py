@@ -30,6 +30,12 @@ def _group(n: int, timeout_s: float = 60.0) -> Group:
                         input_payload={"messages": [{"role": "user", "content": "task"}]})
 
 
+def _fine_engine(tokenizer) -> ScriptedEngine:
+    """An engine that answers every turn with ``fine``."""
+    return ScriptedEngine(tokenizer=tokenizer, eos_id=tokenizer.eos_token_id,
+                          replies=lambda ids: Reply(text="fine"))
+
+
 @attrs.define
 class _EnteringHandler:
     """Delegates to ``inner`` after setting ``entered`` (a turn reached the handler)."""
@@ -64,8 +70,7 @@ async def _run(group: Group, commands: list[str], engine: ScriptedEngine, tokeni
 
 async def test_group_completes_and_exports_in_session_order(tokenizer, tmp_path: Path) -> None:
     cmd = write_httpx_agent(tmp_path)
-    engine = ScriptedEngine(tokenizer=tokenizer, eos_id=tokenizer.eos_token_id,
-                            replies=lambda ids: Reply(text="fine"))
+    engine = _fine_engine(tokenizer)
     group = _group(3)
     with trio.fail_after(60):
         registry = await _run(group, [f"{cmd} ok"] * 3, engine, tokenizer, tmp_path,
@@ -118,8 +123,7 @@ async def test_an_agent_silent_before_its_first_request_is_stopped_and_drops_its
     """--agent-timeout only runs in Runtime; the first-request timeout bounds the time before."""
     cmd = write_httpx_agent(tmp_path)
     pid_file = tmp_path / "pids"
-    engine = ScriptedEngine(tokenizer=tokenizer, eos_id=tokenizer.eos_token_id,
-                            replies=lambda ids: Reply(text="fine"))
+    engine = _fine_engine(tokenizer)
     group = _group(2)
     with trio.fail_after(60):
         start = trio.current_time()
@@ -149,8 +153,7 @@ async def test_failed_session_drops_group_and_kills_siblings(
 ) -> None:
     cmd = write_httpx_agent(tmp_path)
     pid_file = tmp_path / "pids"
-    engine = ScriptedEngine(tokenizer=tokenizer, eos_id=tokenizer.eos_token_id,
-                            replies=lambda ids: Reply(text="fine"))
+    engine = _fine_engine(tokenizer)
     group = _group(3)
     with trio.fail_after(60):
         await _run(group, [f"{cmd} hang", f"{cmd} {mode}", f"{cmd} hang"], engine, tokenizer, tmp_path,
@@ -171,8 +174,7 @@ async def test_timeout_drops_group_and_leaves_no_process(tokenizer, tmp_path: Pa
     exactly when 3 s of trio time have passed in Runtime, and its processes are gone."""
     cmd = write_httpx_agent(tmp_path)
     pipe = PidPipe(tmp_path / "pids")
-    engine = ScriptedEngine(tokenizer=tokenizer, eos_id=tokenizer.eos_token_id,
-                            replies=lambda ids: Reply(text="fine"))
+    engine = _fine_engine(tokenizer)
     group = _group(2, timeout_s=3.0)
     ok, hanging = group.sessions
     async with RealTimeLimit(120):
