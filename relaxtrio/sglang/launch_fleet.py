@@ -510,6 +510,33 @@ async def _stop_all(procs: Sequence[_Proc]) -> None:
                 stops.start_soon(proc.stop)
 
 
+async def _await_registered(gateway_url: str, worker_urls: Sequence[str], timeout_s: float,
+                            client: httpx.AsyncClient) -> None:
+    """Wait until the gateway's ``GET /workers`` lists every URL of ``worker_urls`` as healthy.
+
+    The gateway answers ``/health`` before it has registered the workers of its launch flags
+    (it registers them in the background); a Session routed meanwhile gets a ``min_group`` key
+    on the workers registered so far and keeps it, so a loaded machine could send every first
+    Session to one worker. Past ``timeout_s`` it goes on with a warning naming the missing ones.
+    """
+    expected = {u.rstrip("/") for u in worker_urls}
+    healthy: set[str] = set()
+    with trio.move_on_after(timeout_s):
+        while True:
+            try:
+                listing = (await client.get(gateway_url + "/workers", timeout=5.0)).json()
+                healthy = {str(w.get("url", "")).rstrip("/") for w in listing.get("workers", ())
+                           if isinstance(w, dict) and w.get("is_healthy", True)}
+            except (httpx.TransportError, ValueError, AttributeError):
+                pass
+            if expected <= healthy:
+                return
+            await trio.sleep(_POLL_S)
+    log.warning("gateway %s lists %d of its %d workers as healthy after %g s (missing: %s)",
+                gateway_url, len(expected & healthy), len(expected), timeout_s,
+                ", ".join(sorted(expected - healthy)))
+
+
 @asynccontextmanager
 async def open_gateway(
     config: FleetConfig, worker_urls: Sequence[str], *, log_dir: Path
@@ -522,7 +549,8 @@ async def open_gateway(
         log_dir: where ``gateway.log`` goes.
 
     Yields:
-        What was started (``gateway_url`` set; ``worker_urls`` as given).
+        What was started (``gateway_url`` set; ``worker_urls`` as given), once the gateway lists
+        every worker as healthy (or ``startup_timeout_s`` passed: warned).
 
     Raises:
         BackendError: the gateway exited or did not answer ``/health`` during startup.
@@ -537,6 +565,7 @@ async def open_gateway(
         try:
             await _boot(gateway, config.startup_timeout_s, client, nursery)
             launched.gateway_url = gateway.url
+            await _await_registered(gateway.url, worker_urls, config.startup_timeout_s, client)
             nursery.start_soon(_supervise, launched, gateway, True, config, client, nursery)
             yield launched
         finally:

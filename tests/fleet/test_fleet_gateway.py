@@ -7,6 +7,7 @@ import os
 import signal
 from pathlib import Path
 
+import attrs
 import httpx
 import pytest
 import torch
@@ -19,6 +20,7 @@ from relaxtrio.sglang.fleet import EngineFleet, open_engine_fleet
 from relaxtrio.sglang.launch_fleet import open_gateway
 from relaxtrio.sglang.wire import SamplingParams
 from relaxtrio.train.checkpoint import save_weights_dir
+from relaxtrio.train.ranks import free_port
 
 pytest.importorskip("sglang_router")
 
@@ -121,6 +123,24 @@ async def test_control_calls_reach_every_worker_the_gateway_lists(
     assert all(r.finish_type == "abort" and r.output_ids for r in results.values())
     assert versions == ["step-1", "step-1"]
     assert after.weight_version == "step-1"
+
+
+async def test_open_gateway_waits_for_every_worker(start_engines, tmp_path: Path,
+                                                   caplog: pytest.LogCaptureFixture) -> None:
+    """open_gateway yields once every worker is listed healthy; one that never is gets named."""
+    engines = await start_engines(1)
+    with trio.fail_after(120):
+        async with open_gateway(CONFIG, engines.urls, log_dir=tmp_path) as launched:
+            async with httpx.AsyncClient(base_url=launched.gateway_url) as gateway:
+                listing = (await gateway.get("/workers")).json()["workers"]
+        assert [(w["url"], w["is_healthy"]) for w in listing] == [(engines.urls[0], True)]
+        nobody = f"http://127.0.0.1:{free_port()}"
+        started = trio.current_time()
+        async with open_gateway(attrs.evolve(CONFIG, startup_timeout_s=3.0),
+                                [engines.urls[0], nobody], log_dir=tmp_path):
+            waited = trio.current_time() - started
+    assert waited >= 3.0
+    assert f"lists 1 of its 2 workers as healthy after 3 s (missing: {nobody})" in caplog.text
 
 
 async def test_the_listing_is_followed(start_engines, tmp_path: Path) -> None:
