@@ -89,7 +89,7 @@ def _visible_gpus() -> list[str]:
     if shutil.which("nvidia-smi") is None:
         return []
     try:
-        out = subprocess.run(["nvidia-smi", "-L"], capture_output=True, text=True, timeout=10)
+        out = subprocess.run(["nvidia-smi", "-L"], check=False, capture_output=True, text=True, timeout=10)
     except (OSError, subprocess.TimeoutExpired):
         return []
     return [str(i) for i, line in enumerate(out.stdout.splitlines()) if line.startswith("GPU ")]

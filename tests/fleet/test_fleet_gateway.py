@@ -130,9 +130,11 @@ async def test_open_gateway_waits_for_every_worker(start_engines, tmp_path: Path
     """open_gateway yields once every worker is listed healthy; one that never is gets named."""
     engines = await start_engines(1)
     with trio.fail_after(120):
-        async with open_gateway(CONFIG, engines.urls, log_dir=tmp_path) as launched:
-            async with httpx.AsyncClient(base_url=launched.gateway_url) as gateway:
-                listing = (await gateway.get("/workers")).json()["workers"]
+        async with (
+            open_gateway(CONFIG, engines.urls, log_dir=tmp_path) as launched,
+            httpx.AsyncClient(base_url=launched.gateway_url) as gateway,
+        ):
+            listing = (await gateway.get("/workers")).json()["workers"]
         assert [(w["url"], w["is_healthy"]) for w in listing] == [(engines.urls[0], True)]
         nobody = f"http://127.0.0.1:{free_port()}"
         started = trio.current_time()
