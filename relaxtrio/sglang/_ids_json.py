@@ -20,6 +20,8 @@ from collections import OrderedDict
 from collections.abc import Mapping, Sequence
 from typing import Any, Final
 
+import orjson
+
 from ..forest import LineageIds
 
 __all__ = ["IdsJsonEncoder"]
@@ -30,6 +32,15 @@ _DEFAULT_KEYS: Final = 4096  # keys remembered (about one per Session in flight)
 # json.dumps with non-default arguments builds an encoder per call; these are shared (stateless).
 _IDS: Final = json.JSONEncoder(separators=(",", ":"))
 _FIELDS: Final = json.JSONEncoder(separators=(",", ":"), ensure_ascii=False)
+
+
+def _ids_list_text(ids: Sequence[int]) -> bytes:
+    """``ids`` as comma-separated decimal ASCII: orjson for a list or tuple of ints (the same
+    text as :mod:`json`, several times faster), :mod:`json` for anything else."""
+    try:
+        return orjson.dumps(ids)[1:-1]
+    except TypeError:  # not a list/tuple of machine-size ints (orjson.JSONEncodeError)
+        return _IDS.encode(list(ids))[1:-1].encode("ascii")
 
 
 class IdsJsonEncoder:
@@ -98,7 +109,7 @@ class IdsJsonEncoder:
                 if best_n < n <= len(ids) and ids[n - 1] == seq[-1] and ids[:n] == seq:
                     best_key, best_n, best_text = entry, n, text
         if best_n < len(ids):
-            tail = _IDS.encode(ids[best_n:])[1:-1].encode("ascii")
+            tail = _ids_list_text(ids[best_n:])
             text = b"".join((best_text, b",", tail)) if best_text else tail  # one copy
         else:
             text = best_text

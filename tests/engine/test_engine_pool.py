@@ -357,3 +357,36 @@ def test_generate_reply_parsing_fast_and_checked_paths_agree() -> None:
             parse_generate_response(reply(rows, [7, 8]), return_logprob=True)
     with pytest.raises(BackendError, match="output_ids must be a list of integers"):
         parse_generate_response(reply([[-0.5, 7], [-0.5, 8]], [7, True]), return_logprob=True)
+
+
+async def test_instant_engine_reads_http_by_itself(nursery: trio.Nursery) -> None:
+    """Its minimal HTTP/1.1 reader: keep-alive with a query and a body split over reads, then
+    a bad request line (400), a chunked body (501) and ``Connection: close`` each end the
+    connection after their answer."""
+    engine = InstantEngine(reply_ids=[7, 2], eos_id=2)
+    url = await nursery.start(serve_instant_engine, engine)
+    host, port = url.removeprefix("http://").split(":")
+
+    async def exchange(*parts: bytes) -> bytes:
+        stream = await trio.open_tcp_stream(host, int(port))
+        async with stream:
+            for part in parts:
+                await stream.send_all(part)
+                await trio.sleep(0.01)
+            received = b""
+            while chunk := await stream.receive_some(65536):
+                received += chunk
+        return received
+
+    body = b'{"input_ids":[1,2,3],"sampling_params":{"max_new_tokens":1}}'
+    head = b"POST /generate?x=1 HTTP/1.1\r\nHost: e\r\nContent-Length: %d\r\n\r\n" % len(body)
+    with trio.fail_after(10):
+        kept = await exchange(head + body[:10], body[10:] + b"GET /health HTTP/1.1\r\n\r\n",
+                              b"GET /nope HTTP/1.1\r\nConnection: close\r\n\r\n")
+        bad = await exchange(b"NONSENSE\r\n\r\n")
+        chunked = await exchange(b"POST /generate HTTP/1.1\r\nTransfer-Encoding: chunked\r\n\r\n")
+    answers = kept.split(b"HTTP/1.1 ")[1:]
+    assert [a.split(b" ", 1)[0] for a in answers] == [b"200", b"200", b"404"]
+    assert b'"output_ids":[7]' in answers[0] and b"Connection: close" in answers[2]
+    assert bad.startswith(b"HTTP/1.1 400 ") and b"malformed request line" in bad
+    assert chunked.startswith(b"HTTP/1.1 501 ") and engine.num_generate_calls == 1
