@@ -135,6 +135,9 @@ class IdsJsonEncoder:
             fields: every other key of the body (JSON values; must not hold ``input_ids``).
             key: see :meth:`ids_text`.
         """
-        rest = _FIELDS.encode(dict(fields)).encode()
+        try:  # orjson: the same JSON values as json (a float may be spelled differently)
+            rest = orjson.dumps(fields if type(fields) is dict else dict(fields))
+        except TypeError:  # a type orjson does not write (orjson.JSONEncodeError)
+            rest = _FIELDS.encode(dict(fields)).encode()
         joiner = b"," if len(rest) > 2 else b""
         return b"".join((b'{"input_ids":[', self._ids_bytes(input_ids, key), b"]", joiner, rest[1:]))
