@@ -108,7 +108,7 @@ class InstantEngine:
 
 _HEAD_END: Final = b"\r\n\r\n"
 _MAX_HEAD_BYTES: Final = 65536
-_REASONS: Final = {200: "OK", 400: "Bad Request", 404: "Not Found", 411: "Length Required",
+_REASONS: Final = {200: "OK", 400: "Bad Request", 404: "Not Found",
                    431: "Request Header Fields Too Large", 501: "Not Implemented"}
 
 

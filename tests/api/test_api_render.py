@@ -12,7 +12,7 @@ from relaxtrio.api.messages import MESSAGES
 from relaxtrio.api.responses import RESPONSES
 from relaxtrio.forest import Conversation
 from relaxtrio.nursery.turns import TokenLogprob, TurnRequest, TurnResult
-from relaxtrio.api.wire import ParsedRequest
+from relaxtrio.api.wire import ParsedRequest, dumps, encode_json
 
 CALLS = [{"id": "call_a", "type": "function", "function": {"name": "f", "arguments": '{"x":1}'}},
          {"id": "call_b", "type": "function", "function": {"name": "g", "arguments": "{}"}}]
@@ -121,3 +121,15 @@ def test_lone_surrogate_in_an_echoed_model_still_encodes() -> None:
     request = ParsedRequest(turn=REQUEST.turn, model="bad\ud800")
     frames = events(parse_sse(CHAT.render_sse(result({"role": "assistant", "content": "x"}), request)))
     assert json.loads(frames[0].data)["model"] == "bad\ud800"
+
+
+def test_encode_json_writes_what_json_writes_and_never_fails() -> None:
+    payload = {"id": "chatcmpl_1", "content": "é \u2028 \x00 / \\ \"", "n": [1, 2**63 - 1, -3],
+               "p": [0.5, -1.25e-05], "ok": True, "none": None, "nested": [{"a": []}]}
+    assert json.loads(encode_json(payload)) == payload
+    assert encode_json({"a": "é"}) == dumps({"a": "é"}).encode()
+    # What orjson refuses goes through json: a lone surrogate, an int past 64 bits, an int key.
+    assert json.loads(encode_json({"model": "bad\ud800"})) == {"model": "bad\ud800"}
+    assert json.loads(encode_json({"seed": 2**70})) == {"seed": 2**70}
+    assert json.loads(encode_json({1: "x"})) == {"1": "x"}
+    assert encode_json({"logprob": float("nan")}) == b'{"logprob":null}'  # valid JSON, not NaN
