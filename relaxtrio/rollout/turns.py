@@ -62,6 +62,10 @@ log = logging.getLogger(__name__)
 
 ABORT_GRACE_S: Final = 5.0
 MAX_EMPTY_ABORTS: Final = 8
+MAX_TURN_TOKENS: Final = 2**31 - 1
+"""The most tokens one generation request asks an engine for: a request's limit above it (an
+agent's "no limit" such as 2**64) is cut to it, as a limit above the context's room is cut to
+the room, so an engine never receives an integer its request parser cannot hold."""
 
 _Node = RootNode | ObservationNode | ResponseNode
 
@@ -220,15 +224,16 @@ class EngineTurnHandler:
 
     def _token_budget(self, forest: SessionForest, parent: _Node, request: TurnRequest) -> int:
         """Tokens the turn may generate: the request's own limit (its turn limit,
-        docs/canonical-contract.md#context-limits), else ``--rollout-max-response-len``, bounded
-        by the room the context limit leaves after the lineage.
+        docs/canonical-contract.md#context-limits; at most :data:`MAX_TURN_TOKENS`), else
+        ``--rollout-max-response-len``, bounded by the room the context limit leaves after the
+        lineage.
 
         Raises:
             ContextLengthExceededError: the lineage leaves no room.
         """
         budget = self.config.max_response_tokens
         if request.max_new_tokens is not None:
-            budget = request.max_new_tokens
+            budget = min(request.max_new_tokens, MAX_TURN_TOKENS)
         if forest.max_context_tokens is not None:
             used = forest.train_token_count(parent)
             room = forest.max_context_tokens - used

@@ -510,7 +510,7 @@ async def _stop_all(procs: Sequence[_Proc]) -> None:
                 stops.start_soon(proc.stop)
 
 
-async def _await_registered(gateway_url: str, worker_urls: Sequence[str], timeout_s: float,
+async def _await_registered(gateway: _Proc, worker_urls: Sequence[str], timeout_s: float,
                             client: httpx.AsyncClient) -> None:
     """Wait until the gateway's ``GET /workers`` lists every URL of ``worker_urls`` as healthy.
 
@@ -518,23 +518,42 @@ async def _await_registered(gateway_url: str, worker_urls: Sequence[str], timeou
     (it registers them in the background); a Session routed meanwhile gets a ``min_group`` key
     on the workers registered so far and keeps it, so a loaded machine could send every first
     Session to one worker. Past ``timeout_s`` it goes on with a warning naming the missing ones.
+
+    Raises:
+        BackendError: the gateway exited while waited for.
     """
+    handle = gateway.handle
+    assert handle is not None and gateway.url is not None
     expected = {u.rstrip("/") for u in worker_urls}
     healthy: set[str] = set()
-    with trio.move_on_after(timeout_s):
-        while True:
-            try:
-                listing = (await client.get(gateway_url + "/workers", timeout=5.0)).json()
-                healthy = {str(w.get("url", "")).rstrip("/") for w in listing.get("workers", ())
-                           if isinstance(w, dict) and w.get("is_healthy", True)}
-            except (httpx.TransportError, ValueError, AttributeError):
-                pass
-            if expected <= healthy:
-                return
-            await trio.sleep(_POLL_S)
-    log.warning("gateway %s lists %d of its %d workers as healthy after %g s (missing: %s)",
-                gateway_url, len(expected & healthy), len(expected), timeout_s,
-                ", ".join(sorted(expected - healthy)))
+    exited = False
+    async with trio.open_nursery() as nursery:
+
+        async def watch() -> None:
+            nonlocal exited
+            await handle.wait()
+            exited = True
+            nursery.cancel_scope.cancel()
+
+        nursery.start_soon(watch)
+        with trio.move_on_after(timeout_s):
+            while not expected <= healthy:
+                try:
+                    listing = (await client.get(gateway.url + "/workers", timeout=5.0)).json()
+                    healthy = {str(w.get("url", "")).rstrip("/") for w in listing.get("workers", ())
+                               if isinstance(w, dict) and w.get("is_healthy", True)}
+                except (httpx.TransportError, ValueError, AttributeError):
+                    pass
+                if not expected <= healthy:
+                    await trio.sleep(_POLL_S)
+        nursery.cancel_scope.cancel()
+    if exited:
+        raise BackendError(f"the gateway exited with {handle.describe_exit()} while registering its "
+                           f"workers (log {gateway.where}):\n{await handle.log_tail()}")
+    if not expected <= healthy:
+        log.warning("gateway %s lists %d of its %d workers as healthy after %g s (missing: %s)",
+                    gateway.url, len(expected & healthy), len(expected), timeout_s,
+                    ", ".join(sorted(expected - healthy)))
 
 
 @asynccontextmanager
@@ -553,7 +572,8 @@ async def open_gateway(
         every worker as healthy (or ``startup_timeout_s`` passed: warned).
 
     Raises:
-        BackendError: the gateway exited or did not answer ``/health`` during startup.
+        BackendError: the gateway exited or did not answer ``/health`` during startup, or
+            exited while registering the workers.
 
     Cancellation:
         Leaving the context in any way stops the gateway (shielded).
@@ -565,7 +585,7 @@ async def open_gateway(
         try:
             await _boot(gateway, config.startup_timeout_s, client, nursery)
             launched.gateway_url = gateway.url
-            await _await_registered(gateway.url, worker_urls, config.startup_timeout_s, client)
+            await _await_registered(gateway, worker_urls, config.startup_timeout_s, client)
             nursery.start_soon(_supervise, launched, gateway, True, config, client, nursery)
             yield launched
         finally:

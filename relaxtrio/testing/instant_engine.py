@@ -90,6 +90,9 @@ class InstantEngine:
                 payload = orjson.loads(body) if body else {}
             except ValueError:
                 return 400, {"error": {"message": "invalid JSON body"}}
+            problem = _generate_body_problem(payload)
+            if problem is not None:
+                return 400, {"error": {"message": problem}}
             return 200, self.generate(payload)
         if path in ("/health", "/health_generate"):
             return 200, None
@@ -106,10 +109,28 @@ class InstantEngine:
         return 404, {"error": {"message": f"no route {method} {path}"}}
 
 
+def _generate_body_problem(payload: Any) -> str | None:
+    """What makes ``payload`` an unusable single-form ``/generate`` body, or None."""
+    if not isinstance(payload, dict):
+        return "the body must be a JSON object"
+    prompt = payload.get("input_ids")
+    if prompt is not None and not (isinstance(prompt, list) and all(type(i) is int for i in prompt)):
+        return "input_ids must be a list of integers"
+    sampling = payload.get("sampling_params")
+    if sampling is not None and not isinstance(sampling, dict):
+        return "sampling_params must be an object"
+    limit = (sampling or {}).get("max_new_tokens")
+    if limit is not None and not (type(limit) is int and limit >= 0):
+        return "sampling_params.max_new_tokens must be a non-negative integer"
+    return None
+
+
 _HEAD_END: Final = b"\r\n\r\n"
 _MAX_HEAD_BYTES: Final = 65536
-_REASONS: Final = {200: "OK", 400: "Bad Request", 404: "Not Found",
-                   431: "Request Header Fields Too Large", 501: "Not Implemented"}
+_MAX_BODY_BYTES: Final = 1 << 30
+_REASONS: Final = {200: "OK", 400: "Bad Request", 404: "Not Found", 413: "Content Too Large",
+                   431: "Request Header Fields Too Large", 500: "Internal Server Error",
+                   501: "Not Implemented"}
 
 
 class _BadRequest(Exception):
@@ -140,7 +161,7 @@ def _parse_head(head: str) -> tuple[str, str, int, bool]:
     if len(parts) != 3 or not parts[2].startswith("HTTP/1."):
         raise _BadRequest(400, f"malformed request line {request_line[:80]!r}")
     method, target, version = parts
-    length = 0
+    length: int | None = None
     close = version != "HTTP/1.1"
     for line in lines:
         name, sep, value = line.partition(":")
@@ -148,14 +169,16 @@ def _parse_head(head: str) -> tuple[str, str, int, bool]:
             raise _BadRequest(400, f"malformed header line {line[:80]!r}")
         name, value = name.strip().lower(), value.strip()
         if name == "content-length":
-            if not value.isdigit():
-                raise _BadRequest(400, f"invalid Content-Length {value[:40]!r}")
+            if not (value.isascii() and value.isdigit()) or (length is not None and int(value) != length):
+                raise _BadRequest(400, f"invalid or repeated Content-Length {value[:40]!r}")
             length = int(value)
+            if length > _MAX_BODY_BYTES:
+                raise _BadRequest(413, f"a body of {length} bytes is larger than {_MAX_BODY_BYTES}")
         elif name == "transfer-encoding":
             raise _BadRequest(501, "only Content-Length bodies are supported")
         elif name == "connection":
             close = value.lower() == "close" or (close and value.lower() != "keep-alive")
-    return method, target.split("?", 1)[0], length, close
+    return method, target.split("?", 1)[0], length or 0, close
 
 
 async def _serve_connection(engine: InstantEngine, stream: trio.SocketStream) -> None:
@@ -172,11 +195,15 @@ async def _serve_connection(engine: InstantEngine, stream: trio.SocketStream) ->
             while end < 0:
                 if len(buffer) > _MAX_HEAD_BYTES:
                     raise _BadRequest(431, "request head too large")
+                if b"\n\n" in buffer:
+                    raise _BadRequest(400, "header lines must end with CRLF")
                 data = await stream.receive_some(_READ_BYTES)
                 if not data:
                     return
                 buffer += data
                 end = buffer.find(_HEAD_END)
+            if end > _MAX_HEAD_BYTES:
+                raise _BadRequest(431, "request head too large")
             method, path, length, close = _parse_head(buffer[:end].decode("latin-1"))
             del buffer[: end + len(_HEAD_END)]
             while len(buffer) < length:
@@ -186,7 +213,10 @@ async def _serve_connection(engine: InstantEngine, stream: trio.SocketStream) ->
                 buffer += data
             body = bytes(buffer[:length])
             del buffer[:length]
-            status, payload = engine.answer(method, path, body)
+            try:
+                status, payload = engine.answer(method, path, body)
+            except Exception as exc:  # noqa: BLE001 - a fault answers this request; the server goes on
+                status, payload = 500, {"error": {"message": f"{type(exc).__name__}: {exc}"}}
             await stream.send_all(_response(status, payload, close=close))
             if close:
                 return

@@ -390,3 +390,23 @@ async def test_instant_engine_reads_http_by_itself(nursery: trio.Nursery) -> Non
     assert b'"output_ids":[7]' in answers[0] and b"Connection: close" in answers[2]
     assert bad.startswith(b"HTTP/1.1 400 ") and b"malformed request line" in bad
     assert chunked.startswith(b"HTTP/1.1 501 ") and engine.num_generate_calls == 1
+
+    def post(payload: bytes, extra: bytes = b"") -> bytes:
+        return b"POST /generate HTTP/1.1\r\nContent-Length: %d\r\n%s\r\n%s" % (len(payload), extra, payload)
+
+    # Bodies of the wrong shape are 400s on a connection that stays open; heads it cannot read
+    # (bare LF, two different lengths, past 64 KiB) are answered and closed; it serves on.
+    with trio.fail_after(10):
+        shapes = await exchange(post(b"[1,2]"), post(b'{"sampling_params":[1]}'),
+                                post(b'{"sampling_params":{"max_new_tokens":1.5}}'),
+                                post(b'{"input_ids":[1,"x"]}'),
+                                post(body, b"Connection: close\r\n"))
+        bare_lf = await exchange(b"GET /health HTTP/1.1\n\n")
+        twice = await exchange(post(body, b"Content-Length: 3\r\n"))
+        large = await exchange(b"GET /health HTTP/1.1\r\nX: " + b"a" * 70_000 + b"\r\n\r\n")
+    answers = shapes.split(b"HTTP/1.1 ")[1:]
+    assert [a.split(b" ", 1)[0] for a in answers] == [b"400"] * 4 + [b"200"]
+    assert b"max_new_tokens must be a non-negative integer" in answers[2]
+    assert bare_lf.startswith(b"HTTP/1.1 400 ") and b"CRLF" in bare_lf
+    assert twice.startswith(b"HTTP/1.1 400 ") and large.startswith(b"HTTP/1.1 431 ")
+    assert engine.num_generate_calls == 2

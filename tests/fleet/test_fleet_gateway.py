@@ -14,6 +14,7 @@ import torch
 import trio
 from fleet_helpers import IGNORE_DROPPED_BODY, long_sampling, wait_running
 
+from relaxtrio._errors import BackendError
 from relaxtrio.config import FleetConfig
 from relaxtrio.models import load_model
 from relaxtrio.sglang.fleet import EngineFleet, open_engine_fleet
@@ -143,6 +144,33 @@ async def test_open_gateway_waits_for_every_worker(start_engines, tmp_path: Path
             waited = trio.current_time() - started
     assert waited >= 3.0
     assert f"lists 1 of its 2 workers as healthy after 3 s (missing: {nobody})" in caplog.text
+
+
+async def test_open_gateway_fails_when_the_gateway_dies_during_registration(
+        start_engines, tmp_path: Path) -> None:
+    """A gateway killed while open_gateway waits for a worker that never comes is an error then,
+    not a warning after the startup timeout and a dead URL."""
+    engines = await start_engines(1)
+    nobody = f"http://127.0.0.1:{free_port()}"
+
+    async def kill_gateway() -> None:
+        while True:  # the gateway launched for ``nobody``, once it answers /health
+            found = await trio.run_process(["pgrep", "-f", f"sglang_router.*{nobody}"],
+                                           capture_stdout=True, check=False)
+            if found.stdout and (tmp_path / "gateway.log").exists():
+                await trio.sleep(2.0)
+                os.kill(int(found.stdout.split()[0]), signal.SIGKILL)
+                return
+            await trio.sleep(0.1)
+
+    with trio.fail_after(60):
+        async with trio.open_nursery() as nursery:
+            nursery.start_soon(kill_gateway)
+            with pytest.RaisesGroup(pytest.RaisesExc(
+                    BackendError, match="exited .* while registering its workers")):
+                async with open_gateway(attrs.evolve(CONFIG, startup_timeout_s=120.0),
+                                        [engines.urls[0], nobody], log_dir=tmp_path):
+                    pass
 
 
 async def test_the_listing_is_followed(start_engines, tmp_path: Path) -> None:

@@ -16,7 +16,7 @@ from relaxtrio.config import GenerationConfig
 from relaxtrio.forest import Conversation
 from relaxtrio.models import load_tokenizer
 from relaxtrio.nursery.turns import TurnRequest
-from relaxtrio.rollout.turns import EngineTurnHandler
+from relaxtrio.rollout.turns import MAX_TURN_TOKENS, EngineTurnHandler
 from relaxtrio.testing.scripted_engine import Reply, ScriptedEngine
 
 
@@ -35,7 +35,8 @@ async def _turn_budget(model_dir: Path, *, request_limit: int | None, default: i
 
 
 @pytest.mark.parametrize(("request_limit", "default", "expected"),
-                         [(300, 16, 300), (5, 16, 5), (None, 16, 16)])
+                         [(300, 16, 300), (5, 16, 5), (None, 16, 16),
+                          (2**70, 16, MAX_TURN_TOKENS)])  # an agent's "no limit", cut for the engine
 async def test_the_request_limit_is_the_turn_limit(tiny_model_dir: Path, request_limit, default,
                                                    expected) -> None:
     # Before, a request could only lower --rollout-max-response-len: 300 became 16.
