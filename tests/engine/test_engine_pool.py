@@ -399,7 +399,7 @@ async def test_instant_engine_reads_http_by_itself(nursery: trio.Nursery) -> Non
     with trio.fail_after(10):
         shapes = await exchange(post(b"[1,2]"), post(b'{"sampling_params":[1]}'),
                                 post(b'{"sampling_params":{"max_new_tokens":1.5}}'),
-                                post(b'{"input_ids":[1,"x"]}'),
+                                post(b'{"input_ids":{"a":1}}'),
                                 post(body, b"Connection: close\r\n"))
         bare_lf = await exchange(b"GET /health HTTP/1.1\n\n")
         twice = await exchange(post(body, b"Content-Length: 3\r\n"))
