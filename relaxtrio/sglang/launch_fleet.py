@@ -220,42 +220,51 @@ class LaunchedFleet:
         return {p.name: p.handle for p in self._procs if p.handle is not None}
 
 
+async def _poll_while_alive(proc: _Proc, timeout_s: float,
+                            ready: Callable[[], Awaitable[bool]]) -> Literal["ready", "exited", "timeout"]:
+    """Call ``ready`` every ``_POLL_S`` until it returns True, ``proc`` exits (watched
+    meanwhile; the poll is cancelled) or ``timeout_s`` passes; says which came first."""
+    handle = proc.handle
+    assert handle is not None
+    outcome: Literal["ready", "exited", "timeout"] = "timeout"
+    async with trio.open_nursery() as nursery:
+
+        async def watch() -> None:
+            nonlocal outcome
+            await handle.wait()
+            outcome = "exited"
+            nursery.cancel_scope.cancel()
+
+        nursery.start_soon(watch)
+        with trio.move_on_after(timeout_s):
+            while not await ready():
+                await trio.sleep(_POLL_S)
+            outcome = "ready"
+        nursery.cancel_scope.cancel()
+    return outcome
+
+
 async def _wait_http_ok(proc: _Proc, url: str, path: str, timeout_s: float,
                         client: httpx.AsyncClient) -> None:
     """Poll ``url + path`` until it answers 200: SGLang's servers and the gateway announce
     readiness only by answering (``/health`` is 503 or refused before). The process's exit,
     watched meanwhile, ends the wait with an error."""
-    handle = proc.handle
-    assert handle is not None
-    exited = False
-    answered = False
-    async with trio.open_nursery() as nursery:
 
-        async def watch() -> None:
-            nonlocal exited
-            await handle.wait()
-            exited = True
-            nursery.cancel_scope.cancel()
+    async def answered() -> bool:
+        try:
+            return (await client.get(url + path, timeout=5.0)).status_code == 200
+        except httpx.TransportError:
+            return False
 
-        nursery.start_soon(watch)
-        with trio.move_on_after(timeout_s):
-            while True:
-                try:
-                    response = await client.get(url + path, timeout=5.0)
-                    if response.status_code == 200:
-                        answered = True
-                        break
-                except httpx.TransportError:
-                    pass
-                await trio.sleep(_POLL_S)
-        nursery.cancel_scope.cancel()
-    if answered:
+    outcome = await _poll_while_alive(proc, timeout_s, answered)
+    if outcome == "ready":
         return
-    if exited:
-        raise BackendError(f"{proc.name} exited with {handle.describe_exit()} during startup "
-                           f"(log {proc.where}):\n{await handle.log_tail()}")
+    assert proc.handle is not None
+    if outcome == "exited":
+        raise BackendError(f"{proc.name} exited with {proc.handle.describe_exit()} during startup "
+                           f"(log {proc.where}):\n{await proc.handle.log_tail()}")
     raise BackendError(f"{proc.name} did not answer {path} within {timeout_s:g} s "
-                       f"(log {proc.where}):\n{await handle.log_tail()}")
+                       f"(log {proc.where}):\n{await proc.handle.log_tail()}")
 
 
 async def _boot(proc: _Proc, timeout_s: float, client: httpx.AsyncClient,
@@ -522,37 +531,29 @@ async def _await_registered(gateway: _Proc, worker_urls: Sequence[str], timeout_
     Raises:
         BackendError: the gateway exited while waited for.
     """
-    handle = gateway.handle
-    assert handle is not None and gateway.url is not None
+    assert gateway.handle is not None and gateway.url is not None
+    url = gateway.url
     expected = {u.rstrip("/") for u in worker_urls}
     healthy: set[str] = set()
-    exited = False
-    async with trio.open_nursery() as nursery:
 
-        async def watch() -> None:
-            nonlocal exited
-            await handle.wait()
-            exited = True
-            nursery.cancel_scope.cancel()
+    async def all_listed() -> bool:
+        nonlocal healthy
+        try:
+            listing = (await client.get(url + "/workers", timeout=5.0)).json()
+            healthy = {str(w.get("url", "")).rstrip("/") for w in listing.get("workers", ())
+                       if isinstance(w, dict) and w.get("is_healthy", True)}
+        except (httpx.TransportError, ValueError, AttributeError):
+            pass
+        return expected <= healthy
 
-        nursery.start_soon(watch)
-        with trio.move_on_after(timeout_s):
-            while not expected <= healthy:
-                try:
-                    listing = (await client.get(gateway.url + "/workers", timeout=5.0)).json()
-                    healthy = {str(w.get("url", "")).rstrip("/") for w in listing.get("workers", ())
-                               if isinstance(w, dict) and w.get("is_healthy", True)}
-                except (httpx.TransportError, ValueError, AttributeError):
-                    pass
-                if not expected <= healthy:
-                    await trio.sleep(_POLL_S)
-        nursery.cancel_scope.cancel()
-    if exited:
-        raise BackendError(f"the gateway exited with {handle.describe_exit()} while registering its "
-                           f"workers (log {gateway.where}):\n{await handle.log_tail()}")
-    if not expected <= healthy:
+    outcome = await _poll_while_alive(gateway, timeout_s, all_listed)
+    if outcome == "exited":
+        raise BackendError(f"the gateway exited with {gateway.handle.describe_exit()} while "
+                           f"registering its workers (log {gateway.where}):\n"
+                           f"{await gateway.handle.log_tail()}")
+    if outcome == "timeout":
         log.warning("gateway %s lists %d of its %d workers as healthy after %g s (missing: %s)",
-                    gateway.url, len(expected & healthy), len(expected), timeout_s,
+                    url, len(expected & healthy), len(expected), timeout_s,
                     ", ".join(sorted(expected - healthy)))
 
 
