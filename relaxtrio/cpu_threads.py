@@ -11,11 +11,12 @@ forward took 21-25 s with 2 threads and 3.2 s with 1). So by default the cores a
 * the trainer gets ``max(1, cores // 2)`` threads (``torch.set_num_threads`` in the driver);
 * each of the ``N`` embedded engines launched here gets ``max(1, (cores - trainer) // N)``
   (``python -m relaxtrio.engine --num-threads``);
-* while no train Group is resident (nothing generates, no agent runs: the synchronous update,
-  or a fully async update once the next step's Groups have all finished) the trainer takes
-  every core (``trainer_solo_threads``): its micro-batches ask before each one
+* while no train Group uses the CPU (nothing generates, no agent computes: the synchronous
+  update, a fully async update once the next step's Groups have all finished, or a prelaunch
+  update once every prelaunched agent has sent its first request and waits for its lease) the
+  trainer takes every core (``trainer_solo_threads``): its micro-batches ask before each one
   (:meth:`relaxtrio.train.Trainer.train_step` ``threads``), so an update that began beside
-  generation speeds up as soon as the generation ends.
+  generation or agent start-ups speeds up as soon as they end.
 
 The split is the same for every schedule (synchronous, prelaunch, fully async), so no schedule
 is compared against a handicapped baseline. ``--trainer-num-threads`` and
@@ -54,8 +55,8 @@ class ThreadSplit:
         trainer_threads: threads of the trainer in the driver process.
         engine_threads: threads of each embedded engine launched on this machine.
         cpus: the cores the split was made for.
-        trainer_solo_threads: threads of the trainer while no train Group is resident (the
-            engines idle); equals ``trainer_threads`` when the user fixed that count.
+        trainer_solo_threads: threads of the trainer while no train Group uses the CPU (the
+            engines idle, no agent starting); equals ``trainer_threads`` when the user fixed that count.
     """
 
     trainer_threads: int
@@ -71,7 +72,8 @@ class ThreadSplit:
         """The trainer's thread count to ask before each micro-batch, or None (fixed).
 
         Args:
-            busy: whether anything shares the cores now (a train Group is resident).
+            busy: whether anything shares the cores now (a train Group generates or an agent
+                starts: ``RolloutPipeline.groups_use_cpu``).
 
         Returns:
             ``trainer_threads`` while ``busy()``, else ``trainer_solo_threads``; None when
@@ -87,7 +89,7 @@ class ThreadSplit:
         def side(n: int) -> str:
             return "torch default" if n == 0 else str(n)
 
-        solo = (f" ({self.trainer_solo_threads} while no Group is resident)"
+        solo = (f" ({self.trainer_solo_threads} while no Group uses the CPU)"
                 if self.trainer_solo_threads != self.trainer_threads else "")
         return (f"CPU threads on {self.cpus} core(s): trainer {side(self.trainer_threads)}{solo}, "
                 f"each embedded engine {side(self.engine_threads)} (--trainer-num-threads, "

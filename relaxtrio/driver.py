@@ -233,8 +233,9 @@ async def _train_step(
     engines running the new weights, split into ``update_s`` (``Trainer.train_step``) and
     ``weight_sync_s`` (writing the weights, then pause, reload and continue on every worker);
     ``eval_s``; ``step_s`` for all of it. A CPU trainer in this process trains with its share of
-    the cores while train Groups are resident, and with ``split.trainer_solo_threads`` once none
-    is (:mod:`relaxtrio.cpu_threads`)."""
+    the cores while train Groups use the CPU, and with ``split.trainer_solo_threads`` once none
+    does (none resident, or only prelaunched ones whose agents all wait for their lease:
+    ``RolloutPipeline.groups_use_cpu``; :mod:`relaxtrio.cpu_threads`)."""
     step_start = time.monotonic()
     last = rollout_id == cfg.num_rollout - 1
     result = await pipeline.run_step(rollout_id, last=last, steps_left=cfg.num_rollout - 1 - rollout_id)
@@ -245,7 +246,7 @@ async def _train_step(
     if result.samples and trainer is not None:
         train_start = time.monotonic()
         if isinstance(trainer, Trainer):
-            threads = split.update_threads(busy=lambda: bool(pipeline.resident_groups))
+            threads = split.update_threads(busy=lambda: pipeline.groups_use_cpu)
             update = functools.partial(trainer.train_step, threads=threads)
         else:
             update = trainer.train_step

@@ -92,7 +92,7 @@ def test_engine_refuses_negative_threads() -> None:
 def test_the_trainer_takes_every_core_while_no_group_is_resident() -> None:
     split = split_cpu_threads(cpus=2, num_local_engines=1, trainer_here=True)
     assert (split.trainer_threads, split.trainer_solo_threads) == (1, 2)
-    assert "trainer 1 (2 while no Group is resident)" in split.describe()
+    assert "trainer 1 (2 while no Group uses the CPU)" in split.describe()
     busy = [True]
     threads = split.update_threads(busy=lambda: busy[0])
     assert threads is not None and threads() == 1

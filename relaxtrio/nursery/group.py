@@ -186,6 +186,14 @@ class Group:
             await protected[0].wait_ended()
 
     @property
+    def waiting_for_lease(self) -> bool:
+        """Whether the Group is prelaunched and idle: not leased, and every Session has sent its
+        first request (held until the lease) or ended. Its agents then wait on a reply and
+        compute nothing, so they leave the cores to whatever else runs (the update)."""
+        requested = self._requested
+        return not self.leased and all(s.session_id in requested or s.ended for s in self.sessions)
+
+    @property
     def in_runtime(self) -> bool:
         """Whether the Sessions are in Runtime: the lease is held and the barrier has passed."""
         return self.leased and self.barrier_passed

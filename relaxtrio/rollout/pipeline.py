@@ -141,6 +141,18 @@ class RolloutPipeline:
         return tuple(self._resident)
 
     @property
+    def groups_use_cpu(self) -> bool:
+        """Whether a resident train Group may be using the CPU now: leased (its agents run and
+        the engine generates for them), or prelaunched with an agent still starting (before its
+        first request). False when every resident Group waits for its lease with its agents
+        idle (:attr:`Group.waiting_for_lease`), or none is resident.
+
+        Safe to read from a worker thread (the update asks it before each micro-batch): it reads
+        a snapshot of the resident list.
+        """
+        return not all(g.waiting_for_lease for g in tuple(self._resident))
+
+    @property
     def held_groups(self) -> tuple[Group, ...]:
         """Train Groups holding a prompt no step has accounted for yet: finished after their step
         closed (fully async), then resident; what a run checkpoint cannot save."""

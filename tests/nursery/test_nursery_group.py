@@ -117,6 +117,19 @@ async def test_first_request_barrier_holds_generation(tokenizer, tmp_path: Path)
     assert not group.dropped and len(engine.calls) == 2
 
 
+
+async def test_waiting_for_lease_only_when_unleased_and_every_agent_is_held_or_ended() -> None:
+    group = _group(3)
+    first, second, third = group.sessions
+    assert not group.waiting_for_lease, "no agent has sent its first request: they may be starting"
+    group.note_request(first)
+    group.note_request(second)
+    assert not group.waiting_for_lease, "one agent is still before its first request"
+    third._ended.set()  # an agent that exited before asking anything computes nothing either
+    assert group.waiting_for_lease
+    group.leased = True
+    assert not group.waiting_for_lease, "a leased Group generates and its agents run"
+
 async def test_an_agent_silent_before_its_first_request_is_stopped_and_drops_its_group(
     tokenizer, tmp_path: Path
 ) -> None:

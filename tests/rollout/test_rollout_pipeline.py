@@ -8,6 +8,7 @@ from pathlib import Path
 
 import pytest
 import trio
+import trio.lowlevel
 import trio.testing
 from support.pipeline import open_test_pipeline, prompts
 from support.procs import alive
@@ -207,10 +208,22 @@ async def test_prelaunch_holds_requests_and_budget_until_the_lease(tokenizer, tm
                 await group.wait_barrier_passed()  # every first request arrived...
             await trio.testing.wait_all_tasks_blocked()  # ...and its turn waits at the gate
             assert len(engine.calls) == calls_before, "first requests are held until the lease"
+            assert not pipeline.groups_use_cpu, "held agents leave the cores to the update"
             for group in warm:
                 for session in group.sessions:
                     assert not session.budget.running and session.budget.remaining_s() == 30
-            result = await pipeline.run_step(1)
+            leased = trio.Event()
+
+            async def lease_seen() -> None:  # the lease makes the warm Group busy again
+                while not warm[0].leased:
+                    await trio.lowlevel.checkpoint()
+                assert pipeline.groups_use_cpu
+                leased.set()
+
+            async with trio.open_nursery() as nursery:
+                nursery.start_soon(lease_seen)
+                result = await pipeline.run_step(1)
+            assert leased.is_set()
             assert warm[0] in [g.group for g in result.groups]
 
 
