@@ -179,7 +179,9 @@ def add_train_parser(sub: argparse._SubParsersAction, name: str = "train") -> ar
                        help="stop the run when fewer healthy engines remain")
     model.add_argument("--engine-restarts", type=int, default=3, metavar="N",
                        help="restarts of a launched embedded engine that died allowed within any "
-                            "hour; one more death in that hour ends the run (a crash loop)")
+                            "hour; after one more death in that hour (a crash loop) it is not "
+                            "restarted: the run goes on with the other engines while "
+                            "--min-healthy-engines remain")
     model.add_argument("--weights-dir", type=Path, default=None,
                        help="directory for the weight versions pushed to the engines, on storage "
                             "every engine can read (unset: <output dir>/weights); made absolute")

@@ -379,7 +379,9 @@ class FleetConfig:
             connections (a refused connection removes it at once).
         gateway_wait_s: seconds the gateway may stay unreachable before the run stops.
         engine_restarts: restarts of a launched embedded engine that died allowed within any
-            ``engine_restart_window_s`` (more deaths in that window end the run: a crash loop).
+            ``engine_restart_window_s``; after more deaths in that window (a crash loop) the
+            engine is not restarted and leaves the fleet (the run stops only below
+            ``min_healthy_engines``).
         engine_restart_window_s: seconds of that window.
         startup_timeout_s: seconds a launched engine or gateway may take to answer ``/health``.
     """

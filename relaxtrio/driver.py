@@ -64,6 +64,7 @@ from .rollout.turns import EngineTurnHandler
 from .run_checkpoint import RunCheckpointer, hold_run_dirs, weight_version_name
 from .run_summary import TrainSummary, summarize_run
 from .sglang.client import EngineClient, context_token_limit
+from .sglang.fleet import FleetStatistics
 from .sglang.launch_fleet import detect_engine_kind
 from .sglang.starter import EngineStarter
 from .trackers import Trackers
@@ -409,6 +410,7 @@ async def _run_loaded(
             fleet_config, model_dir=model_dir, run_dir=out, engine_args=cfg.engine_args,
             starter=await _engine_starter(cfg, fleet_config)))
         client = inference.fleet
+        engines_at_start = len(client.urls)
         if trainer is not None and checkpointer.weight_version is not None:  # resumed: its weights
             await _push(inference, trainer, checkpointer.weight_version)
         max_context = cfg.generation.max_context_tokens
@@ -454,10 +456,20 @@ async def _run_loaded(
                     if trainer is not None and checkpointer.save_due(rollout_id):
                         await checkpointer.save(rollout_id, trainer=trainer, pipeline=pipeline,
                                                 metrics=metrics, tokenizer_dir=model_dir)
+            _warn_lost_engines(client.statistics(), engines_at_start)
             nursery.cancel_scope.cancel()
     return await _finish(out, trainer, model_dir, metrics, outputs,
                          first_rollout_id=checkpointer.first_rollout_id,
                          saved_groups=checkpointer.saved_groups)
+
+
+def _warn_lost_engines(stats: FleetStatistics, engines_at_start: int) -> None:
+    """Logs a warning when the run ends with fewer engines than it started with (a crash-looping
+    engine left the fleet, or a worker stopped answering), naming each one and why."""
+    if len(stats.workers) < engines_at_start:
+        gone = "; ".join(f"{url}: {why}" for url, why in stats.removed.items())
+        log.warning("finished with %d of %d engines (not back: %s)", len(stats.workers),
+                    engines_at_start, gone or "unknown")
 
 
 def _fleet_config(cfg: TrainRunConfig, trainer: Trainer | RankGroup | None) -> FleetConfig:

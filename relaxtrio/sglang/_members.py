@@ -286,18 +286,22 @@ class FleetMembers:
             self._gateway_down_since = None
         self._listed_at = trio.current_time()
         listed: dict[str, str | None] = {}
+        unhealthy: set[str] = set()
         for entry in listing:
             if isinstance(entry, dict):
                 url = entry.get("dp_base_url") or entry.get("url")
                 if isinstance(url, str):
                     listed.setdefault(url.rstrip("/"), entry.get("id"))
+                    if entry.get("is_healthy") is False:
+                        unhealthy.add(url.rstrip("/"))
         for url, worker_id in listed.items():
             if url in self._removed:
                 if url not in self._forgetting:
                     self._nursery.start_soon(self._gateway_forget, self._worker(url, worker_id))
             elif url in self._live:
                 self._live[url].worker_id = worker_id
-                self._joining.pop(url, None)
+                if url not in unhealthy and self._joining.pop(url, None) is not None:
+                    self._notify()  # a readmitted worker now takes generations through the gateway
                 self._unlisted.pop(url, None)
             else:
                 self._add(url, worker_id)
@@ -459,7 +463,45 @@ class FleetMembers:
             if self.gateway_url is not None:
                 self._joining[url] = trio.current_time()
                 await self._gateway_call("POST", "/workers", {"url": url})
+                self._nursery.start_soon(self._await_listed, url)
         log.info("fleet: worker %s joined (%d healthy)", url, len(self._live))
+
+    async def _await_listed(self, url: str) -> None:
+        """Re-reads the gateway's listing every :data:`GATEWAY_POLL_S` until it lists the
+        readmitted ``url`` as healthy (``url`` leaves the joining set), for at most
+        :data:`JOIN_GRACE_S`; generations waiting for a worker (:meth:`wait_servable`) go on then.
+
+        Cancellation:
+            A plain poll; nothing to clean up.
+        """
+        with trio.move_on_after(JOIN_GRACE_S):
+            while url in self._joining:
+                await trio.sleep(GATEWAY_POLL_S)
+                await self.refresh()
+
+    def _servable(self) -> bool:
+        """Whether a generation can be sent now: a worker is live and, through the gateway, one
+        the gateway lists as healthy (a readmitted one may still be registering there; after
+        :data:`JOIN_GRACE_S` it is tried anyway)."""
+        if self.gateway_url is None:
+            return bool(self._live)
+        now = trio.current_time()
+        return any(now - self._joining.get(url, -math.inf) > JOIN_GRACE_S for url in self._live)
+
+    async def wait_servable(self) -> None:
+        """Waits while no worker can take a generation but one is coming: being restarted by
+        its launcher, or readmitted and not yet listed healthy by the gateway. Returns at once
+        when a worker can serve, when none is coming, or when the fleet has failed (the caller
+        raises then).
+
+        Cancellation:
+            A plain wait; nothing to clean up.
+        """
+        while self._fatal is None and not self._servable() and (self._restarting or self._joining):
+            # A joining worker counts as servable after its grace: wake up then at the latest.
+            wake = min((t + JOIN_GRACE_S for t in self._joining.values()), default=math.inf)
+            with trio.move_on_at(wake):
+                await self._membership.wait()
 
     async def _verify_version(self, client: EngineClient, url: str, version: str) -> None:
         info = await client.model_info()

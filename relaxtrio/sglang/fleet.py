@@ -254,14 +254,15 @@ class EngineFleet(FleetMembers):
         if session_id is None and self.config.session_lifecycle:
             session_id = key
         headers = None
+        await self.wait_servable()  # every worker is being restarted (or re-registered)
+        if self._fatal is not None:
+            raise self._fatal
         if self._gateway_client is not None:
             worker, client = None, self._gateway_client
             if key is not None:
                 headers = {ROUTING_KEY_HEADER: key}
                 self._gateway_keys.add(key)
         else:
-            while not self._live and self._restarting and self._fatal is None:
-                await self._membership.wait()  # the only workers are being restarted
             worker = self._route(key)
             client = worker.generation_client
         flight = _Flight(rid=rid, worker=worker, started=trio.current_time())

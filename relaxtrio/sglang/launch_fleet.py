@@ -18,9 +18,10 @@ by Ctrl-C) stops them all. Logs go to ``<log_dir>/engine-<i>.log`` and ``<log_di
 
 Supervision: a launched embedded engine that exits is removed from the fleet with its exit
 status (and the tail of its log), restarted on the same port, given the current weights, and
-readmitted, up to ``engine_restarts`` times within any ``engine_restart_window_s`` (a crash loop
-ends the run; an engine that dies once a day in a run of many days is restarted every time); an SGLang engine is not restarted (a GPU server that
-died usually needs a person). The gateway is restarted on its port whenever it exits (up to
+readmitted, up to ``engine_restarts`` times within any ``engine_restart_window_s`` (a crash-looping
+engine is then left out of the fleet for good, and the run goes on while ``min_healthy_engines``
+remain; an engine that dies once a day in a run of many days is restarted every time); an SGLang
+engine is not restarted (a GPU server that died usually needs a person). The gateway is restarted on its port whenever it exits (up to
 :data:`MAX_GATEWAY_RESTARTS` times within any hour); the fleet waits for it (up to
 ``gateway_wait_s``).
 

@@ -24,7 +24,8 @@ from relaxtrio.config import (
     RolloutConfig,
     TrainRunConfig,
 )
-from relaxtrio.driver import run_training
+from relaxtrio.driver import _warn_lost_engines, run_training
+from relaxtrio.sglang.fleet import FleetStatistics
 from relaxtrio.train import TrainConfig
 
 pytest.importorskip("sglang_router")
@@ -126,6 +127,51 @@ async def test_an_engine_sigkilled_mid_step(tiny_model_dir: Path, tmp_path: Path
     removed = [r.getMessage() for r in caplog.records if "fleet: worker" in r.getMessage()]
     assert any(f"worker {killed[0]} removed" in m for m in removed), removed
     assert not _processes("relaxtrio.engine", str(tiny_model_dir))
+
+
+async def test_both_engines_sigkilled_mid_step(tiny_model_dir: Path, tmp_path: Path) -> None:
+    """Every worker behind the gateway dies at once: the turns wait for the restarts (the
+    gateway answers 503 meanwhile) and no agent sees an error."""
+    config = _config(tmp_path, tiny_model_dir, turns=4, n_samples_per_prompt=2,
+                     rollout_batch_size=3)
+    run_dir = tmp_path / "run"
+    killed: list[int] = []
+
+    async def kill_both_while_generating() -> None:
+        async with httpx.AsyncClient() as http:
+            while (found := [_engine(run_dir, i) for i in (0, 1)]) and None in found:
+                await trio.sleep(0.1)
+
+            async def running(u: str) -> int:
+                info = (await http.get(f"{u}/server_info")).json()
+                return info["internal_states"][0]["num_running_reqs"]
+
+            while not any([await running(url) for _, url in found]):
+                await trio.sleep(0.02)
+            for pid, _ in found:
+                os.kill(pid, signal.SIGKILL)
+                killed.append(pid)
+
+    with trio.fail_after(600):
+        async with trio.open_nursery() as nursery:
+            nursery.start_soon(kill_both_while_generating)
+            summary = await run_training(config)
+            nursery.cancel_scope.cancel()
+    [row] = summary.rows
+    assert len(killed) == 2, "the step finished before the engines generated"
+    assert summary.trained_steps == 1
+    assert row["dropped_groups"] == 0 and row["num_groups"] == 3  # no agent saw an error
+    assert not _processes("relaxtrio.engine", str(tiny_model_dir))
+
+
+def test_a_run_that_ends_with_fewer_engines_says_so(caplog: pytest.LogCaptureFixture) -> None:
+    caplog.set_level(logging.WARNING, logger="relaxtrio.driver")
+    stats = FleetStatistics(workers=("http://a",), removed={"http://b": "it keeps dying"},
+                            sessions={}, in_flight=0, weight_version="step-3")
+    _warn_lost_engines(stats, 2)
+    _warn_lost_engines(stats, 1)  # as many as at the start: nothing to say
+    assert [r.getMessage() for r in caplog.records] == [
+        "finished with 1 of 2 engines (not back: http://b: it keeps dying)"]
 
 
 def test_cli_trains_a_step_on_two_engines_and_leaves_no_process(tiny_model_dir: Path,

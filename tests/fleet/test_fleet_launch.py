@@ -22,6 +22,7 @@ from support.procs import alive
 
 from relaxtrio import EngineUnavailableError
 from relaxtrio.config import FleetConfig
+from relaxtrio.rollout.turns import MAX_EMPTY_ABORTS
 from relaxtrio.sglang.fleet import EngineFleet, open_engine_fleet
 from relaxtrio.sglang.launch_fleet import LaunchedFleet, _Proc, open_launched_fleet
 from relaxtrio.sglang.starter import LocalStarter, ProcessSpec
@@ -142,6 +143,43 @@ async def test_an_engine_that_dies_while_restarting_is_restarted_again(
     messages = [r.getMessage() for r in caplog.records]
     assert any("engine 0 could not be restarted (" in m and "(restart 2 of 3 within 60 min;" in m
                for m in messages), messages
+    assert not any(group_alive(p) for p in pgids)
+
+
+async def test_generations_wait_while_every_engine_behind_the_gateway_restarts(
+    tiny_model_dir: Path, tmp_path: Path
+) -> None:
+    """Both engines killed at once: the gateway answers 503 (no worker) until they are back.
+    A generation then waits for the restarts instead of failing fast, once per try, until the
+    turn gives up (MAX_EMPTY_ABORTS tries without progress: an HTTP 500 for the agent)."""
+    pytest.importorskip("sglang_router")
+    config = FleetConfig(num_engines=2, health_interval_s=1.0, engine_restarts=3)
+    pgids: list[int] = []
+    results = []
+    with trio.fail_after(240):
+        async with open_launched_fleet(config, model_dir=tiny_model_dir, log_dir=tmp_path,
+                                       kind="embedded") as launched:
+            assert launched.gateway_url is not None
+            async with open_engine_fleet(config, gateway_url=launched.gateway_url,
+                                         expect_urls=launched.worker_urls) as fleet:
+                launched.attach(fleet)
+                first = await fleet.generate([1, 2, 3], SHORT, rid="k:t0#", routing_key="k")
+                pgids.extend(launched.pids())
+                for pgid in pgids:
+                    child = engine_pid(pgid)
+                    if b"relaxtrio.engine" in Path(f"/proc/{child}/cmdline").read_bytes():
+                        os.kill(child, signal.SIGKILL)
+                for attempt in range(MAX_EMPTY_ABORTS):  # what the turn's resume loop does
+                    results.append(await fleet.generate([1, 2, 3], SHORT, rid=f"k:t1:a{attempt}#",
+                                                        routing_key="k"))
+                    if results[-1].finish_type != "abort":
+                        break
+                while sorted(fleet.urls) != sorted(launched.worker_urls):  # the other one too
+                    await trio.sleep(0.1)
+    assert first.finish_type == "length"
+    # Only tries that raced the kills are lost (sent before the fleet saw both deaths); then
+    # one waits for the restarts. Without that wait every try is lost within about 3 s.
+    assert [r.finish_type for r in results][-1] == "length" and len(results) <= 3, results
     assert not any(group_alive(p) for p in pgids)
 
 
