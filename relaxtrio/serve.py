@@ -7,7 +7,8 @@ Sessions, each in a Group of its own (so no first-request barrier couples them),
 ready to generate. It prints one shell line per Session::
 
     export RELAX_BASE_URL=http://127.0.0.1:<port>/agentic_api/ RELAX_SESSION_ID=session-... \
-RELAX_OUTPUT_JSON=<dir>/session_0/session_output.json  # session 0
+RELAX_OUTPUT_JSON=<dir>/session_0/session_output.json RELAX_SESSION_IO_DIR=<dir>/session_0 \
+RELAX_ROLLOUT_MODE=train RELAX_GROUP_ID=...  # session 0
 
 Run the agent in a shell where that line was pasted. On Ctrl-C (SIGINT) or SIGTERM every
 Session is closed (turns still generating are aborted), exported from what its agent wrote to
@@ -161,9 +162,12 @@ def _announce(line: str) -> None:
 
 
 def session_line(index: int, base_url: str, session: Session, io_dir: Path, *, with_input: bool) -> str:
-    """The shell line a user pastes to point an agent at ``session``."""
+    """The shell line a user pastes to point an agent at ``session``: the ``RELAX_*`` variables
+    a started agent gets (docs/agent-contract.md), ``RELAX_INPUT_JSON`` only ``with_input``."""
     env = {"RELAX_BASE_URL": base_url, "RELAX_SESSION_ID": session.session_id,
-           "RELAX_OUTPUT_JSON": str(io_dir / "session_output.json")}
+           "RELAX_OUTPUT_JSON": str(io_dir / "session_output.json"),
+           "RELAX_SESSION_IO_DIR": str(io_dir), "RELAX_ROLLOUT_MODE": session.mode,
+           "RELAX_GROUP_ID": session.group.group_id}
     if with_input:
         env["RELAX_INPUT_JSON"] = str(io_dir / "session_input.json")
     return "export " + " ".join(f"{k}={shlex.quote(v)}" for k, v in env.items()) + f"  # session {index}"

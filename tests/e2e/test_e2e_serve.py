@@ -96,6 +96,10 @@ async def test_serve_then_ctrl_c_dumps_the_forest_of_a_hand_run_agent(tiny_model
         exports = [_parse_exports(line) for line in lines]
         assert exports[0]["RELAX_BASE_URL"].endswith("/agentic_api/")
         assert exports[0]["RELAX_SESSION_ID"] != exports[1]["RELAX_SESSION_ID"]
+        # Every variable a started agent gets (harness scripts read them under set -u).
+        assert Path(exports[0]["RELAX_SESSION_IO_DIR"]) == Path(exports[0]["RELAX_OUTPUT_JSON"]).parent
+        assert exports[0]["RELAX_ROLLOUT_MODE"] == "train"
+        assert exports[0]["RELAX_GROUP_ID"] != exports[1]["RELAX_GROUP_ID"]  # a Group each
 
         agent_script = tmp_path / "sdk_agent.py"
         agent_script.write_text(SDK_AGENT)
