@@ -19,7 +19,7 @@ import secrets
 from collections.abc import AsyncIterator, Mapping
 from contextlib import AbstractContextManager, asynccontextmanager
 from pathlib import Path
-from typing import Any, Literal, Protocol
+from typing import Any, Final, Literal, Protocol
 
 import attrs
 import trio
@@ -417,6 +417,19 @@ class _PgidRecorder:
         self.session._agent_started.set()
 
 
+SHOWN_TOKEN_CHARS: Final = 64
+"""The most characters of an unknown bearer token that an error message or log line repeats
+(a Session id has 40; a client that sends a 10 KB token gets its first 64 back)."""
+
+
+def shown_token(token: str) -> str:
+    """``token`` as errors and logs repeat it: whole up to :data:`SHOWN_TOKEN_CHARS`, else its
+    start and its length (``"abc...(10000 chars)"``)."""
+    if len(token) <= SHOWN_TOKEN_CHARS:
+        return token
+    return f"{token[:SHOWN_TOKEN_CHARS]}...({len(token)} chars)"
+
+
 @attrs.define(eq=False)
 class SessionRegistry:
     """Maps bearer tokens to live Sessions for the API server."""
@@ -431,9 +444,8 @@ class SessionRegistry:
         """
         session = self._sessions.get(session_id)
         if session is None or session.closed:
-            raise UnknownSessionError(
-                f"Unknown or discarded agentic session '{session_id}'.", session_id=session_id
-            )
+            shown = shown_token(session_id)
+            raise UnknownSessionError(f"Unknown or discarded agentic session '{shown}'.", session_id=shown)
         return session
 
     def add(self, session: Session) -> None:

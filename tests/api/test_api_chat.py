@@ -4,8 +4,10 @@ from __future__ import annotations
 
 import functools
 import json
+import logging
 
 import httpx
+import pytest
 import trio
 from api_helpers import ScriptedHandler
 from support.apps import serve_app
@@ -44,6 +46,17 @@ async def test_auth_errors_use_openai_envelope(registry: SessionRegistry, handle
     assert body["error"] == {"message": "Unknown or discarded agentic session 'session-nope'.",
                              "type": "authentication_error", "param": None, "code": "session_discarded"}
     assert headers["x-should-retry"] == "false"
+
+
+async def test_a_huge_unknown_token_is_not_echoed_whole(registry: SessionRegistry, handler: ScriptedHandler,
+                                                        caplog: pytest.LogCaptureFixture) -> None:
+    caplog.set_level(logging.INFO)
+    app = create_app(registry, handler)
+    token = "x" * 10_000
+    status, body, _ = await _post(app, CHAT, {"messages": [USER]}, token=token)
+    assert status == 401 and body["error"]["code"] == "session_discarded"
+    assert body["error"]["message"] == f"Unknown or discarded agentic session '{'x' * 64}...(10000 chars)'."
+    assert "(10000 chars)" in caplog.text and "x" * 65 not in caplog.text
 
 
 async def test_validation_errors_name_the_field(registry: SessionRegistry, handler: ScriptedHandler) -> None:
