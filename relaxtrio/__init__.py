@@ -11,6 +11,7 @@ from ._errors import AuthenticationError as AuthenticationError
 from ._errors import UnknownSessionError as UnknownSessionError
 from ._errors import BackendError as BackendError
 from ._errors import BackendTimeoutError as BackendTimeoutError
+from ._errors import CheckpointError as CheckpointError
 from ._errors import ClientDisconnectError as ClientDisconnectError
 from ._errors import ConfigError as ConfigError
 from ._errors import ContextLengthExceededError as ContextLengthExceededError
@@ -33,6 +34,7 @@ __all__ = [
     "UnknownSessionError",
     "BackendError",
     "BackendTimeoutError",
+    "CheckpointError",
     "ClientDisconnectError",
     "ConfigError",
     "ContextLengthExceededError",

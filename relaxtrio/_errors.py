@@ -276,6 +276,11 @@ class TrainerRankError(RelaxError):
         self.rank = rank
         self.node = node
 
+class CheckpointError(RelaxError):
+    """A run checkpoint could not be written (a full disk, no permission); the run stops with
+    exit status 1, and the message says whether the previous checkpoint is intact."""
+
+
 class GroupFilteredError(ExportError):
     """The custom advantage function returned None for a Group: it is filtered, not trained on.
 

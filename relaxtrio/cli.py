@@ -13,8 +13,10 @@
 * ``replay DUMP --checkpoint DIR`` recomputes a dumped step on CPU (:mod:`relaxtrio.replay`).
 
 Exit codes of train and rollout: 0 trained (rollout: produced samples); 1 ran but trained nothing
-(rollout: produced no sample), or the engine failed; 2 invalid configuration (a
-:class:`~relaxtrio.ConfigError`: a flag, or a prompt-data row found bad once loading starts); 130
+(rollout: produced no sample), the engine failed, or a checkpoint could not be written (a
+:class:`~relaxtrio.CheckpointError`); 2 invalid configuration (a
+:class:`~relaxtrio.ConfigError`: a flag, a prompt-data row found bad once loading starts, or a
+``--load`` checkpoint that cannot be read); 130
 interrupted (Ctrl-C); 143 terminated (SIGTERM / SIGHUP). In every case agents and the embedded
 engine are stopped before the process exits. ``serve`` exits 0 after Ctrl-C or SIGTERM once its
 dump is written (1 when the engine failed); ``doctor`` exits 0 when every check passed, 1 when

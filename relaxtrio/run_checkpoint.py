@@ -16,9 +16,17 @@ update, weight push, eval and metrics row (``iter_<k>``), and holds:
   extended with a larger ``--num-rollout`` trains them, ``resume_requeued_groups``);
 - ``weight_version``: the version last pushed to the engines (None: the initial weights);
 - ``metrics``: every metrics row written so far;
-- ``run``: the output directory, the prompt file's path and SHA-256, ``num_rollout`` and the
+- ``run``: the output directory, the prompt file's path and SHA-256, ``num_rollout``, the
   step shape (``shape``: ``--rollout-batch-size``, ``--n-samples-per-prompt``,
-  ``--over-sampling-batch-size``; a resume with other values logs a warning for each).
+  ``--over-sampling-batch-size``; a resume with other values logs a warning for each) and the
+  base model (``model``: the ``--hf-checkpoint`` directory and the SHA-256 of its
+  ``config.json``; a resume from another architecture is refused, from another directory of the
+  same architecture warned about: the engines start from it and the KL reference is it).
+
+A checkpoint that cannot be written (a full disk) stops the run with
+:class:`~relaxtrio.CheckpointError`, saying how much space is left and which earlier checkpoint
+is intact; one that cannot be read on resume (a missing or truncated file) is refused with a
+:class:`~relaxtrio.ConfigError` naming it and any earlier complete checkpoint beside it.
 
 Resuming (``--load DIR``):
 
@@ -45,10 +53,12 @@ May import: config, rollout, train (torch), trio. Used by :mod:`relaxtrio.driver
 from __future__ import annotations
 
 import contextlib
+import errno
 import fcntl
 import hashlib
 import logging
 import os
+import shutil
 import time
 from collections.abc import Iterator, Mapping
 from pathlib import Path
@@ -57,7 +67,7 @@ from typing import TYPE_CHECKING, Any, Final
 import attrs
 import trio
 
-from ._errors import ConfigError
+from ._errors import CheckpointError, ConfigError, RelaxError
 from .config import TrainRunConfig
 from .rollout.dataset import PromptStream
 from .rollout.metrics import MetricsLog
@@ -66,6 +76,7 @@ from .train import Trainer
 from .train.checkpoint import (
     _ITER_RE,
     RUN_STATE_FILE,
+    _complete_iterations,
     find_run_checkpoint,
     read_run_state,
     restore_rng_state,
@@ -140,7 +151,7 @@ def find_resume_point(load_dir: Path | None, *, log_missing: bool = True) -> Res
     try:
         state = read_run_state(checkpoint)
     except (OSError, ValueError) as exc:
-        raise ConfigError(f"--load {str(checkpoint)!r}: {exc}", param="load") from exc
+        raise ConfigError(_unreadable(checkpoint, exc, what=RUN_STATE_FILE), param="load") from exc
     return ResumePoint(checkpoint_dir=checkpoint, state=state)
 
 
@@ -291,6 +302,7 @@ class RunCheckpointer:
     saved_groups: int = 0
     _first_row_extra: dict[str, float] = attrs.field(factory=dict)
     _prompt_data_sha256: str | None = None
+    _model: dict[str, str | None] | None = None
 
     @classmethod
     def open(cls, config: TrainRunConfig) -> RunCheckpointer:
@@ -364,6 +376,9 @@ class RunCheckpointer:
         """
         dist = self.config.distributed
         train_cfg = self.config.trainer_config
+        self._model = _model_identity(model_dir)
+        if self.resume is not None:
+            _check_model(self.resume, self._model)
         source = model_dir if self.resume is None else self.resume.checkpoint_dir
         trainer_state = None if self.resume is None else self.resume.state["trainer"]
         trainer: Trainer | RankGroup
@@ -380,9 +395,15 @@ class RunCheckpointer:
         elif self.resume is None:
             trainer = Trainer.from_pretrained(model_dir, train_cfg)
         else:
-            # The KL reference stays the initial policy (model_dir), not the resumed weights.
-            trainer = Trainer.from_pretrained(source, train_cfg, reference_dir=model_dir)
-            trainer.load_resume_state(source, trainer_state)
+            try:
+                # The KL reference stays the initial policy (model_dir), not the resumed weights.
+                trainer = Trainer.from_pretrained(source, train_cfg, reference_dir=model_dir)
+                trainer.load_resume_state(source, trainer_state)
+            except RelaxError:
+                raise
+            except Exception as exc:  # a missing or truncated file: OSError, torch's, safetensors'
+                log.debug("loading checkpoint %s failed", source, exc_info=True)
+                raise ConfigError(_unreadable(self.resume.checkpoint_dir, exc), param="load") from exc
         if self.resume is not None:
             restore_rng_state(self.resume.state["rng"])
         return trainer
@@ -443,7 +464,8 @@ class RunCheckpointer:
                     "prompt_data": str(cfg.prompt_data.resolve()),
                     "prompt_data_sha256": self._prompt_data_sha256,
                     "num_rollout": cfg.num_rollout,
-                    "shape": _run_shape(cfg)},
+                    "shape": _run_shape(cfg),
+                    **({"model": self._model} if self._model is not None else {})},
         }
 
         def write() -> Path:
@@ -453,7 +475,13 @@ class RunCheckpointer:
             )
 
         start = time.monotonic()
-        path = await trio.to_thread.run_sync(write)
+        try:
+            path = await trio.to_thread.run_sync(write)
+        except RelaxError:
+            raise
+        except Exception as exc:  # ENOSPC, EACCES, torch's and safetensors' own write errors
+            log.debug("writing the checkpoint after step %d failed", rollout_id, exc_info=True)
+            raise CheckpointError(_write_failure(cfg.save_dir, rollout_id, exc)) from exc
         self.saved_groups = rollout.run_end_groups
         size = sum(p.stat().st_size for p in path.rglob("*") if p.is_file())
         notes = []
@@ -466,6 +494,70 @@ class RunCheckpointer:
         log.info("checkpoint %s written in %.2f s (%.1f MB)%s", path, time.monotonic() - start,
                  size / 1e6, "".join(f"; {note}" for note in notes))
         return path
+
+
+FULL_DISK_BYTES: Final = 64 * 1024 * 1024
+"""Free space under which a failed checkpoint write is reported as a full disk (torch reports
+a short write as ``unexpected pos``, not as ENOSPC)."""
+
+
+def _write_failure(save_dir: Path, rollout_id: int, exc: BaseException) -> str:
+    """The message of a checkpoint write that failed: the cause, the free space left, and the
+    checkpoint a resume would use instead."""
+    text = (f"the checkpoint after step {rollout_id} could not be written to {save_dir}: "
+            f"{type(exc).__name__}: {exc}")
+    with contextlib.suppress(OSError):
+        free = shutil.disk_usage(save_dir).free
+        full = getattr(exc, "errno", None) == errno.ENOSPC or free < FULL_DISK_BYTES
+        text += f" ({free / 1e6:.1f} MB free there{': the disk is full' if full else ''})"
+    previous = find_run_checkpoint(save_dir)
+    if previous is None:
+        return text + "; no earlier checkpoint is in that directory"
+    return (text + f"; the previous checkpoint {previous.name} is intact: free space and resume "
+            f"from it with --load {save_dir}")
+
+
+def _unreadable(checkpoint: Path, exc: BaseException, *, what: str | None = None) -> str:
+    """The message of a checkpoint that ``--load`` found but cannot load (``what``: the file
+    that failed, when known), naming the newest earlier complete checkpoint beside it."""
+    where = f"its {what}: " if what else ""
+    text = (f"--load: the checkpoint {checkpoint} cannot be read ({where}{type(exc).__name__}: "
+            f"{exc})")
+    earlier = [d for d in _complete_iterations(checkpoint.parent) if d.name < checkpoint.name]
+    if earlier:
+        text += (f"; an earlier complete checkpoint is {earlier[-1]}: pass --load {earlier[-1]} "
+                 f"to resume from it (or move {checkpoint.name} aside)")
+    return text
+
+
+def _model_identity(model_dir: Path) -> dict[str, str | None]:
+    """What a checkpoint records of its run's base model: the directory and the SHA-256 of its
+    ``config.json`` (None when it has none)."""
+    config = Path(model_dir) / "config.json"
+    return {"path": str(Path(model_dir).resolve()),
+            "config_sha256": _sha256(config) if config.is_file() else None}
+
+
+def _check_model(resume: ResumePoint, current: dict[str, str | None]) -> None:
+    """Refuses a resume whose base model has another ``config.json`` than the checkpoint's run
+    (another architecture: the engines could not load the checkpoint's weights), and warns when
+    only its directory differs. Checkpoints written before the model was recorded pass.
+
+    Raises:
+        ConfigError: another architecture (param ``--hf-checkpoint``).
+    """
+    saved = resume.state.get("run", {}).get("model")
+    if not isinstance(saved, dict):
+        return
+    if saved.get("config_sha256") and current["config_sha256"] != saved["config_sha256"]:
+        raise ConfigError(
+            f"--hf-checkpoint {current['path']} is not the model the checkpoint "
+            f"{resume.checkpoint_dir} was trained from ({saved.get('path')}): its config.json "
+            "differs; resume with that --hf-checkpoint", param="--hf-checkpoint")
+    if saved.get("path") != current["path"]:
+        log.warning("resume: --hf-checkpoint %s is not the directory the checkpoint's run used "
+                    "(%s; same config.json): the engines start from it and the KL reference is "
+                    "it", current["path"], saved.get("path"))
 
 
 def _run_shape(config: TrainRunConfig) -> dict[str, Any]:

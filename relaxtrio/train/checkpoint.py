@@ -308,6 +308,8 @@ def _prune(save_dir: Path, *, keep: int, current: str) -> None:
     for path in save_dir.iterdir():
         if path.name.startswith((".trash-", ".iter_")) and path.is_dir():
             shutil.rmtree(path, ignore_errors=True)
+        elif path.name.startswith(f".{LATEST_FILE}.tmp-") and path.is_file():
+            path.unlink(missing_ok=True)  # a pointer write that a kill interrupted
 
 
 def _complete_iterations(save_dir: Path) -> list[Path]:
@@ -341,9 +343,14 @@ def find_run_checkpoint(load_dir: Path) -> Path | None:
     complete = _complete_iterations(load_dir)
     if not complete:
         return None
-    log.warning("%s: %s is missing or dangling; using the newest complete checkpoint %s",
-                load_dir, LATEST_FILE, complete[-1].name)
+    if (load_dir.resolve(), complete[-1].name) not in _WARNED_DANGLING:  # once per process
+        _WARNED_DANGLING.add((load_dir.resolve(), complete[-1].name))
+        log.warning("%s: %s is missing or dangling; using the newest complete checkpoint %s",
+                    load_dir, LATEST_FILE, complete[-1].name)
     return complete[-1]
+
+
+_WARNED_DANGLING: set[tuple[Path, str]] = set()
 
 
 def read_run_state(checkpoint_dir: Path) -> dict[str, Any]:

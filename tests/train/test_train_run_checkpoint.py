@@ -2,9 +2,11 @@
 
 from __future__ import annotations
 
+import errno
 import json
 import logging
 import random
+import shutil
 from pathlib import Path
 
 import numpy
@@ -12,7 +14,15 @@ import pytest
 import torch
 from train_helpers import make_samples
 
-from relaxtrio.run_checkpoint import find_resume_point
+from relaxtrio import ConfigError
+from relaxtrio.config import AgentConfig, TrainRunConfig
+from relaxtrio.run_checkpoint import (
+    FULL_DISK_BYTES,
+    RunCheckpointer,
+    _model_identity,
+    _write_failure,
+    find_resume_point,
+)
 from relaxtrio.train import TrainConfig, Trainer
 from relaxtrio.train.checkpoint import (
     LATEST_FILE,
@@ -96,9 +106,85 @@ def test_crash_leftovers_are_ignored_and_a_dangling_pointer_falls_back(
     assert find_run_checkpoint(save_dir) == second
     (save_dir / LATEST_FILE).unlink()
     assert find_run_checkpoint(save_dir) == second
-    # The next successful write removes the temporary.
+    # A pointer write killed before its rename leaves a temporary file.
+    stale_pointer = save_dir / f".{LATEST_FILE}.tmp-crashed"
+    stale_pointer.write_text("iter_0000002\n")
+    # The next successful write removes the temporaries.
     _save(trainer, save_dir, 3)
-    assert not partial.exists()
+    assert not partial.exists() and not stale_pointer.exists()
+
+
+def _resume_trainer(tmp_path: Path, load: Path, model_dir: Path) -> Trainer:
+    run = TrainRunConfig(prompt_data=tmp_path / "p.jsonl", agent=AgentConfig(command="true", cwd=tmp_path),
+                         train=TrainConfig(lr=1e-3), load_dir=load, output_dir=tmp_path / "out")
+    checkpointer = RunCheckpointer.open(run)
+    assert checkpointer.resume is not None
+    trainer = checkpointer.load_trainer(model_dir)
+    assert isinstance(trainer, Trainer)
+    return trainer
+
+
+@pytest.mark.parametrize("damage", ["remove optimizer", "truncate optimizer", "truncate weights",
+                                    "remove config", "truncate state"])
+def test_a_damaged_checkpoint_is_refused_naming_it_and_the_earlier_one(
+    tiny_model_dir: Path, tmp_path: Path, damage: str
+) -> None:
+    trainer = Trainer.from_pretrained(tiny_model_dir, TrainConfig(lr=1e-3))
+    save_dir = tmp_path / "ckpt"
+    earlier = _save(trainer, save_dir, 1)
+    latest = _save(trainer, save_dir, 2)
+    verb, what = damage.split()
+    target = latest / {"optimizer": OPTIMIZER_FILE, "weights": "model.safetensors",
+                       "config": "config.json", "state": RUN_STATE_FILE}[what]
+    if verb == "remove":
+        target.unlink()
+    else:
+        target.write_bytes(target.read_bytes()[: target.stat().st_size // 2])
+    with pytest.raises(ConfigError) as info:
+        _resume_trainer(tmp_path, save_dir, tiny_model_dir)
+    message = str(info.value)
+    assert info.value.param == "load"
+    assert message.startswith(f"--load: the checkpoint {latest} cannot be read (")
+    assert f"an earlier complete checkpoint is {earlier}: pass --load {earlier}" in message
+    assert _resume_trainer(tmp_path, earlier, tiny_model_dir).num_optimizer_steps == 0  # it loads
+
+
+def test_a_checkpoint_write_that_fails_says_why_and_what_is_intact(
+    tiny_model_dir: Path, tmp_path: Path
+) -> None:
+    save_dir = tmp_path / "ckpt"
+    save_dir.mkdir()
+    full = OSError(errno.ENOSPC, "No space left on device")
+    assert _write_failure(save_dir, 1, full).endswith("; no earlier checkpoint is in that directory")
+    _save(Trainer.from_pretrained(tiny_model_dir, TrainConfig(lr=1e-3)), save_dir, 2)
+    message = _write_failure(save_dir, 2, full)
+    assert message.startswith(f"the checkpoint after step 2 could not be written to {save_dir}: "
+                              "OSError: [Errno 28] No space left on device (")
+    assert "MB free there: the disk is full)" in message
+    assert message.endswith(f"; the previous checkpoint iter_0000002 is intact: free space and "
+                            f"resume from it with --load {save_dir}")
+    other = _write_failure(save_dir, 2, PermissionError(errno.EACCES, "Permission denied"))
+    assert "the disk is full" not in other or shutil.disk_usage(save_dir).free < FULL_DISK_BYTES
+
+
+def test_a_resume_from_another_model_is_refused_or_warned(
+    tiny_model_dir: Path, tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    trainer = Trainer.from_pretrained(tiny_model_dir, TrainConfig(lr=1e-3))
+    save_dir = tmp_path / "ckpt"
+    state = {"trainer": trainer.resume_state(), "run": {"model": _model_identity(tiny_model_dir)}}
+    save_run_checkpoint(save_dir, 1, trainer.model, optimizer_state={
+        "optimizer": trainer.optimizer.state_dict(), "num_optimizer_steps": 0}, state=state)
+    copy = tmp_path / "copy-of-the-model"
+    shutil.copytree(tiny_model_dir, copy)
+    with caplog.at_level(logging.WARNING):
+        _resume_trainer(tmp_path, save_dir, copy)  # the same architecture elsewhere: a warning
+    assert f"resume: --hf-checkpoint {copy.resolve()} is not the directory" in caplog.text
+    config = json.loads((copy / "config.json").read_text())
+    (copy / "config.json").write_text(json.dumps({**config, "num_hidden_layers": 1}))
+    with pytest.raises(ConfigError, match="its config.json differs") as info:
+        _resume_trainer(tmp_path, save_dir, copy)
+    assert info.value.param == "--hf-checkpoint"
 
 
 def test_rng_state_round_trip() -> None:
