@@ -104,6 +104,25 @@ def _need(condition: bool, message: str) -> None:
         raise ConfigError(message)
 
 
+VOCABULARY_FILES: Final = ("tokenizer.json", "tokenizer.model", "vocab.json", "tiktoken.model")
+"""Files of which a model directory needs one for transformers to build its tokenizer."""
+
+
+def check_model_dir(path: Path, flag: str = "--hf-checkpoint") -> None:
+    """Refuses a model directory that cannot load: no ``config.json``, or no tokenizer
+    vocabulary (:data:`VOCABULARY_FILES`; transformers would fail later with a traceback about
+    sentencepiece or tiktoken).
+
+    Raises:
+        ConfigError: naming ``flag`` and what is missing.
+    """
+    _need((path / "config.json").is_file(),
+          f"{flag} {str(path)!r} is not a Hugging Face model directory (no config.json)")
+    _need(any((path / name).is_file() for name in VOCABULARY_FILES),
+          f"{flag} {str(path)!r} has no tokenizer (none of {', '.join(VOCABULARY_FILES)}): "
+          "copy the tokenizer files of the model into it")
+
+
 def serve_config(args: argparse.Namespace) -> Any:
     """Validates the ``serve`` flags and builds the :class:`~relaxtrio.serve.ServeConfig`.
 
@@ -125,9 +144,7 @@ def serve_config(args: argparse.Namespace) -> Any:
     _need(args.rollout_max_context_len is None or args.rollout_max_context_len >= 1,
           "--rollout-max-context-len must be >= 1")
     if args.hf_checkpoint is not None:
-        _need((args.hf_checkpoint / "config.json").is_file(),
-              f"--hf-checkpoint {str(args.hf_checkpoint)!r} is not a Hugging Face model directory "
-              "(no config.json)")
+        check_model_dir(args.hf_checkpoint)
     if args.input is not None:
         read_session_input(args.input)
     template = args.save_debug_rollout_data
@@ -245,9 +262,7 @@ def doctor_config(args: argparse.Namespace) -> Any:
           "--min-client-timeout must be a number of seconds >= 0")
     _need(args.rollout_max_response_len >= 1, "--rollout-max-response-len must be >= 1")
     if args.hf_checkpoint is not None:
-        _need((args.hf_checkpoint / "config.json").is_file(),
-              f"--hf-checkpoint {str(args.hf_checkpoint)!r} is not a Hugging Face model directory "
-              "(no config.json)")
+        check_model_dir(args.hf_checkpoint)
     task: dict[str, Any] = dict(DEFAULT_TASK)
     if args.input is not None:
         task = read_session_input(args.input)

@@ -18,7 +18,7 @@ from typing import Any
 from ._algorithm_args import add_algorithm_flags, add_reward_flags, algorithm_overrides
 from ._cluster_args import add_cluster_flags, with_cluster_flags
 from ._errors import ConfigError
-from ._tool_args import DefaultsHelpFormatter
+from ._tool_args import DefaultsHelpFormatter, check_model_dir
 from ._validate import is_real
 from .chat.parsers import REASONING_PARSERS, TOOL_CALL_PARSERS
 from .config import (
@@ -335,9 +335,7 @@ def _check_flags(args: argparse.Namespace) -> None:
     _need(args.operator_port is None or 0 <= args.operator_port <= 65535,
           "--operator-port must be in [0, 65535]")
     if args.hf_checkpoint is not None:
-        _need((args.hf_checkpoint / "config.json").is_file(),
-              f"--hf-checkpoint {str(args.hf_checkpoint)!r} is not a Hugging Face model directory "
-              "(no config.json)")
+        check_model_dir(args.hf_checkpoint)
 
 
 def split_sglang_args(rest: list[str]) -> tuple[list[str], list[str]]:

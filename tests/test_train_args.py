@@ -156,3 +156,14 @@ def test_first_request_timeout_flag_reaches_the_agent_config() -> None:
     assert _config("--agent-first-request-timeout", "0").agent.first_request_timeout_s is None
     with pytest.raises(RelaxError, match="--agent-first-request-timeout must be a positive number"):
         _config("--agent-first-request-timeout", "-5")
+
+
+def test_a_model_directory_without_config_or_tokenizer_is_refused_naming_the_flag(tmp_path) -> None:
+    model = tmp_path / "model"
+    model.mkdir()
+    with pytest.raises(RelaxError, match="is not a Hugging Face model directory .no config.json."):
+        _config("--hf-checkpoint", str(model))
+    (model / "config.json").write_text("{}")
+    with pytest.raises(RelaxError, match=r"--hf-checkpoint '.*model' has no tokenizer \(none of "
+                                         r"tokenizer.json, tokenizer.model, vocab.json"):
+        _config("--hf-checkpoint", str(model))
