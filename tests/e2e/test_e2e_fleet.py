@@ -71,6 +71,22 @@ def _engine(run_dir: Path, index: int) -> tuple[int, str] | None:
     return None
 
 
+async def _engines_generating(run_dir: Path, *, every: bool) -> list[tuple[int, str]]:
+    """(pid, url) of launched engines 0 and 1, once both run and every one (``every``) or any
+    one of them has a request running."""
+    while (found := [_engine(run_dir, i) for i in (0, 1)]) and None in found:
+        await trio.sleep(0.1)
+    engines = [e for e in found if e is not None]
+    async with httpx.AsyncClient() as http:
+        async def running(url: str) -> bool:
+            info = (await http.get(f"{url}/server_info")).json()
+            return info["internal_states"][0]["num_running_reqs"] > 0
+
+        while not (all if every else any)([await running(url) for _, url in engines]):
+            await trio.sleep(0.02)
+    return engines
+
+
 def _config(tmp_path: Path, tiny_model_dir: Path, *, turns: int, **rollout) -> TrainRunConfig:
     agent_dir = tmp_path / "agent"
     agent_dir.mkdir()
@@ -101,19 +117,9 @@ async def test_an_engine_sigkilled_mid_step(tiny_model_dir: Path, tmp_path: Path
     killed: list[str] = []
 
     async def kill_engine_0_while_both_generate() -> None:
-        async with httpx.AsyncClient() as http:
-            while (found := [_engine(run_dir, i) for i in (0, 1)]) and None in found:
-                await trio.sleep(0.1)
-            (pid, url), (_, other) = found
-
-            async def running(u: str) -> int:
-                info = (await http.get(f"{u}/server_info")).json()
-                return info["internal_states"][0]["num_running_reqs"]
-
-            while not (await running(url) and await running(other)):
-                await trio.sleep(0.02)
-            os.kill(pid, signal.SIGKILL)
-            killed.append(url)
+        (pid, url), _ = await _engines_generating(run_dir, every=True)
+        os.kill(pid, signal.SIGKILL)
+        killed.append(url)
 
     with trio.fail_after(600):
         async with trio.open_nursery() as nursery:
@@ -138,19 +144,9 @@ async def test_both_engines_sigkilled_mid_step(tiny_model_dir: Path, tmp_path: P
     killed: list[int] = []
 
     async def kill_both_while_generating() -> None:
-        async with httpx.AsyncClient() as http:
-            while (found := [_engine(run_dir, i) for i in (0, 1)]) and None in found:
-                await trio.sleep(0.1)
-
-            async def running(u: str) -> int:
-                info = (await http.get(f"{u}/server_info")).json()
-                return info["internal_states"][0]["num_running_reqs"]
-
-            while not any([await running(url) for _, url in found]):
-                await trio.sleep(0.02)
-            for pid, _ in found:
-                os.kill(pid, signal.SIGKILL)
-                killed.append(pid)
+        for pid, _ in await _engines_generating(run_dir, every=False):
+            os.kill(pid, signal.SIGKILL)
+            killed.append(pid)
 
     with trio.fail_after(600):
         async with trio.open_nursery() as nursery:
