@@ -111,13 +111,19 @@ async def test_a_dead_embedded_engine_is_restarted_once(
     assert not any(group_alive(p) for p in pgids)
 
 
-async def _engine_child(shim_pid: int) -> int:
-    """The engine process under a reaper shim, once the shim started it."""
+async def _restarted_engine(url: str, old_pid: int) -> int:
+    """The process of the engine that replaces ``old_pid`` on ``url``'s port, as soon as it
+    exists (while it loads the model: the supervisor learns its URL only once it serves)."""
+    port = url.rsplit(":", 1)[1].encode()
     while True:
-        with contextlib.suppress(FileNotFoundError):
-            children = Path(f"/proc/{shim_pid}/task/{shim_pid}/children").read_text().split()
-            if children:
-                return int(children[0])
+        for entry in Path("/proc").iterdir():
+            if not entry.name.isdigit() or int(entry.name) == old_pid:
+                continue
+            with contextlib.suppress(OSError):
+                args = (entry / "cmdline").read_bytes().split(b"\0")
+                shim = b"--parent" in args  # the reaper shim's argv holds the engine's
+                if b"relaxtrio.engine" in args and port in args and not shim:
+                    return int(entry.name)
         await trio.sleep(0.005)
 
 
@@ -131,12 +137,12 @@ async def test_an_engine_that_dies_while_restarting_is_restarted_again(
     with trio.fail_after(240):
         async with _one_supervised_engine(config, tiny_model_dir, tmp_path, pgids) as (
                 launched, fleet, url):
-            os.kill(engine_pid(pgids[0]), signal.SIGKILL)
-            while launched.pids() in ([], pgids[:1]):  # until the restart's new group
-                await trio.sleep(0.005)
-            pgids.extend(launched.pids())
-            # Killed while it loads the model, before its /health answers.
-            os.kill(await _engine_child(pgids[1]), signal.SIGKILL)
+            first = engine_pid(pgids[0])
+            os.kill(first, signal.SIGKILL)
+            # Killed while it loads the model, before it announces its URL.
+            second = await _restarted_engine(url, first)
+            pgids.append(os.getpgid(second))
+            os.kill(second, signal.SIGKILL)
             result = await fleet.generate([1, 2, 3], SHORT, rid="a:t0#", routing_key="a")
             assert fleet.urls == (url,)
     assert result.finish_type == "length"
