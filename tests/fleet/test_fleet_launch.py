@@ -136,7 +136,7 @@ async def test_an_engine_that_dies_while_restarting_is_restarted_again(
     pgids: list[int] = []
     with trio.fail_after(240):
         async with _one_supervised_engine(config, tiny_model_dir, tmp_path, pgids) as (
-                launched, fleet, url):
+                _launched, fleet, url):
             first = engine_pid(pgids[0])
             os.kill(first, signal.SIGKILL)
             # Killed while it loads the model, before it announces its URL.
