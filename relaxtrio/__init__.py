@@ -15,6 +15,7 @@ from ._errors import CheckpointError as CheckpointError
 from ._errors import ClientDisconnectError as ClientDisconnectError
 from ._errors import ConfigError as ConfigError
 from ._errors import ContextLengthExceededError as ContextLengthExceededError
+from ._errors import EmptyReplyError as EmptyReplyError
 from ._errors import EngineRejectedError as EngineRejectedError
 from ._errors import EngineUnavailableError as EngineUnavailableError
 from ._errors import ExportError as ExportError
@@ -38,6 +39,7 @@ __all__ = [
     "ClientDisconnectError",
     "ConfigError",
     "ContextLengthExceededError",
+    "EmptyReplyError",
     "EngineRejectedError",
     "EngineUnavailableError",
     "ExportError",

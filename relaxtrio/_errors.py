@@ -15,8 +15,10 @@
     │   ├── EngineUnavailableError               the engine is broken: unreachable, 5xx, or broke
     │   │   │                                    the protocol (carries ``engine_url``, ``status_code``)
     │   │   └── BackendTimeoutError              the engine did not answer in time
-    │   └── EngineRejectedError                  the engine refused this one request with a 4xx
-    │                                            (carries ``engine_url``, ``status_code``)
+    │   ├── EngineRejectedError                  the engine refused this one request with a 4xx
+    │   │                                        (carries ``engine_url``, ``status_code``)
+    │   └── EmptyReplyError                      the model stopped before any text, reasoning or
+    │                                            tool call (code empty_reply; a retry may help)
     ├── OverloadedError                          503 (OpenAI) / 529 overloaded_error (Anthropic)
     ├── InternalError                            500 a bug; never reveals details to clients
     ├── AgentExecutionError                      an agent process timed out, crashed or wrote bad output
@@ -211,6 +213,18 @@ class EngineRejectedError(BackendError):
         super().__init__(message, param=param, session_id=session_id)
         self.engine_url = engine_url
         self.status_code = status_code
+
+
+class EmptyReplyError(BackendError):
+    """The model's reply decodes to nothing: no text, no reasoning and no tool call (its first
+    token was a stop token, for instance). Nothing is committed, since an empty assistant message
+    could not be echoed back (docs/canonical-contract.md).
+
+    Only this turn fails, and unlike other 500s a retry may succeed: the retry samples again.
+    """
+
+    openai_type = "server_error"
+    code = "empty_reply"
 
 
 class OverloadedError(RelaxError):

@@ -43,7 +43,7 @@ async def main() -> None:
     history = [{"role": m["role"], "content": m["content"]} for m in task["messages"] if m["role"] != "system"]
     answer = str(task.get("metadata", {}).get("answer", ""))
     set_tracing_disabled(True)
-    client = AsyncOpenAI(timeout=3600, max_retries=0)  # requests may be held for a long time
+    client = AsyncOpenAI(timeout=3600, max_retries=2)  # requests may be held for a long time
     agent = Agent(name="converter", instructions=instructions, tools=[convert_length],
                   model=OpenAIResponsesModel(model="policy", openai_client=client))
     try:

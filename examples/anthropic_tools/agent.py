@@ -42,7 +42,7 @@ async def main() -> None:
     system = "\n".join(m["content"] for m in task["messages"] if m["role"] == "system")
     messages = [{"role": m["role"], "content": m["content"]} for m in task["messages"] if m["role"] != "system"]
     answer = str(task.get("metadata", {}).get("answer", ""))
-    client = AsyncAnthropic(timeout=3600, max_retries=0)  # requests may be held for a long time
+    client = AsyncAnthropic(timeout=3600, max_retries=2)  # requests may be held for a long time
     tool_uses, final = 0, ""
     for _ in range(args.max_turns):
         async with client.messages.stream(model="policy", system=system, messages=messages, tools=TOOLS,

@@ -74,7 +74,7 @@ async def main() -> None:
     messages = task["messages"]
     answer = str(task.get("metadata", {}).get("answer", ""))
     # A request may be held while the Group starts or weights update: a long timeout, no retries.
-    client = AsyncOpenAI(timeout=3600, max_retries=0)
+    client = AsyncOpenAI(timeout=3600, max_retries=2)
     tool_calls = 0
     final = ""
     for _ in range(args.max_turns):

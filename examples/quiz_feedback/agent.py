@@ -42,7 +42,7 @@ async def main() -> None:
         base_url=os.environ.get("RELAX_BASE_URL", os.environ.get("OPENAI_BASE_URL")),
         api_key=os.environ.get("RELAX_SESSION_ID", os.environ.get("OPENAI_API_KEY", "none")),
         timeout=3600,  # a request may be held while the Group starts or weights update
-        max_retries=0,
+        max_retries=2,  # idempotent (docs/agent-contract.md#retries); an empty reply is resampled
     )
     reward, attempts = 0.0, 0
     for attempt, credit in enumerate((1.0, 0.5), start=1):

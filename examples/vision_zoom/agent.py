@@ -65,7 +65,7 @@ async def main() -> None:
     messages = task["messages"]
     answer = str(task.get("metadata", {}).get("answer", ""))
     image = first_image(messages)
-    client = AsyncOpenAI(timeout=3600, max_retries=0)  # requests may be held for a long time
+    client = AsyncOpenAI(timeout=3600, max_retries=2)  # requests may be held for a long time
     zooms, final = 0, ""
     for _ in range(args.max_turns):
         response = await client.chat.completions.create(model="policy", messages=messages, tools=TOOLS,

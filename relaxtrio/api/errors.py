@@ -8,11 +8,12 @@
 Statuses and types come from the error class (:mod:`relaxtrio._errors`): 400
 ``invalid_request_error`` with ``param``, 401 ``authentication_error`` (an unknown Session:
 code ``session_discarded``), 404 ``not_found_error``, 499 ``client_disconnect``, 500 ``internal_error`` (Anthropic
-``api_error``), overload 503 (OpenAI) / 529 ``overloaded_error`` (Anthropic).
+``api_error``; an empty reply: ``server_error`` code ``empty_reply``), overload 503 (OpenAI) / 529
+``overloaded_error`` (Anthropic).
 
 ``x-should-retry: false`` (docs/agent-contract.md#errors) is set where a retry cannot succeed:
 OpenAI for ``internal_error`` and discarded Sessions; Anthropic for 401, 404 and every 5xx except
-overload (an overload exists to be retried).
+overload (an overload exists to be retried) and an empty reply (a retry samples again).
 
 A 5xx never reveals internals: its message is one of our fixed sentences; whatever an engine or
 a bug said is only logged (by the caller).
@@ -25,13 +26,22 @@ from typing import Any, Final
 
 from quart import Response
 
-from .._errors import ClientDisconnectError, InvalidRequestError, NotFoundError, OverloadedError, RelaxError
+from .._errors import (
+    ClientDisconnectError,
+    EmptyReplyError,
+    InvalidRequestError,
+    NotFoundError,
+    OverloadedError,
+    RelaxError,
+)
 from .wire import Protocol, encode_json
 
 log = logging.getLogger(__name__)
 
 GENERIC_INTERNAL_MESSAGE: Final = "Internal error while handling agentic request."
 RENDER_FAILED_MESSAGE: Final = "Internal error while rendering agentic response."
+EMPTY_REPLY_MESSAGE: Final = ("The model's reply was empty (no text, reasoning or tool call); nothing "
+                              "was committed. A retry samples again.")
 _PUBLIC_5XX_MESSAGES: Final = frozenset({GENERIC_INTERNAL_MESSAGE, RENDER_FAILED_MESSAGE})
 
 CLIENT_DISCONNECT_BODY: Final = "client disconnected before agentic request body was read"
@@ -40,6 +50,8 @@ CLIENT_DISCONNECT_COMPLETION: Final = "client disconnected before agentic comple
 
 def public_message(exc: RelaxError) -> str:
     """The text a client may see: the error's own message, except for unexpected 5xx."""
+    if isinstance(exc, EmptyReplyError):
+        return EMPTY_REPLY_MESSAGE
     if exc.http_status >= 500 and not isinstance(exc, OverloadedError):
         return exc.message if exc.message in _PUBLIC_5XX_MESSAGES else GENERIC_INTERNAL_MESSAGE
     return exc.message
@@ -77,7 +89,7 @@ def http_status(exc: RelaxError, protocol: Protocol) -> int:
 def should_retry(exc: RelaxError, protocol: Protocol) -> bool:
     """Whether a client may usefully retry (False → header ``x-should-retry: false``)."""
     if protocol == "messages":
-        if isinstance(exc, OverloadedError):
+        if isinstance(exc, OverloadedError | EmptyReplyError):
             return True
         return not (exc.http_status >= 500 or exc.http_status in (401, 404))
     return not (exc.openai_type == "internal_error" or exc.code in ("internal_error", "session_discarded"))

@@ -8,7 +8,7 @@ import logging
 import httpx
 import pytest
 import trio
-from api_helpers import ENDPOINTS, ScriptedHandler, post
+from api_helpers import ENDPOINTS, ScriptedHandler, post, scripted_pipeline
 from support.apps import serve_app
 from support.sessions import open_session
 
@@ -21,8 +21,11 @@ from relaxtrio import (
 )
 from relaxtrio.api.app import create_app
 from relaxtrio.api.errors import error_body, error_response, http_status, should_retry
+from relaxtrio.chat.compiler import ChatCompiler
 from relaxtrio.config import ApiConfig
+from relaxtrio.forest import ResponseNode
 from relaxtrio.nursery.session import SessionRegistry
+from relaxtrio.testing.scripted_engine import Reply
 
 VALID = {
     "chat": {"messages": [{"role": "user", "content": "hi"}]},
@@ -143,6 +146,31 @@ async def test_unexpected_and_backend_errors_reveal_nothing(protocol: str, regis
         text = json.dumps(body)
         assert "secret" not in text and "10.0.0.7" not in text
         assert "Internal error while handling agentic request." in text
+
+
+@pytest.mark.parametrize("protocol", sorted(ENDPOINTS))
+async def test_an_empty_reply_is_a_retryable_500_that_commits_nothing(
+        protocol: str, registry: SessionRegistry, compiler: ChatCompiler,
+        caplog: pytest.LogCaptureFixture) -> None:
+    """The model's first token is a stop token: nothing to commit or echo back. The agent gets a
+    500 that names the cause and allows a retry (other 500s forbid it), and the details are
+    logged (docs/agent-contract.md#errors)."""
+    handler, engine = scripted_pipeline(compiler, [Reply(text="")])
+    app = create_app(registry, handler)
+    async with open_session(registry) as session:
+        with caplog.at_level(logging.WARNING, logger="relaxtrio.api"):
+            status, body, headers = await post(app, ENDPOINTS[protocol], VALID[protocol],
+                                               token=session.session_id)
+        assert not any(isinstance(n, ResponseNode) for n in session.forest.nodes())
+    assert status == 500 and "x-should-retry" not in headers
+    assert "reply was empty" in json.dumps(body) and "retry samples again" in json.dumps(body)
+    if protocol == "messages":
+        assert _kind(protocol, body) == "api_error"
+    else:
+        assert body["error"]["type"] == "server_error" and body["error"]["code"] == "empty_reply"
+    assert len(engine.calls) == 1
+    assert any("empty assistant message (1 output tokens, finish stop)" in r.getMessage()
+               for r in caplog.records)
 
 
 @pytest.mark.parametrize("protocol", sorted(ENDPOINTS))

@@ -103,6 +103,18 @@ async def test_messages_stream_tool_use_then_text(registry: SessionRegistry, com
         assert_one_lineage(session, responses=2)
 
 
+async def test_the_sdk_retries_an_empty_reply_into_one_lineage(registry: SessionRegistry,
+                                                               compiler: ChatCompiler) -> None:
+    """Anthropic's SDK retries a 500 unless told not to; an empty reply allows it."""
+    handler, engine = scripted_pipeline(compiler, [Reply(text=""), Reply(text="Bern.")])
+    async with served(registry, handler) as (client, session):
+        reply = await client.with_options(max_retries=1).messages.create(
+            model="claude-x", max_tokens=50, messages=[{"role": "user", "content": "Capital?"}])
+        assert [block.text for block in reply.content] == ["Bern."]
+        assert len(engine.calls) == 2
+        assert_one_lineage(session, responses=1)
+
+
 async def test_messages_errors_reach_the_sdk_as_typed_exceptions(registry: SessionRegistry,
                                                                  compiler: ChatCompiler) -> None:
     handler, _ = scripted_pipeline(compiler, [])

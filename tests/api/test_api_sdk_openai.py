@@ -179,6 +179,20 @@ async def test_responses_stream_function_call_loop(registry: SessionRegistry, co
         assert_one_lineage(session, responses=2)
 
 
+async def test_the_sdk_retries_an_empty_reply_into_one_lineage(registry: SessionRegistry,
+                                                               compiler: ChatCompiler) -> None:
+    """The first sample is only a stop token: the SDK's own retry samples again, and the Session
+    goes on with one committed answer (docs/agent-contract.md#errors)."""
+    handler, engine = scripted_pipeline(compiler, [Reply(text=""), Reply(text="Paris.")])
+    async with served(registry, handler) as (client, session):
+        reply = await client.with_options(max_retries=1).chat.completions.create(
+            model="policy", messages=[{"role": "user", "content": "Capital of France?"}],
+            temperature=1.0)
+        assert reply.choices[0].message.content == "Paris."
+        assert len(engine.calls) == 2
+        assert_one_lineage(session, responses=1)
+
+
 async def test_errors_reach_the_sdk_in_openai_form(registry: SessionRegistry) -> None:
     error = ContextLengthExceededError("This model's maximum context length is 8 tokens.", param="messages")
     async with served(registry, ScriptedHandler(error=error)) as (client, _):

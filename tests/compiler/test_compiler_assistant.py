@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 from compiler_testkit import TOOLS
 
-from relaxtrio import BackendError, InternalError
+from relaxtrio import BackendError, EmptyReplyError, InternalError
 from relaxtrio.chat.compiler import ChatCompiler
 from relaxtrio.chat.parsers import (
     decode_assistant,
@@ -145,11 +145,12 @@ def test_prompt_opened_think_and_b15_default(compilers: dict[str, ChatCompiler])
 
 
 def test_empty_outputs_are_errors_not_commits(qwen: ChatCompiler) -> None:
-    with pytest.raises(BackendError, match="without output tokens"):
+    with pytest.raises(BackendError, match="without output tokens") as no_ids:
         build(qwen, ())
-    with pytest.raises(BackendError, match="empty assistant message"):
+    assert not isinstance(no_ids.value, EmptyReplyError)
+    with pytest.raises(EmptyReplyError, match="empty assistant message"):
         build(qwen, (qwen.turn_end_token_id,))  # only the end-of-turn token
-    with pytest.raises(BackendError, match="empty assistant message"):
+    with pytest.raises(EmptyReplyError, match="empty assistant message"):
         build(qwen, ids_of(qwen, "<think>\n\n</think>\n\n"))
 
 

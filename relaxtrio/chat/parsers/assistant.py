@@ -26,7 +26,7 @@ from typing import Any, Literal, Protocol
 
 import attrs
 
-from ..._errors import BackendError, InternalError
+from ..._errors import BackendError, EmptyReplyError, InternalError
 from ..._validate import is_int
 from .reasoning import UnclosedThinkPolicy, parse_reasoning
 from .tool_calls import RejectedToolCall, parse_tool_calls_detailed, tool_call_id
@@ -122,7 +122,8 @@ def decode_assistant(
         unclosed_think: policy for a stopped generation inside an unclosed think block.
 
     Raises:
-        BackendError: no output ids, or the parsers leave nothing to return.
+        BackendError: no output ids.
+        EmptyReplyError: the parsers leave nothing to return (no text, reasoning or call).
         InternalError: the finish type is still ``abort`` (an aborted attempt is resumed, not
             committed).
         ValueError: unknown parser name or finish type.
@@ -150,7 +151,7 @@ def decode_assistant(
     )
     parse = parse_tool_calls_detailed(rest, tool_call_parser if finish != "length" else None, tools)
     if not parse.content and reasoning is None and not parse.calls:
-        raise BackendError(
+        raise EmptyReplyError(
             "Response parsers produced an empty assistant message "
             f"({len(ids)} output tokens, finish {finish}); nothing is committed"
         )
