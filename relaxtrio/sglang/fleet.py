@@ -230,6 +230,11 @@ class EngineFleet(FleetMembers):
             prefix_key: the family of prompts this one belongs to (the Session id), for the
                 request body's JSON reuse (:meth:`EngineClient.generate`).
 
+        While no worker can serve and one is coming back (restarting, or readmitted and not
+        yet listed healthy by the gateway: ``FleetMembers.wait_servable``), the call waits for
+        it instead of failing: a restarting worker until its supervisor readmits it or gives it
+        up, a readmitted one at most ``JOIN_GRACE_S`` (docs/inference-fleet.md).
+
         Returns:
             The engine's result. When the worker is lost mid-request the result is an abort
             with no output (``finish_type == "abort"``), which the caller resumes like any
