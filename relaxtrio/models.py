@@ -24,8 +24,11 @@ import json
 import os
 import shutil
 import tempfile
+from collections.abc import Mapping
 from pathlib import Path
-from typing import TYPE_CHECKING, Final
+from typing import TYPE_CHECKING, Any, Final
+
+from ._errors import ConfigError
 
 if TYPE_CHECKING:
     import torch
@@ -33,12 +36,14 @@ if TYPE_CHECKING:
 
 __all__ = [
     "SMOLLM2_GGUF_FILE",
-    "eos_token_ids",
     "chat_template",
-    "is_vision_model_dir",
     "ensure_smollm2",
+    "eos_token_ids",
+    "is_vision_model_dir",
     "load_model",
     "load_tokenizer",
+    "refuse_other_served_model",
+    "served_model_mismatch",
 ]
 
 SMOLLM2_GGUF_FILE: Final = "SmolLM2-135M-Instruct.Q4_1.gguf"
@@ -142,6 +147,53 @@ def is_vision_model_dir(path: Path | str) -> bool:
     if not config.is_file():
         return False
     return "vision_config" in json.loads(config.read_text(encoding="utf-8"))
+
+
+def served_model_mismatch(info: Mapping[str, Any], model_dir: Path | str) -> str | None:
+    """Why an engine's ``GET /model_info`` cannot be serving the model in ``model_dir``, or None.
+
+    Compared: ``model_type`` and ``architectures`` (SGLang 0.5.23 and the embedded engine report
+    both, from the served model's ``config.json``). Keys that either side lacks are not compared
+    (SGLang 0.5.3 reported neither), and the paths are not: one model lives under different
+    paths on different machines.
+
+    Args:
+        info: the ``/model_info`` body.
+        model_dir: the policy model directory (``--hf-checkpoint``).
+
+    Returns:
+        A clause naming what differs (``"model_type 'qwen2' and architectures [...], not
+        'llama' and [...]"``), or None when nothing that both report differs.
+    """
+    config_file = Path(model_dir) / "config.json"
+    try:
+        config = json.loads(config_file.read_text(encoding="utf-8"))
+    except (OSError, ValueError):
+        return None
+    differs = []
+    for key in ("model_type", "architectures"):
+        served, ours = info.get(key), config.get(key)
+        if served and ours and served != ours:
+            differs.append((key, served, ours))
+    if not differs:
+        return None
+    served_text = " and ".join(f"{key} {served!r}" for key, served, _ in differs)
+    ours_text = " and ".join(repr(ours) for _, _, ours in differs)
+    return f"{served_text}, not {ours_text} as in {config_file}"
+
+
+def refuse_other_served_model(info: Mapping[str, Any], model_dir: Path | str, url: str) -> None:
+    """Refuses an engine that serves another model than ``--hf-checkpoint``: its token ids and
+    logprobs would mean something else than the trainer's, and the first weight push would fail
+    after a whole rollout.
+
+    Raises:
+        ConfigError: :func:`served_model_mismatch` found a difference (param ``--hf-checkpoint``).
+    """
+    reason = served_model_mismatch(info, model_dir)
+    if reason is not None:
+        raise ConfigError(f"the engine at {url} serves {reason}: point --hf-checkpoint at the "
+                          "model the engines serve (or start them with it)", param="--hf-checkpoint")
 
 
 def load_tokenizer(path: Path | str) -> PreTrainedTokenizerBase:

@@ -11,15 +11,20 @@ from __future__ import annotations
 import json
 import os
 import shlex
+import shutil
 import signal
 import subprocess
 import sys
 from pathlib import Path
 from typing import Final
 
+import pytest
 import trio
 from support.procs import descendants
 
+from relaxtrio import ConfigError
+from relaxtrio.config import FleetConfig
+from relaxtrio.inference import open_inference
 from relaxtrio.replay import replay_dump
 from relaxtrio.rollout.dumps import load_dump
 
@@ -191,3 +196,39 @@ async def test_serve_dumps_its_sessions_when_the_embedded_engine_dies(tiny_model
     assert [n["kind"] for n in used["forest"]["nodes"]] == ["observation", "response"]
     assert used["num_requests"] == 1
     assert dump.session(exports[1]["RELAX_SESSION_ID"])["reason"] == "no requests"
+
+
+def _relabelled_model(tiny_model_dir: Path, out: Path) -> Path:
+    """The tiny model's files under a config.json that names another architecture."""
+    shutil.copytree(tiny_model_dir, out)
+    config = json.loads((out / "config.json").read_text())
+    config.update(model_type="qwen2", architectures=["Qwen2ForCausalLM"])
+    (out / "config.json").write_text(json.dumps(config))
+    return out
+
+
+async def test_an_engine_serving_another_model_is_refused_at_startup(
+        tiny_model_dir: Path, tmp_path: Path, shared_engine_url: str) -> None:
+    """``--engine-url`` serving a llama while ``--hf-checkpoint`` is a qwen2: serve exits 2 naming
+    both before any Session; train's inference refuses it the same way, before a rollout."""
+    other = _relabelled_model(tiny_model_dir, tmp_path / "qwen2")
+    cmd = [sys.executable, "-m", "relaxtrio", "serve", "--hf-checkpoint", str(other),
+           "--engine-url", shared_engine_url, "--output-dir", str(tmp_path / "serve")]
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join(sys.path)}
+    with trio.fail_after(SERVE_START_S):
+        done = await trio.run_process(cmd, capture_stdout=True, capture_stderr=True, check=False,
+                                      env=env)
+    stderr = done.stderr.decode()
+    assert done.returncode == 2, stderr
+    assert (f"the engine at {shared_engine_url} serves model_type 'llama' and architectures "
+            "['LlamaForCausalLM'], not 'qwen2' and ['Qwen2ForCausalLM']") in stderr
+    assert "--hf-checkpoint" in stderr and b"export " not in done.stdout
+
+    config = FleetConfig(engine_urls=(shared_engine_url,))
+    with pytest.RaisesGroup(pytest.RaisesExc(ConfigError, match="serves model_type 'llama'",
+                                             check=lambda e: e.param == "--hf-checkpoint"),
+                            flatten_subgroups=True):
+        async with open_inference(config, model_dir=other, run_dir=tmp_path / "run"):
+            pass
+    async with open_inference(config, model_dir=tiny_model_dir, run_dir=tmp_path / "run") as inference:
+        assert inference.fleet.urls == (shared_engine_url,)  # the right model passes
