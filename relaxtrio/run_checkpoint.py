@@ -346,11 +346,16 @@ class RunCheckpointer:
         """
         if self.resume is None:
             return
-        saved = self.resume.state.get("run", {}).get("prompt_data_sha256")
+        run = self.resume.state.get("run", {})
+        saved = run.get("prompt_data_sha256")
         self._prompt_data_sha256 = _sha256(self.config.prompt_data)
         if saved is not None and saved != self._prompt_data_sha256:
-            log.warning("resume: %s changed since the checkpoint was written; the saved cursor "
-                        "indexes the new file's rows", self.config.prompt_data)
+            path, was = self.config.prompt_data.resolve(), run.get("prompt_data")
+            what = ("changed since the checkpoint was written" if was in (None, str(path))
+                    else f"is not the file the checkpoint's run read ({was}) and its rows differ")
+            log.warning("resume: --prompt-data %s %s: the saved cursor indexes this file's rows "
+                        "(same count), so the prompts after the resume are not the ones the "
+                        "interrupted run would have trained", path, what)
         for flag, (was, now) in _shape_changes(self.resume.state.get("run", {}).get("shape"),
                                                _run_shape(self.config)).items():
             log.warning("resume: %s is %s, the checkpoint's run used %s: the run continues in "

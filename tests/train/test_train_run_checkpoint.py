@@ -16,10 +16,14 @@ from train_helpers import make_samples
 
 from relaxtrio import ConfigError
 from relaxtrio.config import AgentConfig, TrainRunConfig
+from relaxtrio.rollout.dataset import Prompt, PromptStream
+from relaxtrio.rollout.resume import capture_rollout
 from relaxtrio.run_checkpoint import (
     FULL_DISK_BYTES,
+    ResumePoint,
     RunCheckpointer,
     _model_identity,
+    _sha256,
     _write_failure,
     find_resume_point,
 )
@@ -276,3 +280,38 @@ def test_a_run_directory_is_held_by_one_run_at_a_time(tmp_path: Path) -> None:
             hold_run_dirs(out, tmp_path / "a-file" / "ckpt"):
         pass
     assert info.value.param == "save"
+
+
+def test_a_resume_on_other_prompt_rows_says_which_file_and_what_follows(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    """The cursor is an index into the rows: rows that differ (in place, or another file of the
+    same count) are warned about, naming the file the checkpoint's run read."""
+    rows = [{"messages": [{"role": "user", "content": f"task {i}"}]} for i in range(3)]
+    data = tmp_path / "p.jsonl"
+    data.write_text("".join(json.dumps(r) + "\n" for r in rows))
+    stream = PromptStream(prompts=[Prompt(index=i, messages=tuple(r["messages"]), metadata={})
+                                   for i, r in enumerate(rows)], shuffle=False, seed=1)
+    rollout = capture_rollout(stream, (), next_rollout_id=1).to_json()
+    read = {"prompt_data": str(data.resolve()), "prompt_data_sha256": _sha256(data)}  # by the run
+
+    def resume_on(path: Path) -> str:
+        run = TrainRunConfig(prompt_data=path, agent=AgentConfig(command="true", cwd=tmp_path),
+                             output_dir=tmp_path / "out")
+        state = {"steps_done": 1, "rollout": rollout, "run": read}
+        checkpointer = RunCheckpointer(config=run, resume=ResumePoint(checkpoint_dir=tmp_path,
+                                                                      state=state))
+        caplog.clear()
+        with caplog.at_level(logging.WARNING):
+            checkpointer.restore_prompts(PromptStream(prompts=stream.prompts, shuffle=False, seed=1))
+        return caplog.text
+
+    copy = tmp_path / "copy.jsonl"
+    shutil.copyfile(data, copy)
+    assert "--prompt-data" not in resume_on(data) and "--prompt-data" not in resume_on(copy)
+    copy.write_text(copy.read_text().replace("task 1", "task one"))
+    assert (f"resume: --prompt-data {copy.resolve()} is not the file the checkpoint's run read "
+            f"({data.resolve()}) and its rows differ: the saved cursor indexes this file's rows"
+            in resume_on(copy))
+    data.write_text(data.read_text().replace("task 2", "task two"))
+    assert f"--prompt-data {data.resolve()} changed since the checkpoint was written:" in resume_on(data)
