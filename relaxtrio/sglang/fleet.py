@@ -44,6 +44,7 @@ pinned to; the call is a no-op on the others).
 
 from __future__ import annotations
 
+import contextlib
 import logging
 from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
 from contextlib import asynccontextmanager
@@ -418,7 +419,8 @@ class EngineFleet(FleetMembers):
         Pause every worker (``retract``: in-flight requests keep their tokens and continue on
         the new weights), load ``model_path`` on every worker, confirm each worker's
         ``/model_info`` ``weight_version``, continue every worker. A worker that fails to load
-        or reports another version is removed (it must not serve stale weights).
+        or reports another version is continued (not left paused) and removed (it must not
+        serve stale weights to this run).
 
         Args:
             model_path: what every worker's ``/update_weights_from_disk`` loads (a directory
@@ -447,6 +449,11 @@ class EngineFleet(FleetMembers):
                                 path_for(model_path, worker.url), weight_version=version)
                             await self._verify_version(worker.client, worker.url, version)
                         except BackendError as exc:  # refused, failed, or another version
+                            # Removed ones are not continued below; one that is still up must not
+                            # stay paused for whoever uses it next (a connected engine outlives
+                            # this run).
+                            with contextlib.suppress(BackendError):
+                                await worker.client.continue_generation()
                             self.remove(worker.url, f"weight update to {version} failed: {exc}")
 
                     await self._each(load, workers)

@@ -14,6 +14,7 @@ from fleet_helpers import IGNORE_DROPPED_BODY, long_sampling, wait_running
 from relaxtrio import EngineUnavailableError
 from relaxtrio.config import FleetConfig
 from relaxtrio.models import load_model
+from relaxtrio.sglang.client import open_engine_client
 from relaxtrio.sglang.fleet import open_engine_fleet
 from relaxtrio.sglang.wire import SamplingParams
 from relaxtrio.shm_weights import ShmWeightWriter
@@ -199,3 +200,23 @@ async def test_session_lifecycle_closes_on_the_serving_worker(start_engines) -> 
             while await open_sessions() != [0, 0]:
                 await trio.sleep(0.05)
     assert during == [1, 1]
+
+
+async def test_a_worker_that_refuses_the_weights_is_removed_but_not_left_paused(
+    start_engines, tiny_model_dir: Path, tmp_path: Path
+) -> None:
+    """A connected engine outlives the run: after a refused update it serves again (not paused
+    for its next user), while this run no longer routes to it."""
+    engines = await start_engines(2)
+    good, bad = engines.urls
+    path = str(save_weights_dir(load_model(tiny_model_dir), tmp_path / "step-1"))
+    broken = tmp_path / "not-weights"
+    broken.mkdir()
+    with trio.fail_after(120):
+        async with open_engine_fleet(_config(engines.urls), worker_urls=engines.urls) as fleet:
+            await fleet.update_weights(lambda url: path if url == good else str(broken), "step-1")
+            assert fleet.urls == (good,)
+    with trio.fail_after(30):  # a paused engine holds it until then
+        async with open_engine_client([bad]) as client:
+            result = await client.generate(PROMPT, SHORT, rid="after:t0#")
+    assert result.finish_type == "length" and result.weight_version == "w1"  # its old weights
