@@ -38,7 +38,7 @@ from typing import Any, Final
 import attrs
 import trio
 
-from ._errors import ConfigError
+from ._errors import BackendError, ConfigError
 from ._serving import freeze_startup_heap
 from .api.app import create_app, serve_api
 from .api.operator import start_operator
@@ -64,7 +64,7 @@ from .rollout.turns import EngineTurnHandler
 from .run_checkpoint import RunCheckpointer, hold_run_dirs, weight_version_name
 from .run_summary import TrainSummary, summarize_run
 from .sglang.client import EngineClient, context_token_limit
-from .sglang.fleet import FleetStatistics
+from .sglang.fleet import EngineFleet, FleetStatistics
 from .sglang.launch_fleet import detect_engine_kind
 from .sglang.starter import EngineStarter
 from .trackers import Trackers
@@ -413,6 +413,8 @@ async def _run_loaded(
         engines_at_start = len(client.urls)
         if trainer is not None and checkpointer.weight_version is not None:  # resumed: its weights
             await _push(inference, trainer, checkpointer.weight_version)
+        elif trainer is not None and not fleet_config.launches:
+            await _warn_foreign_weights(client)
         max_context = cfg.generation.max_context_tokens
         if max_context is None:
             info = await client.server_info()
@@ -501,6 +503,27 @@ async def _engine_starter(cfg: TrainRunConfig, fleet: FleetConfig) -> EngineStar
 
     return await trio.to_thread.run_sync(
         functools.partial(RayEngineStarter.connect, d.ray_address, num_cpus=d.engine_num_cpus))
+
+
+INITIAL_WEIGHT_VERSION: Final = "default"
+"""The version label of the weights before any update (what SGLang and the embedded engine report
+at start-up)."""
+
+
+async def _warn_foreign_weights(fleet: EngineFleet) -> None:
+    """Warns about connected engines that report another version than
+    :data:`INITIAL_WEIGHT_VERSION` at the start of a fresh run: they were updated before (by an
+    earlier run, say), so step 0 samples with those weights, not ``--hf-checkpoint``'s."""
+    for url in fleet.urls:
+        try:
+            version = (await fleet.model_info(url)).get("weight_version")
+        except BackendError:
+            continue
+        if version not in (None, INITIAL_WEIGHT_VERSION):
+            log.warning("the engine at %s holds weight version %r, not the initial %r: it was "
+                        "updated before (by an earlier run?), so step 0 samples with those "
+                        "weights rather than --hf-checkpoint's; restart it for a clean start",
+                        url, version, INITIAL_WEIGHT_VERSION)
 
 
 async def _push(inference: Inference, trainer: Trainer | RankGroup, version: str) -> float:

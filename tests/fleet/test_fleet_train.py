@@ -50,7 +50,7 @@ async def _release_when_both_generate(urls: list[str], release: Path) -> None:
 
 
 async def test_two_steps_behind_the_gateway(start_engines, tiny_model_dir: Path,
-                                            tmp_path: Path) -> None:
+                                            tmp_path: Path, caplog: pytest.LogCaptureFixture) -> None:
     engines = await start_engines(2, max_running_requests=8)
     release = tmp_path / "release"
     agent_dir = tmp_path / "agent"
@@ -88,6 +88,13 @@ async def test_two_steps_behind_the_gateway(start_engines, tiny_model_dir: Path,
                             for u in engines.urls]
     assert summary.trained_steps == 2
     assert versions == ["step-2", "step-2"]  # both workers took every update
+    # The workers came with labels of their own: a fresh run says they were updated before.
+    warned = [r.getMessage() for r in caplog.records if "holds weight version" in r.getMessage()]
+    assert sorted(warned) == sorted(
+        f"the engine at {url} holds weight version {label!r}, not the initial 'default': it was "
+        "updated before (by an earlier run?), so step 0 samples with those weights rather than "
+        "--hf-checkpoint's; restart it for a clean start"
+        for url, label in zip(engines.urls, ("w0", "w1"), strict=True))
     sessions = [s for step in (0, 1)
                 for g in load_dump(Path(str(dumps).format(rollout_id=step))).groups
                 for s in g["sessions"]]
