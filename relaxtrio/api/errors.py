@@ -41,7 +41,8 @@ log = logging.getLogger(__name__)
 GENERIC_INTERNAL_MESSAGE: Final = "Internal error while handling agentic request."
 RENDER_FAILED_MESSAGE: Final = "Internal error while rendering agentic response."
 EMPTY_REPLY_MESSAGE: Final = ("The model's reply was empty (no text, reasoning or tool call); nothing "
-                              "was committed. A retry samples again.")
+                              "was committed. A retry samples again (the same reply when the "
+                              "sampling is seeded).")
 _PUBLIC_5XX_MESSAGES: Final = frozenset({GENERIC_INTERNAL_MESSAGE, RENDER_FAILED_MESSAGE})
 
 CLIENT_DISCONNECT_BODY: Final = "client disconnected before agentic request body was read"
