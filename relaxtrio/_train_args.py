@@ -334,8 +334,25 @@ def _check_flags(args: argparse.Namespace) -> None:
     _need(len(args.eval_prompt_data) % 2 == 0, "--eval-prompt-data takes NAME PATH pairs")
     _need(args.operator_port is None or 0 <= args.operator_port <= 65535,
           "--operator-port must be in [0, 65535]")
+    _need(not (args.eval_interval and not args.eval_prompt_data),
+          "--eval-interval needs --eval-prompt-data NAME PATH (nothing to evaluate)")
     if args.hf_checkpoint is not None:
         check_model_dir(args.hf_checkpoint)
+        vocab = _vocab_size(args.hf_checkpoint)
+        outside = [i for i in args.rollout_stop_token_ids if vocab is not None and not 0 <= i < vocab]
+        _need(not outside, f"--rollout-stop-token-ids {' '.join(map(str, outside))}: not token ids "
+                           f"of --hf-checkpoint (its vocabulary is [0, {vocab}))")
+
+
+def _vocab_size(model_dir: Path) -> int | None:
+    """``vocab_size`` of a model directory's ``config.json`` (a vision model's ``text_config``),
+    or None when it names none."""
+    try:
+        config = json.loads((model_dir / "config.json").read_text(encoding="utf-8"))
+    except ValueError:
+        return None  # transformers reports a broken config.json when it loads the model
+    size = config.get("vocab_size") or (config.get("text_config") or {}).get("vocab_size")
+    return size if isinstance(size, int) else None
 
 
 def split_sglang_args(rest: list[str]) -> tuple[list[str], list[str]]:

@@ -94,6 +94,7 @@ def test_estimators_imply_their_trainer_side() -> None:
         (["--entropy-coef", "-1"], "--entropy-coef must be a finite number >= 0"),
         (["--max-tokens-per-gpu", "0"], "--max-tokens-per-gpu must be a positive integer, got 0"),
         (["--loss-norm-tokens", "0"], "--loss-norm-tokens must be a positive integer, got 0"),
+        (["--eval-interval", "1"], "--eval-interval needs --eval-prompt-data NAME PATH"),
     ],
 )
 def test_bad_combinations_are_refused_at_startup(flags, message) -> None:
@@ -167,3 +168,12 @@ def test_a_model_directory_without_config_or_tokenizer_is_refused_naming_the_fla
     with pytest.raises(RelaxError, match=r"--hf-checkpoint '.*model' has no tokenizer \(none of "
                                          r"tokenizer.json, tokenizer.model, vocab.json"):
         _config("--hf-checkpoint", str(model))
+
+
+def test_stop_token_ids_outside_the_vocabulary_are_refused_at_startup(tiny_model_dir) -> None:
+    """Every turn would fail at the engine (the tiny model's vocabulary has 1536 ids)."""
+    with pytest.raises(RelaxError, match=r"--rollout-stop-token-ids 1536 99999: not token ids of "
+                                         r"--hf-checkpoint \(its vocabulary is \[0, 1536\)\)"):
+        _config("--hf-checkpoint", str(tiny_model_dir), "--rollout-stop-token-ids", "7", "1536", "99999")
+    config = _config("--hf-checkpoint", str(tiny_model_dir), "--rollout-stop-token-ids", "7", "1535")
+    assert config.generation.stop_token_ids == (7, 1535)
