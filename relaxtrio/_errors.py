@@ -220,7 +220,8 @@ class EmptyReplyError(BackendError):
     token was a stop token, for instance). Nothing is committed, since an empty assistant message
     could not be echoed back (docs/canonical-contract.md).
 
-    Only this turn fails, and unlike other 500s a retry may succeed: the retry samples again.
+    Only this turn fails, and unlike other 500s a retry may succeed: the retry samples again
+    (the same reply when sampling is seeded; docs/agent-contract.md#errors).
     """
 
     openai_type = "server_error"
