@@ -36,7 +36,7 @@ import trio
 
 from ._errors import BackendError, ConfigError
 from .config import FleetConfig
-from .models import refuse_other_served_model
+from .models import refuse_other_served_models
 from .nursery.session import Session, SessionRegistry
 from .sglang.fleet import EngineFleet, open_engine_fleet
 from .sglang.launch_fleet import LaunchedFleet, open_launched_fleet
@@ -197,21 +197,6 @@ async def _local_embedded(fleet: EngineFleet) -> frozenset[str]:
     return frozenset(local)
 
 
-async def _check_served_models(fleet: EngineFleet, model_dir: Path) -> None:
-    """Refuses connected engines that serve another model (:func:`refuse_other_served_model`);
-    an engine that cannot answer ``/model_info`` is not judged here.
-
-    Raises:
-        ConfigError: an engine serves another model.
-    """
-    for url in fleet.urls:
-        try:
-            info = await fleet.model_info(url)
-        except BackendError:
-            continue
-        refuse_other_served_model(info, model_dir, url)
-
-
 @asynccontextmanager
 async def open_inference(
     config: FleetConfig,
@@ -257,7 +242,7 @@ async def open_inference(
         if launched is not None:
             launched.attach(fleet)
         else:
-            await _check_served_models(fleet, model_dir)
+            await refuse_other_served_models(fleet.model_info, fleet.urls, model_dir)
         kind = config.weight_sync
         local = await _local_embedded(fleet)
         every = bool(fleet.urls) and local == frozenset(fleet.urls)

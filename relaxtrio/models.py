@@ -24,11 +24,11 @@ import json
 import os
 import shutil
 import tempfile
-from collections.abc import Mapping
+from collections.abc import Awaitable, Callable, Iterable, Mapping
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Final
 
-from ._errors import ConfigError
+from ._errors import BackendError, ConfigError
 
 if TYPE_CHECKING:
     import torch
@@ -42,7 +42,7 @@ __all__ = [
     "is_vision_model_dir",
     "load_model",
     "load_tokenizer",
-    "refuse_other_served_model",
+    "refuse_other_served_models",
     "served_model_mismatch",
 ]
 
@@ -182,18 +182,32 @@ def served_model_mismatch(info: Mapping[str, Any], model_dir: Path | str) -> str
     return f"{served_text}, not {ours_text} as in {config_file}"
 
 
-def refuse_other_served_model(info: Mapping[str, Any], model_dir: Path | str, url: str) -> None:
-    """Refuses an engine that serves another model than ``--hf-checkpoint``: its token ids and
+async def refuse_other_served_models(model_info: Callable[[str], Awaitable[Mapping[str, Any]]],
+                                    urls: Iterable[str], model_dir: Path | str) -> None:
+    """Refuses engines that serve another model than ``--hf-checkpoint``: their token ids and
     logprobs would mean something else than the trainer's, and the first weight push would fail
-    after a whole rollout.
+    after a whole rollout. An engine whose ``/model_info`` cannot be read is not judged here
+    (its caller reports it unreachable).
+
+    Args:
+        model_info: ``GET /model_info`` of one engine by base URL (an engine client's or
+            fleet's ``model_info``).
+        urls: the engines' base URLs.
+        model_dir: the policy model directory.
 
     Raises:
         ConfigError: :func:`served_model_mismatch` found a difference (param ``--hf-checkpoint``).
     """
-    reason = served_model_mismatch(info, model_dir)
-    if reason is not None:
-        raise ConfigError(f"the engine at {url} serves {reason}: point --hf-checkpoint at the "
-                          "model the engines serve (or start them with it)", param="--hf-checkpoint")
+    for url in urls:
+        try:
+            info = await model_info(url)
+        except BackendError:
+            continue
+        reason = served_model_mismatch(info, model_dir)
+        if reason is not None:
+            raise ConfigError(f"the engine at {url} serves {reason}: point --hf-checkpoint at the "
+                              "model the engines serve (or start them with it)",
+                              param="--hf-checkpoint")
 
 
 def load_tokenizer(path: Path | str) -> PreTrainedTokenizerBase:

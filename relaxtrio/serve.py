@@ -26,7 +26,6 @@ shows the served Sessions and their forests while they run.
 
 from __future__ import annotations
 
-import contextlib
 import functools
 import json
 import logging
@@ -49,7 +48,7 @@ from .api.operator import start_operator
 from .chat.compiler import ChatCompiler
 from .config import ApiConfig, GenerationConfig
 from .forest import export_samples, parse_session_output
-from .models import refuse_other_served_model
+from .models import refuse_other_served_models
 from .nursery.group import Group
 from .nursery.session import Session, SessionRegistry, serve_external_session
 from .rollout.advantages import scalar_reward
@@ -387,7 +386,7 @@ async def open_engine(stack: AsyncExitStack, cfg: Any, model_dir: Path) -> tuple
 
     Raises:
         ConfigError: a given engine serves another model than ``model_dir``
-            (:func:`~relaxtrio.models.refuse_other_served_model`).
+            (:func:`~relaxtrio.models.refuse_other_served_models`).
 
     Cancellation:
         What was entered on ``stack`` is stopped when the stack closes.
@@ -399,9 +398,7 @@ async def open_engine(stack: AsyncExitStack, cfg: Any, model_dir: Path) -> tuple
             model_dir, log_path=cfg.output_dir / "engine.log", extra_args=cfg.engine_args))]
     client = await stack.enter_async_context(open_engine_client(urls))
     if cfg.engine_urls:
-        for url in urls:
-            with contextlib.suppress(BackendError):  # an unreachable engine is reported later
-                refuse_other_served_model(await client.model_info(url), model_dir, url)
+        await refuse_other_served_models(client.model_info, urls, model_dir)
     max_context = cfg.generation.max_context_tokens
     if max_context is None:
         info = await client.server_info()

@@ -7,8 +7,8 @@ from pathlib import Path
 
 import pytest
 
-from relaxtrio import ConfigError
-from relaxtrio.models import refuse_other_served_model, served_model_mismatch
+from relaxtrio import BackendError, ConfigError
+from relaxtrio.models import refuse_other_served_models, served_model_mismatch
 
 
 @pytest.fixture
@@ -30,8 +30,16 @@ def test_only_what_both_sides_report_is_compared(llama_dir: Path) -> None:
     assert served_model_mismatch({"model_type": "qwen2"}, llama_dir / "missing") is None
 
 
-def test_another_model_is_refused_naming_the_flag(llama_dir: Path) -> None:
-    with pytest.raises(ConfigError, match=r"the engine at http://e:1 serves model_type 'qwen2'") as refused:
-        refuse_other_served_model({"model_type": "qwen2"}, llama_dir, "http://e:1")
+async def test_another_model_is_refused_naming_the_flag(llama_dir: Path) -> None:
+    served = {"http://e:1": {"model_type": "llama"}, "http://e:2": {"model_type": "qwen2"}}
+
+    async def model_info(url: str) -> dict:
+        if url not in served:
+            raise BackendError(f"{url} unreachable")
+        return served[url]
+
+    with pytest.raises(ConfigError, match=r"the engine at http://e:2 serves model_type 'qwen2'") as refused:
+        await refuse_other_served_models(model_info, ["http://down:3", "http://e:1", "http://e:2"],
+                                         llama_dir)
     assert refused.value.param == "--hf-checkpoint"
-    refuse_other_served_model({"model_type": "llama"}, llama_dir, "http://e:1")
+    await refuse_other_served_models(model_info, ["http://down:3", "http://e:1"], llama_dir)
