@@ -21,7 +21,12 @@ and the example agent's replies bounded to ``SHORT_MAX_TOKENS`` through ``QUIZ_M
 ``--short-num-rollout`` steps, still a real update and weight push every step),
 ``prelaunch_short_wide`` (that pair with ``--agentic-concurrency`` of twice the default demand,
 ``WIDE_CONCURRENCY``: prelaunch then warms a whole step's Groups during the current rollout,
-not only during the update and push; without prelaunch the extra permits stay unused), and ``sync_torch_threads`` /
+not only during the update and push; without prelaunch the extra permits stay unused), each
+of these five also as ``..._stdlib``: the same job or pair with the example's standard-library
+agent (``agent_stdlib.py``: the same requests and reward without the ``openai`` SDK's import,
+about 0.5 s of CPU per agent here, so the 2 s start-up is mostly waiting, as behind a sandbox
+or container start, not CPU the next step's agents take from the engine and trainer;
+docs/scheduling.md#prelaunch), and ``sync_torch_threads`` /
 ``fully_async_torch_threads``: the same jobs with torch's default threads on both sides
 (``--trainer-num-threads 0 --engine-num-threads 0``, the setting before the cores were split
 between trainer and engine, :mod:`relaxtrio.cpu_threads`). Each job is one subprocess, so its
@@ -70,15 +75,21 @@ AGENT_START_DELAY_S: Final = 2.0
 SHORT_MAX_TOKENS: Final = 4  # tokens per reply in prelaunch_short (the example asks for 48)
 WIDE_CONCURRENCY: Final = 8  # resident Groups in prelaunch_short_wide: twice the default demand
 _PHASES: Final = ("rollout_s", "update_s", "weight_sync_s", "train_s", "step_s")
+_PRELAUNCH_VARIANTS: Final = ("prelaunch", "prelaunch_short", "prelaunch_short_wide")
+_BASE_VARIANTS: Final = ("sync", "fully_async", *_PRELAUNCH_VARIANTS, "sync_torch_threads",
+                         "fully_async_torch_threads")
+_STDLIB_VARIANTS: Final = ("sync", "fully_async", *_PRELAUNCH_VARIANTS)  # also run as ..._stdlib
+_STDLIB_AGENT: Final = "agent_stdlib.py"
 
 
-def _slow_agent_command(timeline: Path) -> str:
-    """The example agent behind a 2 s start-up delay; appends ``start|ready|exit <group> <pid>
-    <epoch s>`` lines to ``timeline`` (``ready``: the sleep is over and Python starts)."""
+def _slow_agent_command(timeline: Path, script: str = "agent.py") -> str:
+    """The example agent ``script`` behind a 2 s start-up delay; appends ``start|ready|exit
+    <group> <pid> <epoch s>`` lines to ``timeline`` (``ready``: the sleep is over and Python
+    starts)."""
     stamp = f'>> {shlex.quote(str(timeline))}'
     inner = (f'echo "start $RELAX_GROUP_ID $$ $EPOCHREALTIME" {stamp}; sleep {AGENT_START_DELAY_S:g}; '
              f'echo "ready $RELAX_GROUP_ID $$ $EPOCHREALTIME" {stamp}; '
-             f'{shlex.quote(sys.executable)} agent.py; rc=$?; '
+             f'{shlex.quote(sys.executable)} {shlex.quote(script)}; rc=$?; '
              f'echo "exit $RELAX_GROUP_ID $$ $EPOCHREALTIME" {stamp}; exit $rc')
     return f"bash -c {shlex.quote(inner)}"
 
@@ -224,8 +235,7 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--num-rollout", type=int, default=2, help="steps per job")
     parser.add_argument("--variants", nargs="+", default=["sync"],
-                        choices=["sync", "fully_async", "prelaunch", "prelaunch_short", "prelaunch_short_wide",
-                                 "sync_torch_threads", "fully_async_torch_threads"])
+                        choices=[*_BASE_VARIANTS, *(f"{v}_stdlib" for v in _STDLIB_VARIANTS)])
     parser.add_argument("--short-num-rollout", type=int, default=4, help="steps per prelaunch_short job")
     parser.add_argument("--work-dir", type=Path, default=None, help="job outputs (default: a temp dir)")
     args, extra = parser.parse_known_args(argv)
@@ -238,27 +248,33 @@ def main(argv: list[str] | None = None) -> int:
     jobs: dict[str, list[str]] = {}
     steps_of: dict[str, int] = {}
 
-    def slow_pair(base: str, flags: list[str]) -> None:
+    def slow_pair(base: str, flags: list[str], script: str) -> None:
         for name, more in ((base, []), (f"{base}_prelaunch", ["--agentic-prelaunch"])):
-            jobs[name] = ["--agent-command", _slow_agent_command(work / name / "agent_timeline.txt"),
-                          *flags, *more]
+            jobs[name] = ["--agent-command",
+                          _slow_agent_command(work / name / "agent_timeline.txt", script), *flags, *more]
 
     for variant in args.variants:
+        stdlib = variant.endswith("_stdlib")
+        script, suffix = (_STDLIB_AGENT, "_stdlib") if stdlib else ("agent.py", "")
+        variant = variant.removesuffix("_stdlib")
         if variant == "prelaunch":
-            slow_pair("slow_agents", [])
+            slow_pair(f"slow_agents{suffix}", [], script)
         elif variant.startswith("prelaunch_short"):
             from relaxtrio.testing.tiny_models import build_tiny_model
 
             tiny = build_tiny_model(work / "tiny_model")
             wide = variant.endswith("_wide")
-            base = "short_wide_slow_agents" if wide else "short_slow_agents"
+            base = ("short_wide_slow_agents" if wide else "short_slow_agents") + suffix
             slow_pair(base, ["--hf-checkpoint", str(tiny),
                              "--agent-env", f"QUIZ_MAX_TOKENS={SHORT_MAX_TOKENS}",
-                             *(["--agentic-concurrency", str(WIDE_CONCURRENCY)] if wide else [])])
+                             *(["--agentic-concurrency", str(WIDE_CONCURRENCY)] if wide else [])],
+                      script)
             steps_of.update({base: args.short_num_rollout, f"{base}_prelaunch": args.short_num_rollout})
         else:
             flags = ["--fully-async"] if variant.startswith("fully_async") else []
-            jobs[variant] = [*flags, *(torch_threads if variant.endswith("torch_threads") else [])]
+            if stdlib:
+                flags += ["--agent-command", f"{shlex.quote(sys.executable)} {_STDLIB_AGENT}"]
+            jobs[variant + suffix] = [*flags, *(torch_threads if variant.endswith("torch_threads") else [])]
     rows = {name: _run_job(name, work / name, steps_of.get(name, args.num_rollout), flags, extra)
             for name, flags in jobs.items()}
     summary: dict[str, Any] = {"bench": "step_profile", "summary": True, "steps_per_job": args.num_rollout,
@@ -276,21 +292,22 @@ def main(argv: list[str] | None = None) -> int:
             sum(r["weight_sync_s"] for r in warm) / sum(r["step_s"] for r in warm), 3)
         summary["weight_push_share_target"] = PUSH_SHARE_TARGET
     for fast, base, key in (("fully_async", "sync", "fully_async_ratio"),
+                            ("fully_async_stdlib", "sync_stdlib", "fully_async_ratio_stdlib"),
                             ("fully_async_torch_threads", "sync_torch_threads",
                              "fully_async_torch_threads_ratio"),
                             ("sync", "sync_torch_threads", "sync_split_over_torch_threads"),
-                            ("slow_agents_prelaunch", "slow_agents", "prelaunch_ratio"),
-                            ("short_slow_agents_prelaunch", "short_slow_agents",
-                             "prelaunch_short_ratio"),
-                            ("short_wide_slow_agents_prelaunch", "short_wide_slow_agents",
-                             "prelaunch_short_wide_ratio")):
+                            *((f"{base}{suffix}_prelaunch", f"{base}{suffix}", f"{key}{suffix}")
+                              for base, key in (("slow_agents", "prelaunch_ratio"),
+                                                ("short_slow_agents", "prelaunch_short_ratio"),
+                                                ("short_wide_slow_agents", "prelaunch_short_wide_ratio"))
+                              for suffix in ("", "_stdlib"))):
         if fast in rows and base in rows:
             summary[key] = round(_mean_step(rows[fast]) / _mean_step(rows[base]), 3)
-    if "fully_async_ratio" in summary:
+    if any(key.startswith("fully_async_ratio") for key in summary):
         summary["fully_async_target"] = FULLY_ASYNC_TARGET
-    if any(k in summary for k in ("prelaunch_ratio", "prelaunch_short_ratio", "prelaunch_short_wide_ratio")):
+    if any(key.startswith("prelaunch") for key in summary):
         summary["prelaunch_target"] = PRELAUNCH_TARGET
-    if "short_slow_agents" in rows or "short_wide_slow_agents" in rows:
+    if any(name.startswith("short_") for name in rows):
         summary["short_steps_used"] = [r["step"] for r in _steady(
             [{"step": i} for i in range(args.short_num_rollout)])]
     print(json.dumps(summary), flush=True)

@@ -13,31 +13,15 @@ short benchmark steps.
 from __future__ import annotations
 
 import asyncio
-import json
 import os
-import re
 import sys
-from pathlib import Path
 
 from openai import AsyncOpenAI
-
-MAX_TOKENS = int(os.environ.get("QUIZ_MAX_TOKENS", "48"))
-FEEDBACK = "That is not correct. Try again and reply with only the answer."
-
-
-def is_correct(reply: str, answer: str, kind: str) -> bool:
-    """Numbers: the last integer in the reply equals the answer. Words: the answer appears."""
-    if kind == "number":
-        numbers = re.findall(r"-?\d+", reply.replace(",", ""))
-        return bool(numbers) and numbers[-1] == answer
-    return re.search(rf"\b{re.escape(answer.lower())}\b", reply.lower()) is not None
+from quiz import CREDITS, FEEDBACK, MAX_TOKENS, is_correct, read_task, write_reward
 
 
 async def main() -> None:
-    task = json.loads(Path(os.environ["RELAX_INPUT_JSON"]).read_text(encoding="utf-8"))
-    messages = task["messages"]
-    meta = task.get("metadata", {})
-    answer, kind = str(meta["answer"]), meta.get("kind", "number")
+    messages, answer, kind = read_task()
     client = AsyncOpenAI(
         base_url=os.environ.get("RELAX_BASE_URL", os.environ.get("OPENAI_BASE_URL")),
         api_key=os.environ.get("RELAX_SESSION_ID", os.environ.get("OPENAI_API_KEY", "none")),
@@ -45,7 +29,7 @@ async def main() -> None:
         max_retries=2,  # idempotent (docs/agent-contract.md#retries); an empty reply is resampled
     )
     reward, attempts = 0.0, 0
-    for attempt, credit in enumerate((1.0, 0.5), start=1):
+    for attempt, credit in enumerate(CREDITS, start=1):
         response = await client.chat.completions.create(
             model="policy", messages=messages, max_tokens=MAX_TOKENS
         )
@@ -57,12 +41,7 @@ async def main() -> None:
             break
         if attempt == 1:
             messages.append({"role": "user", "content": FEEDBACK})
-    output = {"reward": reward, "metadata": {"attempts": attempts, "solved": reward > 0}}
-    out_path = os.environ.get("RELAX_OUTPUT_JSON")
-    if out_path:
-        Path(out_path).write_text(json.dumps(output), encoding="utf-8")
-    else:
-        print(json.dumps(output))
+    write_reward(reward, attempts)
     await client.close()
 
 

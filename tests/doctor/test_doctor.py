@@ -109,10 +109,14 @@ async def test_an_agent_that_fails_before_its_first_request_is_pointed_at_its_ou
     assert any("ModuleNotFoundError" in line for line in report.lines())
 
 
-async def test_the_quiz_example_passes_with_the_default_task(tiny_model_dir: Path, tmp_path: Path) -> None:
+@pytest.mark.parametrize("script", ["agent.py", "agent_stdlib.py"])
+async def test_the_quiz_example_passes_with_the_default_task(
+    tiny_model_dir: Path, tmp_path: Path, script: str
+) -> None:
+    """Both quiz agents (the openai SDK and the standard library's urllib) pass every check."""
     example = Path(__file__).resolve().parents[2] / "examples" / "quiz_feedback"
     cfg = DoctorConfig(
-        agent=AgentConfig(command=f"{sys.executable} agent.py", cwd=example, timeout_s=60.0,
+        agent=AgentConfig(command=f"{sys.executable} {script}", cwd=example, timeout_s=60.0,
                           term_grace_s=0.5, env={"QUIZ_MAX_TOKENS": "4"}),
         generation=GenerationConfig(max_response_tokens=4, tool_call_parser=None),
         hf_checkpoint=tiny_model_dir, output_dir=tmp_path / "doctor", first_request_s=30.0)
