@@ -1,12 +1,15 @@
 """The servers the agent-API benchmarks drive, and their chat bodies.
 
-``python benchmarks/_agent_api.py --serve full|bare [--engine-url URL] [--sessions N]
+``python benchmarks/_agent_api.py --serve full|bare|bare_hop [--engine-url URL] [--sessions N]
 [--server-cpu C]`` serves, pinned to one CPU (hypercorn through ``relaxtrio.api.app.serve_api``):
 
 * ``bare``: one quart-trio route that reads and parses the JSON body and answers a fixed chat
   completion (the framework ceiling);
 * ``full``: the agent API (``create_app``) over ``N`` bare Sessions (``relaxtrio.testing.sessions``)
-  with ``EngineTurnHandler`` on the engine at ``URL`` (an instant engine) and SmolLM2's tokenizer.
+  with ``EngineTurnHandler`` on the engine at ``URL`` (an instant engine) and SmolLM2's tokenizer;
+* ``bare_hop``: the bare route plus one ``/generate`` call to the engine at ``URL`` through
+  ``EngineClient`` (a fixed 16-id prompt) before its fixed answer: the ceiling of any gateway that
+  forwards each request to an engine, with none of relaxtrio's per-request work.
 
 Its first stdout line is ``RELAXTRIO_BENCH_SERVER={"url": ..., "sessions": [...]}``.
 """
@@ -16,6 +19,7 @@ from __future__ import annotations
 import argparse
 import contextlib
 import functools
+import itertools
 import json
 import logging
 import sys
@@ -105,16 +109,25 @@ async def post_chat(pool: Any, url: str, session_id: str | None, body: dict[str,
 
 
 # ----------------------------------------------------------------------------------- servers
-def _bare_app():
+def _bare_app(engine: Any = None):
+    """The bare route; with ``engine`` (an ``EngineClient``), one ``/generate`` per request."""
     from quart import Response, request
     from quart_trio import QuartTrio
 
     app = QuartTrio("bench.bare")
     reply = json.dumps(BARE_REPLY).encode()
+    hop_prompt = list(range(1, 17))
+    rids = itertools.count()
+    if engine is not None:
+        from relaxtrio.sglang.client import SamplingParams
+
+        sampling = SamplingParams(max_new_tokens=16)
 
     async def chat() -> Response:
         body = json.loads(await request.get_data(cache=False))
         assert isinstance(body, dict)
+        if engine is not None:
+            await engine.generate(hop_prompt, sampling, rid=f"hop-{next(rids)}#")
         return Response(reply, content_type="application/json")
 
     app.add_url_rule("/agentic_api" + CHAT_PATH, "chat", chat, methods=["POST"])
@@ -135,15 +148,23 @@ async def _serve(kind: str, engine_url: str | None, num_sessions: int) -> None:
             url = await nursery.start(serve_api, _bare_app())
             print(READY_PREFIX + json.dumps({"url": url, "sessions": []}), flush=True)
             return
+        from relaxtrio.sglang.client import open_engine_client
+
+        assert engine_url is not None
+        if kind == "bare_hop":
+            async with open_engine_client([engine_url]) as client:
+                if freeze_startup_heap is not None:
+                    freeze_startup_heap()
+                url = await nursery.start(serve_api, _bare_app(client))
+                print(READY_PREFIX + json.dumps({"url": url, "sessions": []}), flush=True)
+                await trio.sleep_forever()
         from relaxtrio.chat.compiler import ChatCompiler
         from relaxtrio.config import GenerationConfig
         from relaxtrio.models import ensure_smollm2, load_tokenizer
         from relaxtrio.nursery.session import SessionRegistry
         from relaxtrio.rollout.turns import EngineTurnHandler
-        from relaxtrio.sglang.client import open_engine_client
         from relaxtrio.testing.sessions import serve_bare_sessions
 
-        assert engine_url is not None
         compiler = ChatCompiler(load_tokenizer(ensure_smollm2()))
         registry = SessionRegistry()
         async with contextlib.AsyncExitStack() as stack:
@@ -162,7 +183,7 @@ async def _serve(kind: str, engine_url: str | None, num_sessions: int) -> None:
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description="a server for the agent-API benchmarks")
-    parser.add_argument("--serve", choices=["bare", "full"], required=True)
+    parser.add_argument("--serve", choices=["bare", "bare_hop", "full"], required=True)
     parser.add_argument("--engine-url")
     parser.add_argument("--sessions", type=int, default=0)
     parser.add_argument("--server-cpu", type=int, default=None)

@@ -9,7 +9,11 @@ a fixed 12-token reply, no model), the server under test pinned to one CPU, and 
   completion (the framework ceiling);
 * ``full``: the agent API (``create_app``): bearer auth to a Session, projection to canonical
   messages, forest match, render of the new observation (SmolLM2's chat template and tokenizer),
-  ``/generate`` on the instant engine through ``EngineClient``, parse, commit, render.
+  ``/generate`` on the instant engine through ``EngineClient``, parse, commit, render;
+* ``bare_hop`` (with ``--bare-hop``): the bare route plus one ``/generate`` call on the instant
+  engine before its fixed answer, the ceiling of a gateway that forwards every request to an
+  engine: ``bare_hop``/``bare`` is what the engine hop alone costs, and ``full``/``bare_hop``
+  what relaxtrio's own per-request work costs.
 
 Closed loop, keep-alive, one connection per client, ``--duration`` seconds per target and cell
 after a warm-up, split into ``--rounds`` slices that alternate between the targets (the machine
@@ -171,6 +175,10 @@ async def _drive(args: argparse.Namespace) -> int:
     try:
         servers["bare"] = await api.start_server("bare", cpu=server_cpu)
         servers["full"] = await full()
+        if args.bare_hop:
+            servers["bare_hop"] = await api.start_server("bare_hop", cpu=server_cpu,
+                                                         engine_url=engine.value)
+            targets.append("bare_hop")
         if args.baseline_src:
             # The same full path served from another checkout (e.g. an older commit), for a
             # before/after figure in one run; it needs relaxtrio.testing.sessions.
@@ -182,6 +190,7 @@ async def _drive(args: argparse.Namespace) -> int:
             ratios: dict[str, float] = {}
             cpu_ratios: dict[str, float] = {}
             baseline_ratios: dict[str, float] = {}
+            hop_ratios: dict[str, dict[str, float]] = {"bare_hop_over_bare": {}, "full_over_bare_hop": {}}
             for num_clients in args.clients:
                 # Sessions [0, max) serve new_observation, [max, 2 max) growing: each mix gets
                 # fresh forests. Client counts reuse them (their forests keep growing).
@@ -192,6 +201,10 @@ async def _drive(args: argparse.Namespace) -> int:
                 if "full_baseline" in cells:
                     baseline_ratios[str(num_clients)] = round(
                         cells["full_baseline"]["req_s"] / cells["bare"]["req_s"], 3)
+                if "bare_hop" in cells:
+                    hop = cells["bare_hop"]["req_s"]
+                    hop_ratios["bare_hop_over_bare"][str(num_clients)] = round(hop / cells["bare"]["req_s"], 3)
+                    hop_ratios["full_over_bare_hop"][str(num_clients)] = round(cells["full"]["req_s"] / hop, 3)
                 cpu_ratios[str(num_clients)] = round(
                     cells["full"]["server_cpu_ms_per_req"] / cells["bare"]["server_cpu_ms_per_req"], 3)
             _bench.emit({
@@ -200,6 +213,7 @@ async def _drive(args: argparse.Namespace) -> int:
                 "meets_target": all(r >= TARGET_RATIO for r in ratios.values()),
                 "server_cpu_ratio_full_over_bare": cpu_ratios,
                 **({"throughput_ratio_baseline_over_bare": baseline_ratios} if baseline_ratios else {}),
+                **({f"throughput_ratio_{k}": v for k, v in hop_ratios.items()} if args.bare_hop else {}),
                 "server_cpu": server_cpu, "driver_and_engine_cpu": driver_cpu,
                 "load_average": _bench.load_average(),
             })
@@ -223,6 +237,8 @@ def main(argv: list[str] | None = None) -> int:
     cpus = _bench.cpus()
     parser.add_argument("--server-cpu", type=int, default=cpus[0])
     parser.add_argument("--driver-cpu", type=int, default=cpus[-1])
+    parser.add_argument("--bare-hop", action="store_true",
+                        help="also serve the bare route plus one /generate call per request")
     parser.add_argument("--baseline-src", help="also serve the full path from this source tree "
                         "(PYTHONPATH of another checkout) and report it as full_baseline")
     args = parser.parse_args(argv)
