@@ -18,8 +18,12 @@ its behaviour from its Session id (so a rerun repeats the mix):
 Meanwhile the engine's requests are aborted every ``--abort-every-s`` seconds (the turns resume).
 
 The API server runs under a supervisor that restarts it on the same port if it dies, and counts
-that. Prints one JSON line: Sessions started (agent processes that ran) = trained + dropped (each
-dropped Session with its Group's reason), unaccounted Sessions, orphan processes, server restarts,
+that. Prints one JSON line: Sessions started (agent processes that ran: each appends its pid,
+mode and Session id to a file), trained and dropped (each dropped Session with its Group's
+reason); ``unaccounted``: started Sessions neither trained nor dropped; ``duplicated``: Sessions
+counted more than once; ``dropped_before_agent_ran``: Sessions of dropped Groups whose agent was
+stopped before its Python wrote its line (a sibling's SIGKILL drops the Group while the others
+still start); then orphan processes, server restarts,
 retries answered from an earlier generation, and RSS (this process: server, pipeline and engine)
 at start (before the model loads), after the first step and at the end. Usage: ``python benchmarks/soak.py [--groups 4] [--minutes 3]``.
 """
@@ -62,7 +66,7 @@ roll = int(hashlib.sha256(sid.encode()).hexdigest(), 16) % 100
 mode = ("ok" if roll < 35 else "retry" if roll < 55 else "malformed" if roll < 65
         else "disconnect" if roll < 75 else "h2" if roll < 84 else "h2abort" if roll < 93
         else "sigkill")
-open(os.environ["SOAK_PID_FILE"], "a").write(f"{os.getpid()} {mode}\n")
+open(os.environ["SOAK_PID_FILE"], "a").write(f"{os.getpid()} {mode} {sid}\n")
 task = json.load(open(os.environ["RELAX_INPUT_JSON"]))
 base = os.environ["RELAX_BASE_URL"].rstrip("/")
 url = base + "/v1/chat/completions"
@@ -181,7 +185,8 @@ async def soak(args: argparse.Namespace) -> dict:
                            show_progress=False)
     restarts: list[str] = []
     aborts = [0]
-    trained = 0
+    trained_ids: collections.Counter[str] = collections.Counter()
+    dropped_ids: collections.Counter[str] = collections.Counter()
     dropped: collections.Counter[str] = collections.Counter()
     steps = 0
     rss_first_step = 0
@@ -210,22 +215,27 @@ async def soak(args: argparse.Namespace) -> dict:
                     if steps == 1:
                         rss_first_step = rss_bytes()
                     for scored in result.groups:
-                        trained += len(scored.group.sessions)
+                        trained_ids.update(session.session_id for session in scored.group.sessions)
                         attached += sum(s.retries.statistics().num_attached for s in scored.group.sessions)
                     for group in result.dropped:
                         reason = (group.dropped_reason or "no reason").split(":")[-1].strip()[:60]
                         dropped[reason] += len(group.sessions)
+                        dropped_ids.update(session.session_id for session in group.sessions)
                         attached += sum(s.retries.statistics().num_attached for s in group.sessions)
         nursery.cancel_scope.cancel()
     await trio.sleep(0.5)  # let the kernel reap what the pipeline terminated
     lines = [line.split() for line in pid_file.read_text().splitlines() if line.strip()]
     pids = [int(line[0]) for line in lines]
-    started = len(pids)
+    started = {line[2] for line in lines}
+    accounted = trained_ids + dropped_ids
     return {
         "bench": "soak", "minutes": args.minutes, "groups": args.groups, "samples": args.samples,
-        "steps": steps, "sessions_started": started, "trained": trained,
+        "steps": steps, "sessions_started": len(started), "trained": sum(trained_ids.values()),
         "dropped": sum(dropped.values()), "dropped_reasons": dict(dropped),
-        "unaccounted": started - trained - sum(dropped.values()),
+        "unaccounted": len(started - set(accounted)),
+        "duplicated": sum(n - 1 for n in accounted.values()),
+        "trained_without_agent": len(set(trained_ids) - started),
+        "dropped_before_agent_ran": len(set(dropped_ids) - started),
         "orphan_processes": sum(alive(pid) for pid in pids),
         "server_restarts": len(restarts), "server_deaths": restarts[:3],
         "agent_modes": dict(collections.Counter(line[1] for line in lines)),
@@ -245,7 +255,8 @@ def main(argv: list[str] | None = None) -> int:
     logging.basicConfig(level=logging.ERROR, format="%(levelname)s %(name)s: %(message)s")
     line = trio.run(soak, args)
     print(json.dumps(line), flush=True)
-    ok = line["unaccounted"] == 0 and line["orphan_processes"] == 0 and line["server_restarts"] == 0
+    ok = all(line[key] == 0 for key in ("unaccounted", "duplicated", "trained_without_agent",
+                                        "orphan_processes", "server_restarts"))
     return 0 if ok else 1
 
 
