@@ -24,6 +24,10 @@ and normalized by the protocol's adapter (400 with ``param``), the turn runs in 
 nursery (so a client disconnect never cancels a generation), and the result is rendered as JSON
 or Buffered SSE (:mod:`.sse`). Errors always use the protocol's JSON envelope (:mod:`.errors`);
 nothing answers with HTML — unknown routes, wrong methods and too-large bodies included.
+
+``POST`` on the model routes is answered on plain ASGI by :class:`~.asgi.ModelRoutes`, installed
+as the app's ``asgi_app`` (quart's own request cycle cost about a third of a bare route); quart
+serves everything else, including the other methods on those paths (405).
 """
 
 from __future__ import annotations
@@ -48,6 +52,7 @@ from .._validate import loads_utf8_json
 from ..config import ApiConfig
 from ..nursery.session import Session, SessionRegistry
 from ..nursery.turns import TurnHandler
+from .asgi import BodyTooLarge, JsonReply, ModelCall, ModelRoutes
 from .auth import session_token
 from .body_memo import BodyMemo
 from .chat import CHAT
@@ -91,19 +96,19 @@ def _reject_constant(name: str) -> Any:
 _loads: Final = functools.partial(json.loads, parse_constant=_reject_constant)
 
 
-async def _read_json_object(memo: BodyMemo | None = None) -> dict[str, Any]:
+async def _read_json_object(call: ModelCall, memo: BodyMemo | None = None) -> dict[str, Any]:
     """The request body as a JSON object (through the Session's ``memo`` when given, which
     decodes only what is new since its previous body: :mod:`.body_memo`).
 
     Raises:
         InvalidRequestError: not JSON (not UTF-8, e.g. UTF-16, or invalid UTF-8: "not valid UTF-8
             JSON"; syntax; ``NaN``), nested too deeply, or not an object; ``param`` is ``body``.
-        HTTPException: the body is larger than the configured limit (rendered as 413).
+        BodyTooLarge: the body is larger than the configured limit (rendered as 413).
 
     Cancellation:
         Waits for the body; a client that disconnects cancels the read.
     """
-    raw = await request.get_data(cache=False)
+    raw = await call.body()
     try:
         body = loads_utf8_json(raw, _loads if memo is None else memo.loads)
     except RecursionError:
@@ -152,24 +157,25 @@ class _Progress:
     body_read: bool = False
 
 
-_Responder = Callable[[_ApiState, ProtocolAdapter, _Progress], Awaitable[Response]]
+_Responder = Callable[[_ApiState, ProtocolAdapter, ModelCall, _Progress], Awaitable["Response | JsonReply"]]
 
 
-async def _model_response(state: _ApiState, adapter: ProtocolAdapter, progress: _Progress) -> Response:
+async def _model_response(state: _ApiState, adapter: ProtocolAdapter, call: ModelCall,
+                          progress: _Progress) -> Response | JsonReply:
     """Authenticate, read and parse the body, run the turn, and render it (JSON or SSE).
 
     Raises:
         RelaxError: authentication (401/404), validation (400), or the turn's own error.
         InternalError: rendering the result failed.
-        HTTPException: the body is larger than the configured limit (413).
+        BodyTooLarge: the body is larger than the configured limit (413).
 
     Cancellation:
         Cancelling (a client disconnect) abandons the wait; the turn itself runs in the
         Session's nursery and is committed anyway.
     """
-    session = state.registry.get(session_token(request.headers))
+    session = state.registry.get(session_token(call.headers))
     progress.session_id = session.session_id
-    body = await _read_json_object(state.body_memo(session))
+    body = await _read_json_object(call, state.body_memo(session))
     progress.body_read = True
     try:
         parsed = adapter.parse(body, session.forest.memo)
@@ -184,62 +190,67 @@ async def _model_response(state: _ApiState, adapter: ProtocolAdapter, progress: 
         if pending.failed_early:
             await pending.result()  # raises the turn's error
         return sse_response(adapter, parsed, pending.result, state.config.heartbeat_s,
-                            target=_target(), session_id=session.session_id)
+                            target=call.target, session_id=session.session_id)
     result = await session.run_turn(state.handler, parsed.turn)
     try:
         payload = adapter.render_json(result, parsed)
     except Exception:
         log.exception("rendering a %s response failed", adapter.name)
         raise InternalError(RENDER_FAILED_MESSAGE) from None
-    return json_response(payload)
+    return JsonReply(encode_json(payload))
 
 
-async def _count_tokens_response(state: _ApiState, adapter: ProtocolAdapter, progress: _Progress) -> Response:
+async def _count_tokens_response(state: _ApiState, adapter: ProtocolAdapter, call: ModelCall,
+                                 progress: _Progress) -> JsonReply:
     """``POST /v1/messages/count_tokens``: ``{"input_tokens": N}``, N being the tokens of the
     prompt a Messages request with this body would generate from (lineage plus rendered new
     observation). Authenticated like a model request; nothing is generated or committed.
 
     Raises:
         RelaxError: authentication (401/404) or validation (400).
-        HTTPException: the body is larger than the configured limit (413).
+        BodyTooLarge: the body is larger than the configured limit (413).
 
     Cancellation:
         Safe at any point (nothing is committed).
     """
-    session = state.registry.get(session_token(request.headers))
+    session = state.registry.get(session_token(call.headers))
     progress.session_id = session.session_id
-    body = await _read_json_object()
+    body = await _read_json_object(call)
     progress.body_read = True
     num_tokens = await state.handler.count_tokens(session, parse_count_tokens_request(body))
-    return json_response({"input_tokens": num_tokens})
+    return JsonReply(encode_json({"input_tokens": num_tokens}))
 
 
-async def _dispatch(adapter: ProtocolAdapter, respond: _Responder = _model_response) -> Response:
-    """The view of every model route of ``adapter``'s protocol (``respond`` answers it, by
-    default with a turn): errors become the protocol's envelope."""
+async def _dispatch(state: _ApiState, adapter: ProtocolAdapter, respond: _Responder,
+                    call: ModelCall) -> Response | JsonReply:
+    """The view of every model route of ``adapter``'s protocol (``respond`` answers it: a turn,
+    or a token count), served by :class:`~.asgi.ModelRoutes`: errors become the protocol's
+    envelope.
+
+    Cancellation:
+        A client disconnect cancels it (logged as a 499 line); the turn goes on in its Session.
+    """
     progress = _Progress()
     answered = False
     try:
-        response = await respond(_api(), adapter, progress)
+        response = await respond(state, adapter, call, progress)
         answered = True
         return response
-    except HTTPException as exc:
+    except BodyTooLarge:
         answered = True
-        if exc.code != 413:
-            raise  # rendered by _http_error
-        # Too large a body: answered here, where the Session (already authenticated) is known.
-        too_large = _too_large(progress.session_id)
-        log_rejected(adapter.name, too_large, None, target=_target())
+        # Answered here, where the Session (already authenticated) is known.
+        too_large = _too_large(state, progress.session_id)
+        log_rejected(adapter.name, too_large, None, target=call.target)
         return error_response(too_large, adapter.name)
     except RelaxError as exc:
         answered = True
         if exc.http_status >= 500:
             log.warning("%s request failed (%s): %s", adapter.name,
-                        describe_request(exc.http_status, target=_target(),
+                        describe_request(exc.http_status, target=call.target,
                                          session_id=progress.session_id or exc.session_id),
                         exc.message)
         else:
-            log_rejected(adapter.name, exc, progress.session_id, target=_target())
+            log_rejected(adapter.name, exc, progress.session_id, target=call.target)
         return error_response(exc, adapter.name)
     except Exception:
         answered = True
@@ -249,7 +260,17 @@ async def _dispatch(adapter: ProtocolAdapter, respond: _Responder = _model_respo
         if not answered:  # only a cancellation (the client went away) gets here
             disconnect = client_disconnect(body_read=progress.body_read)
             log.info("%s (%s)", disconnect.message,
-                     describe_request(499, target=_target(), session_id=progress.session_id))
+                     describe_request(499, target=call.target, session_id=progress.session_id))
+
+
+async def _served_by_model_routes() -> Response:
+    """quart's view of the model routes' ``POST``, which :class:`~.asgi.ModelRoutes` answers
+    before quart sees the request; the rules exist so that other methods get 405.
+
+    Raises:
+        InternalError: always (only a caller that bypasses the app's ``asgi_app`` gets here).
+    """
+    raise InternalError("model routes are answered by ModelRoutes, the app's asgi_app")
 
 
 async def _models() -> Response:
@@ -267,14 +288,9 @@ async def _health() -> Response:
     return json_response({"ok": True, "active_sessions": len(_api().registry)})
 
 
-def _too_large(session_id: str | None) -> RequestTooLargeError:
-    return RequestTooLargeError(f"Request body is larger than {_api().config.max_body_bytes} bytes",
+def _too_large(state: _ApiState, session_id: str | None) -> RequestTooLargeError:
+    return RequestTooLargeError(f"Request body is larger than {state.config.max_body_bytes} bytes",
                                 param="body", session_id=session_id)
-
-
-def _target() -> str:
-    """``"<METHOD> <path>"`` of the request being answered, for log lines."""
-    return " ".join(_request_target())
 
 
 def _request_target() -> tuple[str, str]:
@@ -297,7 +313,7 @@ async def _http_error(exc: HTTPException) -> Response:
     elif status == 405:
         err = MethodNotAllowedError(f"Method {method} is not allowed for {path}")
     elif status == 413:
-        err = _too_large(None)
+        err = _too_large(_api(), None)
     elif status >= 500:
         err = InternalError(GENERIC_INTERNAL_MESSAGE)
     else:
@@ -341,17 +357,19 @@ def create_app(
     app.config["RESPONSE_TIMEOUT"] = None
     app.config["BODY_TIMEOUT"] = None
     app.config["MAX_CONTENT_LENGTH"] = config.max_body_bytes
-    app.extensions[_STATE_KEY] = _ApiState(
+    state = app.extensions[_STATE_KEY] = _ApiState(
         registry=registry, handler=handler, config=config,
         listed_model=model_name if model_name is not None else config.model_name,
     )
+    views = {}
     for adapter, paths in ROUTES.items():
-        endpoint = functools.partial(_dispatch, adapter)
         for path in paths:
-            app.add_url_rule(ROUTE_PREFIX + path, f"{adapter.name}:{path}", endpoint, methods=["POST"])
-    count_tokens = functools.partial(_dispatch, MESSAGES, _count_tokens_response)
+            views[ROUTE_PREFIX + path] = functools.partial(_dispatch, state, adapter, _model_response)
     for path in COUNT_TOKENS_ROUTES:
-        app.add_url_rule(ROUTE_PREFIX + path, "count_tokens" + path, count_tokens, methods=["POST"])
+        views[ROUTE_PREFIX + path] = functools.partial(_dispatch, state, MESSAGES, _count_tokens_response)
+    for path in views:
+        app.add_url_rule(path, "model" + path, _served_by_model_routes, methods=["POST"])
+    app.asgi_app = ModelRoutes(app.asgi_app, views, config.max_body_bytes)  # type: ignore[method-assign]
     for path in ("/v1/models", "/models"):
         app.add_url_rule(ROUTE_PREFIX + path, "models" + path, _models, methods=["GET"])
     for path in ("", "/", "/v1", "/v1/"):

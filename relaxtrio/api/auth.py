@@ -17,7 +17,8 @@ def session_token(headers: Mapping[str, str]) -> str:
     """The bearer token of a request.
 
     Args:
-        headers: the request headers (case-insensitive mapping).
+        headers: the request headers: a case-insensitive mapping (werkzeug's ``Headers``) or
+            one keyed by lower-cased names (:attr:`relaxtrio.api.asgi.ModelCall.headers`).
 
     Returns:
         The token (a Session id if the agent is well-behaved).
@@ -26,7 +27,7 @@ def session_token(headers: Mapping[str, str]) -> str:
         AuthenticationError: no credential (``Missing Authorization header``), or an
             ``Authorization`` header that is not ``Bearer <token>``.
     """
-    header = headers.get("Authorization")
+    header = headers.get("authorization")
     if header is None:
         api_key = (headers.get("x-api-key") or "").strip()
         if api_key:

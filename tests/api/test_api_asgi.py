@@ -1,0 +1,115 @@
+"""The model routes on plain ASGI (relaxtrio.api.asgi): what quart did for them, kept.
+
+Raw HTTP/1.1 on a served app, so a test can send what client libraries do not: a body cut off
+by a disconnect, a chunked body past the limit, a repeated credential header.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+
+import pytest
+import trio
+from api_helpers import CHAT, ScriptedHandler
+from support.apps import serve_app
+from support.sessions import open_session
+from support.wire import open_raw, read_until_eof
+
+from relaxtrio.api.app import create_app
+from relaxtrio.api.asgi import ModelRoutes
+from relaxtrio.api.errors import CLIENT_DISCONNECT_BODY
+from relaxtrio.config import ApiConfig
+from relaxtrio.nursery.session import SessionRegistry
+
+BODY = json.dumps({"model": "m", "messages": [{"role": "user", "content": "hi"}]}).encode()
+
+
+def _port(base_url: str) -> int:
+    return int(base_url.split(":")[2].split("/")[0])
+
+
+def _head(token: str, extra: str = "") -> bytes:
+    return (f"POST {CHAT} HTTP/1.1\r\nHost: x\r\nAuthorization: Bearer {token}\r\n{extra}").encode()
+
+
+def _status(answer: bytes) -> int:
+    return int(answer.split(b" ", 2)[1])
+
+
+async def test_a_disconnect_before_the_body_is_complete_runs_no_turn(
+        registry: SessionRegistry, caplog: pytest.LogCaptureFixture) -> None:
+    handler = ScriptedHandler()
+    app = create_app(registry, handler)
+    assert isinstance(app.asgi_app, ModelRoutes)
+    with trio.fail_after(20), caplog.at_level(logging.INFO, logger="relaxtrio.api"):
+        async with serve_app(app) as base_url, open_session(registry) as session:
+            stream = await open_raw(_port(base_url))
+            await stream.send_all(_head(session.session_id, f"Content-Length: {len(BODY)}\r\n\r\n")
+                                  + BODY[:10])
+            await trio.sleep(0.2)  # the head and part of the body reach the server
+            await stream.aclose()
+            while not any(CLIENT_DISCONNECT_BODY in r.getMessage() for r in caplog.records):
+                await trio.sleep(0.01)
+            # The connection's close reached the view while it read the body; a later request works.
+            stream = await open_raw(_port(base_url))
+            await stream.send_all(_head(session.session_id, f"Content-Length: {len(BODY)}\r\n"
+                                        "Connection: close\r\n\r\n") + BODY)
+            async with stream:
+                assert _status(await read_until_eof(stream)) == 200
+    assert len(handler.requests) == 1
+    [line] = [r.getMessage() for r in caplog.records if CLIENT_DISCONNECT_BODY in r.getMessage()]
+    assert f"HTTP 499, POST {CHAT}, session {session.session_id}" in line
+
+
+async def test_a_chunked_body_past_the_limit_is_413_naming_the_session(
+        registry: SessionRegistry, caplog: pytest.LogCaptureFixture) -> None:
+    handler = ScriptedHandler()
+    app = create_app(registry, handler, config=ApiConfig(max_body_bytes=1000))
+    chunk = b" " * 600
+    with trio.fail_after(20), caplog.at_level(logging.WARNING, logger="relaxtrio.api"):
+        async with serve_app(app) as base_url, open_session(registry) as session:
+            stream = await open_raw(_port(base_url))
+            # No Content-Length: the limit is found while reading, in the second chunk.
+            await stream.send_all(_head(session.session_id, "Transfer-Encoding: chunked\r\n"
+                                        "Connection: close\r\n\r\n")
+                                  + (f"{len(chunk):x}\r\n".encode() + chunk + b"\r\n") * 2 + b"0\r\n\r\n")
+            async with stream:
+                answer = await read_until_eof(stream)
+    assert _status(answer) == 413
+    body = json.loads(answer.split(b"\r\n\r\n", 1)[1])
+    assert body["error"]["message"] == "Request body is larger than 1000 bytes"
+    assert not handler.requests
+    assert [r.getMessage() for r in caplog.records] == [
+        (f"chat request rejected (HTTP 413, POST {CHAT}, session {session.session_id}, param body): "
+         "Request body is larger than 1000 bytes")]
+
+
+async def test_a_repeated_credential_header_counts_once(registry: SessionRegistry) -> None:
+    """Like werkzeug's ``Headers.get``: the first ``Authorization`` header is the credential."""
+    handler = ScriptedHandler()
+    app = create_app(registry, handler)
+    with trio.fail_after(20):
+        async with serve_app(app) as base_url, open_session(registry) as session:
+            for first, second, expected in ((session.session_id, "nobody", 200),
+                                            ("nobody", session.session_id, 401)):
+                stream = await open_raw(_port(base_url))
+                await stream.send_all(
+                    _head(first, f"Authorization: Bearer {second}\r\nContent-Length: {len(BODY)}\r\n"
+                          "Connection: close\r\n\r\n") + BODY)
+                async with stream:
+                    assert _status(await read_until_eof(stream)) == expected
+    assert len(handler.requests) == 1
+
+
+async def test_other_methods_and_paths_are_still_quarts(registry: SessionRegistry) -> None:
+    """Only POST on a model path is answered on plain ASGI; a GET there is quart's 405 and a
+    path with a trailing slash quart's 404, both in the protocol's envelope."""
+    app = create_app(registry, ScriptedHandler())
+    client = app.test_client()
+    response = await client.get(CHAT)
+    assert response.status_code == 405
+    assert (await response.get_json())["error"]["message"] == f"Method GET is not allowed for {CHAT}"
+    response = await client.post(CHAT + "/", json={})
+    assert response.status_code == 404
+    assert (await response.get_json())["error"]["message"] == f"No route for POST {CHAT}/"
