@@ -37,7 +37,7 @@ from typing import Any, Final
 
 import attrs
 import trio
-from quart import request
+from werkzeug.exceptions import HTTPException
 
 from ._doctor_checks import Check, Observation, RequestRecord, evaluate
 from ._errors import AgentExecutionError, ExportError
@@ -137,7 +137,8 @@ class DoctorReport:
 
 @attrs.define(eq=False)
 class _RequestRecorder:
-    """Records every HTTP request the agent makes (installed as the app's request hooks)."""
+    """Records every HTTP request the agent makes (installed around the app's ASGI entry, so
+    the model routes' plain-ASGI path and quart's routes are seen alike)."""
 
     records: list[RequestRecord] = attrs.field(factory=list)
     first: trio.Event = attrs.field(factory=trio.Event)
@@ -145,24 +146,43 @@ class _RequestRecorder:
     first_request_s: float | None = None
 
     def install(self, app: Any) -> None:
-        """Hooks the recorder into ``app``: arrival times before, records after each request."""
-        app.before_request(self._before)
-        app.after_request(self._after)
+        """Wraps ``app.asgi_app``: the arrival time of the first request, and a record of each
+        request once its answer starts (status known)."""
+        inner, routes = app.asgi_app, app.url_map.bind("localhost")
 
-    async def _before(self) -> None:
-        if not self.first.is_set():
-            self.first_request_s = trio.current_time() - self.started_at
-            self.first.set()
+        async def recorded(scope: dict[str, Any], receive: Any, send: Any) -> None:
+            if scope["type"] != "http":
+                await inner(scope, receive, send)
+                return
+            if not self.first.is_set():
+                self.first_request_s = trio.current_time() - self.started_at
+                self.first.set()
 
-    async def _after(self, response: Any) -> Any:
-        headers = request.headers
-        self.records.append(RequestRecord(
-            method=request.method, path=request.path, status=response.status_code,
-            supported=request.url_rule is not None,
-            client_timeout_s=_header_float(headers, "x-stainless-read-timeout", "x-stainless-timeout"),
-            retry_count=int(_header_float(headers, "x-stainless-retry-count") or 0),
-        ))
-        return response
+            async def send_noting_status(message: dict[str, Any]) -> None:
+                if message["type"] == "http.response.start":
+                    self.records.append(_record(scope, message["status"], routes))
+                await send(message)
+
+            await inner(scope, receive, send_noting_status)
+
+        app.asgi_app = recorded
+
+
+def _record(scope: dict[str, Any], status: int, routes: Any) -> RequestRecord:
+    """The record of one answered request (``routes``: the app's bound URL map)."""
+    headers: dict[str, str] = {}
+    for name, value in scope["headers"]:
+        headers.setdefault(name.decode("latin-1").lower(), value.decode("latin-1"))
+    try:
+        routes.match(scope["path"], method=scope["method"])
+        supported = True
+    except HTTPException:  # no route (404), another method (405), or a redirect
+        supported = False
+    return RequestRecord(
+        method=scope["method"], path=scope["path"], status=status, supported=supported,
+        client_timeout_s=_header_float(headers, "x-stainless-read-timeout", "x-stainless-timeout"),
+        retry_count=int(_header_float(headers, "x-stainless-retry-count") or 0),
+    )
 
 
 def _header_float(headers: Any, *names: str) -> float | None:
