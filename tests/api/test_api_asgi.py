@@ -113,3 +113,26 @@ async def test_other_methods_and_paths_are_still_quarts(registry: SessionRegistr
     response = await client.post(CHAT + "/", json={})
     assert response.status_code == 404
     assert (await response.get_json())["error"]["message"] == f"No route for POST {CHAT}/"
+
+
+async def test_keep_alive_connections_serve_answer_after_answer(
+        registry: SessionRegistry, caplog: pytest.LogCaptureFixture) -> None:
+    """An answered request ends quietly: hypercorn's end-of-stream message reaches the
+    disconnect watcher after the answer, which must neither cancel the connection's next
+    request nor log a client disconnect."""
+    handler = ScriptedHandler()
+    app = create_app(registry, handler)
+    stream_body = json.dumps({"model": "m", "stream": True,
+                              "messages": [{"role": "user", "content": "hi"}]}).encode()
+    with trio.fail_after(20), caplog.at_level(logging.INFO, logger="relaxtrio.api"):
+        async with serve_app(app) as base_url, open_session(registry) as session:
+            async with await open_raw(_port(base_url)) as stream:
+                for body in (BODY, stream_body, BODY, stream_body):
+                    await stream.send_all(_head(session.session_id, f"Content-Length: {len(body)}\r\n\r\n")
+                                          + body)
+                    answer = b""
+                    while not (answer.endswith(b"}") if body is BODY else answer.endswith(b"0\r\n\r\n")):
+                        answer += await stream.receive_some()
+                    assert _status(answer) == 200
+    assert len(handler.requests) == 4
+    assert not [r for r in caplog.records if "disconnect" in r.getMessage()]
