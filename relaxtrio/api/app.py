@@ -191,7 +191,9 @@ async def _model_response(state: _ApiState, adapter: ProtocolAdapter, call: Mode
             await pending.result()  # raises the turn's error
         return sse_response(adapter, parsed, pending.result, state.config.heartbeat_s,
                             target=call.target, session_id=session.session_id)
-    result = await session.run_turn(state.handler, parsed.turn)
+    result = await session.start_turn(state.handler, parsed.turn).result_unless(call.disconnected)
+    if result is None:  # the client went away; the turn goes on for a retry
+        await call.gone()
     try:
         payload = adapter.render_json(result, parsed)
     except Exception:

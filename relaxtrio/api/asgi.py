@@ -15,15 +15,18 @@ What quart did and this keeps, step for step:
 * **Body.** The body is read as it arrives; a ``Content-Length`` above the limit, or more bytes
   than the limit, raises :class:`BodyTooLarge` (quart's ``RequestEntityTooLarge``) before the
   excess is read. The body is read only when the view asks for it (after authentication).
-* **Client disconnects.** Once the body is complete, one watcher task waits for the next ASGI
-  message; ``http.disconnect`` before the last byte of the answer is sent cancels the request
-  (quart's ``handle_messages`` task did the same from the start). A disconnect while the body is
-  still arriving cancels the request too. The views' own cancellation handling (the 499 log line,
-  leaving an orphaned generation for a retry: docs/agent-contract.md#retries) therefore runs as
-  before. After a complete answer hypercorn hands the watcher an ``http.disconnect`` (the
-  request's stream closed) and it simply ends; only where none comes (the test client) is it
-  cancelled. Cancelling it every time, as quart did, cost about 0.1-0.2 ms per request here
-  (a ``Cancelled`` through the nursery's exception group), a fifth of what this module saves.
+* **Client disconnects.** quart ran a second task per request that read ASGI messages and
+  cancelled the request on ``http.disconnect``. Here the request's own task waits for it where
+  the request waits anyway: a JSON turn waits in :meth:`ModelCall.disconnected` and the turn's
+  end cancels that wait (:meth:`relaxtrio.nursery.session.PendingTurn.result_unless`); a
+  disconnect first leaves the turn (it goes on, committed for a retry:
+  docs/agent-contract.md#retries) and cancels the request (:meth:`ModelCall.gone`), so the views'
+  cancellation handling (the 499 log line) runs as before. A disconnect while the body is still
+  arriving cancels the request too. A streamed answer (Buffered SSE) is sent beside a watcher
+  task, which cancels the stream on ``http.disconnect`` before its last chunk. The second task
+  and its cancellation at every request's end (a ``Cancelled`` through a nursery's exception
+  group) cost about 0.1-0.2 ms per request here. A token count is short and commits nothing:
+  it is not watched.
 * **Response.** Status and headers as quart encodes them (names lower-cased, in order), then the
   body; a streamed body (Buffered SSE) is entered and iterated as quart does, one ASGI message
   per chunk.
@@ -40,6 +43,7 @@ import attrs
 import trio
 from quart import Response
 from quart.utils import encode_headers
+from quart.wrappers.response import DataBody
 
 __all__ = ["BodyTooLarge", "JsonReply", "ModelCall", "ModelRoutes", "send_response"]
 
@@ -75,18 +79,16 @@ class ModelCall:
     Args:
         scope: the ASGI HTTP scope.
         receive: the ASGI receive callable.
-        nursery: the request's nursery: the disconnect watcher runs in it once the body is
-            complete, and a client disconnect cancels its scope (the whole request).
+        request_scope: the cancel scope of the whole request; a client disconnect cancels it.
         max_body_bytes: the body limit in bytes.
     """
 
-    __slots__ = ("_max_body_bytes", "_nursery", "_receive", "_scope", "answered", "headers", "method",
-                 "path", "watching")
+    __slots__ = ("_max_body_bytes", "_receive", "_request_scope", "answered", "body_complete",
+                 "headers", "method", "path")
 
-    def __init__(self, scope: Scope, receive: Receive, nursery: trio.Nursery, max_body_bytes: int):
-        self._scope = scope
+    def __init__(self, scope: Scope, receive: Receive, request_scope: trio.CancelScope, max_body_bytes: int):
         self._receive = receive
-        self._nursery = nursery
+        self._request_scope = request_scope
         self._max_body_bytes = max_body_bytes
         self.method: str = scope["method"]
         self.path: str = scope["path"]
@@ -95,10 +97,10 @@ class ModelCall:
             headers.setdefault(name.decode("latin-1").lower(), value.decode("latin-1"))
         self.headers: Mapping[str, str] = headers
         """Request headers by lower-cased name (the first value of a repeated header)."""
+        self.body_complete = False
+        """Set once the whole body was read (the next ASGI message can only be a disconnect)."""
         self.answered = False
         """Set when the answer's last message goes out: a disconnect no longer cancels anything."""
-        self.watching = False
-        """True while the disconnect watcher runs (from the complete body until it ends)."""
 
     @property
     def target(self) -> str:
@@ -106,7 +108,7 @@ class ModelCall:
         return f"{self.method} {self.path}"
 
     async def body(self) -> bytes:
-        """The whole request body; from then on a client disconnect cancels the request.
+        """The whole request body.
 
         Raises:
             BodyTooLarge: ``Content-Length`` or the bytes received exceed the limit (nothing
@@ -124,9 +126,7 @@ class ModelCall:
         while True:
             message = await self._receive()
             if message["type"] != "http.request":  # http.disconnect: the client went away
-                self._nursery.cancel_scope.cancel()
-                await trio.lowlevel.checkpoint()  # raises trio.Cancelled
-                raise AssertionError("a cancelled request went on")
+                await self.gone()
             chunk = message.get("body", b"")
             if chunk:
                 size += len(chunk)
@@ -135,20 +135,39 @@ class ModelCall:
                 chunks.append(chunk)
             if not message.get("more_body", False):
                 break
-        self.watching = True
-        self._nursery.start_soon(self._watch_disconnect)
+        self.body_complete = True
         return chunks[0] if len(chunks) == 1 else b"".join(chunks)
 
-    async def _watch_disconnect(self) -> None:
-        """Waits for the message after a complete body (only ``http.disconnect`` can come) and
-        cancels the request when it comes before the answer was sent."""
-        try:
-            while (await self._receive())["type"] != "http.disconnect":
-                pass
-            if not self.answered:
-                self._nursery.cancel_scope.cancel()
-        finally:
-            self.watching = False
+    async def disconnected(self) -> None:
+        """Returns when the client has gone away (``http.disconnect``; after a complete answer
+        hypercorn sends one too, as the request's stream closes).
+
+        Cancellation:
+            A plain wait; a message it was about to take stays for the next receive.
+        """
+        while (await self._receive())["type"] != "http.disconnect":
+            pass
+
+    async def gone(self) -> None:
+        """Ends the request because its client went away: cancels the request's scope.
+
+        Raises:
+            trio.Cancelled: always (caught by :class:`ModelRoutes`, which then sends nothing).
+        """
+        self._request_scope.cancel()
+        await trio.lowlevel.checkpoint()  # raises trio.Cancelled
+        raise AssertionError("a cancelled request went on")
+
+    async def watch_disconnect(self, stream_scope: trio.CancelScope) -> None:
+        """Cancels ``stream_scope`` (a streamed answer) when the client goes away before the
+        answer's last chunk was sent; returns at the disconnect either way.
+
+        Cancellation:
+            A plain wait.
+        """
+        await self.disconnected()
+        if not self.answered:
+            stream_scope.cancel()
 
 
 async def send_response(send: Send, response: Response | JsonReply) -> None:
@@ -200,17 +219,27 @@ class ModelRoutes:
         if view is None:
             await self.fallback(scope, receive, send)
             return
-        async with trio.open_nursery() as nursery:
-            call = ModelCall(scope, receive, nursery, self.max_body_bytes)
+        with trio.CancelScope() as request_scope:
+            call = ModelCall(scope, receive, request_scope, self.max_body_bytes)
             response = await view(call)
+            if isinstance(response, JsonReply) or not call.body_complete or isinstance(response.response, DataBody):
+                await send_response(send, response)
+                return
+            await self._stream(call, send, response)
 
-            async def send_noting_the_end(message: dict[str, Any]) -> None:
-                if message["type"] == "http.response.body" and not message.get("more_body", False):
-                    call.answered = True
-                await send(message)
+    @staticmethod
+    async def _stream(call: ModelCall, send: Send, response: Response) -> None:
+        """Sends a streamed answer beside a task that cancels it when the client goes away."""
 
+        async def send_noting_the_end(message: dict[str, Any]) -> None:
+            if message["type"] == "http.response.body" and not message.get("more_body", False):
+                call.answered = True
+            await send(message)
+
+        async with trio.open_nursery() as nursery:
+            nursery.start_soon(call.watch_disconnect, nursery.cancel_scope)
             await send_response(send_noting_the_end, response)
-            if call.watching:  # hypercorn has handed it the stream's end; let it take it
-                await trio.lowlevel.cancel_shielded_checkpoint()
-                if call.watching:  # nothing came (the test client): stop it
-                    nursery.cancel_scope.cancel()
+            # hypercorn hands the watcher the stream's end; where nothing comes (the test client)
+            # it is stopped.
+            await trio.lowlevel.cancel_shielded_checkpoint()
+            nursery.cancel_scope.cancel()

@@ -16,7 +16,7 @@ from __future__ import annotations
 
 import logging
 import secrets
-from collections.abc import AsyncIterator, Mapping
+from collections.abc import AsyncIterator, Awaitable, Callable, Mapping
 from contextlib import AbstractContextManager, asynccontextmanager
 from pathlib import Path
 from typing import Any, Final, Literal, Protocol
@@ -96,6 +96,7 @@ class _TurnCell:
     waiting: bool = True  # the request still waits (its client has not gone away)
     generation: Generation | None = None
     owner: bool = False  # this request's turn samples ``generation`` (else it attached)
+    on_done: Callable[[], object] | None = None  # called once ``done`` is set (PendingTurn.result_unless)
 
     def attach(self, generation: Generation, *, owner: bool) -> None:
         self.generation, self.owner = generation, owner
@@ -243,6 +244,8 @@ class Session:
             cell.failed_unprepared = cell.error is not None and not cell.prepared.is_set()
             cell.done.set()
             cell.prepared.set()
+            if cell.on_done is not None:
+                cell.on_done()
 
     @asynccontextmanager
     async def serving(self) -> AsyncIterator[None]:
@@ -316,7 +319,7 @@ class PendingTurn:
             Cancelling (the client went away) does not cancel the turn: it completes and is
             committed, and a retry of the same request gets its answer.
         """
-        session, cell = self._session, self._cell
+        cell = self._cell
         answered = False
         try:
             await cell.done.wait()
@@ -324,6 +327,45 @@ class PendingTurn:
         finally:
             if not answered:  # the caller was cancelled: its client went away
                 cell.leave()
+        return self._outcome()
+
+    async def result_unless(self, gone: Callable[[], Awaitable[object]]) -> TurnResult | None:
+        """Waits for the turn's committed result unless ``gone()`` returns first.
+
+        One task does both waits: it waits in ``gone()`` (the agent API: for its request's
+        ``http.disconnect``) and the turn's end cancels that wait, so no second task has to
+        watch the client. Without a wait (the turn already ended) it is no checkpoint.
+
+        Returns:
+            The result, or None when ``gone()`` returned before the turn ended: the request
+            stopped waiting and the turn goes on, committed for a retry of the same request.
+
+        Raises:
+            SessionAbortedError, RelaxError: as :meth:`result`.
+
+        Cancellation:
+            As :meth:`result`: cancelling leaves the turn, which goes on.
+        """
+        cell = self._cell
+        if not cell.done.is_set():
+            waited = False
+            try:
+                with trio.CancelScope() as wait:
+                    cell.on_done = wait.cancel
+                    await gone()
+                waited = True
+            finally:
+                cell.on_done = None
+                if not waited:  # cancelled from outside
+                    cell.leave()
+            if not cell.done.is_set():  # gone() returned first: the client went away
+                cell.leave()
+                return None
+        return self._outcome()
+
+    def _outcome(self) -> TurnResult:
+        """The ended turn's result (the generation counts as delivered), or its error raised."""
+        session, cell = self._session, self._cell
         if cell.result is not None:
             if cell.generation is not None:
                 session.retries.deliver(cell.generation)
