@@ -31,7 +31,7 @@ What quart did and this keeps, step for step:
   body; a streamed body (Buffered SSE) is entered and iterated as quart does, one ASGI message
   per chunk.
 
-May import: trio, quart (its response types only) and werkzeug's datastructures.
+May import: trio and quart (its response types and header encoding).
 """
 
 from __future__ import annotations
