@@ -48,7 +48,12 @@ the previous step's rollout, during its update and weight push (between ``accoun
 the step's end), or in the step itself, and how far into the step their sleep ended.
 
 One JSON line per step and variant, one for the update split (when ``sync`` ran) and a summary
-line with the weight-push share of the step (target at most 0.10) and the variant ratios. Usage:
+line with the weight-push share of the step (target at most 0.10) and the variant ratios. Each
+step line also gives the machine's busy CPU seconds during the step (``cpu_busy_s``, from
+``/proc/stat``: the job is the only work on the machine) and their share of cores x wall time;
+the summary gives each job's ``cpu_floor_s`` (its steady steps' busy CPU over the cores: no
+schedule of the same work is shorter) and, for each ratio, ``..._cpu_floor``: that floor over
+the baseline's step, the lowest ratio the overlapped job could reach with the work it does. Usage:
 ``python benchmarks/step_profile.py [--num-rollout 2] [--variants sync fully_async prelaunch]
 [-- extra train flags]`` (one synchronous job: about 4-8 minutes on 2 shared cores).
 """
@@ -146,25 +151,75 @@ def _timeline(name: str, out: Path, num_rollout: int) -> dict[str, Any]:
     return {"bench": "step_profile", "part": "timeline", "variant": name, "steps": steps}
 
 
+def _busy_cpu_s() -> float:
+    """CPU seconds the whole machine has spent busy since boot (``/proc/stat``: user, nice,
+    system, irq and softirq over every core; idle, I/O wait and time stolen by the hypervisor
+    are not work)."""
+    with open("/proc/stat") as f:
+        fields = f.readline().split()[1:]
+    user, nice, system, _idle, _iowait, irq, softirq = (int(x) for x in fields[:7])
+    return (user + nice + system + irq + softirq) / os.sysconf("SC_CLK_TCK")
+
+
+def _count_lines(path: Path) -> int:
+    try:
+        return path.read_bytes().count(b"\n")
+    except FileNotFoundError:
+        return 0
+
+
+def _run_and_watch(cmd: list[str], out: Path) -> tuple[int, str, list[tuple[float, float]]]:
+    """Runs ``cmd`` (stderr to ``out/job.stderr``) and samples the machine's busy CPU every
+    0.1 s; returns (exit code, stderr tail, [(monotonic s, busy CPU s)] at the start and at each
+    ``metrics.jsonl`` row, that is at each step's end)."""
+    out.mkdir(parents=True, exist_ok=True)
+    marks = [(time.monotonic(), _busy_cpu_s())]
+    with open(out / "job.stderr", "w+") as stderr:
+        proc = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=stderr, env=os.environ.copy())
+        seen = 0
+        while True:
+            done = proc.poll() is not None
+            rows = _count_lines(out / "metrics.jsonl")
+            if rows > seen:  # a step ended since the last sample (at most 0.1 s ago)
+                marks.extend([(time.monotonic(), _busy_cpu_s())] * (rows - seen))
+                seen = rows
+            if done:
+                break
+            time.sleep(0.1)
+        stderr.seek(0)
+        return proc.returncode, stderr.read()[-4000:], marks
+
+
 def _run_job(name: str, out: Path, num_rollout: int, flags: list[str], extra: list[str]) -> list[dict]:
-    """Runs one training job; returns its metric rows (raises if the job fails)."""
+    """Runs one training job; returns its metric rows (raises if the job fails).
+
+    Each step's line also carries ``cpu_busy_s`` (the machine's busy CPU seconds between the
+    previous step's end and this one's: the job is the only work here) and ``cpu_busy_share``
+    (that over cores x the same wall time): a schedule cannot make a step shorter than
+    ``cpu_busy_s / cores`` without doing less work.
+    """
     slow = any("agent_timeline" in f for f in flags)
     cmd = [sys.executable, "-m", "relaxtrio", "train", "--num-rollout", str(num_rollout),
            "--output-dir", str(out), "--log-level", "INFO" if slow else "WARNING",
            "--save-debug-rollout-data", str(out / "dump" / "rollout_{rollout_id}.json"), *flags, *extra]
     start = time.monotonic()
     load_before = os.getloadavg()[0]
-    proc = subprocess.run(cmd, check=False, capture_output=True, text=True, env=os.environ.copy())
+    returncode, stderr_tail, marks = _run_and_watch(cmd, out)
     wall_s = time.monotonic() - start
     load = [round(load_before, 1), round(os.getloadavg()[0], 1)]
-    if proc.returncode != 0:
-        sys.stderr.write(proc.stderr[-4000:])
-        raise SystemExit(f"{name}: the job exited {proc.returncode}")
+    if returncode != 0:
+        sys.stderr.write(stderr_tail)
+        raise SystemExit(f"{name}: the job exited {returncode}")
     rows = [json.loads(line) for line in (out / "metrics.jsonl").read_text().splitlines() if line.strip()]
+    cores = os.cpu_count() or 1
     for index, row in enumerate(rows):
         line = {"bench": "step_profile", "variant": name, "step": index, "job_wall_s": round(wall_s, 1),
                 "load_1min_before_after": load}
         line.update({k: round(row[k], 3) for k in _PHASES if isinstance(row.get(k), (int, float))})
+        if index + 1 < len(marks):
+            (t0, busy0), (t1, busy1) = marks[index], marks[index + 1]
+            row["cpu_busy_s"] = line["cpu_busy_s"] = round(busy1 - busy0, 1)
+            line["cpu_busy_share"] = round((busy1 - busy0) / (cores * (t1 - t0)), 3)
         line["train_tokens"] = row.get("train_tokens")
         if row.get("step_s") and row.get("weight_sync_s") is not None:
             line["weight_push_share"] = round(row["weight_sync_s"] / row["step_s"], 3)
@@ -283,6 +338,9 @@ def main(argv: list[str] | None = None) -> int:
                                "cpus": os.cpu_count()}
     for name, job_rows in rows.items():
         summary[f"{name}_step_s"] = round(_mean_step(job_rows), 2)
+        busy = [r["cpu_busy_s"] for r in _steady(job_rows) if "cpu_busy_s" in r]
+        if busy:  # the step no schedule of this job's work can beat on these cores
+            summary[f"{name}_cpu_floor_s"] = round(sum(busy) / len(busy) / (os.cpu_count() or 1), 2)
     if "sync" in rows:
         last = args.num_rollout - 1
         split = _update_split(work / "sync" / "dump" / f"rollout_{last}.json", model_dir)
@@ -303,6 +361,8 @@ def main(argv: list[str] | None = None) -> int:
                               for suffix in ("", "_stdlib"))):
         if fast in rows and base in rows:
             summary[key] = round(_mean_step(rows[fast]) / _mean_step(rows[base]), 3)
+            if f"{fast}_cpu_floor_s" in summary:  # the ratio's floor: its own CPU work / cores
+                summary[f"{key}_cpu_floor"] = round(summary[f"{fast}_cpu_floor_s"] / _mean_step(rows[base]), 3)
     if any(key.startswith("fully_async_ratio") for key in summary):
         summary["fully_async_target"] = FULLY_ASYNC_TARGET
     if any(key.startswith("prelaunch") for key in summary):
