@@ -117,9 +117,9 @@ async def test_other_methods_and_paths_are_still_quarts(registry: SessionRegistr
 
 async def test_keep_alive_connections_serve_answer_after_answer(
         registry: SessionRegistry, caplog: pytest.LogCaptureFixture) -> None:
-    """An answered request ends quietly: hypercorn's end-of-stream message reaches the
-    disconnect watcher after the answer, which must neither cancel the connection's next
-    request nor log a client disconnect."""
+    """An answered request ends quietly: the ``http.disconnect`` hypercorn sends as each
+    answered request's stream closes must neither cancel the connection's next request nor log
+    a client disconnect (JSON turns wait for it themselves, streams beside a watcher)."""
     handler = ScriptedHandler()
     app = create_app(registry, handler)
     stream_body = json.dumps({"model": "m", "stream": True,
