@@ -38,6 +38,7 @@ from __future__ import annotations
 
 from collections.abc import Awaitable, Callable, Mapping
 from typing import Any, Final
+from urllib.parse import urlparse
 
 import attrs
 import trio
@@ -81,17 +82,20 @@ class ModelCall:
         receive: the ASGI receive callable.
         request_scope: the cancel scope of the whole request; a client disconnect cancels it.
         max_body_bytes: the body limit in bytes.
+        path: the request's path (:func:`request_path`).
     """
 
     __slots__ = ("_max_body_bytes", "_receive", "_request_scope", "answered", "body_complete",
                  "headers", "method", "path")
 
-    def __init__(self, scope: Scope, receive: Receive, request_scope: trio.CancelScope, max_body_bytes: int):
+    def __init__(self, scope: Scope, receive: Receive, request_scope: trio.CancelScope, max_body_bytes: int,
+                 path: str):
         self._receive = receive
         self._request_scope = request_scope
         self._max_body_bytes = max_body_bytes
         self.method: str = scope["method"]
-        self.path: str = scope["path"]
+        self.path = path
+        """The request's path (of an absolute-form target, its path part)."""
         headers: dict[str, str] = {}
         for name, value in scope["headers"]:  # the first of repeated headers, like werkzeug's get
             headers.setdefault(name.decode("latin-1").lower(), value.decode("latin-1"))
@@ -193,6 +197,14 @@ async def send_response(send: Send, response: Response | JsonReply) -> None:
 View = Callable[[ModelCall], Awaitable["Response | JsonReply"]]
 
 
+def request_path(scope: Scope) -> str:
+    """The path a request is routed by, as quart derives it: ``scope["path"]``, or the path part
+    of an absolute-form target (``POST http://host:port/agentic_api/v1/messages``, which an
+    HTTP/1.1 server must accept: RFC 9112 section 3.2.2)."""
+    path: str = scope["path"]
+    return path if path[:1] == "/" else urlparse(path).path
+
+
 @attrs.frozen
 class ModelRoutes:
     """An ASGI app that answers ``POST`` on ``views``' paths itself and passes everything else
@@ -215,12 +227,13 @@ class ModelRoutes:
             A client disconnect cancels the view (see :class:`ModelCall`); the function then
             returns normally.
         """
-        view = self.views.get(scope["path"]) if scope["type"] == "http" and scope["method"] == "POST" else None
+        path = request_path(scope) if scope["type"] == "http" and scope["method"] == "POST" else None
+        view = self.views.get(path) if path is not None else None
         if view is None:
             await self.fallback(scope, receive, send)
             return
         with trio.CancelScope() as request_scope:
-            call = ModelCall(scope, receive, request_scope, self.max_body_bytes)
+            call = ModelCall(scope, receive, request_scope, self.max_body_bytes, path)
             response = await view(call)
             if isinstance(response, JsonReply) or not call.body_complete or isinstance(response.response, DataBody):
                 await send_response(send, response)
