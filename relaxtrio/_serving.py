@@ -24,6 +24,13 @@ Both servers we run (the agent API, :func:`relaxtrio.api.app.serve_api`, and the
   already holds for the connection is read at once, without waiting
   (:func:`_drain_ready`, up to :data:`COALESCE_MAX_BYTES`), and handed over as one piece. A
   shorter receive is handed over as it is, so small requests make no extra system call.
+* **A closed connection is let go at once.** hypercorn starts its keep-alive timer
+  (``keep_alive_timeout``) after each answer, in the connection's task group, and nothing stops
+  it when the client then closes the connection: the handler, and the socket in CLOSE-WAIT, stay
+  until the timer runs out (120 s for the agent API; an agent that opens a connection per
+  request could exhaust the file descriptors). Here the timer is stopped when the reader sees
+  the end of the stream, and not started again after it. (quart's routes never hit this: quart
+  cancels its request handler when the stream closes, which also cancelled the timer's start.)
 * **A wire error is not an app error.** When such a fault surfaces inside the app's own send,
   hypercorn logs "Error in ASGI Framework" with a traceback; here that is one INFO line when every
   exception involved is a wire error (:data:`_WIRE_ERRORS`), and still the traceback otherwise.
@@ -57,7 +64,7 @@ import priority
 import trio
 import wsproto.utilities
 from hypercorn.config import Config
-from hypercorn.events import Closed, RawData
+from hypercorn.events import Closed, Event, RawData, Updated
 from hypercorn.logging import Logger
 from hypercorn.trio.lifespan import Lifespan
 from hypercorn.trio.tcp_server import TCPServer
@@ -151,6 +158,8 @@ class IsolatedTCPServer(TCPServer):
     kept to itself (see the module docstring). Constructed and awaited by trio's
     ``serve_listeners`` exactly like :class:`hypercorn.trio.tcp_server.TCPServer`."""
 
+    _peer_gone = False  # the reader saw the end of the stream (or the connection broke)
+
     async def run(self) -> None:
         """Serves one connection until it closes; never raises an ``Exception``.
 
@@ -184,7 +193,20 @@ class IsolatedTCPServer(TCPServer):
             await self.protocol.handle(RawData(bytes(data)))
             if not data:
                 break
+        self._peer_gone = True
         await self.protocol.handle(Closed())
+        await self.idle_task.stop()  # no keep-alive wait may hold a connection its peer closed
+
+    async def protocol_send(self, event: Event) -> None:
+        """hypercorn's, except that once the peer closed the connection no keep-alive timer is
+        started (an answer finished after the close would start one otherwise).
+
+        Cancellation:
+            As hypercorn's.
+        """
+        if isinstance(event, Updated) and event.idle and self._peer_gone:
+            return
+        await super().protocol_send(event)
 
     async def _close(self) -> None:
         """Half-closes (under the send lock) and closes the socket.

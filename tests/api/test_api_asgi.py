@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import json
 import logging
+import os
 
 import pytest
 import trio
@@ -125,14 +126,58 @@ async def test_keep_alive_connections_serve_answer_after_answer(
     stream_body = json.dumps({"model": "m", "stream": True,
                               "messages": [{"role": "user", "content": "hi"}]}).encode()
     with trio.fail_after(20), caplog.at_level(logging.INFO, logger="relaxtrio.api"):
-        async with serve_app(app) as base_url, open_session(registry) as session:
-            async with await open_raw(_port(base_url)) as stream:
-                for body in (BODY, stream_body, BODY, stream_body):
-                    await stream.send_all(_head(session.session_id, f"Content-Length: {len(body)}\r\n\r\n")
-                                          + body)
-                    answer = b""
-                    while not (answer.endswith(b"}") if body is BODY else answer.endswith(b"0\r\n\r\n")):
-                        answer += await stream.receive_some()
-                    assert _status(answer) == 200
+        async with serve_app(app) as base_url, open_session(registry) as session, \
+                await open_raw(_port(base_url)) as stream:
+            for body in (BODY, stream_body, BODY, stream_body):
+                await stream.send_all(_head(session.session_id, f"Content-Length: {len(body)}\r\n\r\n")
+                                      + body)
+                answer = b""
+                while not (answer.endswith(b"}") if body is BODY else answer.endswith(b"0\r\n\r\n")):
+                    answer += await stream.receive_some()
+                assert _status(answer) == 200
     assert len(handler.requests) == 4
     assert not [r for r in caplog.records if "disconnect" in r.getMessage()]
+
+
+async def test_an_absolute_form_target_is_routed_by_its_path(registry: SessionRegistry) -> None:
+    """``POST http://host:port/agentic_api/v1/...`` (RFC 9112 section 3.2.2): served like the
+    origin form, including its errors (it once reached quart's placeholder view: a 500)."""
+    handler = ScriptedHandler()
+    app = create_app(registry, handler)
+    with trio.fail_after(20):
+        async with serve_app(app) as base_url, open_session(registry) as session:
+            port = _port(base_url)
+            for token, expected in ((session.session_id, 200), ("nobody", 401)):
+                async with await open_raw(port) as stream:
+                    await stream.send_all(
+                        f"POST http://127.0.0.1:{port}{CHAT} HTTP/1.1\r\nHost: x\r\n"
+                        f"Authorization: Bearer {token}\r\nContent-Length: {len(BODY)}\r\n"
+                        "Connection: close\r\n\r\n".encode() + BODY)
+                    assert _status(await read_until_eof(stream)) == expected
+    assert len(handler.requests) == 1
+
+
+def _open_fds() -> int:
+    return len(os.listdir("/proc/self/fd"))
+
+
+async def test_a_connection_the_client_closes_is_let_go_at_once(registry: SessionRegistry) -> None:
+    """After an answer hypercorn starts its keep-alive timer (120 s); a client that then closes
+    its connection must not leave the server's socket open until the timer runs out."""
+    app = create_app(registry, ScriptedHandler())
+    with trio.fail_after(20):
+        async with serve_app(app) as base_url, open_session(registry) as session:
+            port = _port(base_url)
+            await trio.sleep(0.1)
+            before = _open_fds()
+            for token, status in [(session.session_id, 200), ("nobody", 401)] * 5:
+                async with await open_raw(port) as stream:
+                    await stream.send_all(_head(token, f"Content-Length: {len(BODY)}\r\n\r\n") + BODY)
+                    answer = b""
+                    while not answer.endswith(b"}"):
+                        answer += await stream.receive_some()
+                    assert _status(answer) == status
+                    await trio.sleep(0.05)  # idle on a kept-alive connection, then closed by the client
+            with trio.fail_after(5):
+                while _open_fds() > before:  # each server-side socket is closed too
+                    await trio.sleep(0.05)
