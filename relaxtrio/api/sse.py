@@ -53,9 +53,14 @@ RunTurn = Callable[[], Awaitable[TurnResult]]
 
 @attrs.define(eq=False)
 class _Outcome:
-    done: trio.Event = attrs.field(factory=trio.Event)
+    done: trio.Event = attrs.field(factory=trio.Event)  # the wait ended (the turn ended, or it was cancelled)
     result: TurnResult | None = None
     error: RelaxError | None = None
+
+    @property
+    def recorded(self) -> bool:
+        """The turn's result or error is here (``done`` is also set by a cancelled wait)."""
+        return self.result is not None or self.error is not None
 
 
 class BufferedSse(ResponseBody):
@@ -108,7 +113,7 @@ class BufferedSse(ResponseBody):
             running in the Session's nursery and is committed.
         """
         assert self._nursery is not None and self._nursery_manager is not None and self._receive is not None
-        if not self._outcome.done.is_set():
+        if not self._outcome.recorded:  # the stream ends before the turn did: the client went away
             log.info("%s (%s)", client_disconnect(body_read=True).message,
                      describe_request(499, target=self._target, session_id=self._session_id))
         self._nursery.cancel_scope.cancel()

@@ -12,6 +12,7 @@ import os
 
 import pytest
 import trio
+import trio.testing
 from api_helpers import CHAT, ScriptedHandler
 from support.apps import serve_app
 from support.sessions import open_session
@@ -181,3 +182,33 @@ async def test_a_connection_the_client_closes_is_let_go_at_once(registry: Sessio
             with trio.fail_after(5):
                 while _open_fds() > before:  # each server-side socket is closed too
                     await trio.sleep(0.05)
+
+
+async def test_every_disconnect_mid_stream_is_logged_once(
+        registry: SessionRegistry, caplog: pytest.LogCaptureFixture) -> None:
+    """A client that hangs up a Buffered SSE stream while its turn runs gets its 499 line each
+    time (the waiter's own cancellation once hid it about every other time)."""
+    handler = ScriptedHandler(gate=trio.Event())  # the turns wait for the whole test
+    app = create_app(registry, handler)
+    stream_body = json.dumps({"model": "m", "stream": True,
+                              "messages": [{"role": "user", "content": "hi"}]}).encode()
+
+    def disconnect_lines() -> list[str]:
+        return [r.getMessage() for r in caplog.records
+                if r.getMessage().startswith("client disconnected before agentic completion")]
+
+    with trio.fail_after(20), caplog.at_level(logging.INFO, logger="relaxtrio.api"):
+        async with serve_app(app) as base_url, open_session(registry) as session:
+            for attempt in range(1, 9):
+                async with await open_raw(_port(base_url)) as stream:
+                    await stream.send_all(_head(session.session_id, f"Content-Length: {len(stream_body)}\r\n\r\n")
+                                          + stream_body)
+                    answer = b""
+                    while b": connected" not in answer:
+                        answer += await stream.receive_some()
+                with trio.fail_after(5):
+                    while len(disconnect_lines()) < attempt:
+                        await trio.sleep(0.01)
+                await trio.testing.wait_all_tasks_blocked()
+                assert len(disconnect_lines()) == attempt
+    assert len(handler.requests) == 8
