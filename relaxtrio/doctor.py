@@ -42,6 +42,7 @@ from werkzeug.exceptions import HTTPException
 from ._doctor_checks import Check, Observation, RequestRecord, evaluate
 from ._errors import AgentExecutionError, ExportError
 from .api.app import create_app, serve_api
+from .api.asgi import scope_headers
 from .chat.compiler import ChatCompiler
 from .config import AgentConfig, ApiConfig, GenerationConfig
 from .forest import export_samples, parse_session_output
@@ -170,9 +171,7 @@ class _RequestRecorder:
 
 def _record(scope: dict[str, Any], status: int, routes: Any) -> RequestRecord:
     """The record of one answered request (``routes``: the app's bound URL map)."""
-    headers: dict[str, str] = {}
-    for name, value in scope["headers"]:
-        headers.setdefault(name.decode("latin-1").lower(), value.decode("latin-1"))
+    headers = scope_headers(scope)
     try:
         routes.match(scope["path"], method=scope["method"])
         supported = True

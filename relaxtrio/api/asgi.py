@@ -46,7 +46,8 @@ from quart import Response
 from quart.utils import encode_headers
 from quart.wrappers.response import DataBody
 
-__all__ = ["BodyTooLarge", "JsonReply", "ModelCall", "ModelRoutes", "send_response"]
+__all__ = ["BodyTooLarge", "JsonReply", "ModelCall", "ModelRoutes", "request_path", "scope_headers",
+           "send_response"]
 
 Scope = dict[str, Any]
 Receive = Callable[[], Awaitable[dict[str, Any]]]
@@ -96,10 +97,7 @@ class ModelCall:
         self.method: str = scope["method"]
         self.path = path
         """The request's path (of an absolute-form target, its path part)."""
-        headers: dict[str, str] = {}
-        for name, value in scope["headers"]:  # the first of repeated headers, like werkzeug's get
-            headers.setdefault(name.decode("latin-1").lower(), value.decode("latin-1"))
-        self.headers: Mapping[str, str] = headers
+        self.headers: Mapping[str, str] = scope_headers(scope)
         """Request headers by lower-cased name (the first value of a repeated header)."""
         self.body_complete = False
         """Set once the whole body was read (the next ASGI message can only be a disconnect)."""
@@ -195,6 +193,15 @@ async def send_response(send: Send, response: Response | JsonReply) -> None:
 
 
 View = Callable[[ModelCall], Awaitable["Response | JsonReply"]]
+
+
+def scope_headers(scope: Scope) -> dict[str, str]:
+    """An ASGI scope's request headers by lower-cased name; of a repeated header, its first
+    value (what werkzeug's ``Headers.get`` returns)."""
+    headers: dict[str, str] = {}
+    for name, value in scope["headers"]:
+        headers.setdefault(name.decode("latin-1").lower(), value.decode("latin-1"))
+    return headers
 
 
 def request_path(scope: Scope) -> str:
