@@ -412,12 +412,14 @@ class ShardedTrainer(Trainer):
             set_optimizer_state_dict(self.model, self.optimizer, named,
                                      options=StateDictOptions(full_state_dict=True))
             self.num_optimizer_steps = int(saved["num_optimizer_steps"])
+            self._keep_adamw_kernel()
             return
         state: dict[str, Any] = {"optimizer": get_optimizer_state_dict(self.model, self.optimizer),
                                  "num_optimizer_steps": 0}
         dcp.load(state, checkpoint_id=os.fspath(directory))
         set_optimizer_state_dict(self.model, self.optimizer, state["optimizer"])
         self.num_optimizer_steps = int(state["num_optimizer_steps"])
+        self._keep_adamw_kernel()
 
 
 def _all_gather_rows(local: dict[int, Tensor], world_size: int) -> dict[int, Tensor]:

@@ -72,7 +72,20 @@ from .loss import LossDenominators, aggregate, policy_loss, reference_kl
 from .offpolicy import newest_version_loss_mask, offpolicy_token_weights
 from .stats import StepAccumulator, TrainStats
 
-__all__ = ["Trainer"]
+__all__ = ["Trainer", "fused_adamw_fits"]
+
+
+def fused_adamw_fits(params: Sequence[Tensor]) -> bool:
+    """Whether ``torch.optim.AdamW(fused=True)`` can step ``params``: floating-point tensors on
+    CPU or CUDA (FSDP2's DTensor shards included).
+
+    The fused kernel computes the same AdamW update (Loshchilov & Hutter, arXiv 1711.05101,
+    algorithm 2) in one pass over each tensor instead of one op per term: on this project's
+    development machine (2 CPU cores, SmolLM2-135M, float32) one step takes 0.07-0.08 s against
+    0.33-0.36 s for torch's default, which the main job pays once per minibatch. Results differ
+    from the default kernel by float rounding only.
+    """
+    return bool(params) and all(p.is_floating_point() and p.device.type in ("cpu", "cuda") for p in params)
 
 
 class Trainer:
@@ -88,7 +101,8 @@ class Trainer:
     Attributes:
         model: the policy being trained.
         config: the :class:`TrainConfig` in use.
-        optimizer: ``torch.optim.AdamW`` over the trainable parameters.
+        optimizer: ``torch.optim.AdamW`` over the trainable parameters; its fused kernel where
+            :func:`fused_adamw_fits` (on CPU 4-5x faster per step than torch's default).
         num_optimizer_steps: optimizer steps taken since construction (or the loaded state).
         ref_model: a frozen copy of the initial weights when the KL loss or KL shaping needs a
             reference policy (``config.needs_reference_model``), else None (also with LoRA,
@@ -110,12 +124,14 @@ class Trainer:
         self.model = self._prepare_policy(model)
         self.model.eval()
         self._params = [p for p in self.model.parameters() if p.requires_grad]
+        self._fused_adamw = fused_adamw_fits(self._params)
         self.optimizer = torch.optim.AdamW(
             self._params,
             lr=self.config.lr,
             betas=self.config.betas,
             eps=self.config.adam_eps,
             weight_decay=self.config.weight_decay,
+            fused=self._fused_adamw or None,
         )
         self.num_optimizer_steps = 0
         self._temperature = logprob_temperature(self.config.temperature)
@@ -520,6 +536,7 @@ class Trainer:
             from .optim_state import load_dcp_into_one_process
 
             self.num_optimizer_steps = load_dcp_into_one_process(self.model, self.optimizer, dcp_dir)
+            self._keep_adamw_kernel()
             return
         state = torch.load(
             Path(checkpoint_dir) / OPTIMIZER_FILE,
@@ -528,6 +545,24 @@ class Trainer:
         )
         self.optimizer.load_state_dict(state["optimizer"])
         self.num_optimizer_steps = int(state["num_optimizer_steps"])
+        self._keep_adamw_kernel()
+
+    def _keep_adamw_kernel(self) -> None:
+        """Puts this trainer's AdamW kernel choice back after a state load.
+
+        ``Optimizer.load_state_dict`` takes every param-group setting from the saved state,
+        ``fused`` included, so a checkpoint would otherwise carry the saving trainer's kernel
+        choice into this one (a checkpoint written before the fused kernel says ``None``, which
+        turns it off for the rest of the run).
+        """
+        for group in self.optimizer.param_groups:
+            group["fused"] = self._fused_adamw or None
+            group["foreach"] = None
+        if self._fused_adamw:  # the fused kernel wants each step count on its parameter's device
+            for param, state in self.optimizer.state.items():
+                step = state.get("step")
+                if isinstance(step, Tensor) and step.device != param.device:
+                    state["step"] = step.to(param.device)
 
     def resume_state(self) -> dict[str, Any]:
         """JSON state a resumed run needs besides weights and optimizer (``state.json["trainer"]``).

@@ -247,6 +247,47 @@ def test_save_checkpoint_with_tokenizer_and_optimizer(tiny_llama_dir: Path, tmp_
         torch.testing.assert_close(a, b, rtol=0, atol=1e-7, msg=name)
 
 
+def test_adamw_is_fused_and_steps_like_the_default_kernel(tiny_llama_dir: Path) -> None:
+    fused = Trainer.from_pretrained(tiny_llama_dir, FAST)
+    default = Trainer.from_pretrained(tiny_llama_dir, FAST)
+    for group in default.optimizer.param_groups:
+        group["fused"] = None  # torch's default kernel (foreach or a loop)
+    assert all(g["fused"] for g in fused.optimizer.param_groups)
+    samples = _on_policy(fused, make_samples(4, seed=3))
+    initial = _params(fused)
+    for advantages in ([1.0, -1.0, 0.5, 0.0], [-0.5, 1.0, 0.0, 2.0]):  # the 2nd step uses moments
+        fused.train_step(samples, advantages)
+        default.train_step(samples, advantages)
+    pairs = zip(fused.model.named_parameters(), default.model.parameters(), strict=True)
+    moved = 0
+    for (name, a), b in pairs:
+        torch.testing.assert_close(a, b, rtol=1e-5, atol=1e-6, msg=name)
+        moved += not torch.equal(a, initial[name])
+    assert moved
+
+
+def test_optimizer_state_from_before_the_fused_kernel_keeps_it(tiny_llama_dir: Path, tmp_path: Path) -> None:
+    """A checkpoint whose param groups say ``fused: None`` (written before the fused kernel)
+    must not turn it off for the resumed run (``load_state_dict`` copies group settings)."""
+    old = Trainer.from_pretrained(tiny_llama_dir, FAST)
+    for group in old.optimizer.param_groups:
+        group["fused"] = None
+    samples = _on_policy(old, make_samples(3, seed=11))
+    old.train_step(samples, [1.0, -1.0, 0.5])
+    ckpt = tmp_path / "ckpt"
+    old.save_checkpoint(ckpt, include_optimizer=True)
+    assert torch.load(ckpt / "optimizer.pt", weights_only=True)["optimizer"]["param_groups"][0]["fused"] is None
+
+    resumed = Trainer.from_pretrained(ckpt, FAST)
+    resumed.load_optimizer_state(ckpt)
+    assert all(g["fused"] is True for g in resumed.optimizer.param_groups)
+    old.train_step(samples, [0.5, 0.5, -1.0])
+    resumed.train_step(samples, [0.5, 0.5, -1.0])  # fused, on the loaded moments
+    pairs = zip(old.model.named_parameters(), resumed.model.parameters(), strict=True)
+    for (name, a), b in pairs:
+        torch.testing.assert_close(a, b, rtol=1e-5, atol=1e-6, msg=name)
+
+
 def test_save_checkpoint_rejects_missing_tokenizer(tiny_llama_dir: Path, tmp_path: Path) -> None:
     trainer = Trainer.from_pretrained(tiny_llama_dir, FAST)
     with pytest.raises(FileNotFoundError, match="tokenizer_dir"):
