@@ -136,22 +136,31 @@ def plan_micro_batches(
     micro_batch_size: int,
     max_tokens_per_micro_batch: int | None,
 ) -> list[list[int]]:
-    """Group sample indices into micro-batches, keeping their order.
+    """Group sample indices into micro-batches of similar lengths.
+
+    The samples are taken longest first (ties in their given order) and cut into consecutive
+    micro-batches, so each right-padded forward pads a sample to the length of its neighbours in
+    that order, not to the longest of an arbitrary few: on the default example's steps (16
+    samples of 44-155 tokens, 4 per micro-batch) that is 1,660 padded tokens instead of 2,068 in
+    the rollout's order. Accumulation makes the split irrelevant to the gradient (the loss
+    denominators are the minibatch's), up to float rounding. The longest micro-batch comes first,
+    so a step that cannot fit in memory fails on its first forward.
 
     Args:
-        indices: the minibatch's sample indices, in order.
+        indices: the minibatch's sample indices.
         lengths: token count of every sample of the step (indexed by sample index).
         micro_batch_size: at most this many samples per micro-batch.
         max_tokens_per_micro_batch: if set, also ``len(mb) * max(length in mb) <= budget``
             (padded tokens); a sample longer than the budget gets a micro-batch of its own.
 
     Returns:
-        Non-empty lists of sample indices covering ``indices`` exactly once.
+        Non-empty lists of sample indices covering ``indices`` exactly once; each list is
+        ordered longest first.
     """
     out: list[list[int]] = []
     current: list[int] = []
     longest = 0
-    for i in indices:
+    for i in sorted(indices, key=lambda i: -lengths[i]):  # stable: ties keep their order
         longer = max(longest, lengths[i])
         over_count = len(current) >= micro_batch_size
         over_budget = (

@@ -16,6 +16,7 @@ from; see :func:`logprob_temperature`.
 
 from __future__ import annotations
 
+import inspect
 import math
 from collections.abc import Mapping
 from typing import Final
@@ -26,9 +27,12 @@ from torch import Tensor
 __all__ = [
     "GREEDY_TEMPERATURE",
     "entropy_from_logits",
+    "first_context_position",
     "forward_logits",
+    "left_pad",
     "logprob_temperature",
     "logprobs_from_logits",
+    "takes_logits_to_keep",
     "token_logprobs",
 ]
 
@@ -106,8 +110,9 @@ def forward_logits(
     *,
     autocast_bf16: bool,
     model_inputs: Mapping[str, Tensor] | None = None,
+    skip: int = 0,
 ) -> Tensor:
-    """One forward pass; returns ``(B, T, V)`` logits (bf16 under autocast, else model dtype).
+    """One forward pass; returns ``(B, T - skip, V)`` logits (bf16 under autocast, else model dtype).
 
     Args:
         model: a Hugging Face causal LM.
@@ -115,11 +120,45 @@ def forward_logits(
         attention_mask: ``(B, T)``.
         autocast_bf16: run under ``torch.autocast(bfloat16)``.
         model_inputs: extra keyword tensors (a VLM's pixel inputs).
+        skip: leading positions whose logits are not wanted, ``0 <= skip < T``: the model's
+            ``logits_to_keep`` is ``T - skip``, so its output head and the caller's reductions
+            over the vocabulary run on the kept positions only. Needs a model whose forward
+            takes ``logits_to_keep`` (:func:`takes_logits_to_keep`); 0 calls the model without it.
     """
     extra = dict(model_inputs or {})
+    if skip:
+        extra["logits_to_keep"] = token_ids.shape[1] - skip
     with torch.autocast(token_ids.device.type, dtype=torch.bfloat16, enabled=autocast_bf16):
         out = model(input_ids=token_ids, attention_mask=attention_mask, use_cache=False, **extra)
-    return out.logits  # (B, T, V)
+    return out.logits  # (B, T - skip, V)
+
+
+def takes_logits_to_keep(model: torch.nn.Module) -> bool:
+    """Whether ``model``'s forward takes ``logits_to_keep`` (Hugging Face causal LMs since
+    transformers 4.50; a peft model passes it on to its base model)."""
+    base = model.get_base_model() if hasattr(model, "get_base_model") else model
+    try:
+        parameters = inspect.signature(base.forward).parameters
+    except (TypeError, ValueError):  # no introspectable signature
+        return False
+    return "logits_to_keep" in parameters
+
+
+def first_context_position(loss_mask: Tensor) -> int:
+    """The first position whose logits a loss over ``loss_mask`` reads: one before the earliest
+    trained token of any row (``logits[:, t]`` predicts token ``t + 1``), or 0 when no row has one.
+
+    Args:
+        loss_mask: ``(B, T)``, nonzero on trained tokens (never position 0).
+    """
+    trained = loss_mask.any(dim=0).nonzero()  # (n, 1) columns with a trained token
+    return max(0, int(trained[0, 0]) - 1) if trained.numel() else 0
+
+
+def left_pad(values: Tensor, length: int) -> Tensor:
+    """``(B, n)`` values of the last ``n`` positions as ``(B, length)``, zeros before them."""
+    missing = length - values.shape[1]
+    return values if missing == 0 else torch.nn.functional.pad(values, (missing, 0))
 
 
 def logprobs_from_logits(

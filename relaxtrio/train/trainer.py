@@ -63,9 +63,12 @@ from .checkpoint import (
 from .estimators import token_advantages
 from .logprobs import (
     entropy_from_logits,
+    first_context_position,
     forward_logits,
+    left_pad,
     logprob_temperature,
     logprobs_from_logits,
+    takes_logits_to_keep,
 )
 from .lora import apply_lora, merged_state_dict
 from .loss import LossDenominators, aggregate, policy_loss, reference_kl
@@ -124,6 +127,7 @@ class Trainer:
         self.model = self._prepare_policy(model)
         self.model.eval()
         self._params = [p for p in self.model.parameters() if p.requires_grad]
+        self._logits_to_keep = takes_logits_to_keep(self.model)
         self._fused_adamw = fused_adamw_fits(self._params)
         self.optimizer = torch.optim.AdamW(
             self._params,
@@ -284,14 +288,17 @@ class Trainer:
     ) -> tuple[Tensor, dict[str, float]]:
         """Forward one micro-batch and build its loss (policy, entropy, KL terms) with grad."""
         cfg = self.config
+        T = batch.token_ids.shape[1]
+        # Every term below reads positions of the loss mask only: no logits before its first one.
+        skip = first_context_position(batch.loss_mask) if self._logits_to_keep else 0
         logits = forward_logits(
             self.model, batch.token_ids, batch.attention_mask,
-            autocast_bf16=cfg.bf16_autocast, model_inputs=batch.model_inputs,
-        )  # (B, T, V)
-        logprobs = logprobs_from_logits(
-            logits, batch.token_ids, batch.attention_mask,
+            autocast_bf16=cfg.bf16_autocast, model_inputs=batch.model_inputs, skip=skip,
+        )  # (B, T - skip, V)
+        logprobs = left_pad(logprobs_from_logits(
+            logits, batch.token_ids[:, skip:], batch.attention_mask[:, skip:],
             chunk_tokens=cfg.logprob_chunk_tokens, temperature=self._temperature,
-        )  # (B, T)
+        ), T)  # (B, T), 0 before skip + 1
         if old_by_sample is None:  # weights untouched so far: this pass *is* the pre-update policy
             pre = logprobs.detach()
             self._observe_pre_update(batch, pre, logits, acc)
@@ -312,9 +319,9 @@ class Trainer:
             del stats["dual_clip_fraction"]
         stats.update(off_stats)
         if cfg.entropy_coef > 0:
-            entropy = entropy_from_logits(
+            entropy = left_pad(entropy_from_logits(
                 logits, chunk_tokens=cfg.logprob_chunk_tokens, temperature=self._temperature
-            )  # (B, T), with grad
+            ), T)  # (B, T), with grad
             loss = loss - cfg.entropy_coef * aggregate(
                 entropy, batch.loss_mask, cfg.loss_aggregation, den
             )
@@ -427,10 +434,10 @@ class Trainer:
             diff = (batch.rollout_logprobs - pre).abs()[mask]  # (N,)
             entropy = None
             if self.config.compute_entropy:
-                ent = entropy_from_logits(
+                ent = left_pad(entropy_from_logits(
                     logits.detach(), chunk_tokens=self.config.logprob_chunk_tokens,
                     temperature=self._temperature,
-                )  # (B, T)
+                ), mask.shape[1])  # (B, T); logits may start after position 0 (_micro_batch_loss)
                 entropy = float(ent[mask].sum().item())
             acc.observe_pre_update(diff, entropy)
 

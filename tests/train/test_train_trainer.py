@@ -136,12 +136,55 @@ def test_bf16_autocast_step_is_finite(tiny_llama_dir: Path) -> None:
 def test_token_budget_packs_micro_batches(tiny_llama_dir: Path) -> None:
     lengths = [10, 10, 30, 5, 5, 5]
     plan = plan_micro_batches(range(6), lengths, micro_batch_size=4, max_tokens_per_micro_batch=20)
-    assert plan == [[0, 1], [2], [3, 4, 5]]
+    assert plan == [[2], [0, 1], [3, 4, 5]]  # longest first, then cut by count and budget
     cfg = attrs.evolve(FAST, max_tokens_per_micro_batch=40)
     trainer = Trainer.from_pretrained(tiny_llama_dir, cfg)
     samples = make_samples(4, seed=8, min_len=20, max_len=20)
     stats = trainer.train_step(_on_policy(trainer, samples), [1.0, 0.0, -1.0, 0.5])
     assert stats.num_micro_batches == 2 and stats.num_padded_tokens == 80
+
+
+def test_micro_batches_group_similar_lengths(tiny_llama_dir: Path) -> None:
+    lengths = (10, 40, 10, 40)
+    samples = [make_samples(1, seed=i, min_len=n, max_len=n)[0] for i, n in enumerate(lengths)]
+    assert plan_micro_batches(range(4), lengths, micro_batch_size=2, max_tokens_per_micro_batch=None) == [
+        [1, 3], [0, 2]]
+    trainer = Trainer.from_pretrained(tiny_llama_dir, attrs.evolve(FAST, micro_batch_size=2))
+    stats = trainer.train_step(_on_policy(trainer, samples), [1.0, -1.0, 0.5, -0.5])
+    # in the given order each pair would pad to 40: 2 x (2 x 40)
+    assert stats.num_micro_batches == 2 and stats.num_padded_tokens == 2 * 40 + 2 * 10
+
+
+@pytest.mark.parametrize("entropy_coef", [0.0, 0.05])
+def test_logits_start_at_the_first_trained_token(tiny_llama_dir: Path, entropy_coef: float) -> None:
+    """The with-grad forward asks for logits from one position before the micro-batch's first
+    trained token on, and the step (loss, statistics, update) is the full-logits one."""
+    cfg = attrs.evolve(FAST, entropy_coef=entropy_coef)
+    cut, full = Trainer.from_pretrained(tiny_llama_dir, cfg), Trainer.from_pretrained(tiny_llama_dir, cfg)
+    full._logits_to_keep = False
+    assert cut._logits_to_keep
+    samples = _on_policy(cut, make_samples(6, seed=12, min_len=14, max_len=24))
+    advantages = [1.0, -1.0, 0.5, -0.5, 0.25, 2.0]
+    asked: list[tuple[int, int | None]] = []
+
+    def record(module: torch.nn.Module, args: tuple, kwargs: dict) -> None:
+        asked.append((kwargs["input_ids"].shape[1], kwargs.get("logits_to_keep")))
+
+    handle = cut.model.register_forward_pre_hook(record, with_kwargs=True)
+    a = cut.train_step(samples, advantages)
+    handle.remove()
+    b = full.train_step(samples, advantages)
+    # one forward per micro-batch; its first trained token is at the shortest prompt of the two
+    plans = plan_micro_batches(range(6), [len(s.token_ids) for s in samples], micro_batch_size=4,
+                               max_tokens_per_micro_batch=None)
+    expected = [(max(len(samples[i].token_ids) for i in mb),
+                 min(samples[i].loss_mask.index(1) for i in mb) - 1) for mb in plans]
+    assert asked == [(T, T - skip) for T, skip in expected] and all(skip > 0 for _, skip in expected)
+    for field in ("loss", "entropy", "grad_norm", "rollout_logprob_abs_diff", "clip_fraction"):
+        assert getattr(a, field) == pytest.approx(getattr(b, field), rel=1e-5, abs=1e-7), field
+    pairs = zip(cut.model.named_parameters(), full.model.parameters(), strict=True)
+    for (name, x), y in pairs:
+        torch.testing.assert_close(x, y, rtol=1e-5, atol=1e-7, msg=name)
 
 
 def test_split_minibatches_is_a_seeded_partition() -> None:
