@@ -6,9 +6,11 @@ returns one :class:`Check` per contract step, each failure with what went wrong 
 
 from __future__ import annotations
 
+import collections
 import json
+from collections.abc import Sequence
 from pathlib import Path
-from typing import Any, Literal
+from typing import Any, Final, Literal
 
 import attrs
 
@@ -170,7 +172,7 @@ def _client_timeout(obs: Observation, min_s: float) -> Check:
         return Check("client_timeout", "fail",
                      f"the client's read timeout is {short[0].client_timeout_s:g} s (SDK timeout header "
                      f"of {short[0].method} {short[0].path}), shorter than {min_s:g} s", fix)
-    retried = [r for r in obs.requests if r.retry_count > 0]
+    retried = _unanswered_retries(obs.requests)
     if retried:
         return Check("client_timeout", "fail",
                      f"the client retried {retried[0].method} {retried[0].path} (retry "
@@ -180,6 +182,32 @@ def _client_timeout(obs: Observation, min_s: float) -> Check:
         return Check("client_timeout", "pass",
                      f"not announced by the client (no SDK timeout header); make sure it waits >= {min_s:g} s")
     return Check("client_timeout", "pass", f"read timeout {min(seen):g} s")
+
+
+RETRYABLE_STATUSES: Final = frozenset({408, 409, 429})
+"""Statuses below 500 that the openai and anthropic SDKs retry (they retry every 5xx too)."""
+
+
+def _unanswered_retries(requests: Sequence[RequestRecord]) -> list[RequestRecord]:
+    """The retried requests whose earlier attempt got no answer: the client gave up waiting.
+
+    An SDK also retries an answer it was given: an empty reply or another 5xx, an overload
+    (503/529), a 408/409/429. Requests are in answer order, and an attempt is answered before
+    its retry is sent, so each such answer on a method and path explains one later retry there;
+    a retry with no such answer before it followed an attempt that was never answered.
+    """
+    explained: collections.Counter[tuple[str, str]] = collections.Counter()
+    unanswered = []
+    for r in requests:
+        key = (r.method, r.path)
+        if r.retry_count > 0:
+            if explained[key] > 0:
+                explained[key] -= 1
+            else:
+                unanswered.append(r)
+        if r.status >= 500 or r.status in RETRYABLE_STATUSES:
+            explained[key] += 1
+    return unanswered
 
 
 def _short(message: dict[str, Any]) -> str:

@@ -27,8 +27,9 @@ if mode == "import_error":
     import relaxtrio_doctor_no_such_module  # noqa: F401 (fails before any request)
 if mode == "silent":
     time.sleep(3600)
+# The SDK's default retries: an empty reply of the tiny random model (a 500) is sampled again.
 client = OpenAI(base_url=os.environ["RELAX_BASE_URL"], api_key=os.environ["RELAX_SESSION_ID"],
-                timeout=5 if mode == "short_timeout" else 1800, max_retries=0)
+                timeout=5 if mode == "short_timeout" else 1800, max_retries=2)
 task = json.load(open(os.environ["RELAX_INPUT_JSON"]))
 messages = list(task["messages"])
 print("agent: task has", len(messages), "messages", flush=True)
