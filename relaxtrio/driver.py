@@ -530,7 +530,8 @@ async def _push(inference: Inference, trainer: Trainer | RankGroup, version: str
     """Push the trainer's current weights to every worker as ``version``; returns seconds."""
     if isinstance(trainer, RankGroup):
         return await inference.push_saved(trainer.save_weights, version)
-    return await inference.push(trainer.model, version)
+    model, state_dict = trainer.engine_weights()  # LoRA: the base model and the merged weights
+    return await inference.push(model, version, state_dict=state_dict)
 
 
 def advertised_url(bound_url: str, advertise_url: str | None) -> str:

@@ -24,7 +24,7 @@ from __future__ import annotations
 
 import logging
 import time
-from collections.abc import AsyncIterator, Callable
+from collections.abc import AsyncIterator, Callable, Mapping
 from contextlib import AsyncExitStack, asynccontextmanager
 from pathlib import Path
 from typing import Any
@@ -88,8 +88,16 @@ class Inference:
     launched: LaunchedFleet | None = None
     sync_seconds: list[float] = attrs.field(factory=list)
 
-    async def push(self, model: torch.nn.Module, version: str) -> float:
+    async def push(self, model: torch.nn.Module, version: str, *,
+                   state_dict: Callable[[], Mapping[str, torch.Tensor]] | None = None) -> float:
         """Write ``model``'s weights as ``version`` and load them on every worker.
+
+        Args:
+            model: the model whose weights (and config) the engines load.
+            version: the weight version label.
+            state_dict: computes the tensors to write instead of ``model``'s own, in its layout
+                (called in the writing thread): a LoRA trainer's merged weights, with ``model``
+                its base model (:meth:`relaxtrio.train.Trainer.engine_weights`).
 
         Returns:
             Seconds taken, writing included.
@@ -100,7 +108,11 @@ class Inference:
         Cancellation:
             Writing finishes in its thread; the update is shielded (workers never stay paused).
         """
-        return await self._push(lambda: self.store.write(model, version), version)
+        def write() -> str:
+            tensors = None if state_dict is None else state_dict()
+            return self.store.write(model, version, state_dict=tensors)
+
+        return await self._push(write, version)
 
     async def push_saved(self, save: Callable[[Path], Path], version: str) -> float:
         """As :meth:`push`, for a trainer that writes its own weights: ``save(directory)``
@@ -159,10 +171,11 @@ class SplitWeightStore:
         self.local_urls = local_urls
         self._manifest = ""
 
-    def write(self, model: torch.nn.Module, version: str) -> str:
+    def write(self, model: torch.nn.Module, version: str, *,
+              state_dict: Mapping[str, torch.Tensor] | None = None) -> str:
         """Write ``version`` to both stores; returns the directory (the manifest is kept)."""
-        self._manifest = self.shm.write(model, version)
-        return self.disk.write(model, version)
+        self._manifest = self.shm.write(model, version, state_dict=state_dict)
+        return self.disk.write(model, version, state_dict=state_dict)
 
     def route(self, directory: str) -> Callable[[str], str]:
         """Worker URL → what it loads: the manifest for a local embedded engine, else

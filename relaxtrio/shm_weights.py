@@ -28,6 +28,7 @@ import json
 import os
 import shutil
 import tempfile
+from collections.abc import Mapping
 from pathlib import Path
 from typing import Any, Final
 
@@ -73,10 +74,10 @@ def _remove_orphans(base: Path) -> None:
             shutil.rmtree(path, ignore_errors=True)
 
 
-def _unique_tensors(model: torch.nn.Module) -> list[tuple[str, torch.Tensor]]:
+def _unique_tensors(state_dict: Mapping[str, torch.Tensor]) -> list[tuple[str, torch.Tensor]]:
     seen: set[int] = set()
     out = []
-    for name, tensor in model.state_dict().items():
+    for name, tensor in state_dict.items():
         ptr = tensor.untyped_storage().data_ptr()
         if ptr in seen:
             continue
@@ -114,17 +115,20 @@ class ShmWeightWriter:
             offset += -(-nbytes // _ALIGN_BYTES) * _ALIGN_BYTES
         return layout, offset
 
-    def write(self, model: torch.nn.Module, version: str) -> Path:
+    def write(self, model: torch.nn.Module, version: str, *,
+              state_dict: Mapping[str, torch.Tensor] | None = None) -> Path:
         """Copy ``model``'s weights into the mailbox and publish ``version``.
 
         Args:
             model: the trained model (CPU tensors; other devices are copied to CPU).
             version: the version label recorded in the manifest.
+            state_dict: the tensors to publish instead of ``model``'s own (a LoRA trainer's
+                merged weights, in the base model's layout).
 
         Returns:
             The manifest path (an engine's ``model_path``).
         """
-        tensors = _unique_tensors(model)
+        tensors = _unique_tensors(model.state_dict() if state_dict is None else state_dict)
         layout, total = self._plan(tensors)
         if self._buffer is None or layout != self._layout:
             data = self.directory / _DATA_NAME

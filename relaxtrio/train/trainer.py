@@ -472,6 +472,19 @@ class Trainer:
             return save_weights_dir(base, Path(out_dir), state_dict=merged)
         return save_weights_dir(self.model, Path(out_dir))
 
+    def engine_weights(self) -> tuple[torch.nn.Module, Callable[[], dict[str, Tensor]] | None]:
+        """What the engines load, for :meth:`relaxtrio.inference.Inference.push`.
+
+        Returns:
+            ``(model, state_dict)``: the policy itself and None; with LoRA the wrapped base
+            model and a callable that merges the adapter into the base weights (blocking torch
+            work: the push calls it in its writing thread), so the engines get plain weights in
+            the base model's layout, as :meth:`save_weights` writes them.
+        """
+        if not self.lora:
+            return self.model, None
+        return self.model.get_base_model(), lambda: merged_state_dict(self.model)[1]  # type: ignore[operator]
+
     def save_checkpoint(
         self, out_dir: Path, tokenizer_dir: Path | None = None, *, include_optimizer: bool = False
     ) -> Path:

@@ -17,7 +17,7 @@ from __future__ import annotations
 
 import logging
 import shutil
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import Literal
 
@@ -45,9 +45,12 @@ class DiskWeightStore:
         self.root.mkdir(parents=True, exist_ok=True)
         self._written: list[Path] = []
 
-    def write(self, model: torch.nn.Module, version: str) -> str:
-        """Write ``model``'s weights as version ``version``; returns its absolute directory."""
-        path = save_weights_dir(model, self.root / version)
+    def write(self, model: torch.nn.Module, version: str, *,
+              state_dict: Mapping[str, torch.Tensor] | None = None) -> str:
+        """Write ``model``'s weights (or ``state_dict`` in its layout) as version ``version``;
+        returns its absolute directory."""
+        path = save_weights_dir(model, self.root / version,
+                                state_dict=None if state_dict is None else dict(state_dict))
         if path not in self._written:
             self._written.append(path)
         return str(path)
@@ -95,9 +98,10 @@ class ShmWeightStore:
         """The mailbox directory (under ``/dev/shm``)."""
         return self._writer.directory
 
-    def write(self, model: torch.nn.Module, version: str) -> str:
-        """Copy ``model``'s weights into the mailbox; returns the manifest path."""
-        return str(self._writer.write(model, version))
+    def write(self, model: torch.nn.Module, version: str, *,
+              state_dict: Mapping[str, torch.Tensor] | None = None) -> str:
+        """Copy ``model``'s weights (or ``state_dict``) into the mailbox; returns the manifest path."""
+        return str(self._writer.write(model, version, state_dict=state_dict))
 
     def retire(self, current: str) -> None:
         """Nothing to retire: the mailbox holds one version."""

@@ -5,11 +5,19 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
+import attrs
+import pytest
 import torch
 import trio
 from support.agents import write_httpx_agent
 
-from relaxtrio.config import AgentConfig, GenerationConfig, RolloutConfig, TrainRunConfig
+from relaxtrio.config import (
+    AgentConfig,
+    FleetConfig,
+    GenerationConfig,
+    RolloutConfig,
+    TrainRunConfig,
+)
 from relaxtrio.driver import run_training
 from relaxtrio.engine.server import EngineConfig, serve_engine
 from relaxtrio.models import load_model
@@ -52,14 +60,14 @@ async def test_weight_update_reaches_the_engine(tiny_model_dir: Path, tmp_path: 
     assert load_model(weights) is not None
 
 
-async def test_driver_trains_through_agents_with_the_tiny_model(tiny_model_dir: Path, tmp_path: Path) -> None:
+def _run_config(tmp_path: Path, tiny_model_dir: Path) -> TrainRunConfig:
     agent_dir = tmp_path / "agent"
     agent_dir.mkdir()
     cmd = write_httpx_agent(agent_dir)
     data = tmp_path / "prompts.jsonl"
     data.write_text("".join(json.dumps({"input": f"question {i}", "metadata": {"id": i}}) + "\n"
                             for i in range(5)))
-    config = TrainRunConfig(
+    return TrainRunConfig(
         prompt_data=data,
         num_rollout=2,
         rollout=RolloutConfig(n_samples_per_prompt=3, rollout_batch_size=2, show_progress=False),
@@ -70,6 +78,10 @@ async def test_driver_trains_through_agents_with_the_tiny_model(tiny_model_dir: 
         hf_checkpoint=tiny_model_dir,
         output_dir=tmp_path / "run",
     )
+
+
+async def test_driver_trains_through_agents_with_the_tiny_model(tiny_model_dir: Path, tmp_path: Path) -> None:
+    config = _run_config(tmp_path, tiny_model_dir)
     with trio.fail_after(300):
         summary = await run_training(config)
     rows = [json.loads(line) for line in summary.metrics_path.read_text().splitlines()]
@@ -85,3 +97,21 @@ async def test_driver_trains_through_agents_with_the_tiny_model(tiny_model_dir: 
     assert (summary.checkpoint_dir / "model.safetensors").exists()
     assert (summary.checkpoint_dir / "tokenizer.json").exists()
     load_model(summary.checkpoint_dir)
+
+
+@pytest.mark.parametrize("weight_sync", ["shm", "disk"])
+async def test_driver_pushes_a_lora_policy_merged(tiny_model_dir: Path, tmp_path: Path, weight_sync: str) -> None:
+    """With ``--lora-rank`` the engines load base + adapter merged, through either store (the
+    push used to hand them the peft model's own state dict: HTTP 400, unknown tensors)."""
+    base = _run_config(tmp_path, tiny_model_dir)
+    config = attrs.evolve(base, train=TrainConfig(lr=5e-2, lora_rank=4),
+                          fleet=FleetConfig(weight_sync=weight_sync))
+    with trio.fail_after(300):
+        summary = await run_training(config)
+    rows = [json.loads(line) for line in summary.metrics_path.read_text().splitlines()]
+    assert [r["step"] for r in rows] == [0, 1] and all(r["dropped_groups"] == 0 for r in rows)
+    # step 1 was sampled from what the trainer held after step 0: base + the moved adapter
+    assert rows[1]["rollout_logprob_abs_diff"] < 1e-3, rows[1]
+    trained, initial = load_model(summary.checkpoint_dir), load_model(tiny_model_dir)
+    moved = [n for n, p in trained.state_dict().items() if not torch.equal(p, initial.state_dict()[n])]
+    assert moved and all("lora" not in n for n in moved)
