@@ -285,11 +285,12 @@ class ShardedTrainer(Trainer):
         acc.diff_max = float(top.item())
 
     @torch.no_grad()
-    def _no_grad_logprobs(self, model: torch.nn.Module, samples: Sequence[SampleLike], masks: Any, acc: Any) -> dict[int, Tensor]:
+    def _no_grad_logprobs(self, model: torch.nn.Module, samples: Sequence[SampleLike], masks: Any, acc: Any,
+                          *, trained_only: bool = False) -> dict[int, Tensor]:
         # Each rank computes its share; all get all, because the minibatches split differently.
         parent = super()._no_grad_logprobs  # type: ignore[misc]
         self._owned = set()
-        local = parent(model, samples, masks, acc)
+        local = parent(model, samples, masks, acc, trained_only=trained_only)
         return _all_gather_rows({i: row for i, row in local.items() if i in self._owned}, self.world_size)
 
     # ------------------------------------------------------------------ weights and state

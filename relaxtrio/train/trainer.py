@@ -240,7 +240,8 @@ class Trainer:
         acc.extra["offpolicy_masked_tokens"] = sum(sum(s.loss_mask) for s in samples) - sum(map(sum, masks))
         minibatches = split_minibatches(len(samples), cfg.num_minibatches, self._rng)
         fused = len(minibatches) == 1 and cfg.kl_coef <= 0
-        old_by_sample = None if fused else self._no_grad_logprobs(self.model, samples, masks, acc)
+        old_by_sample = (None if fused else
+                         self._no_grad_logprobs(self.model, samples, masks, acc, trained_only=True))
         ref_by_sample = self._reference_logprobs(samples, masks) if cfg.needs_reference_model else None
         token_adv, adv_stats = token_advantages(cfg, advantages, masks, old_by_sample, ref_by_sample)
         acc.extra.update(adv_stats)
@@ -364,9 +365,9 @@ class Trainer:
         """The frozen reference policy's logprobs: the initial weights, or the bare LoRA base."""
         if self.lora:
             with self.model.disable_adapter():  # type: ignore[operator]
-                return self._no_grad_logprobs(self.model, samples, masks, None)
+                return self._no_grad_logprobs(self.model, samples, masks, None, trained_only=True)
         assert self.ref_model is not None
-        return self._no_grad_logprobs(self.ref_model, samples, masks, None)
+        return self._no_grad_logprobs(self.ref_model, samples, masks, None, trained_only=True)
 
     @torch.no_grad()
     def compute_logprobs(self, samples: Sequence[SampleLike]) -> list[list[float]]:
@@ -394,22 +395,30 @@ class Trainer:
         samples: Sequence[SampleLike],
         masks: Sequence[Sequence[int]],
         acc: StepAccumulator | None,
+        *,
+        trained_only: bool = False,
     ) -> dict[int, Tensor]:
-        """No-grad logprobs of all samples under ``model``; returns ``{index: (len_i,) float32}``."""
+        """No-grad logprobs of all samples under ``model``; returns ``{index: (len_i,) float32}``.
+
+        With ``trained_only`` (the old and reference passes, whose every consumer reads
+        positions of ``masks`` only) the logprobs before each micro-batch's first trained token
+        are 0.0 instead of computed (see :meth:`_micro_batch_loss`).
+        """
         cfg = self.config
         lengths = [len(s.token_ids) for s in samples]
         out: dict[int, Tensor] = {}
         for indices in self._plan(range(len(samples)), lengths):
             self._pace_threads()
             batch = self._collate(samples, None, indices, masks)
+            skip = first_context_position(batch.loss_mask) if trained_only and self._logits_to_keep else 0
             logits = forward_logits(
                 model, batch.token_ids, batch.attention_mask, autocast_bf16=cfg.bf16_autocast,
-                model_inputs=batch.model_inputs,
-            )  # (B, T, V)
-            logprobs = logprobs_from_logits(
-                logits, batch.token_ids, batch.attention_mask, chunk_tokens=cfg.logprob_chunk_tokens,
-                temperature=self._temperature,
-            )  # (B, T)
+                model_inputs=batch.model_inputs, skip=skip,
+            )  # (B, T - skip, V)
+            logprobs = left_pad(logprobs_from_logits(
+                logits, batch.token_ids[:, skip:], batch.attention_mask[:, skip:],
+                chunk_tokens=cfg.logprob_chunk_tokens, temperature=self._temperature,
+            ), batch.token_ids.shape[1])  # (B, T)
             if acc is not None:
                 self._observe_pre_update(batch, logprobs, logits, acc)
             for b, i in enumerate(indices):

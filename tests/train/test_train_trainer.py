@@ -187,6 +187,34 @@ def test_logits_start_at_the_first_trained_token(tiny_llama_dir: Path, entropy_c
         torch.testing.assert_close(x, y, rtol=1e-5, atol=1e-7, msg=name)
 
 
+def test_old_and_reference_passes_start_at_the_first_trained_token(tiny_llama_dir: Path) -> None:
+    """Two minibatches (an old-logprob pass) and a KL loss (a reference pass): both no-grad
+    passes skip the prompt's logits too, and the step equals the full-logits one."""
+    cfg = attrs.evolve(FAST, micro_batch_size=2, num_minibatches=2, use_kl_loss=True, kl_loss_coef=0.1)
+    cut, full = Trainer.from_pretrained(tiny_llama_dir, cfg), Trainer.from_pretrained(tiny_llama_dir, cfg)
+    full._logits_to_keep = False
+    samples = _on_policy(cut, make_samples(6, seed=13, min_len=14, max_len=24))
+    advantages = [1.0, -1.0, 0.5, -0.5, 0.25, 2.0]
+    asked: list[int | None] = []
+    assert cut.ref_model is not None
+    handles = [m.register_forward_pre_hook(lambda _m, _a, kw: asked.append(kw.get("logits_to_keep")),
+                                           with_kwargs=True) for m in (cut.model, cut.ref_model)]
+    a = cut.train_step(samples, advantages)
+    for handle in handles:
+        handle.remove()
+    b = full.train_step(samples, advantages)
+    # 3 micro-batches of 2 in the old pass and in the reference pass, 2 in each 3-sample minibatch
+    assert len(asked) == 3 + 3 + 2 * 2 and all(isinstance(k, int) and k > 0 for k in asked), asked
+    for field in ("loss", "grad_norm", "ppo_kl", "kl_loss", "rollout_logprob_abs_diff", "entropy"):
+        assert getattr(a, field) == pytest.approx(getattr(b, field), rel=1e-5, abs=1e-7), field
+    pairs = zip(cut.model.named_parameters(), full.model.parameters(), strict=True)
+    for (name, x), y in pairs:
+        torch.testing.assert_close(x, y, rtol=1e-5, atol=1e-7, msg=name)
+    # compute_logprobs still gives every position
+    row = cut.compute_logprobs(samples[:1])[0]
+    assert all(v != 0.0 for v in row[1:])
+
+
 def test_split_minibatches_is_a_seeded_partition() -> None:
     import random
 
