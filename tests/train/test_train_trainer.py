@@ -203,7 +203,7 @@ def test_old_and_reference_passes_start_at_the_first_trained_token(tiny_llama_di
     for handle in handles:
         handle.remove()
     b = full.train_step(samples, advantages)
-    # 3 micro-batches of 2 in the old pass and in the reference pass, 2 in each 3-sample minibatch
+    # 3 micro-batches of 2 in the old-logprob pass and in the KL model's pass, 2 per 3-sample minibatch
     assert len(asked) == 3 + 3 + 2 * 2 and all(isinstance(k, int) and k > 0 for k in asked), asked
     for field in ("loss", "grad_norm", "ppo_kl", "kl_loss", "rollout_logprob_abs_diff", "entropy"):
         assert getattr(a, field) == pytest.approx(getattr(b, field), rel=1e-5, abs=1e-7), field
