@@ -291,15 +291,7 @@ class Trainer:
         cfg = self.config
         T = batch.token_ids.shape[1]
         # Every term below reads positions of the loss mask only: no logits before its first one.
-        skip = first_context_position(batch.loss_mask) if self._logits_to_keep else 0
-        logits = forward_logits(
-            self.model, batch.token_ids, batch.attention_mask,
-            autocast_bf16=cfg.bf16_autocast, model_inputs=batch.model_inputs, skip=skip,
-        )  # (B, T - skip, V)
-        logprobs = left_pad(logprobs_from_logits(
-            logits, batch.token_ids[:, skip:], batch.attention_mask[:, skip:],
-            chunk_tokens=cfg.logprob_chunk_tokens, temperature=self._temperature,
-        ), T)  # (B, T), 0 before skip + 1
+        logits, logprobs = self._forward(self.model, batch, trained_only=True)
         if old_by_sample is None:  # weights untouched so far: this pass *is* the pre-update policy
             pre = logprobs.detach()
             self._observe_pre_update(batch, pre, logits, acc)
@@ -334,6 +326,26 @@ class Trainer:
             mask = batch.loss_mask.bool()
             stats["kl_loss"] = float(kl.detach()[mask].sum().item()) / max(float(mask.sum().item()), 1.0)
         return loss, stats
+
+    def _forward(self, model: torch.nn.Module, batch: MicroBatch, *, trained_only: bool) -> tuple[Tensor, Tensor]:
+        """One forward of ``batch``: ``(logits (B, T - skip, V), logprobs (B, T) float32)``.
+
+        With ``trained_only`` (and a model that takes ``logits_to_keep``) ``skip`` is one position
+        before the micro-batch's first trained token, so the output head and the reductions over
+        the vocabulary skip the prompt; the logprobs before ``skip + 1`` are then 0.0. Else
+        ``skip`` is 0 and every position is computed.
+        """
+        cfg = self.config
+        skip = first_context_position(batch.loss_mask) if trained_only and self._logits_to_keep else 0
+        logits = forward_logits(
+            model, batch.token_ids, batch.attention_mask,
+            autocast_bf16=cfg.bf16_autocast, model_inputs=batch.model_inputs, skip=skip,
+        )  # (B, T - skip, V)
+        logprobs = left_pad(logprobs_from_logits(
+            logits, batch.token_ids[:, skip:], batch.attention_mask[:, skip:],
+            chunk_tokens=cfg.logprob_chunk_tokens, temperature=self._temperature,
+        ), batch.token_ids.shape[1])  # (B, T)
+        return logits, logprobs
 
     def _loss_masks(self, samples: Sequence[SampleLike]) -> list[list[int]]:
         if not self.config.mask_offpolicy_in_partial_rollout:
@@ -402,23 +414,14 @@ class Trainer:
 
         With ``trained_only`` (the old and reference passes, whose every consumer reads
         positions of ``masks`` only) the logprobs before each micro-batch's first trained token
-        are 0.0 instead of computed (see :meth:`_micro_batch_loss`).
+        are 0.0 instead of computed (see :meth:`_forward`).
         """
-        cfg = self.config
         lengths = [len(s.token_ids) for s in samples]
         out: dict[int, Tensor] = {}
         for indices in self._plan(range(len(samples)), lengths):
             self._pace_threads()
             batch = self._collate(samples, None, indices, masks)
-            skip = first_context_position(batch.loss_mask) if trained_only and self._logits_to_keep else 0
-            logits = forward_logits(
-                model, batch.token_ids, batch.attention_mask, autocast_bf16=cfg.bf16_autocast,
-                model_inputs=batch.model_inputs, skip=skip,
-            )  # (B, T - skip, V)
-            logprobs = left_pad(logprobs_from_logits(
-                logits, batch.token_ids[:, skip:], batch.attention_mask[:, skip:],
-                chunk_tokens=cfg.logprob_chunk_tokens, temperature=self._temperature,
-            ), batch.token_ids.shape[1])  # (B, T)
+            logits, logprobs = self._forward(model, batch, trained_only=trained_only)
             if acc is not None:
                 self._observe_pre_update(batch, logprobs, logits, acc)
             for b, i in enumerate(indices):
