@@ -464,7 +464,8 @@ class FleetMembers:
                 self._joining[url] = trio.current_time()
                 await self._gateway_call("POST", "/workers", {"url": url})
                 self._nursery.start_soon(self._await_listed, url)
-        log.info("fleet: worker %s joined (%d healthy)", url, len(self._live))
+        log.info("fleet: worker %s joined with weights %s (%d healthy)", url,
+                 self.weights[1] if self.weights is not None else "as launched", len(self._live))
 
     async def _await_listed(self, url: str) -> None:
         """Re-reads the gateway's listing every :data:`GATEWAY_POLL_S` until it lists the
