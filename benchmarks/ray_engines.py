@@ -2,7 +2,7 @@
 
 Starts a local Ray instance (``ray.init(num_cpus=...)``, timed as ``ray_start_s``), then, in
 ``--rounds`` alternating rounds, launches one embedded engine through
-:func:`~relaxtrio.sglang.launch_fleet.open_launched_fleet` with the local starter and with
+:func:`~relaxtrio.fleet.launch_fleet.open_launched_fleet` with the local starter and with
 :class:`~relaxtrio.cluster.engines.RayEngineStarter`, each until its ``/health`` answers, and
 stops it again. The model is the tiny test model (``--smollm2`` for SmolLM2-135M). Prints one
 JSON line:
@@ -29,7 +29,7 @@ from pathlib import Path
 import trio
 
 from relaxtrio.config import FleetConfig
-from relaxtrio.sglang.launch_fleet import open_launched_fleet
+from relaxtrio.fleet.launch_fleet import open_launched_fleet
 
 
 async def _startup_s(model_dir: Path, log_dir: Path, starter: object | None) -> float:

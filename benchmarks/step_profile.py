@@ -234,7 +234,7 @@ def _update_split(dump_path: Path, model_dir: Path) -> dict[str, Any]:
     import torch
 
     from relaxtrio.cpu_threads import available_cpus, split_cpu_threads
-    from relaxtrio.replay import train_config_of
+    from relaxtrio.tools.replay import train_config_of
     from relaxtrio.rollout.dumps import load_dump
     from relaxtrio.train import Trainer
 

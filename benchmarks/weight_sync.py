@@ -37,8 +37,8 @@ import trio
 
 from relaxtrio.config import FleetConfig
 from relaxtrio.models import ensure_smollm2, load_model
-from relaxtrio.sglang.fleet import EngineFleet, open_engine_fleet
-from relaxtrio.sglang.launch_fleet import open_launched_fleet
+from relaxtrio.fleet.fleet import EngineFleet, open_engine_fleet
+from relaxtrio.fleet.launch_fleet import open_launched_fleet
 from relaxtrio.sglang.wire import SamplingParams
 from relaxtrio.train.weight_store import DiskWeightStore, ShmWeightStore, WeightStore
 

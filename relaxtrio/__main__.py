@@ -1,10 +1,10 @@
-"""``python -m relaxtrio``: see :mod:`relaxtrio.cli`."""
+"""``python -m relaxtrio``: see :mod:`relaxtrio.cli.main`."""
 
 from __future__ import annotations
 
 import sys
 
-from .cli import main
+from .cli.main import main
 
 if __name__ == "__main__":
     sys.exit(main())

@@ -6,7 +6,7 @@ import signal
 
 import pytest
 
-from relaxtrio.cli import _exit_code, _stop_signals, _Terminated
+from relaxtrio.cli.main import _exit_code, _stop_signals, _Terminated
 
 
 def test_ctrl_c_stops_a_run_through_the_signal_receiver_unless_it_is_ignored() -> None:

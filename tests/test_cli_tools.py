@@ -8,9 +8,9 @@ from pathlib import Path
 
 import pytest
 
-from relaxtrio._tool_args import add_serve_parser, serve_config
-from relaxtrio._train_args import add_train_parser, train_config
-from relaxtrio.cli import main
+from relaxtrio.cli.tool_args import add_serve_parser, serve_config
+from relaxtrio.cli.train_args import add_train_parser, train_config
+from relaxtrio.cli.main import main
 
 
 def _parse(argv: list[str]) -> argparse.Namespace:

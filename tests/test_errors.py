@@ -20,7 +20,7 @@ from relaxtrio import (
     RelaxError,
 )
 from relaxtrio._validate import require_list, require_object, require_positive_int, require_real
-from relaxtrio.cli import main
+from relaxtrio.cli.main import main
 
 
 def test_at_keeps_the_problem_so_the_error_can_move_to_another_path() -> None:

@@ -24,8 +24,8 @@ import relaxtrio
 PACKAGE_DIR = Path(relaxtrio.__file__).resolve().parent
 WEB = ("quart", "quart_trio", "hypercorn")
 HEAVY = ("trio", *WEB, "httpx", "torch", "transformers")
-UPPER = ("relaxtrio.api", "relaxtrio.rollout", "relaxtrio.train", "relaxtrio.driver", "relaxtrio.cli",
-         "relaxtrio.serve", "relaxtrio.replay", "relaxtrio.doctor", "relaxtrio.trackers")
+UPPER = ("relaxtrio.api", "relaxtrio.rollout", "relaxtrio.train", "relaxtrio.run.driver", "relaxtrio.cli.main",
+         "relaxtrio.tools.serve", "relaxtrio.tools.replay", "relaxtrio.tools.doctor", "relaxtrio.run.trackers")
 
 FORBIDDEN: dict[str, tuple[str, ...]] = {
     "relaxtrio.forest": (*HEAVY, "relaxtrio.nursery", "relaxtrio.chat", "relaxtrio.sglang"),
@@ -41,38 +41,38 @@ FORBIDDEN: dict[str, tuple[str, ...]] = {
     "relaxtrio.nursery": (*WEB, "httpx", "torch", "transformers", "relaxtrio.chat",
                           "relaxtrio.sglang", "relaxtrio.engine", *UPPER),
     "relaxtrio.api": ("torch", "transformers", "httpx", "relaxtrio.chat", "relaxtrio.sglang",
-                      "relaxtrio.engine", "relaxtrio.rollout", "relaxtrio.train", "relaxtrio.driver"),
+                      "relaxtrio.engine", "relaxtrio.rollout", "relaxtrio.train", "relaxtrio.run.driver"),
     "relaxtrio.rollout": (*WEB, "torch", "relaxtrio.api", "relaxtrio.engine", "relaxtrio.train",
-                          "relaxtrio.driver"),
+                          "relaxtrio.run.driver"),
     "relaxtrio.train": ("trio", *WEB, "httpx", "relaxtrio.nursery", "relaxtrio.api",
                         "relaxtrio.rollout", "relaxtrio.engine", "relaxtrio.sglang", "relaxtrio.chat",
-                        "relaxtrio.driver"),
+                        "relaxtrio.run.driver"),
     "relaxtrio._serving": ("torch", "transformers", "quart", "quart_trio", "httpx", "relaxtrio.forest",
                            "relaxtrio.nursery", "relaxtrio.chat", "relaxtrio.sglang", "relaxtrio.engine",
                            "relaxtrio.config", *UPPER),
     "relaxtrio.engine.server": ("relaxtrio.nursery", "relaxtrio.api", "relaxtrio.rollout",
-                                "relaxtrio.train", "relaxtrio.chat", "relaxtrio.driver"),
+                                "relaxtrio.train", "relaxtrio.chat", "relaxtrio.run.driver"),
     # Sharded training needs torch.distributed, never Ray; only relaxtrio.cluster imports Ray,
     # and only its modules, not the package itself, nor the driver or CLI until a run asks.
     "relaxtrio.train.ranks": ("ray", "trio", *WEB, "httpx", "relaxtrio.nursery", "relaxtrio.api",
-                              "relaxtrio.rollout", "relaxtrio.cluster", "relaxtrio.driver"),
+                              "relaxtrio.rollout", "relaxtrio.cluster", "relaxtrio.run.driver"),
     "relaxtrio.train.distributed": ("ray", "trio", *WEB, "httpx", "relaxtrio.cluster"),
     "relaxtrio.cluster": ("ray", "torch", "trio", *WEB, "httpx"),
-    "relaxtrio.cluster.trainer": (*WEB, "httpx", "relaxtrio.api", "relaxtrio.rollout", "relaxtrio.driver"),
+    "relaxtrio.cluster.trainer": (*WEB, "httpx", "relaxtrio.api", "relaxtrio.rollout", "relaxtrio.run.driver"),
     "relaxtrio.cluster.agents": (*WEB, "torch", "relaxtrio.api", "relaxtrio.rollout", "relaxtrio.train",
-                                 "relaxtrio.driver"),
+                                 "relaxtrio.run.driver"),
     # Every agent actor start imports this module: keep it light (no torch, transformers, numpy).
     "relaxtrio.cluster._agent_actor": (*WEB, "httpx", "torch", "transformers", "numpy", "relaxtrio.forest",
                                        "relaxtrio.api", "relaxtrio.rollout", "relaxtrio.train",
-                                       "relaxtrio.chat", "relaxtrio.driver"),
+                                       "relaxtrio.chat", "relaxtrio.run.driver"),
     "relaxtrio.cluster.engines": (*WEB, "torch", "relaxtrio.api", "relaxtrio.rollout", "relaxtrio.train",
-                                  "relaxtrio.driver"),
-    "relaxtrio.sglang.starter": ("ray", "relaxtrio.cluster"),
-    "relaxtrio.inference": ("ray", "relaxtrio.cluster"),
-    "relaxtrio.run_checkpoint": ("ray", "relaxtrio.cluster"),
-    "relaxtrio.run_summary": (*HEAVY, "relaxtrio.forest", "relaxtrio.nursery", *UPPER),
-    "relaxtrio.driver": ("ray", "relaxtrio.cluster"),
-    "relaxtrio.cli": ("ray", "relaxtrio.cluster"),
+                                  "relaxtrio.run.driver"),
+    "relaxtrio.fleet.starter": ("ray", "relaxtrio.cluster"),
+    "relaxtrio.run.inference": ("ray", "relaxtrio.cluster"),
+    "relaxtrio.run.checkpoint": ("ray", "relaxtrio.cluster"),
+    "relaxtrio.run.summary": (*HEAVY, "relaxtrio.forest", "relaxtrio.nursery", *UPPER),
+    "relaxtrio.run.driver": ("ray", "relaxtrio.cluster"),
+    "relaxtrio.cli.main": ("ray", "relaxtrio.cluster"),
 }
 # Ray is optional (``relaxtrio[ray]``): no package below the cluster layer may load it.
 FORBIDDEN.update({name: (*banned, "ray") for name, banned in FORBIDDEN.items()

@@ -10,7 +10,7 @@ import pytest
 from support.groups import sample
 
 from relaxtrio.config import TrainConfig
-from relaxtrio.replay import replay_dump, train_config_of
+from relaxtrio.tools.replay import replay_dump, train_config_of
 from relaxtrio.rollout.dumps import DUMP_FORMAT, load_dump, sample_record, write_dump
 
 

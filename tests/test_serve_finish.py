@@ -15,7 +15,7 @@ import pytest
 from relaxtrio.forest import Conversation
 from relaxtrio.nursery.group import Group
 from relaxtrio.rollout.dumps import load_dump
-from relaxtrio.serve import NO_REQUESTS, ServeConfig, ServeSummary, finish_serve
+from relaxtrio.tools.serve import NO_REQUESTS, ServeConfig, ServeSummary, finish_serve
 
 
 def _served(cfg: ServeConfig, outputs: list[Any]) -> list[Group]:
@@ -50,7 +50,7 @@ def test_a_session_without_requests_is_reported_as_no_requests(tmp_path: Path,
                                                               caplog: pytest.LogCaptureFixture) -> None:
     cfg = ServeConfig(num_sessions=2, output_dir=tmp_path)
     groups = _served(cfg, [{"reward": 0.5}, None])
-    with caplog.at_level(logging.INFO, logger="relaxtrio.serve"):
+    with caplog.at_level(logging.INFO, logger="relaxtrio.tools.serve"):
         summary = _finish(cfg, groups)
     assert (summary.num_sessions, summary.num_samples, summary.failed, summary.no_requests) == (2, 1, 0, 1)
     dump = load_dump(summary.dump_path)
@@ -66,7 +66,7 @@ def test_an_object_reward_without_reward_key_fails_only_its_session(tmp_path: Pa
                                                                    caplog: pytest.LogCaptureFixture) -> None:
     cfg = ServeConfig(num_sessions=3, output_dir=tmp_path)
     groups = _served(cfg, [{"reward": {"score": 1.0, "steps": 3}}, {"reward": 0.25}, ...])
-    with caplog.at_level(logging.INFO, logger="relaxtrio.serve"):
+    with caplog.at_level(logging.INFO, logger="relaxtrio.tools.serve"):
         summary = _finish(cfg, groups)
     assert (summary.num_samples, summary.failed, summary.no_requests) == (3, 1, 0)
     dump = load_dump(summary.dump_path)

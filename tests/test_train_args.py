@@ -8,7 +8,7 @@ import argparse
 import pytest
 
 from relaxtrio._errors import RelaxError
-from relaxtrio._train_args import add_train_parser, train_config
+from relaxtrio.cli.train_args import add_train_parser, train_config
 
 
 def _config(*flags: str):

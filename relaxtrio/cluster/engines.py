@@ -1,10 +1,10 @@
 """Launched engines as Ray actors (``--ray-address`` with ``--rollout-num-engines N``).
 
-:class:`RayEngineStarter` is the :class:`~relaxtrio.sglang.starter.EngineStarter` of a Ray run:
+:class:`RayEngineStarter` is the :class:`~relaxtrio.fleet.starter.EngineStarter` of a Ray run:
 each launched engine gets one actor that reserves the engine's GPUs (``num_gpus_per_engine``;
 none for the embedded CPU engine) and ``--engine-num-cpus`` CPUs, so Ray places it on a node
 that has them free. The actor starts the very command line the local launcher would run
-(:mod:`relaxtrio.sglang.launch_fleet`) on its node, under :mod:`relaxtrio._reaper` as the
+(:mod:`relaxtrio.fleet.launch_fleet`) on its node, under :mod:`relaxtrio._reaper` as the
 leader of its own process group, with its log at the same path on that node (the run
 directory's ``engines/engine-<i>.log``), and returns the engine's base URL:
 
@@ -15,7 +15,7 @@ directory's ``engines/engine-<i>.log``), and returns the engine's base URL:
   SGLang's ``launch_server`` take ``--host``), so the driver and the gateway can reach it; its
   weights come through the disk store (``--weights-dir`` must be a directory every node sees),
   because the shared-memory mailbox exists only on the driver's node
-  (:mod:`relaxtrio.inference` chooses per engine).
+  (:mod:`relaxtrio.run.inference` chooses per engine).
 
 The fleet then works on URLs as with local processes: the gateway runs next to the driver,
 membership, health and weight pushes are unchanged. The actor reports the process's exit
@@ -24,7 +24,7 @@ again, in the same actor when it is alive (same node, same port, so the same URL
 a new actor placed on the same node when it still has room. The engine process cannot outlive
 its actor: the reaper shim watches the actor's process and takes the engine's group down when
 the actor dies (``ray.kill``, a lost worker). Stopping terminates the group (SIGTERM, SIGKILL
-after :data:`~relaxtrio.sglang.starter.STOP_GRACE_S`) and kills the actor.
+after :data:`~relaxtrio.fleet.starter.STOP_GRACE_S`) and kills the actor.
 
 Every Ray call is made from a worker thread (``trio.to_thread.run_sync``).
 """
@@ -49,8 +49,8 @@ from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
 
 from .. import _reaper as reaper
 from .._errors import BackendError
-from ..sglang.launch import URL_PREFIX
-from ..sglang.starter import (
+from ..fleet.launch import URL_PREFIX
+from ..fleet.starter import (
     STOP_GRACE_S,
     EngineProcess,
     ProcessSpec,
@@ -200,7 +200,7 @@ def _copy_stdout(process: subprocess.Popen[bytes], log_file: Any, announced: lis
 
 @attrs.define(eq=False, kw_only=True)
 class _RayProcess:
-    """:class:`~relaxtrio.sglang.starter.EngineProcess` of an engine inside a Ray actor."""
+    """:class:`~relaxtrio.fleet.starter.EngineProcess` of an engine inside a Ray actor."""
 
     actor: Any
     url: str
@@ -300,7 +300,7 @@ class RayEngineStarter:
     async def start(self, job: ProcessSpec, *, timeout_s: float, nursery: trio.Nursery,
                     previous: EngineProcess | None = None) -> EngineProcess:
         """Starts ``job`` in an actor; returns once it announced its URL (see
-        :meth:`relaxtrio.sglang.starter.EngineStarter.start`).
+        :meth:`relaxtrio.fleet.starter.EngineStarter.start`).
 
         Args:
             job: the engine's command line (its ``--host`` and port are fitted to the node).

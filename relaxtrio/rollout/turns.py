@@ -54,7 +54,7 @@ from ..forest import (
 )
 from ..nursery.turns import TurnContext, TurnRequest, TurnResult
 from ..sglang.client import EngineClient, SamplingParams
-from ..sglang.fleet import EngineFleet
+from ..fleet.fleet import EngineFleet
 from ._mismatch import mismatch_warning
 from .client_logprobs import content_logprobs
 

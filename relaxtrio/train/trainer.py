@@ -485,7 +485,7 @@ class Trainer:
         return save_weights_dir(self.model, Path(out_dir))
 
     def engine_weights(self) -> tuple[torch.nn.Module, Callable[[], dict[str, Tensor]] | None]:
-        """What the engines load, for :meth:`relaxtrio.inference.Inference.push`.
+        """What the engines load, for :meth:`relaxtrio.run.inference.Inference.push`.
 
         Returns:
             ``(model, state_dict)``: the policy itself and None; with LoRA the wrapped base

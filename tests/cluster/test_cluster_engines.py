@@ -19,8 +19,8 @@ from support.procs import alive, descendants
 from support.ray_state import live_actors
 
 from relaxtrio.config import FleetConfig
-from relaxtrio.sglang.fleet import EngineFleet, open_engine_fleet
-from relaxtrio.sglang.launch_fleet import open_launched_fleet
+from relaxtrio.fleet.fleet import EngineFleet, open_engine_fleet
+from relaxtrio.fleet.launch_fleet import open_launched_fleet
 from relaxtrio.sglang.wire import SamplingParams
 
 pytest.importorskip("ray")

@@ -33,7 +33,7 @@ from relaxtrio.config import (
     TrainConfig,
     TrainRunConfig,
 )
-from relaxtrio.driver import run_training
+from relaxtrio.run.driver import run_training
 from relaxtrio.testing.scripted_engine import Reply, ScriptedEngine
 from relaxtrio.train import Trainer
 from relaxtrio.train.ranks import RankStart

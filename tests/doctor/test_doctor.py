@@ -14,7 +14,7 @@ import pytest
 import trio
 
 from relaxtrio.config import AgentConfig, GenerationConfig
-from relaxtrio.doctor import DoctorConfig, DoctorReport, run_doctor
+from relaxtrio.tools.doctor import DoctorConfig, DoctorReport, run_doctor
 from relaxtrio.engine.server import EngineConfig, serve_engine
 
 # One openai-SDK agent; its argv[1] picks how it breaks the contract.

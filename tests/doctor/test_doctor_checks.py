@@ -1,4 +1,4 @@
-"""The doctor's pure checks on hand-made observations (relaxtrio._doctor_checks.evaluate)."""
+"""The doctor's pure checks on hand-made observations (relaxtrio.tools.doctor_checks.evaluate)."""
 
 from __future__ import annotations
 
@@ -6,7 +6,7 @@ from pathlib import Path
 
 import pytest
 
-from relaxtrio._doctor_checks import Observation, RequestRecord, evaluate
+from relaxtrio.tools.doctor_checks import Observation, RequestRecord, evaluate
 
 CHAT = "/agentic_api/v1/chat/completions"
 

@@ -11,15 +11,15 @@ import pytest
 import trio
 from support.agents import write_httpx_agent
 
-from relaxtrio.cli import main
+from relaxtrio.cli.main import main
 from relaxtrio.config import (
     AgentConfig,
     GenerationConfig,
     RolloutConfig,
     TrainRunConfig,
 )
-from relaxtrio.driver import run_training
-from relaxtrio.replay import LOGPROB_ATOL, replay_dump
+from relaxtrio.run.driver import run_training
+from relaxtrio.tools.replay import LOGPROB_ATOL, replay_dump
 from relaxtrio.rollout.dumps import load_dump, read_samples
 from relaxtrio.train import TrainConfig
 

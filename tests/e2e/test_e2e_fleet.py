@@ -24,8 +24,8 @@ from relaxtrio.config import (
     RolloutConfig,
     TrainRunConfig,
 )
-from relaxtrio.driver import _warn_lost_engines, run_training
-from relaxtrio.sglang.fleet import FleetStatistics
+from relaxtrio.run.driver import _warn_lost_engines, run_training
+from relaxtrio.fleet.fleet import FleetStatistics
 from relaxtrio.train import TrainConfig
 
 pytest.importorskip("sglang_router")
@@ -161,7 +161,7 @@ async def test_both_engines_sigkilled_mid_step(tiny_model_dir: Path, tmp_path: P
 
 
 def test_a_run_that_ends_with_fewer_engines_says_so(caplog: pytest.LogCaptureFixture) -> None:
-    caplog.set_level(logging.WARNING, logger="relaxtrio.driver")
+    caplog.set_level(logging.WARNING, logger="relaxtrio.run.driver")
     stats = FleetStatistics(workers=("http://a",), removed={"http://b": "it keeps dying"},
                             sessions={}, in_flight=0, weight_version="step-3")
     _warn_lost_engines(stats, 2)

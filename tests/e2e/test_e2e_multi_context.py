@@ -19,7 +19,7 @@ from relaxtrio.config import (
     TrainConfig,
     TrainRunConfig,
 )
-from relaxtrio.driver import run_training
+from relaxtrio.run.driver import run_training
 from relaxtrio.rollout.hooks import load_function
 
 EXAMPLE = Path(__file__).resolve().parents[2] / "examples" / "multi_context"

@@ -19,7 +19,7 @@ from relaxtrio.config import (
     TrackerConfig,
     TrainRunConfig,
 )
-from relaxtrio.driver import run_training
+from relaxtrio.run.driver import run_training
 from relaxtrio.train import TrainConfig
 
 

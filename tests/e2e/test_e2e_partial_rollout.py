@@ -11,7 +11,7 @@ import trio
 from support.pipeline import open_test_pipeline, prompts
 
 from relaxtrio.config import GenerationConfig, RolloutConfig
-from relaxtrio.driver import push_weights
+from relaxtrio.run.driver import push_weights
 from relaxtrio.engine.server import EngineConfig, load_engine, serve_engine_state
 from relaxtrio.forest import ResponseNode
 from relaxtrio.models import load_model, load_tokenizer

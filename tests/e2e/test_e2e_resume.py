@@ -25,8 +25,8 @@ from support.procs import alive
 
 import relaxtrio
 from relaxtrio._errors import RelaxError
-from relaxtrio._train_args import add_train_parser, train_config
-from relaxtrio.run_checkpoint import RunCheckpointer
+from relaxtrio.cli.train_args import add_train_parser, train_config
+from relaxtrio.run.checkpoint import RunCheckpointer
 
 REPO = Path(relaxtrio.__file__).resolve().parent.parent
 RUN_TIMEOUT_S = 240.0

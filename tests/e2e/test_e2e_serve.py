@@ -24,8 +24,8 @@ from support.procs import descendants
 
 from relaxtrio import ConfigError
 from relaxtrio.config import FleetConfig
-from relaxtrio.inference import open_inference
-from relaxtrio.replay import replay_dump
+from relaxtrio.run.inference import open_inference
+from relaxtrio.tools.replay import replay_dump
 from relaxtrio.rollout.dumps import load_dump
 
 # A plain openai-SDK agent: two turns with a growing history; it records what it sent and got.

@@ -18,7 +18,7 @@ from relaxtrio.config import (
     RolloutConfig,
     TrainRunConfig,
 )
-from relaxtrio.driver import run_training
+from relaxtrio.run.driver import run_training
 from relaxtrio.engine.server import EngineConfig, serve_engine
 from relaxtrio.models import load_model
 from relaxtrio.sglang.client import SamplingParams, open_engine_client

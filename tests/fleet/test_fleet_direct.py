@@ -15,7 +15,7 @@ from relaxtrio import EngineUnavailableError
 from relaxtrio.config import FleetConfig
 from relaxtrio.models import load_model
 from relaxtrio.sglang.client import open_engine_client
-from relaxtrio.sglang.fleet import open_engine_fleet
+from relaxtrio.fleet.fleet import open_engine_fleet
 from relaxtrio.sglang.wire import SamplingParams
 from relaxtrio.shm_weights import ShmWeightWriter
 from relaxtrio.train.checkpoint import save_weights_dir
@@ -119,7 +119,7 @@ async def test_a_stopped_worker_is_removed_and_its_turn_resumes_elsewhere(
     start_engines, caplog: pytest.LogCaptureFixture
 ) -> None:
     engines = await start_engines(2)
-    caplog.set_level(logging.WARNING, logger="relaxtrio.sglang.fleet")
+    caplog.set_level(logging.WARNING, logger="relaxtrio.fleet.fleet")
     with trio.fail_after(120):
         async with open_engine_fleet(_config(engines.urls), worker_urls=engines.urls) as fleet:
             first = await fleet.generate(PROMPT, SHORT, rid="a:t0#", routing_key="a")

@@ -17,8 +17,8 @@ from fleet_helpers import IGNORE_DROPPED_BODY, long_sampling, wait_running
 from relaxtrio._errors import BackendError
 from relaxtrio.config import FleetConfig
 from relaxtrio.models import load_model
-from relaxtrio.sglang.fleet import EngineFleet, open_engine_fleet
-from relaxtrio.sglang.launch_fleet import open_gateway
+from relaxtrio.fleet.fleet import EngineFleet, open_engine_fleet
+from relaxtrio.fleet.launch_fleet import open_gateway
 from relaxtrio.sglang.wire import SamplingParams
 from relaxtrio.train.checkpoint import save_weights_dir
 from relaxtrio.train.ranks import free_port
@@ -199,7 +199,7 @@ async def test_the_listing_is_followed(start_engines, tmp_path: Path) -> None:
 async def test_a_lost_worker_behind_the_gateway(start_engines, tmp_path: Path,
                                                 caplog: pytest.LogCaptureFixture) -> None:
     engines = await start_engines(2)
-    caplog.set_level(logging.WARNING, logger="relaxtrio.sglang.fleet")
+    caplog.set_level(logging.WARNING, logger="relaxtrio.fleet.fleet")
     lost = {}
     with trio.fail_after(180):
         async with (

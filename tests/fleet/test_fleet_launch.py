@@ -23,9 +23,9 @@ from support.procs import alive
 from relaxtrio import EngineUnavailableError
 from relaxtrio.config import FleetConfig
 from relaxtrio.rollout.turns import MAX_EMPTY_ABORTS
-from relaxtrio.sglang.fleet import EngineFleet, open_engine_fleet
-from relaxtrio.sglang.launch_fleet import LaunchedFleet, _Proc, open_launched_fleet
-from relaxtrio.sglang.starter import LocalStarter, ProcessSpec
+from relaxtrio.fleet.fleet import EngineFleet, open_engine_fleet
+from relaxtrio.fleet.launch_fleet import LaunchedFleet, _Proc, open_launched_fleet
+from relaxtrio.fleet.starter import LocalStarter, ProcessSpec
 from relaxtrio.sglang.wire import SamplingParams
 
 SHORT = SamplingParams(max_new_tokens=3, temperature=0.0)
@@ -193,7 +193,7 @@ _ORPHAN_SCRIPT = textwrap.dedent("""
     import json, sys, trio
     from pathlib import Path
     from relaxtrio.config import FleetConfig
-    from relaxtrio.sglang.launch_fleet import open_launched_fleet
+    from relaxtrio.fleet.launch_fleet import open_launched_fleet
 
     async def main():
         config = FleetConfig(num_engines=1)

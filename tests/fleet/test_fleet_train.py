@@ -24,9 +24,9 @@ from relaxtrio.config import (
     RolloutConfig,
     TrainRunConfig,
 )
-from relaxtrio.driver import run_training
+from relaxtrio.run.driver import run_training
 from relaxtrio.rollout.dumps import load_dump
-from relaxtrio.sglang.launch_fleet import open_gateway
+from relaxtrio.fleet.launch_fleet import open_gateway
 from relaxtrio.train import TrainConfig
 
 pytest.importorskip("sglang_router")

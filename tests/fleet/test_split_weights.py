@@ -9,9 +9,9 @@ import torch
 import trio
 
 from relaxtrio.config import FleetConfig
-from relaxtrio.inference import Inference, SplitWeightStore
+from relaxtrio.run.inference import Inference, SplitWeightStore
 from relaxtrio.models import load_model
-from relaxtrio.sglang.fleet import open_engine_fleet
+from relaxtrio.fleet.fleet import open_engine_fleet
 from relaxtrio.sglang.wire import SamplingParams
 from relaxtrio.train.weight_store import DiskWeightStore, ShmWeightStore
 

@@ -11,7 +11,7 @@ import trio
 from support.procs import alive
 
 from relaxtrio import BackendError
-from relaxtrio.sglang.starter import LocalStarter, ProcessSpec, with_flag
+from relaxtrio.fleet.starter import LocalStarter, ProcessSpec, with_flag
 
 _ANNOUNCE = ("import sys, time; print('booting'); "
              "print('RELAXTRIO_ENGINE_URL=http://127.0.0.1:' + sys.argv[sys.argv.index('--port') + 1], "

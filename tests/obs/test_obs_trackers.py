@@ -11,10 +11,10 @@ from pathlib import Path
 import pytest
 from support.trackers import tensorboard_scalars, wandb_history
 
-from relaxtrio._train_args import add_train_parser, train_config
+from relaxtrio.cli.train_args import add_train_parser, train_config
 from relaxtrio.config import AgentConfig, RolloutConfig, TrackerConfig, TrainRunConfig
-from relaxtrio.driver import check_capacity, record_run_log
-from relaxtrio.trackers import Trackers, family_of, family_scalars
+from relaxtrio.run.driver import check_capacity, record_run_log
+from relaxtrio.run.trackers import Trackers, family_of, family_scalars
 
 ROWS = [
     {"step": 0, "reward_mean": 0.25, "loss": 1.5, "step_s": 3.0, "rollout_tokens_per_s": 40.0,

@@ -15,11 +15,11 @@ import trio
 from support.pipeline import open_test_pipeline, prompts
 
 from relaxtrio.config import AgentConfig, RolloutConfig, TrainRunConfig
-from relaxtrio.driver import _finish, _load_datasets, _StepOutputs
+from relaxtrio.run.driver import _finish, _load_datasets, _StepOutputs
 from relaxtrio.rollout.metrics import MetricsLog
 from relaxtrio.rollout.step import group_metrics
-from relaxtrio.run_checkpoint import RunCheckpointer
-from relaxtrio.run_summary import StepTotals, summarize_run
+from relaxtrio.run.checkpoint import RunCheckpointer
+from relaxtrio.run.summary import StepTotals, summarize_run
 from relaxtrio.testing.scripted_engine import Reply, ScriptedEngine
 from relaxtrio.train import TrainConfig, Trainer
 
@@ -225,7 +225,7 @@ def test_the_same_step_shape_or_an_older_checkpoint_resumes_without_a_shape_warn
 
 
 def test_the_step_shape_names_each_flag_with_this_runs_value(tmp_path: Path) -> None:
-    from relaxtrio.run_checkpoint import _run_shape
+    from relaxtrio.run.checkpoint import _run_shape
 
     config = TrainRunConfig(prompt_data=tmp_path / "p.jsonl", agent=AgentConfig(command="true", cwd=tmp_path),
                             rollout=RolloutConfig(rollout_batch_size=3, n_samples_per_prompt=5,

@@ -17,7 +17,7 @@ from train_helpers import make_samples, with_rollout_logprobs
 
 from relaxtrio import ConfigError, TrainerRankError
 from relaxtrio.config import AgentConfig, DistributedConfig, TrainConfig, TrainRunConfig
-from relaxtrio.run_checkpoint import RunCheckpointer
+from relaxtrio.run.checkpoint import RunCheckpointer
 from relaxtrio.train import Trainer
 from relaxtrio.train.checkpoint import read_run_state
 from relaxtrio.train.distributed import OPTIMIZER_DCP_DIR, split_by_tokens

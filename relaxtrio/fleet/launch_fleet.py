@@ -25,8 +25,8 @@ engine is not restarted (a GPU server that died usually needs a person). The gat
 :data:`MAX_GATEWAY_RESTARTS` times within any hour); the fleet waits for it (up to
 ``gateway_wait_s``).
 
-Where engines run: an :class:`~relaxtrio.sglang.starter.EngineStarter` starts each engine's
-command line; the default :class:`~relaxtrio.sglang.starter.LocalStarter` runs it here as
+Where engines run: an :class:`~relaxtrio.fleet.starter.EngineStarter` starts each engine's
+command line; the default :class:`~relaxtrio.fleet.starter.LocalStarter` runs it here as
 described above, :class:`relaxtrio.cluster.engines.RayEngineStarter` inside a Ray actor on a
 node with its GPUs and CPUs free (``--ray-address``). The gateway always runs here, next to the
 driver. Membership, supervision and weight pushes only see URLs, so they work the same way for
@@ -119,7 +119,7 @@ class _Proc:
     @property
     def supervised(self) -> bool:
         """Whether a death is ever restarted (the fleet then waits for it, see
-        :meth:`~relaxtrio.sglang.fleet.EngineFleet.set_restartable`)."""
+        :meth:`~relaxtrio.fleet.fleet.EngineFleet.set_restartable`)."""
         return self.max_restarts > 0
 
     def budget_used(self) -> str:
@@ -171,7 +171,7 @@ class LaunchedFleet:
         worker_urls: the engines' base URLs.
         gateway_url: the gateway's base URL, or None (one engine, or no gateway package).
         log_dir: where the logs are.
-        fleet: the :class:`~relaxtrio.sglang.fleet.EngineFleet` told about deaths and restarts
+        fleet: the :class:`~relaxtrio.fleet.fleet.EngineFleet` told about deaths and restarts
             (set with :meth:`attach`).
     """
 

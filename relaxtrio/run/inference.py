@@ -1,11 +1,11 @@
 """The run's inference side: launch or connect the fleet, and push each new weight version to it.
 
 :func:`open_inference` turns a :class:`~relaxtrio.config.FleetConfig` into a running
-:class:`~relaxtrio.sglang.fleet.EngineFleet`:
+:class:`~relaxtrio.fleet.fleet.EngineFleet`:
 
 - a gateway URL or worker URLs are connected to;
 - otherwise ``num_engines`` engines (and the gateway when more than one) are launched by
-  :func:`~relaxtrio.sglang.launch_fleet.open_launched_fleet`, logging to ``<run dir>/engines``,
+  :func:`~relaxtrio.fleet.launch_fleet.open_launched_fleet`, logging to ``<run dir>/engines``,
   through the given starter (here by default; as Ray actors for a Ray run,
   :class:`relaxtrio.cluster.engines.RayEngineStarter`).
 
@@ -34,14 +34,14 @@ import attrs
 import torch
 import trio
 
-from ._errors import BackendError, ConfigError
-from .config import FleetConfig
-from .models import refuse_other_served_models
-from .nursery.session import Session, SessionRegistry
-from .sglang.fleet import EngineFleet, open_engine_fleet
-from .sglang.launch_fleet import LaunchedFleet, open_launched_fleet
-from .sglang.starter import EngineStarter
-from .train.weight_store import (
+from .._errors import BackendError, ConfigError
+from ..config import FleetConfig
+from ..models import refuse_other_served_models
+from ..nursery.session import Session, SessionRegistry
+from ..fleet.fleet import EngineFleet, open_engine_fleet
+from ..fleet.launch_fleet import LaunchedFleet, open_launched_fleet
+from ..fleet.starter import EngineStarter
+from ..train.weight_store import (
     DiskWeightStore,
     ShmWeightStore,
     WeightStore,

@@ -1,6 +1,6 @@
 """Command-line flags for running past one process: trainer ranks, Ray placement.
 
-Kept apart from :mod:`relaxtrio._train_args` so the scale-out flags read as one group. Nothing
+Kept apart from :mod:`relaxtrio.cli.train_args` so the scale-out flags read as one group. Nothing
 here imports Ray: ``--ray-address`` (or ``RAY_ADDRESS``, read when the flags are parsed, never
 at import time) only selects the Ray placement, which the driver imports when asked.
 """
@@ -12,7 +12,7 @@ import os
 from collections.abc import Mapping
 from typing import Any
 
-from ._errors import ConfigError
+from .._errors import ConfigError
 
 __all__ = ["add_cluster_flags", "with_cluster_flags"]
 
@@ -61,7 +61,7 @@ def with_cluster_flags(config: Any, args: argparse.Namespace, environ: Mapping[s
     """
     import attrs
 
-    from .config import DistributedConfig
+    from ..config import DistributedConfig
 
     env = os.environ if environ is None else environ
     ray_address = args.ray_address or env.get("RAY_ADDRESS") or None

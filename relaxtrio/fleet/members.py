@@ -1,4 +1,4 @@
-"""Membership and health of the fleet's workers (the base of :class:`~relaxtrio.sglang.fleet.EngineFleet`).
+"""Membership and health of the fleet's workers (the base of :class:`~relaxtrio.fleet.fleet.EngineFleet`).
 
 Owns the set of healthy workers and why the others were removed, the gateway's ``GET /workers``
 listing (followed: new URLs join, URLs it drops leave, removed workers are deleted from it), the
@@ -6,7 +6,7 @@ health monitor (``/health`` probes; a refused connection removes a worker at onc
 ``health_failures`` failed probes in a row remove one that stopped answering), the wait for an
 unreachable gateway (``gateway_wait_s``), workers a launcher restarts, and the quorum
 (``min_healthy_engines``). Generation, control fan-out and weights are in
-:mod:`relaxtrio.sglang.fleet`.
+:mod:`relaxtrio.fleet.fleet`.
 """
 
 from __future__ import annotations
@@ -22,12 +22,12 @@ import trio
 
 from .._errors import BackendError, EngineRejectedError, EngineUnavailableError
 from ..config import FleetConfig
-from ._http import EngineClientConfig, json_object, send_with_retries
-from .client import EngineClient
+from ..sglang._http import EngineClientConfig, json_object, send_with_retries
+from ..sglang.client import EngineClient
 
 __all__ = ["FleetMembers", "WeightPaths", "Worker", "path_for", "worker_failure"]
 
-log = logging.getLogger("relaxtrio.sglang.fleet")
+log = logging.getLogger("relaxtrio.fleet.fleet")
 
 LISTING_MAX_AGE_S: Final = 1.0
 JOIN_GRACE_S: Final = 30.0
@@ -90,7 +90,7 @@ class Worker:
 
 
 class FleetMembers:
-    """The workers of a fleet and their health; :class:`~relaxtrio.sglang.fleet.EngineFleet`
+    """The workers of a fleet and their health; :class:`~relaxtrio.fleet.fleet.EngineFleet`
     adds generation and control on top.
 
     Attributes:

@@ -22,7 +22,7 @@ watches every HTTP request it makes, and then checks, in this order (docs/doctor
 A check whose input an earlier failure took away is ``skip``. The command exits 0 only when
 every check passes (1 otherwise, 2 on bad flags). The agent's whole log is kept in the output
 directory and its tail printed under a failed report. The checks themselves are in
-:mod:`relaxtrio._doctor_checks`.
+:mod:`relaxtrio.tools.doctor_checks`.
 """
 
 from __future__ import annotations
@@ -39,17 +39,17 @@ import attrs
 import trio
 from werkzeug.exceptions import HTTPException
 
-from ._doctor_checks import Check, Observation, RequestRecord, evaluate
-from ._errors import AgentExecutionError, ExportError
-from .api.app import create_app, serve_api
-from .api.asgi import scope_headers
-from .chat.compiler import ChatCompiler
-from .config import AgentConfig, ApiConfig, GenerationConfig
-from .forest import export_samples, parse_session_output
-from .nursery.agent import SessionEnv, run_agent
-from .nursery.group import Group
-from .nursery.session import SessionRegistry
-from .rollout.turns import EngineTurnHandler
+from .doctor_checks import Check, Observation, RequestRecord, evaluate
+from .._errors import AgentExecutionError, ExportError
+from ..api.app import create_app, serve_api
+from ..api.asgi import scope_headers
+from ..chat.compiler import ChatCompiler
+from ..config import AgentConfig, ApiConfig, GenerationConfig
+from ..forest import export_samples, parse_session_output
+from ..nursery.agent import SessionEnv, run_agent
+from ..nursery.group import Group
+from ..nursery.session import SessionRegistry
+from ..rollout.turns import EngineTurnHandler
 from .serve import open_engine
 
 log = logging.getLogger(__name__)
@@ -322,6 +322,6 @@ async def run_doctor(cfg: DoctorConfig) -> DoctorReport:
 def _resolve_model(cfg: DoctorConfig) -> Path:
     if cfg.hf_checkpoint is not None:
         return cfg.hf_checkpoint
-    from .models import ensure_smollm2
+    from ..models import ensure_smollm2
 
     return ensure_smollm2()

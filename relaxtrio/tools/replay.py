@@ -34,10 +34,10 @@ from typing import Any, Final, Literal
 
 import attrs
 
-from ._errors import ConfigError
-from .config import TrainConfig
-from .rollout.advantages import group_advantages
-from .rollout.dumps import DumpedSample, RolloutDump
+from .._errors import ConfigError
+from ..config import TrainConfig
+from ..rollout.advantages import group_advantages
+from ..rollout.dumps import DumpedSample, RolloutDump
 
 LOGPROB_ATOL: Final = 1e-3
 """Nats: trainer and engine logprobs of one token may differ by this much. fp32 on CPU keeps
@@ -268,7 +268,7 @@ def replay_dump(dump: RolloutDump, checkpoint: Path) -> ReplayReport:
         ConfigError: the dump has no samples, has multimodal samples, or a Group lacks
             scalar rewards.
     """
-    from .train import Trainer
+    from ..train import Trainer
 
     samples = dump.samples
     _check_samples(samples)

@@ -56,8 +56,8 @@ import trio
 
 from .._errors import BackendError, EngineUnavailableError
 from ..config import FleetConfig
-from ._http import EngineClientConfig
-from ._members import (
+from ..sglang._http import EngineClientConfig
+from .members import (
     GATEWAY_POLL_S,
     FleetMembers,
     WeightPaths,
@@ -65,9 +65,9 @@ from ._members import (
     path_for,
     worker_failure,
 )
-from ._replies import GenerateResult
-from .client import PauseMode
-from .wire import SamplingParams
+from ..sglang._replies import GenerateResult
+from ..sglang.client import PauseMode
+from ..sglang.wire import SamplingParams
 
 __all__ = ["ROUTING_KEY_HEADER", "EngineFleet", "FleetStatistics", "Worker", "open_engine_fleet"]
 
@@ -136,7 +136,7 @@ class FleetStatistics:
 class EngineFleet(FleetMembers):
     """The workers of one run; build it with :func:`open_engine_fleet`.
 
-    Takes the arguments of :class:`~relaxtrio.sglang._members.FleetMembers` (config, worker
+    Takes the arguments of :class:`~relaxtrio.fleet.members.FleetMembers` (config, worker
     URLs or gateway, the two connection pools, client config, a nursery for background calls).
     """
 

@@ -2,7 +2,7 @@
 
 :class:`TrainRunConfig` is the whole run; it composes the per-package settings (agent, rollout,
 generation, API) with the trainer's :class:`TrainConfig` and :class:`EvalConfig`. The command line
-(:mod:`relaxtrio._train_args`) builds it; everything else receives it or one of its parts, so no
+(:mod:`relaxtrio.cli.train_args`) builds it; everything else receives it or one of its parts, so no
 module reads flags or environment variables on its own.
 
 May import: attrs and the config records of :mod:`relaxtrio.nursery`, :mod:`relaxtrio.rollout`.
@@ -18,8 +18,8 @@ from typing import Any, Final, Literal
 
 import attrs
 
-from ._errors import ConfigError
-from ._train_config import (
+from .._errors import ConfigError
+from .train import (
     ADVANTAGE_ESTIMATORS,
     ESTIMATORS_REJECTING_CUSTOM_ADVANTAGE,
     ESTIMATORS_WITH_KL_SHAPING,
@@ -30,7 +30,7 @@ from ._train_config import (
     PolicyRatio,
     TrainConfig,
 )
-from ._validate import (
+from .._validate import (
     is_real,
     one_of,
     optional_non_negative_int,
@@ -557,7 +557,7 @@ class TrainRunConfig:
         output_dir: run directory (metrics, plot, checkpoint, logs).
         rollout_shuffle: shuffle prompts each epoch.
         seed: data order seed.
-        save_dir: ``--save``: run checkpoints go here (see :mod:`relaxtrio.run_checkpoint`), or
+        save_dir: ``--save``: run checkpoints go here (see :mod:`relaxtrio.run.checkpoint`), or
             None for none (the end-of-run ``output_dir/checkpoint`` is written either way).
         save_interval: ``--save-interval``: also save after every this many steps (None: at the
             end only).
@@ -575,7 +575,7 @@ class TrainRunConfig:
             127.0.0.1 at this port (0: a free one) behind a token printed at start-up
             (docs/dashboard.md); None: no operator listener.
         distributed: trainer ranks and Ray placement (one process by default).
-        trackers: TensorBoard / W&B beside ``metrics.jsonl`` (:mod:`relaxtrio.trackers`).
+        trackers: TensorBoard / W&B beside ``metrics.jsonl`` (:mod:`relaxtrio.run.trackers`).
     """
 
     prompt_data: Path

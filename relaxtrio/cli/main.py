@@ -7,10 +7,10 @@
 * ``rollout`` (or ``train --debug-rollout-only``) runs the same steps without training and writes
   the samples as JSONL;
 * ``serve`` starts the engine and the agent API with open Sessions for agents run by hand
-  (:mod:`relaxtrio.serve`);
+  (:mod:`relaxtrio.tools.serve`);
 * ``doctor --agent-cwd DIR --agent-command CMD`` runs one Session of the agent and checks the
-  agent contract step by step (:mod:`relaxtrio.doctor`);
-* ``replay DUMP --checkpoint DIR`` recomputes a dumped step on CPU (:mod:`relaxtrio.replay`).
+  agent contract step by step (:mod:`relaxtrio.tools.doctor`);
+* ``replay DUMP --checkpoint DIR`` recomputes a dumped step on CPU (:mod:`relaxtrio.tools.replay`).
 
 Exit codes of train and rollout: 0 trained (rollout: produced samples); 1 ran but trained nothing
 (rollout: produced no sample), the engine failed, or a checkpoint could not be written (a
@@ -34,8 +34,8 @@ from typing import Any
 import trio
 from tqdm.contrib.logging import logging_redirect_tqdm
 
-from ._errors import ConfigError, RelaxError
-from ._tool_args import (
+from .._errors import ConfigError, RelaxError
+from .tool_args import (
     add_doctor_parser,
     add_replay_parser,
     add_serve_parser,
@@ -43,13 +43,13 @@ from ._tool_args import (
     doctor_config,
     serve_config,
 )
-from ._train_args import (
+from .train_args import (
     add_train_parser,
     configure_logging,
     split_sglang_args,
     train_config,
 )
-from .run_summary import count
+from ..run.summary import count
 
 log = logging.getLogger("relaxtrio")
 
@@ -83,7 +83,7 @@ async def _run_with_signals(config: Any) -> Any:
         A signal cancels the run; agents and the engine are terminated by the run's own
         cancellation handling before :class:`_Terminated` propagates.
     """
-    from .driver import run_training
+    from ..run.driver import run_training
 
     result: list[Any] = []
     with trio.open_signal_receiver(*_stop_signals()) as signals:
@@ -127,7 +127,7 @@ def _train_main(args: argparse.Namespace) -> int:
     """``train`` and ``rollout``."""
     try:
         config = train_config(args)
-        from .driver import check_capacity
+        from ..run.driver import check_capacity
 
         check_capacity(config)
     except ConfigError as exc:
@@ -163,7 +163,7 @@ def _train_main(args: argparse.Namespace) -> int:
 
 def _serve_main(args: argparse.Namespace) -> int:
     """``serve``: runs until Ctrl-C or SIGTERM, then writes the dump and exits 0."""
-    from .serve import run_serve
+    from ..tools.serve import run_serve
 
     try:
         config = serve_config(args)
@@ -186,7 +186,7 @@ def _serve_main(args: argparse.Namespace) -> int:
 
 def _doctor_main(args: argparse.Namespace) -> int:
     """``doctor``: 0 every check passed, 1 a check did not, 2 bad flags."""
-    from .doctor import run_doctor
+    from ..tools.doctor import run_doctor
 
     try:
         config = doctor_config(args)
@@ -210,8 +210,8 @@ def _replay_main(args: argparse.Namespace) -> int:
     """``replay``: 0 no divergence, 1 a divergence, 2 unusable input."""
     import json
 
-    from .replay import replay_dump, report_json
-    from .rollout.dumps import load_dump
+    from ..tools.replay import replay_dump, report_json
+    from ..rollout.dumps import load_dump
 
     try:
         check_replay_args(args)
@@ -242,7 +242,7 @@ def main(argv: list[str] | None = None) -> int:
                    add_help=False)
     args, rest = parser.parse_known_args(argv)
     if args.command == "engine":
-        from .engine.__main__ import main as engine_main
+        from ..engine.__main__ import main as engine_main
 
         return engine_main(rest)
     if args.command in ("train", "rollout"):  # --sglang-* flags go to launched SGLang engines

@@ -1,6 +1,6 @@
 """How a launched engine's process is started: the interface, and the local starter.
 
-:func:`~relaxtrio.sglang.launch_fleet.open_launched_fleet` builds each engine's command line
+:func:`~relaxtrio.fleet.launch_fleet.open_launched_fleet` builds each engine's command line
 (:class:`ProcessSpec`) and hands it to an :class:`EngineStarter`, which starts the process
 somewhere and returns an :class:`EngineProcess`: the engine's base URL, its exit, and a way to
 stop it. Everything above that (readiness on ``/health``, the gateway, fleet membership,

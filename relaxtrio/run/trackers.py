@@ -24,8 +24,8 @@ from typing import Any, Protocol
 
 import attrs
 
-from ._errors import ConfigError
-from .config import TrackerConfig
+from .._errors import ConfigError
+from ..config import TrackerConfig
 
 log = logging.getLogger(__name__)
 

@@ -6,7 +6,7 @@ every row (what the file says); this process's are the sums over the steps it ra
 logged at the end (``finished: ...``) and returned in :class:`TrainSummary`
 (docs/observability.md#a-resumed-runs-figures).
 
-May import: attrs, stdlib. Used by :mod:`relaxtrio.driver` and :mod:`relaxtrio.cli`.
+May import: attrs, stdlib. Used by :mod:`relaxtrio.run.driver` and :mod:`relaxtrio.cli.main`.
 """
 
 from __future__ import annotations

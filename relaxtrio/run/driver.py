@@ -2,11 +2,11 @@
 
 Per step: run ``rollout_batch_size`` Groups through the user's agent → the estimator's advantages →
 one policy update (torch, off the trio thread) → write the weights (version directory or shared
-memory, :mod:`relaxtrio.inference`) → on every engine of the fleet: ``pause_generation(retract)``
+memory, :mod:`relaxtrio.run.inference`) → on every engine of the fleet: ``pause_generation(retract)``
 → ``update_weights_from_disk`` → check ``/model_info`` → ``continue_generation`` (generations
 still in flight, as with fully async, continue on the new weights and record both versions) →
 metrics line → optional eval → with ``--save``, a run checkpoint when due. At the end: a
-checkpoint and a reward plot. ``--load`` resumes a checkpointed run (:mod:`relaxtrio.run_checkpoint`).
+checkpoint and a reward plot. ``--load`` resumes a checkpointed run (:mod:`relaxtrio.run.checkpoint`).
 
 Rollout only (``TrainRunConfig.rollout_only``): no trainer is loaded, nothing is pushed or
 checkpointed; each step's samples are appended to a JSONL file instead.
@@ -15,7 +15,7 @@ What a run leaves in its directory besides metrics and checkpoints: ``run.log`` 
 of the run, as the console shows them), ``engine.log`` (the embedded engine), ``agent_logs/``
 (the whole log of every agent whose Session failed; logs of Sessions that completed are
 removed), and with ``--use-tensorboard`` / ``--use-wandb`` the trackers' files
-(:mod:`relaxtrio.trackers`). Either way, with
+(:mod:`relaxtrio.run.trackers`). Either way, with
 ``debug_rollout_data`` every step also writes a debug dump (:mod:`relaxtrio.rollout.dumps`,
 docs/dumps.md) after its update, so the dump holds the trainer's statistics next to the samples
 it trained on. With ``operator_port`` the operator listener (``/debug_state``, ``/dashboard``,
@@ -38,38 +38,38 @@ from typing import Any, Final
 import attrs
 import trio
 
-from ._errors import BackendError, ConfigError
-from ._serving import freeze_startup_heap
-from .api.app import create_app, serve_api
-from .api.operator import start_operator
-from .chat.compiler import ChatCompiler
-from .config import AgentConfig, FleetConfig, TrainRunConfig
-from .cpu_threads import ThreadSplit, available_cpus, split_cpu_threads
+from .._errors import BackendError, ConfigError
+from .._serving import freeze_startup_heap
+from ..api.app import create_app, serve_api
+from ..api.operator import start_operator
+from ..chat.compiler import ChatCompiler
+from ..config import AgentConfig, FleetConfig, TrainRunConfig
+from ..cpu_threads import ThreadSplit, available_cpus, split_cpu_threads
 from .inference import Inference, LifecycleRegistry, open_inference
-from .rollout.capacity import CapacityPlan, check_external_slots, plan_capacity
-from .rollout.dataset import PromptStream, load_prompts
-from .rollout.dumps import (
+from ..rollout.capacity import CapacityPlan, check_external_slots, plan_capacity
+from ..rollout.dataset import PromptStream, load_prompts
+from ..rollout.dumps import (
     append_samples,
     dump_path,
     step_dump,
     step_samples,
     write_dump,
 )
-from .rollout.eval import EvalDataset, run_eval
-from .rollout.metrics import MetricsLog, plot_rewards
-from .rollout.operator_view import RunView
-from .rollout.pipeline import RolloutPipeline, open_rollout_pipeline
-from .rollout.step import StepResult, group_metrics
-from .rollout.turns import EngineTurnHandler
-from .run_checkpoint import RunCheckpointer, hold_run_dirs, weight_version_name
-from .run_summary import TrainSummary, summarize_run
-from .sglang.client import EngineClient, context_token_limit
-from .sglang.fleet import EngineFleet, FleetStatistics
-from .sglang.launch_fleet import detect_engine_kind
-from .sglang.starter import EngineStarter
+from ..rollout.eval import EvalDataset, run_eval
+from ..rollout.metrics import MetricsLog, plot_rewards
+from ..rollout.operator_view import RunView
+from ..rollout.pipeline import RolloutPipeline, open_rollout_pipeline
+from ..rollout.step import StepResult, group_metrics
+from ..rollout.turns import EngineTurnHandler
+from .checkpoint import RunCheckpointer, hold_run_dirs, weight_version_name
+from .summary import TrainSummary, summarize_run
+from ..sglang.client import EngineClient, context_token_limit
+from ..fleet.fleet import EngineFleet, FleetStatistics
+from ..fleet.launch_fleet import detect_engine_kind
+from ..fleet.starter import EngineStarter
 from .trackers import Trackers
-from .train import Trainer, TrainStats
-from .train.ranks import RankGroup
+from ..train import Trainer, TrainStats
+from ..train.ranks import RankGroup
 
 log = logging.getLogger(__name__)
 
@@ -156,7 +156,7 @@ def optional_train_metrics(stats: TrainStats) -> dict[str, float]:
 def _resolve_model(cfg: TrainRunConfig) -> Path:
     if cfg.hf_checkpoint is not None:
         return cfg.hf_checkpoint
-    from .models import ensure_smollm2
+    from ..models import ensure_smollm2
 
     return ensure_smollm2()
 
@@ -499,7 +499,7 @@ async def _engine_starter(cfg: TrainRunConfig, fleet: FleetConfig) -> EngineStar
     d = cfg.distributed
     if d.ray_address is None or not fleet.launches:
         return None
-    from .cluster.engines import RayEngineStarter
+    from ..cluster.engines import RayEngineStarter
 
     return await trio.to_thread.run_sync(
         functools.partial(RayEngineStarter.connect, d.ray_address, num_cpus=d.engine_num_cpus))
@@ -555,8 +555,8 @@ async def _agent_config(cfg: TrainRunConfig, agent: AgentConfig, stack: AsyncExi
     d = cfg.distributed
     if d.agent_executor != "ray":
         return agent
-    from .cluster.agents import open_ray_agent_pool
-    from .cluster.runtime import connect
+    from ..cluster.agents import open_ray_agent_pool
+    from ..cluster.runtime import connect
 
     assert d.ray_address is not None  # DistributedConfig checks it
     await trio.to_thread.run_sync(connect, d.ray_address, abandon_on_cancel=True)  # SIGTERM still ends the run

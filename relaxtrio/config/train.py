@@ -12,8 +12,8 @@ from typing import Any, Final, Literal, get_args
 
 import attrs
 
-from ._errors import ConfigError
-from ._validate import (
+from .._errors import ConfigError
+from .._validate import (
     is_real,
     non_negative_number,
     one_of,

@@ -1,5 +1,5 @@
 """The ``train`` flags of the training algorithm: rewards and filters, advantage estimator,
-policy loss, LoRA and batching (kept apart from :mod:`relaxtrio._train_args`, which builds the
+policy loss, LoRA and batching (kept apart from :mod:`relaxtrio.cli.train_args`, which builds the
 whole parser and run config).
 """
 
@@ -8,7 +8,7 @@ from __future__ import annotations
 import argparse
 from typing import Any, get_args
 
-from .config import ADVANTAGE_ESTIMATORS, KlLossType, LossAggregation, PolicyRatio
+from ..config import ADVANTAGE_ESTIMATORS, KlLossType, LossAggregation, PolicyRatio
 
 # flag dest → TrainConfig field, for the algorithm flags (None values keep the default).
 _ALGORITHM_FIELDS = {

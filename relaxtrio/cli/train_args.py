@@ -15,24 +15,24 @@ import time
 from pathlib import Path
 from typing import Any
 
-from ._algorithm_args import add_algorithm_flags, add_reward_flags, algorithm_overrides
-from ._cluster_args import add_cluster_flags, with_cluster_flags
-from ._errors import ConfigError
-from ._tool_args import DefaultsHelpFormatter, check_model_dir
-from ._validate import is_real
-from .chat.parsers import REASONING_PARSERS, TOOL_CALL_PARSERS
-from .config import (
+from .algorithm_args import add_algorithm_flags, add_reward_flags, algorithm_overrides
+from .cluster_args import add_cluster_flags, with_cluster_flags
+from .._errors import ConfigError
+from .tool_args import DefaultsHelpFormatter, check_model_dir
+from .._validate import is_real
+from ..chat.parsers import REASONING_PARSERS, TOOL_CALL_PARSERS
+from ..config import (
     AgentConfig,
     GenerationConfig,
     RolloutConfig,
 )
-from .cpu_threads import MAX_THREADS
-from .nursery.agent import parse_agent_env
-from .rollout.dumps import check_dump_template
-from .rollout.hooks import load_function
-from .trackers import add_tracker_flags, tracker_config
+from ..cpu_threads import MAX_THREADS
+from ..nursery.agent import parse_agent_env
+from ..rollout.dumps import check_dump_template
+from ..rollout.hooks import load_function
+from ..run.trackers import add_tracker_flags, tracker_config
 
-EXAMPLE_DIR = Path(__file__).resolve().parent.parent / "examples" / "quiz_feedback"
+EXAMPLE_DIR = Path(__file__).resolve().parents[2] / "examples" / "quiz_feedback"
 
 # TrainConfig field → flag, for error messages in the user's words.
 _TRAIN_FLAGS = {"lr": "--lr", "clip_eps_low": "--eps-clip", "clip_eps_high": "--eps-clip-high",
@@ -262,7 +262,7 @@ def _with_checkpoint_flags(config: Any, args: argparse.Namespace) -> Any:
 
     Raises:
         ConfigError: ``--save-interval`` below 1 or without ``--save``; an unreadable checkpoint;
-            a ``--load`` / ``--save`` pair :func:`~relaxtrio.run_checkpoint.check_checkpoint_dirs`
+            a ``--load`` / ``--save`` pair :func:`~relaxtrio.run.checkpoint.check_checkpoint_dirs`
             refuses.
     """
     import attrs
@@ -273,11 +273,11 @@ def _with_checkpoint_flags(config: Any, args: argparse.Namespace) -> Any:
           "--save and --load checkpoint training; a rollout-only run trains nothing to checkpoint")
     output_dir = config.output_dir
     if args.load is not None or args.save is not None:
-        from .run_checkpoint import check_checkpoint_dirs
+        from ..run.checkpoint import check_checkpoint_dirs
 
         check_checkpoint_dirs(args.load, args.save)
     if args.load is not None and args.output_dir is None:
-        from .run_checkpoint import find_resume_point, forks_run
+        from ..run.checkpoint import find_resume_point, forks_run
 
         resume = find_resume_point(args.load, log_missing=False)  # the driver logs it
         if resume is not None and resume.output_dir is not None and not forks_run(args.load, args.save):
@@ -432,7 +432,7 @@ def _train_section(args: argparse.Namespace) -> Any:
     Raises:
         ConfigError: a field validator refused a value; ``param`` is the flag the user typed.
     """
-    from .config import TrainConfig
+    from ..config import TrainConfig
 
     overrides = {
         "lr": args.lr, "clip_eps_low": args.eps_clip, "clip_eps_high": args.eps_clip_high,
@@ -456,7 +456,7 @@ def train_config(args: argparse.Namespace) -> Any:
         ConfigError: any invalid flag, with a message naming it (``param`` is the flag when
             the check belongs to one config field).
     """
-    from .config import EvalConfig, FleetConfig, TrainRunConfig
+    from ..config import EvalConfig, FleetConfig, TrainRunConfig
 
     _check_flags(args)
     _check_file(args.prompt_data, "--prompt-data")

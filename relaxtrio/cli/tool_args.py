@@ -1,6 +1,6 @@
 """Flags of ``python -m relaxtrio serve`` and ``replay``, and their translation into configs.
 
-``rollout`` takes the ``train`` flags (:mod:`relaxtrio._train_args`). As there, every check
+``rollout`` takes the ``train`` flags (:mod:`relaxtrio.cli.train_args`). As there, every check
 that can be made before loading a model is made here.
 """
 
@@ -13,10 +13,10 @@ import time
 from pathlib import Path
 from typing import Any, Final
 
-from ._errors import ConfigError
-from .chat.parsers import REASONING_PARSERS, TOOL_CALL_PARSERS
-from .config import GenerationConfig
-from .rollout.dumps import check_dump_template
+from .._errors import ConfigError
+from ..chat.parsers import REASONING_PARSERS, TOOL_CALL_PARSERS
+from ..config import GenerationConfig
+from ..rollout.dumps import check_dump_template
 
 _INPUT_HELP: Final = ('a JSON object file written as-is as the agent\'s RELAX_INPUT_JSON: the Session input '
                'a training run builds from a dataset row, {"messages": [...], "metadata": {...}}, '
@@ -124,12 +124,12 @@ def check_model_dir(path: Path, flag: str = "--hf-checkpoint") -> None:
 
 
 def serve_config(args: argparse.Namespace) -> Any:
-    """Validates the ``serve`` flags and builds the :class:`~relaxtrio.serve.ServeConfig`.
+    """Validates the ``serve`` flags and builds the :class:`~relaxtrio.tools.serve.ServeConfig`.
 
     Raises:
         ConfigError: an invalid flag, with a message naming it.
     """
-    from .serve import ServeConfig
+    from ..tools.serve import ServeConfig
 
     _need(args.sessions >= 1, "--sessions must be >= 1")
     _need(args.rollout_max_response_len >= 1, "--rollout-max-response-len must be >= 1")
@@ -246,15 +246,15 @@ def add_doctor_parser(sub: argparse._SubParsersAction) -> argparse.ArgumentParse
 
 
 def doctor_config(args: argparse.Namespace) -> Any:
-    """Validates the ``doctor`` flags and builds the :class:`~relaxtrio.doctor.DoctorConfig`.
+    """Validates the ``doctor`` flags and builds the :class:`~relaxtrio.tools.doctor.DoctorConfig`.
 
     Raises:
         ConfigError: an invalid flag, with a message naming it.
     """
-    from .config import AgentConfig
-    from .doctor import DEFAULT_TASK, DoctorConfig
-    from .nursery.agent import parse_agent_env
-    from .rollout.hooks import load_function
+    from ..config import AgentConfig
+    from ..tools.doctor import DEFAULT_TASK, DoctorConfig
+    from ..nursery.agent import parse_agent_env
+    from ..rollout.hooks import load_function
 
     _need(math.isfinite(args.first_request_timeout) and args.first_request_timeout > 0,
           "--first-request-timeout must be a positive number of seconds")

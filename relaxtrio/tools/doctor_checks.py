@@ -1,6 +1,6 @@
 """The contract checks of ``python -m relaxtrio doctor``: what one agent run showed → pass/fail/skip.
 
-Pure: :func:`evaluate` reads an :class:`Observation` (filled by :mod:`relaxtrio.doctor`) and
+Pure: :func:`evaluate` reads an :class:`Observation` (filled by :mod:`relaxtrio.tools.doctor`) and
 returns one :class:`Check` per contract step, each failure with what went wrong and the fix.
 """
 
@@ -14,9 +14,9 @@ from typing import Any, Final, Literal
 
 import attrs
 
-from ._errors import ExportError
-from .forest import ObservationNode, ResponseNode, SessionForest, TrainingSample
-from .rollout.advantages import scalar_reward
+from .._errors import ExportError
+from ..forest import ObservationNode, ResponseNode, SessionForest, TrainingSample
+from ..rollout.advantages import scalar_reward
 
 CheckStatus = Literal["pass", "fail", "skip"]
 

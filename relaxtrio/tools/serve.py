@@ -41,29 +41,29 @@ from typing import Any, Final, Literal
 import attrs
 import trio
 
-from ._errors import BackendError, ConfigError, ExportError
-from ._serving import freeze_startup_heap
-from .api.app import create_app, serve_api
-from .api.operator import start_operator
-from .chat.compiler import ChatCompiler
-from .config import ApiConfig, GenerationConfig
-from .forest import export_samples, parse_session_output
-from .models import refuse_other_served_models
-from .nursery.group import Group
-from .nursery.session import Session, SessionRegistry, serve_external_session
-from .rollout.advantages import scalar_reward
-from .rollout.dumps import (
+from .._errors import BackendError, ConfigError, ExportError
+from .._serving import freeze_startup_heap
+from ..api.app import create_app, serve_api
+from ..api.operator import start_operator
+from ..chat.compiler import ChatCompiler
+from ..config import ApiConfig, GenerationConfig
+from ..forest import export_samples, parse_session_output
+from ..models import refuse_other_served_models
+from ..nursery.group import Group
+from ..nursery.session import Session, SessionRegistry, serve_external_session
+from ..rollout.advantages import scalar_reward
+from ..rollout.dumps import (
     DUMP_FORMAT,
     dump_path,
     group_record,
     sample_record,
     write_dump,
 )
-from .rollout.operator_view import RunView
-from .rollout.turns import EngineTurnHandler
-from .run_summary import count
-from .sglang.client import EngineClient, context_token_limit, open_engine_client
-from .sglang.launch import open_embedded_engine
+from ..rollout.operator_view import RunView
+from ..rollout.turns import EngineTurnHandler
+from ..run.summary import count
+from ..sglang.client import EngineClient, context_token_limit, open_engine_client
+from ..fleet.launch import open_embedded_engine
 
 log = logging.getLogger(__name__)
 
@@ -251,7 +251,7 @@ def serve_dump(groups: list[Group], *, cfg: ServeConfig, model_dir: Path, base_u
 def _resolve_model(cfg: ServeConfig) -> Path:
     if cfg.hf_checkpoint is not None:
         return cfg.hf_checkpoint
-    from .models import ensure_smollm2
+    from ..models import ensure_smollm2
 
     return ensure_smollm2()
 

@@ -47,7 +47,7 @@ external SGLang servers must also run with ``--enable-deterministic-inference``)
 and reward are deterministic; unseeded requests draw their seeds from the OS, which no checkpoint
 can replay.
 
-May import: config, rollout, train (torch), trio. Used by :mod:`relaxtrio.driver`.
+May import: config, rollout, train (torch), trio. Used by :mod:`relaxtrio.run.driver`.
 """
 
 from __future__ import annotations
@@ -67,13 +67,13 @@ from typing import TYPE_CHECKING, Any, Final
 import attrs
 import trio
 
-from ._errors import CheckpointError, ConfigError, RelaxError
-from .config import TrainRunConfig
-from .rollout.dataset import PromptStream
-from .rollout.metrics import MetricsLog
-from .rollout.resume import RolloutCheckpoint, capture_pipeline, restore_rollout
-from .train import Trainer
-from .train.checkpoint import (
+from .._errors import CheckpointError, ConfigError, RelaxError
+from ..config import TrainRunConfig
+from ..rollout.dataset import PromptStream
+from ..rollout.metrics import MetricsLog
+from ..rollout.resume import RolloutCheckpoint, capture_pipeline, restore_rollout
+from ..train import Trainer
+from ..train.checkpoint import (
     _ITER_RE,
     RUN_STATE_FILE,
     _complete_iterations,
@@ -81,10 +81,10 @@ from .train.checkpoint import (
     read_run_state,
     restore_rng_state,
 )
-from .train.ranks import LocalRankGroup, RankGroup, RankStart
+from ..train.ranks import LocalRankGroup, RankGroup, RankStart
 
 if TYPE_CHECKING:
-    from .rollout.pipeline import RolloutPipeline
+    from ..rollout.pipeline import RolloutPipeline
 
 log = logging.getLogger(__name__)
 
@@ -392,7 +392,7 @@ class RunCheckpointer:
             start = RankStart(model_dir=source, config=train_cfg, resume_state=trainer_state,
                               reference_dir=model_dir)
             if dist.ray_address is not None:
-                from .cluster.trainer import RayRankGroup
+                from ..cluster.trainer import RayRankGroup
 
                 trainer = RayRankGroup.start(start, dist)
             else:
