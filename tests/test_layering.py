@@ -1,18 +1,23 @@
 """The dependency arrows point one way (docs/architecture.md): one row per package, plus no cycles.
 
-Two checks:
+Three checks:
 
 * each package, imported alone in a fresh interpreter, loads none of the modules its row forbids
   (what a user pays for ``import relaxtrio.forest`` is exactly what that package needs);
 * the static import graph of every relaxtrio module has no cycle, counting imports under
   ``TYPE_CHECKING`` and imports inside functions: a cycle hidden that way is still two modules that
-  cannot be understood apart.
+  cannot be understood apart;
+* the package map in docs/architecture.md#packages has one row per package and loose module, and
+  each row's "may import" names exactly the relaxtrio packages that its code imports (the same
+  static graph), none of them one that ``FORBIDDEN`` bans: the page cannot drift from the code,
+  and a new arrow between packages is a reviewed change to that page.
 """
 
 from __future__ import annotations
 
 import ast
 import json
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -22,6 +27,7 @@ import pytest
 import relaxtrio
 
 PACKAGE_DIR = Path(relaxtrio.__file__).resolve().parent
+ARCHITECTURE = Path(__file__).resolve().parent.parent / "docs" / "architecture.md"
 WEB = ("quart", "quart_trio", "hypercorn")
 HEAVY = ("trio", *WEB, "httpx", "torch", "transformers")
 UPPER = ("relaxtrio.api", "relaxtrio.rollout", "relaxtrio.train", "relaxtrio.run.driver", "relaxtrio.cli.main",
@@ -169,3 +175,91 @@ def test_cycle_finder_sees_a_cycle() -> None:
     """The finder itself: a hidden two-module cycle is reported, a chain is not."""
     assert _cycles({"a": {"b"}, "b": {"a"}, "c": {"a"}}) == [["a", "b"]]
     assert _cycles({"a": {"b"}, "b": {"c"}, "c": set()}) == []
+
+
+def units() -> set[str]:
+    """The parts of relaxtrio the package map has a row for: every subpackage and every loose
+    module beside ``__init__.py`` (``__main__`` included)."""
+    packages = {p.name for p in PACKAGE_DIR.iterdir() if (p / "__init__.py").is_file()}
+    return packages | {p.stem for p in PACKAGE_DIR.glob("*.py") if p.stem != "__init__"}
+
+
+def _unit(module: str) -> str | None:
+    parts = module.split(".")
+    return parts[1] if len(parts) > 1 else None
+
+
+def unit_imports() -> dict[str, dict[str, str]]:
+    """unit → {imported unit: one importing module, for the message}, over the static graph."""
+    found: dict[str, dict[str, str]] = {name: {} for name in units()}
+    for module, targets in import_graph().items():
+        source = _unit(module)
+        if source is None:
+            continue
+        for target in sorted(targets):
+            unit = _unit(target)
+            if unit is not None and unit != source:
+                found[source].setdefault(unit, module)
+    return found
+
+
+_ROW_UNIT = re.compile(r"^`relaxtrio/(\w+)(?:/|\.py)`$")
+_TICKED = re.compile(r"`([^`]+)`")
+
+
+def documented_map(text: str, known: set[str]) -> dict[str, set[str]]:
+    """The table under ``## Packages``: row unit → the relaxtrio units its "may import" cell names.
+
+    A row is ``| `relaxtrio/<name>/` or `relaxtrio/<name>.py` | owns | may import |``; in the last
+    cell a name in backticks is a relaxtrio package or module (``sglang.wire`` counts as
+    ``sglang``), anything else is written plain.
+
+    Raises:
+        ValueError: a malformed row, a repeated row, or a backticked name that is no unit.
+    """
+    section = text.split("\n## Packages\n", 1)[1].split("\n## ", 1)[0]
+    rows: dict[str, set[str]] = {}
+    for line in section.splitlines():
+        if not line.startswith("|") or line.startswith("|---") or line.startswith("| package "):
+            continue
+        cells = [cell.strip() for cell in line.strip().strip("|").split("|")]
+        match = _ROW_UNIT.match(cells[0])
+        if len(cells) != 3 or match is None:
+            raise ValueError(f"not a package-map row (3 cells, `relaxtrio/<name>/`): {line}")
+        if match.group(1) in rows:
+            raise ValueError(f"two rows for {match.group(1)}")
+        names = {name.split(".")[0] for name in _TICKED.findall(cells[2])}
+        if names - known:
+            raise ValueError(f"row {match.group(1)}: {sorted(names - known)} in backticks are no "
+                             "relaxtrio package or module (write third-party names plain)")
+        rows[match.group(1)] = names
+    return rows
+
+
+def test_package_map_parser_reads_rows_and_refuses_strays() -> None:
+    """The parser itself: it reads the units of a row, and a stray backticked name fails."""
+    text = ("# t\n\n## Packages\n\n| package | owns | may import |\n|---|---|---|\n"
+            "| `relaxtrio/api/` | routes | `forest`, `nursery.turns`, quart |\n\n## Next\n| x |\n")
+    assert documented_map(text, {"api", "forest", "nursery"}) == {"api": {"forest", "nursery"}}
+    with pytest.raises(ValueError, match="quart"):
+        documented_map(text.replace("quart", "`quart`"), {"api", "forest", "nursery"})
+
+
+def test_package_map_in_architecture_doc_matches_the_import_graph() -> None:
+    known = units()
+    documented = documented_map(ARCHITECTURE.read_text(encoding="utf-8"), known)
+    actual = unit_imports()
+    problems = [f"no row for relaxtrio/{name}" for name in sorted(known - documented.keys())]
+    problems += [f"row {name}: relaxtrio/{name} does not exist" for name in sorted(documented.keys() - known)]
+    for name in sorted(documented.keys() & known):
+        for unit in sorted(actual[name].keys() - documented[name]):
+            problems.append(f"row {name}: add `{unit}` ({actual[name][unit]} imports it), if that "
+                            "arrow is allowed")
+        for unit in sorted(documented[name] - actual[name].keys()):
+            problems.append(f"row {name}: drop `{unit}` (nothing in relaxtrio.{name} imports it)")
+    for name, banned in FORBIDDEN.items():
+        unit = _unit(name)
+        if name == f"relaxtrio.{unit}" and unit in documented:
+            clash = {_unit(b) for b in banned if b.count(".") == 1 and b.startswith("relaxtrio.")}
+            problems += [f"row {unit}: `{c}` is in FORBIDDEN[{name!r}]" for c in sorted(clash & documented[unit])]
+    assert not problems, "docs/architecture.md#packages is out of date:\n" + "\n".join(problems)
