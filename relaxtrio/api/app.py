@@ -35,7 +35,6 @@ from __future__ import annotations
 import functools
 import json
 import logging
-import weakref
 from collections.abc import Awaitable, Callable
 from typing import Any, Final
 
@@ -50,7 +49,7 @@ from .._errors import InternalError, InvalidRequestError, RelaxError
 from .._serving import LISTEN_BACKLOG, serve_isolated
 from .._validate import loads_utf8_json
 from ..config import ApiConfig
-from ..nursery.session import Session, SessionRegistry
+from ..nursery.session import SessionRegistry
 from ..nursery.turns import TurnHandler
 from .asgi import BodyTooLarge, JsonReply, ModelCall, ModelRoutes
 from .auth import session_token
@@ -69,6 +68,7 @@ from .errors import (
 )
 from .messages import MESSAGES, parse_count_tokens_request
 from .responses import RESPONSES
+from .session_memo import SessionMemos
 from .sse import sse_response
 from .wire import ProtocolAdapter, encode_json
 
@@ -132,15 +132,8 @@ class _ApiState:
     handler: TurnHandler
     config: ApiConfig
     listed_model: str | None
-    # Per Session (keyed by its forest, so forgotten with it): its previous model request's body.
-    body_memos: weakref.WeakKeyDictionary[Any, BodyMemo] = attrs.field(factory=weakref.WeakKeyDictionary)
-
-    def body_memo(self, session: Session) -> BodyMemo:
-        """The memo of ``session``'s previous model request body (created on first use)."""
-        memo = self.body_memos.get(session.forest)
-        if memo is None:
-            memo = self.body_memos[session.forest] = BodyMemo(_reject_constant)
-        return memo
+    # Per live Session: what its previous model request parsed into (:mod:`.session_memo`).
+    memos: SessionMemos = attrs.field(factory=lambda: SessionMemos(lambda: BodyMemo(_reject_constant)))
 
 
 def _api() -> _ApiState:
@@ -175,10 +168,11 @@ async def _model_response(state: _ApiState, adapter: ProtocolAdapter, call: Mode
     """
     session = state.registry.get(session_token(call.headers))
     progress.session_id = session.session_id
-    body = await _read_json_object(call, state.body_memo(session))
+    memo = state.memos.of(session)
+    body = await _read_json_object(call, memo.body)
     progress.body_read = True
     try:
-        parsed = adapter.parse(body, session.forest.memo)
+        parsed = adapter.parse(body, memo)
     except RecursionError:
         raise InvalidRequestError("Invalid request body: nested too deeply", param="body") from None
     if parsed.stream:
@@ -219,7 +213,7 @@ async def _count_tokens_response(state: _ApiState, adapter: ProtocolAdapter, cal
     progress.session_id = session.session_id
     body = await _read_json_object(call)
     progress.body_read = True
-    num_tokens = await state.handler.count_tokens(session, parse_count_tokens_request(body))
+    num_tokens = await state.handler.count_tokens(session.forest, parse_count_tokens_request(body))
     return JsonReply(encode_json({"input_tokens": num_tokens}))
 
 
@@ -371,7 +365,10 @@ def create_app(
         views[ROUTE_PREFIX + path] = functools.partial(_dispatch, state, MESSAGES, _count_tokens_response)
     for path in views:
         app.add_url_rule(path, "model" + path, _served_by_model_routes, methods=["POST"])
-    app.asgi_app = ModelRoutes(app.asgi_app, views, config.max_body_bytes)  # type: ignore[method-assign]
+    # quart types ASGI callables with hypercorn's TypedDict scopes and events; ModelRoutes speaks
+    # plain ASGI dicts (the same values), hence the ignores.
+    app.asgi_app = ModelRoutes(  # type: ignore[method-assign, assignment]
+        app.asgi_app, views, config.max_body_bytes)  # type: ignore[arg-type]
     for path in ("/v1/models", "/models"):
         app.add_url_rule(ROUTE_PREFIX + path, "models" + path, _models, methods=["GET"])
     for path in ("", "/", "/v1", "/v1/"):

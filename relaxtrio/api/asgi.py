@@ -37,7 +37,7 @@ May import: trio and quart (its response types and header encoding).
 from __future__ import annotations
 
 from collections.abc import Awaitable, Callable, Mapping
-from typing import Any, Final
+from typing import Any, Final, NoReturn
 from urllib.parse import urlparse
 
 import attrs
@@ -150,7 +150,7 @@ class ModelCall:
         while (await self._receive())["type"] != "http.disconnect":
             pass
 
-    async def gone(self) -> None:
+    async def gone(self) -> NoReturn:
         """Ends the request because its client went away: cancels the request's scope.
 
         Raises:
@@ -236,7 +236,7 @@ class ModelRoutes:
         """
         path = request_path(scope) if scope["type"] == "http" and scope["method"] == "POST" else None
         view = self.views.get(path) if path is not None else None
-        if view is None:
+        if view is None or path is None:
             await self.fallback(scope, receive, send)
             return
         with trio.CancelScope() as request_scope:

@@ -8,12 +8,20 @@ present (docs/client-quirks.md#anthropic-api-key-header).
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from typing import Protocol
 
 from .._errors import AuthenticationError
 
 
-def session_token(headers: Mapping[str, str]) -> str:
+class Headers(Protocol):
+    """Request headers, looked up by name (a mapping, or werkzeug's ``Headers``)."""
+
+    def get(self, key: str) -> str | None:
+        """The header's value, or None when absent."""
+        ...
+
+
+def session_token(headers: Headers) -> str:
     """The bearer token of a request.
 
     Args:

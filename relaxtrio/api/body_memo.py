@@ -26,8 +26,7 @@ import json
 import re
 from array import array
 from collections.abc import Callable
-from json.decoder import scanstring
-from typing import Any, Final
+from typing import Any, Final, cast
 
 import attrs
 
@@ -37,6 +36,10 @@ HISTORY_KEYS: Final = frozenset({"messages", "input"})
 """Top-level keys whose array value is the repeated history."""
 
 _WS: Final = re.compile(r"[ \t\n\r]*")  # JSON whitespace, as json.decoder skips it
+# ``_WS`` matches the empty string, so its ``match`` never returns None.
+_ws_match: Final = cast("Callable[..., re.Match[str]]", _WS.match)
+# The decoder's string scanner; typeshed does not list it (it is json.decoder's own name).
+_scanstring: Final[Callable[[str, int, bool], tuple[str, int]]] = json.decoder.scanstring  # type: ignore[attr-defined]
 _NUM_REMEMBERED: Final = 2  # bodies remembered per Session
 _COLD_ELEMENTS: Final = 64  # fresh elements that always count as a warm request
 _MAX_SKIP: Final = 32  # most requests parsed by json.loads alone after cold ones
@@ -93,7 +96,9 @@ class BodyMemo:
 
     def __init__(self, parse_constant: Callable[[str], Any]) -> None:
         self._parse_constant = parse_constant
-        self._scan = json.JSONDecoder(parse_constant=parse_constant).scan_once
+        # (set by JSONDecoder's constructor; typeshed does not list it)
+        self._scan: Callable[[str, int], tuple[Any, int]] = json.JSONDecoder(
+            parse_constant=parse_constant).scan_once  # type: ignore[attr-defined]
         self._remembered: list[_Remembered] = []  # the most recent first
         self._cold_streak = 0  # requests in a row that repeated little
         self._skip = 0  # requests left to parse with json.loads alone
@@ -129,7 +134,7 @@ class BodyMemo:
             start = 0  # byte offset in ``raw`` of ``text[0]``
             text = raw.decode("utf-8", "surrogatepass")
             head: list[tuple[str, Any]] = []
-            idx = _WS.match(text, 1).end()
+            idx = _ws_match(text, 1).end()
             if text[idx:idx + 1] == "}":
                 raise _Irregular  # {}: nothing to remember
             while True:  # the members up to the history array
@@ -144,7 +149,7 @@ class BodyMemo:
                     raise _Irregular  # no history array: one plain parse
             elements: list[Any] = []
             ends = array("q")
-            pos = _WS.match(text, open_).end()
+            pos = _ws_match(text, open_).end()
             closed = text[pos:pos + 1] == "]"
         else:
             head, key, open_ = base.head, base.key, base.open
@@ -153,13 +158,13 @@ class BodyMemo:
             # Only the bytes after the repeated ones are decoded (they start on a character
             # boundary: an element, like "[", ends with an ASCII character).
             text = raw[start:].decode("utf-8", "surrogatepass")
-            pos = _WS.match(text).end()
+            pos = _ws_match(text).end()
             closed = text[pos:pos + 1] == "]"
             if ends and not closed:  # after a reused element: "]" or "," and an element
                 if text[pos:pos + 1] != ",":
                     raise _Irregular  # e.g. a number element that goes on
-                pos = _WS.match(text, pos + 1).end()
-        ws = _WS.match
+                pos = _ws_match(text, pos + 1).end()
+        ws = _ws_match
         new_ends: list[int] = []  # offsets in ``text`` just after each new element
         while not closed:  # one element per step; whitespace is rare and skipped by regex
             value, pos = scan(text, pos)
@@ -186,7 +191,7 @@ class BodyMemo:
             value, idx = scan(text, idx)
             tail.append((name, value))
             idx, more = _after_value(text, idx)
-        if _WS.match(text, idx).end() != len(text) or any(name == key for name, _ in head):
+        if _ws_match(text, idx).end() != len(text) or any(name == key for name, _ in head):
             raise _Irregular  # extra data, or a repeated history key
         body = dict(head)
         body[key] = elements
@@ -229,20 +234,20 @@ def _member_name(text: str, idx: int) -> tuple[str, int]:
     """A member's name at ``idx`` and the offset of its value (after ``:`` and whitespace)."""
     if text[idx:idx + 1] != '"':
         raise _Irregular
-    name, idx = scanstring(text, idx + 1, True)
-    idx = _WS.match(text, idx).end()
+    name, idx = _scanstring(text, idx + 1, True)
+    idx = _ws_match(text, idx).end()
     if text[idx:idx + 1] != ":":
         raise _Irregular
-    return name, _WS.match(text, idx + 1).end()
+    return name, _ws_match(text, idx + 1).end()
 
 
 def _after_value(text: str, idx: int) -> tuple[int, bool]:
     """After a member's value: ``(next member's offset, True)`` after a ``,``, or
     ``(offset just past the closing brace, False)``."""
-    idx = _WS.match(text, idx).end()
+    idx = _ws_match(text, idx).end()
     char = text[idx:idx + 1]
     if char == ",":
-        return _WS.match(text, idx + 1).end(), True
+        return _ws_match(text, idx + 1).end(), True
     if char == "}":
         return idx + 1, False
     raise _Irregular

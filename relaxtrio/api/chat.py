@@ -30,18 +30,19 @@ from collections.abc import Mapping
 from typing import Any, Final
 
 from .._errors import InvalidRequestError, RelaxError
-from ..forest import Conversation, ConversationMemo
+from ..forest import Conversation
 from ..nursery.turns import TurnRequest, TurnResult
 from .errors import openai_error_body
 from .fields import optional_bool, optional_positive_int, optional_seed, optional_str, stop_strings
 from .options import check_chat_options
 from .projection import check_tool_results
+from .session_memo import SessionMemo
 from .wire import ParsedRequest, ProtocolAdapter, new_id, sse_comment, sse_data
 
 DONE_FRAME: Final = b"data: [DONE]\n\n"
 
 
-def parse_chat_request(body: Mapping[str, Any], memo: ConversationMemo | None = None) -> ParsedRequest:
+def parse_chat_request(body: Mapping[str, Any], memo: SessionMemo | None = None) -> ParsedRequest:
     """Normalizes a Chat Completions body; never mutates it.
 
     Args:
@@ -61,7 +62,8 @@ def parse_chat_request(body: Mapping[str, Any], memo: ConversationMemo | None = 
                          require_tool_call_id=True)
     if not conversation.messages:
         raise InvalidRequestError("messages projected to zero supported messages", param="messages")
-    check_tool_results(body["messages"], "messages[{}].tool_call_id".format, memo)
+    check = check_tool_results if memo is None else memo.check_tool_results
+    check(body["messages"], "messages[{}].tool_call_id".format)
     max_completion = optional_positive_int(body, "max_completion_tokens")
     max_legacy = optional_positive_int(body, "max_tokens")
     turn = TurnRequest(

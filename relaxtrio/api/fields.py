@@ -21,7 +21,8 @@ SEED_MAX: Final = 2**64 - 1
 
 def optional_positive_int(body: Mapping[str, Any], key: str) -> int | None:
     """``body[key]`` as a positive int, or None when absent/null."""
-    return require_positive_int(body.get(key), key, optional=True)
+    value: int | None = require_positive_int(body.get(key), key, optional=True)
+    return value
 
 
 def required_positive_int(body: Mapping[str, Any], key: str) -> int:
@@ -41,7 +42,8 @@ def optional_seed(body: Mapping[str, Any], key: str = "seed") -> int | None:
         raise InvalidRequestError(f"{key} must be an integer", param=key)
     if not SEED_MIN <= value <= SEED_MAX:
         raise InvalidRequestError(f"{key} must be between {SEED_MIN} and {SEED_MAX}", param=key)
-    return value
+    seed: int = value
+    return seed
 
 
 def optional_bool(body: Mapping[str, Any], key: str, default: bool = False) -> bool:
@@ -96,7 +98,8 @@ def optional_str(body: Mapping[str, Any], key: str) -> str | None:
 
 def optional_object(body: Mapping[str, Any], key: str) -> Mapping[str, Any] | None:
     """``body[key]`` as a JSON object, or None when absent/null."""
-    return require_object(body.get(key), key, optional=True)
+    value: Mapping[str, Any] | None = require_object(body.get(key), key, optional=True)
+    return value
 
 
 def non_empty_str(value: Any, param: str) -> str:

@@ -44,7 +44,7 @@ from typing import Any, Final
 
 from .._errors import InvalidRequestError, RelaxError
 from .._validate import require_object
-from ..forest import Conversation, ConversationMemo
+from ..forest import Conversation
 from ..nursery.turns import TurnRequest, TurnResult
 from .errors import anthropic_error_body
 from .fields import (
@@ -58,6 +58,7 @@ from .fields import (
 )
 from .options import check_messages_options
 from .projection import ElementMemo, Projection, Source, call_source, check_tool_results, project_flat_tools
+from .session_memo import SessionMemo
 from .wire import ParsedRequest, ProtocolAdapter, dumps, new_id, sse_event
 
 THINKING_TYPES: Final = frozenset({"disabled", "enabled", "adaptive"})
@@ -274,7 +275,7 @@ def _project_tools(tools: Any, proj: Projection) -> None:
                        schema_required=True, other_types_hint=OTHER_TOOL_TYPES_HINT)
 
 
-def _conversation(body: Mapping[str, Any], memo: ConversationMemo | None = None) -> Conversation:
+def _conversation(body: Mapping[str, Any], memo: SessionMemo | None = None) -> Conversation:
     """``system``, ``messages``, ``tools`` and ``thinking`` of a Messages body, canonical
     (through the Session's ``memo`` when given; see :mod:`.chat`)."""
     proj = Projection(messages_field="messages")
@@ -283,16 +284,17 @@ def _conversation(body: Mapping[str, Any], memo: ConversationMemo | None = None)
         text = _blocks_text(system, "system", separator="\n\n", allow_empty_string=False)
         if text is not None:
             proj.add_message({"role": "system", "content": text}, Source("system", fields={".content": "system"}))
-    _project_messages(body.get("messages"), proj, None if memo is None else ElementMemo.of(memo))
+    _project_messages(body.get("messages"), proj, None if memo is None else memo.elements)
     _project_tools(body.get("tools"), proj)
     thinking = optional_object(body, "thinking")
     kind = thinking.get("type") if thinking is not None else None
     conversation = proj.conversation(thinking_switch(kind, "thinking.type", THINKING_TYPES, off="disabled"), memo)
-    check_tool_results(proj.messages, lambda i: proj.sources[i].wire_param(".tool_call_id"), memo)
+    check = check_tool_results if memo is None else memo.check_tool_results
+    check(proj.messages, lambda i: proj.sources[i].wire_param(".tool_call_id"))
     return conversation
 
 
-def parse_messages_request(body: Mapping[str, Any], memo: ConversationMemo | None = None) -> ParsedRequest:
+def parse_messages_request(body: Mapping[str, Any], memo: SessionMemo | None = None) -> ParsedRequest:
     """Normalizes an Anthropic Messages body; never mutates or aliases it.
 
     ``memo``: the Session's memo of its previous request, or None (see :mod:`.chat`).

@@ -28,7 +28,7 @@ from __future__ import annotations
 
 import functools
 import secrets
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Awaitable, Callable, Mapping, Sequence
 from importlib import resources
 from typing import Any, Final, Protocol
 
@@ -103,7 +103,7 @@ def _authorize() -> None:
         raise AuthenticationError("Invalid operator token")
 
 
-def _guarded(view: Any) -> Any:
+def _guarded(view: Callable[..., Awaitable[Response]]) -> Callable[..., Awaitable[Response]]:
     """Wraps a data view: the operator token first, errors as JSON envelopes."""
 
     @functools.wraps(view)

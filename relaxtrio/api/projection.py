@@ -15,13 +15,13 @@ from __future__ import annotations
 import operator
 import re
 from collections.abc import Callable, Mapping, Sequence
-from typing import Any, Final
+from typing import Any, Final, Protocol
 
 import attrs
 
 from .._errors import InvalidRequestError
 from .._validate import require_list, require_object
-from ..forest import Conversation, ConversationMemo
+from ..forest import Conversation
 from .fields import non_empty_str
 
 _MESSAGE_PARAM: Final = re.compile(r"messages\[(\d+)\](.*)", re.DOTALL)
@@ -72,6 +72,19 @@ def call_source(path: str, *, id_key: str, name_key: str, arguments_key: str) ->
     }
 
 
+class Canonicalizer(Protocol):
+    """Builds canonical conversations as :meth:`Conversation.from_wire` does, reusing what an
+    earlier request already canonicalized (:class:`~.session_memo.SessionMemo`)."""
+
+    def conversation(self, messages: Any, tools: Any = None, template_kwargs: Any = None) -> Conversation:
+        """``Conversation.from_wire(messages, tools, template_kwargs)``.
+
+        Raises:
+            InvalidRequestError: as :meth:`Conversation.from_wire`.
+        """
+        ...
+
+
 @attrs.define
 class Projection:
     """Chat-shaped messages and tools under construction, with their request sources.
@@ -105,7 +118,7 @@ class Projection:
         self.tool_sources.append(path)
 
     def conversation(
-        self, template_kwargs: Mapping[str, Any], memo: ConversationMemo | None = None
+        self, template_kwargs: Mapping[str, Any], memo: Canonicalizer | None = None
     ) -> Conversation:
         """Canonicalizes the projection (through the Session's ``memo`` when given).
 
@@ -140,34 +153,40 @@ class Projection:
         return exc.at_param(new_param)
 
 
+@attrs.define(eq=False)
+class ToolScan:
+    """What :func:`check_tool_results` found in a list of messages: the first ``num_messages``
+    make the tool calls ``call_ids``."""
+
+    num_messages: int
+    call_ids: set[str]
+
+
 def check_tool_results(messages: Sequence[Mapping[str, Any]], param_of: Callable[[int], str],
-                       memo: ConversationMemo | None = None) -> None:
+                       resumed: ToolScan | None = None) -> ToolScan:
     """Refuses a tool message answering a call that no earlier assistant message made.
 
     The APIs refuse it too (a Chat ``tool`` message's ``tool_call_id``, a Messages
     ``tool_result``'s ``tool_use_id``); relaxtrio would otherwise render a result the model never
-    asked for. Any earlier assistant message counts, not only the one just before. With the
-    Session's ``memo`` (after its :meth:`~relaxtrio.forest.ConversationMemo.conversation` for these
-    very ``messages``), a request that extends the previous one scans only its new messages: the
-    call ids of the repeated ones are kept in ``memo.scan`` (so a 1,000-turn history costs what a
-    short one does).
+    asked for. Any earlier assistant message counts, not only the one just before. With
+    ``resumed`` (the scan of a request whose messages these repeat, kept by the Session's
+    :class:`~.session_memo.SessionMemo`) only the messages after its ``num_messages`` are read,
+    so a 1,000-turn history costs what a short one does.
 
     Args:
-        messages: Chat-shaped messages already validated by the canonical rules (the list the
-            memo's ``conversation`` was given: the request's own Chat ``messages``, or a
-            :class:`Projection`'s).
+        messages: Chat-shaped messages already validated by the canonical rules (the request's
+            own Chat ``messages``, or a :class:`Projection`'s).
         param_of: the request path of message ``i``'s call id, for the error.
-        memo: the Session's memo, or None (scan everything).
+        resumed: the scan of ``messages[:resumed.num_messages]``, or None (scan everything).
+            Its ``call_ids`` are taken over (and grown), not copied.
+
+    Returns:
+        The scan of all of ``messages``.
 
     Raises:
         InvalidRequestError: ``param`` is the first unmatched call id's path.
     """
-    start, call_ids = 0, set()
-    state = memo.scan if memo is not None else None
-    if isinstance(state, _ToolScan) and memo.extended_from == state.num_messages:
-        start, call_ids = state.num_messages, state.call_ids
-    if memo is not None:
-        memo.scan = None  # until this scan succeeds
+    start, call_ids = (0, set()) if resumed is None else (resumed.num_messages, resumed.call_ids)
     for index in range(start, len(messages)):
         message = messages[index]
         role = message.get("role")
@@ -178,17 +197,7 @@ def check_tool_results(messages: Sequence[Mapping[str, Any]], param_of: Callable
             if call_id is not None and call_id not in call_ids:
                 raise InvalidRequestError.at(
                     param_of(index), f"{call_id!r} answers no tool call of an earlier assistant message")
-    if memo is not None:
-        memo.scan = _ToolScan(len(messages), call_ids)
-
-
-@attrs.define(eq=False)
-class _ToolScan:
-    """:func:`check_tool_results`' state in ``ConversationMemo.scan``: the first
-    ``num_messages`` remembered messages make the calls ``call_ids``."""
-
-    num_messages: int
-    call_ids: set[str]
+    return ToolScan(len(messages), call_ids)
 
 
 @attrs.define(eq=False)
@@ -201,8 +210,8 @@ class ElementMemo:
     comparison per element (run in C) finds it, and no equality question (``1 == True``) arises.
     A projection may carry state from one element to the next (Responses items accumulate into
     one assistant message): reuse stops at the last *clean* boundary of the repeated run, after
-    which the projection starts from a fresh state. Kept on the Session's
-    :class:`~relaxtrio.forest.ConversationMemo` (its ``wire`` slot).
+    which the projection starts from a fresh state. Kept per Session by
+    :class:`~.session_memo.SessionMemo`.
 
     Attributes:
         raw: the previous request's elements.
@@ -217,13 +226,6 @@ class ElementMemo:
     clean: list[bool] = attrs.field(factory=list)
     messages: list[dict[str, Any]] = attrs.field(factory=list)
     sources: list[Source] = attrs.field(factory=list)
-
-    @classmethod
-    def of(cls, memo: ConversationMemo) -> ElementMemo:
-        """The element memo kept on ``memo`` (created on first use)."""
-        if not isinstance(memo.wire, cls):
-            memo.wire = cls()
-        return memo.wire
 
     def resume(self, elements: list[Any], proj: Projection) -> int:
         """Adds the previous projection of the longest repeated, clean leading run of

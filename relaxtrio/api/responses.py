@@ -57,7 +57,6 @@ from typing import Any, Final
 
 from .._errors import InvalidRequestError, RelaxError
 from .._validate import require_object
-from ..forest import ConversationMemo
 from ..nursery.turns import TurnRequest, TurnResult
 from .errors import openai_error_body
 from .fields import (
@@ -70,6 +69,7 @@ from .fields import (
 )
 from .options import check_responses_options, responses_item_type_error
 from .projection import ElementMemo, Projection, Source, call_source, check_tool_results
+from .session_memo import SessionMemo
 from .responses_tools import (
     custom_call_arguments,
     custom_call_item,
@@ -274,7 +274,7 @@ def _project_item(item: Any, index: int, proj: Projection, pending: _Assistant) 
         raise responses_item_type_error(kind, path)
 
 
-def parse_responses_request(body: Mapping[str, Any], memo: ConversationMemo | None = None) -> ParsedRequest:
+def parse_responses_request(body: Mapping[str, Any], memo: SessionMemo | None = None) -> ParsedRequest:
     """Normalizes a Responses body; never mutates or aliases it.
 
     ``memo``: the Session's memo of its previous request, or None (see :mod:`.chat`).
@@ -295,7 +295,7 @@ def parse_responses_request(body: Mapping[str, Any], memo: ConversationMemo | No
             raise InvalidRequestError("input must not be empty", param="input")
         proj.add_message({"role": "user", "content": raw_input}, Source("input", fields={".content": "input"}))
     elif isinstance(raw_input, list):
-        _project_items(raw_input, proj, None if memo is None else ElementMemo.of(memo))
+        _project_items(raw_input, proj, None if memo is None else memo.elements)
     else:
         raise InvalidRequestError("input is required and must be a string or list", param="input")
     custom_tools = project_responses_tools(body.get("tools"), proj)
@@ -307,7 +307,8 @@ def parse_responses_request(body: Mapping[str, Any], memo: ConversationMemo | No
         # With previous_response_id a client may send only the new items (relaxtrio keeps no
         # response state: their calls are not in the request), so only a self-contained input
         # is checked.
-        check_tool_results(proj.messages, lambda i: proj.sources[i].wire_param(".tool_call_id"), memo)
+        check = check_tool_results if memo is None else memo.check_tool_results
+        check(proj.messages, lambda i: proj.sources[i].wire_param(".tool_call_id"))
     turn = TurnRequest(
         conversation=conversation,
         max_new_tokens=optional_positive_int(body, "max_output_tokens"),

@@ -103,7 +103,7 @@ class BufferedSse(ResponseBody):
         self._nursery.start_soon(self._produce, send)
         return self
 
-    async def __aexit__(
+    async def __aexit__(  # type: ignore[override]  # quart's stub says None; a context manager may suppress
         self, exc_type: type[BaseException] | None, exc: BaseException | None, tb: TracebackType | None
     ) -> bool | None:
         """Stops the producer and the waiter (never the turn) and closes the channel.

@@ -17,8 +17,8 @@ import attrs
 import orjson
 
 from .._errors import RelaxError
-from ..forest import ConversationMemo
 from ..nursery.turns import TurnRequest, TurnResult
+from .session_memo import SessionMemo
 
 Protocol = Literal["chat", "responses", "messages"]
 
@@ -47,7 +47,7 @@ class ProtocolAdapter:
 
     Attributes:
         name: ``chat``, ``responses`` or ``messages`` (selects the error envelope).
-        parse: ``(request body, the Session's ConversationMemo or None)`` →
+        parse: ``(request body, the Session's memo or None)`` →
             :class:`ParsedRequest`; raises ``InvalidRequestError``.
         render_json: committed turn → the protocol's JSON response object.
         render_sse: committed turn → the complete terminal SSE sequence (bytes).
@@ -57,7 +57,7 @@ class ProtocolAdapter:
     """
 
     name: Protocol
-    parse: Callable[[Mapping[str, Any], ConversationMemo | None], ParsedRequest]
+    parse: Callable[[Mapping[str, Any], SessionMemo | None], ParsedRequest]
     render_json: Callable[[TurnResult, ParsedRequest], dict[str, Any]]
     render_sse: Callable[[TurnResult, ParsedRequest], bytes]
     render_sse_error: Callable[[RelaxError, ParsedRequest | None], bytes]

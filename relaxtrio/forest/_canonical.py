@@ -50,7 +50,7 @@ starts with the same path.
 from __future__ import annotations
 
 import hashlib
-from collections.abc import Sequence
+from collections.abc import Iterable, Sequence
 from typing import Any, Final
 
 import attrs
@@ -307,7 +307,8 @@ def canonical_template_kwargs(
     reserved = sorted(RESERVED_TEMPLATE_KWARGS.intersection(merged))
     if reserved:
         raise InvalidRequestError.at(param, f"cannot set reserved keys: {', '.join(reserved)}")
-    return _sorted_keys(copy_json(merged, param))
+    kwargs: dict[str, Any] = _sorted_keys(copy_json(merged, param))
+    return kwargs
 
 
 def _sorted_keys(value: Any) -> Any:
@@ -327,6 +328,10 @@ def _encode(value: Any, param: str) -> bytes:
         raise InvalidRequestError.at(param, f"must contain only JSON values ({exc})") from None
 
 
+def _dict_tuple(items: Iterable[dict[str, Any]]) -> tuple[dict[str, Any], ...]:
+    return tuple(items)
+
+
 @attrs.frozen
 class Conversation:
     """One canonical conversation state: messages plus the tools and template kwargs they use.
@@ -342,8 +347,8 @@ class Conversation:
         template_kwargs: canonical chat-template kwargs (keys sorted).
     """
 
-    messages: tuple[dict[str, Any], ...] = attrs.field(converter=tuple, eq=False)
-    tools: tuple[dict[str, Any], ...] = attrs.field(converter=tuple, eq=False, factory=tuple)
+    messages: tuple[dict[str, Any], ...] = attrs.field(converter=_dict_tuple, eq=False)
+    tools: tuple[dict[str, Any], ...] = attrs.field(converter=_dict_tuple, eq=False, factory=tuple)
     template_kwargs: dict[str, Any] = attrs.field(eq=False, factory=dict)
     # Serialized forms, computed once: ``[n]`` UTF-8 JSON per message and the constant tail
     # ``],"template_kwargs":K,"tools":T}`` that closes every prefix of this conversation.
@@ -351,7 +356,7 @@ class Conversation:
     _suffix: bytes = attrs.field(init=False, repr=False)
     # ``[n + 1]`` running hash states of the message prefixes (see :meth:`_prefix_states`), or
     # None until first asked for.
-    _states: tuple[Any, ...] | None = attrs.field(init=False, repr=False, eq=False)
+    _states: Sequence[Any] | None = attrs.field(init=False, repr=False, eq=False)
 
     def __attrs_post_init__(self) -> None:
         encoded = tuple(_encode(m, f"messages[{i}]") for i, m in enumerate(self.messages))
@@ -413,11 +418,11 @@ class Conversation:
     @classmethod
     def _from_canonical(
         cls,
-        messages: tuple[dict[str, Any], ...],
-        message_json: tuple[bytes, ...],
+        messages: Sequence[dict[str, Any]],
+        message_json: Sequence[bytes],
         tools: tuple[dict[str, Any], ...],
         template_kwargs: dict[str, Any],
-        states: tuple[Any, ...] | None = None,
+        states: Sequence[Any] | None = None,
     ) -> Conversation:
         """A conversation from parts that are canonical already, ``message_json[i]`` being the
         serialization of ``messages[i]`` (the memo of :mod:`._memo` has them) and ``states``,
@@ -439,7 +444,7 @@ class Conversation:
         return Conversation._from_canonical(self.messages, self._message_json, self.tools,
                                             template_kwargs, self._states)
 
-    def _prefix_states(self) -> tuple[Any, ...]:
+    def _prefix_states(self) -> Sequence[Any]:
         """``[n + 1]`` running SHA-256 states: entry ``k`` has been fed ``HASH_PREFIX`` and the
         JSON of the first ``k`` messages, comma-separated, so closing it with
         :func:`finish_hash` and this conversation's suffix gives the state hash of
@@ -451,7 +456,7 @@ class Conversation:
         return states
 
 
-def extend_prefix_states(states: tuple[Any, ...], message_json: Sequence[bytes]) -> tuple[Any, ...]:
+def extend_prefix_states(states: Sequence[Any], message_json: Sequence[bytes]) -> Sequence[Any]:
     """``states`` (prefix hash states of some messages, see :meth:`Conversation._prefix_states`)
     followed by the states after each message of ``message_json`` in turn.
 
@@ -474,7 +479,8 @@ def finish_hash(hasher: Any, suffix: bytes) -> str:
     """Closes a running hash with a subtree's constant tail; does not modify ``hasher``."""
     closed = hasher.copy()
     closed.update(suffix)
-    return closed.hexdigest()
+    digest: str = closed.hexdigest()
+    return digest
 
 
 def state_hash(conv: Conversation) -> str:

@@ -11,6 +11,7 @@ rollout logprobs are aligned with the ids (0.0 where the mask is 0).
 from __future__ import annotations
 
 import copy
+from collections.abc import Iterable, Mapping
 from typing import Any
 
 import attrs
@@ -19,11 +20,15 @@ from .._errors import ExportError, InvalidRequestError
 from ._canonical import Conversation, canonical_template_kwargs, state_hash
 from ._forest import SessionForest
 from ._json import copy_json
-from ._nodes import Node, ObservationNode, ResponseNode, SampleStatus, WeightSpan, _float_tuple, _int_tuple
+from ._nodes import Node, ObservationNode, ResponseNode, SampleStatus, WeightSpan, _float_tuple, _int_tuple, span_tuple
 from ._output import ExportRecord, Reward, SessionOutput
 from ._policy import ExportPolicy, select_leaves
 
 TRACE_KEY = "agentic_trace"
+
+
+def _any_tuple(items: Iterable[Any]) -> tuple[Any, ...]:
+    return tuple(items)
 
 
 @attrs.frozen
@@ -63,12 +68,12 @@ class TrainingSample:
     rollout_logprobs: tuple[float, ...] = attrs.field(converter=_float_tuple, hash=False)
     reward: Reward = attrs.field(hash=False)
     status: SampleStatus
-    weight_versions: tuple[WeightSpan, ...] = attrs.field(converter=tuple, hash=False)
+    weight_versions: tuple[WeightSpan, ...] = attrs.field(converter=span_tuple, hash=False)
     metadata: dict[str, Any] = attrs.field(hash=False)
     rollout_token_ids: tuple[int, ...] = attrs.field(
         default=attrs.Factory(lambda self: self.token_ids, takes_self=True), converter=_int_tuple, hash=False
     )
-    multimodal_inputs: tuple[Any, ...] = attrs.field(default=(), converter=tuple, hash=False)
+    multimodal_inputs: tuple[Any, ...] = attrs.field(default=(), converter=_any_tuple, hash=False)
     export_metadata: dict[str, Any] = attrs.field(factory=dict, hash=False)
 
     def __attrs_post_init__(self) -> None:
@@ -100,7 +105,7 @@ def export_samples(
     output: SessionOutput | None,
     *,
     dataset_metadata: dict[str, Any] | None = None,
-    server_template_kwargs: dict[str, Any] | None = None,
+    server_template_kwargs: Mapping[str, Any] | None = None,
     policy: ExportPolicy = "strict",
 ) -> list[TrainingSample]:
     """Turns a finished Session's output into training samples.
@@ -163,7 +168,8 @@ def export_samples(
     return samples
 
 
-def _record_node(forest: SessionForest, record: ExportRecord, server_template_kwargs: Any) -> Node:
+def _record_node(forest: SessionForest, record: ExportRecord,
+                 server_template_kwargs: Mapping[str, Any] | None) -> Node:
     try:
         kwargs = canonical_template_kwargs(record.template_kwargs, base=server_template_kwargs)
     except InvalidRequestError as exc:

@@ -7,8 +7,8 @@ before ``template_kwargs`` before ``tools``), so one running SHA-256 fed message
 copied and closed with the constant suffix, yields every prefix hash exactly as the naive
 re-hashing loop of docs/canonical-contract.md#prefix-matching defines it, in one pass over the
 request's bytes. The :class:`Conversation` keeps those running states (one per prefix length,
-computed once; the Session's :class:`ConversationMemo` extends the previous request's states by
-the new messages only), so matching closes states only at prefix lengths where this subtree
+computed once; a Session's :class:`~relaxtrio.forest._memo.ConversationMemo` extends the
+previous request's states by the new messages only), so matching closes states only at prefix lengths where this subtree
 family has committed nodes, longest first, and stops at the first hit: the answer that loop
 returns. A Session's next request hits at its previous response, so matching costs a couple of
 hash closes however long the history is.
@@ -17,15 +17,16 @@ hash closes however long the history is.
 from __future__ import annotations
 
 from itertools import chain
-from typing import Any, Final
+from typing import Any, Final, TypeVar
 
 from .._errors import ContextLengthExceededError, InternalError
 from ._canonical import Conversation, canonical_message, finish_hash
 from ._ids import LineageIds
 from ._json import dumps
-from ._memo import ConversationMemo
 from ._nodes import AnyNode, FinishReason, Match, Node, ObservationNode, ResponseNode, RootNode, _Subtree
 
+
+_N = TypeVar("_N", ObservationNode, ResponseNode)
 
 _LINEAGE_CACHE_SIZE: Final = 16  # lineages kept per forest (the turns in flight of one Session)
 # Rollout id sequences kept per forest: a Session's next prompt extends its last one, so a few
@@ -79,9 +80,6 @@ class SessionForest:
         self._rollout_ids: dict[str, LineageIds] = {}  # recent rollout id sequences, oldest first
         self.num_multimodal_observations = 0
         """Committed observation nodes with a media payload (none: no lineage has images)."""
-        self.memo = ConversationMemo()
-        """The previous request's canonical messages, so the next one (which repeats them)
-        canonicalizes only what is new (:class:`~relaxtrio.forest._memo.ConversationMemo`)."""
         self._response_order: dict[str, int] = {}  # response hash → when it was last answered
         self._answers = 0
 
@@ -161,6 +159,8 @@ class SessionForest:
         existing = self._existing(match.state_hash, ObservationNode)
         if existing is not None:
             return existing
+        tools: tuple[dict[str, Any], ...] | None = None
+        template_kwargs: dict[str, Any] | None = None
         if isinstance(parent, RootNode):
             subtree = _Subtree(match.state_hash, conv._suffix)
             tools, template_kwargs = conv.tools, conv.template_kwargs
@@ -171,7 +171,6 @@ class SessionForest:
                     f"tools or chat template kwargs changed inside session subtree {subtree.root_hash}",
                     session_id=self.session_id,
                 )
-            tools = template_kwargs = None
         token_ids = tuple(token_ids)
         total = parent.num_train_tokens + len(token_ids)
         if self.max_context_tokens is not None and total >= self.max_context_tokens:
@@ -242,9 +241,10 @@ class SessionForest:
             InternalError: the state exists as an observation node.
             ValueError: a broken invariant (lengths, finish reason, spans, foreign parent).
         """
-        parent = self._own(parent)
-        if isinstance(parent, RootNode):
+        owned = self._own(parent)
+        if isinstance(owned, RootNode):
             raise ValueError("a response needs an observation or response parent, not the technical root")
+        parent = owned
         canonical = canonical_message(message, param="message")
         if canonical["role"] != "assistant":
             raise ValueError(f"a response message must have role assistant, got {canonical['role']!r}")
@@ -304,9 +304,11 @@ class SessionForest:
             f"node {getattr(node, 'state_hash', node)!r} does not belong to session {self.session_id}"
         )
 
-    def _existing(self, state_hash: str, kind: type) -> Any:
+    def _existing(self, state_hash: str, kind: type[_N]) -> _N | None:
         existing = self._nodes.get(state_hash)
-        if existing is not None and not isinstance(existing, kind):
+        if existing is None:
+            return None
+        if not isinstance(existing, kind):
             raise InternalError(
                 f"State hash collision with mismatched kinds: {existing.kind} vs {kind.kind} ({state_hash})",
                 session_id=self.session_id,

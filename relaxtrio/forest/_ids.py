@@ -40,7 +40,7 @@ class LineageIds(SharedRun[int]):
 
     __slots__ = ()
 
-    def extended(self, ids: Iterable[int]) -> LineageIds:  # type: ignore[override]
+    def extended(self, ids: Iterable[int]) -> LineageIds:
         """These ids followed by ``ids``: O(len(ids)) when this is the buffer's longest view.
 
         Otherwise (a branch: a longer view of this buffer exists) this view's ids are copied into

@@ -2,7 +2,7 @@
 
 An agent sends turn ``n`` with the ``2n`` messages of the conversation so far; canonicalizing and
 serializing all of them on every request makes a long Session quadratic. A
-:class:`ConversationMemo` (one per Session, on its forest) keeps the previous request's raw
+:class:`ConversationMemo` (one per Session, kept by the API) keeps the previous request's raw
 messages with their canonical forms and JSON, and the :class:`Conversation` it built (with its
 prefix hash states, which :meth:`SessionForest.match` reads). The result always equals
 ``Conversation.from_wire`` on the same input, errors included (an invalid message is always a
@@ -75,7 +75,7 @@ def _same_json(a: Any, b: Any) -> bool:
     if type(a) is dict:
         return a.keys() == b.keys() and all(_same_json(v, b[k]) for k, v in a.items())
     if type(a) is list:
-        return len(a) == len(b) and all(_same_json(x, y) for x, y in zip(a, b))
+        return len(a) == len(b) and all(_same_json(x, y) for x, y in zip(a, b, strict=True))
     if type(a) is float:
         return repr(a) == repr(b)  # 0.0 == -0.0, but their JSON differs
     return bool(a == b)
@@ -104,7 +104,7 @@ def _canonical_items(messages: list[Any], start: int, param: str, *,
 def _placed_json(out: list[dict[str, Any]], items: list[_Item], first_index: int) -> tuple[bytes, ...]:
     """The JSON of placed messages ``out``: a non-system one's from its item, a (fresh) system
     one encoded here (``first_index`` is the position of ``out[0]`` in the conversation)."""
-    known = {id(canonical): enc for _, _, canonical, enc in items if canonical is not None}
+    known = {id(canonical): enc for _, _, canonical, enc in items if canonical is not None and enc is not None}
     return tuple(known[id(m)] if id(m) in known else _encode(m, f"messages[{first_index + i}]")
                  for i, m in enumerate(out))
 
@@ -125,16 +125,9 @@ class ConversationMemo:
         """Messages taken from the memo so far (for tests and benchmarks)."""
         self.num_extended = 0
         """Requests answered by the extension path (for tests and benchmarks)."""
-        self.wire: Any = None
-        """Opaque to the forest: the protocol layer's own memo of the previous request (how
-        its wire history projected onto messages)."""
         self.extended_from: int | None = None
         """After :meth:`conversation`: how many leading messages of that request repeated the
         remembered ones exactly (the extension path), or None when it took another path."""
-        self.scan: Any = None
-        """Opaque to the forest: the protocol layer's incremental scan of the remembered messages
-        (e.g. the tool call ids seen so far). Kept while requests extend the remembered
-        messages; :meth:`conversation` resets it to None whenever it replaces them otherwise."""
 
     def conversation(
         self,
@@ -226,7 +219,6 @@ class ConversationMemo:
                                             template_kwargs)
         conv._prefix_states()  # computed now, so the next extension only adds to them
         self.num_reused += same
-        self.scan = None  # the remembered messages are replaced, not extended
         self._raw, self._items = list(messages), new_items
         self._number_messages = [i for i, item in enumerate(new_items) if not item[0]]
         self._set_conversation(conv)

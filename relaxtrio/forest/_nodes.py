@@ -8,6 +8,7 @@ message prefix, so the hash of a child state costs O(size of the child's delta).
 
 from __future__ import annotations
 
+from collections.abc import Iterable
 from typing import Any, ClassVar, Literal
 
 import attrs
@@ -19,7 +20,7 @@ SampleStatus = Literal["completed", "truncated"]
 FINISH_REASONS: frozenset[str] = frozenset({"stop", "length", "tool_calls"})
 
 
-def _non_negative(instance: Any, attribute: attrs.Attribute, value: int) -> None:
+def _non_negative(instance: Any, attribute: attrs.Attribute[int], value: int) -> None:
     if value < 0:
         raise ValueError(f"{type(instance).__name__}.{attribute.name} must be >= 0, got {value}")
 
@@ -33,6 +34,11 @@ def _int_tuple(value: Any) -> tuple[int, ...]:
 
 def _float_tuple(value: Any) -> tuple[float, ...]:
     return tuple(float(v) for v in value)
+
+
+def span_tuple(spans: Iterable[WeightSpan]) -> tuple[WeightSpan, ...]:
+    """``tuple(spans)`` (a converter with a concrete type: attrs' plugin cannot infer ``tuple``'s)."""
+    return tuple(spans)
 
 
 @attrs.frozen
@@ -50,7 +56,7 @@ class WeightSpan:
     end: int = attrs.field()
 
     @end.validator
-    def _check_end(self, attribute: attrs.Attribute, value: int) -> None:
+    def _check_end(self, attribute: attrs.Attribute[int], value: int) -> None:
         if value < self.start:
             raise ValueError(f"WeightSpan.end must be >= start, got [{self.start}, {value})")
 
@@ -164,7 +170,7 @@ class ResponseNode:
     token_ids: tuple[int, ...] = attrs.field(converter=_int_tuple, hash=False)
     rollout_logprobs: tuple[float, ...] = attrs.field(converter=_float_tuple, hash=False)
     finish_reason: FinishReason
-    weight_versions: tuple[WeightSpan, ...] = attrs.field(converter=tuple, hash=False)
+    weight_versions: tuple[WeightSpan, ...] = attrs.field(converter=span_tuple, hash=False)
     abort_count: int = attrs.field(validator=_non_negative)
     request_id: str | None
     rollout_id: int | None

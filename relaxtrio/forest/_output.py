@@ -22,6 +22,7 @@ import copy
 import json
 import logging
 import math
+from collections.abc import Iterable
 from typing import Any
 
 import attrs
@@ -59,6 +60,10 @@ class ExportRecord:
     reward: Reward = attrs.field(hash=False, default=None)
 
 
+def _record_tuple(records: Iterable[ExportRecord]) -> tuple[ExportRecord, ...]:
+    return tuple(records)
+
+
 @attrs.frozen
 class SessionOutput:
     """The parsed agent output.
@@ -69,7 +74,7 @@ class SessionOutput:
         reward: Session-level reward for implicit export, or None.
     """
 
-    records: tuple[ExportRecord, ...] = attrs.field(default=(), converter=tuple)
+    records: tuple[ExportRecord, ...] = attrs.field(default=(), converter=_record_tuple)
     metadata: dict[str, Any] = attrs.field(factory=dict, hash=False)
     reward: Reward = attrs.field(default=None, hash=False)
 
@@ -192,7 +197,8 @@ def _reward(value: Any, what: str) -> Reward:
         raise ExportError(f"{what} must be null, number, or JSON object, got {type_name(value)}")
     if isinstance(value, dict):
         try:
-            return copy_json(value, "reward")
+            copied: dict[str, Any] = copy_json(value, "reward")
+            return copied
         except InvalidRequestError as exc:
             raise ExportError(f"{what}: {exc.message}", param=exc.param) from exc
     try:

@@ -90,7 +90,8 @@ def select_leaves(forest: SessionForest, policy: ExportPolicy = "strict") -> Lea
         return LeafSelection(contexts=tuple((f"leaf-{i}", leaf) for i, leaf in enumerate(candidates)))
     final = _final_response(forest)
     main_root = forest.subtree_root(final).state_hash
-    dropped, side = [], []
+    dropped: list[Node] = []
+    side: list[Node] = []
     for leaf in candidates:
         if any(node.state_hash == final.state_hash for node in forest.lineage(leaf)):
             continue  # the final response itself, or an observation that only follows it

@@ -454,8 +454,8 @@ class _PgidRecorder:
 
     session: Session
 
-    def started(self, pgid: int) -> None:
-        self.session.agent_pgid = pgid
+    def started(self, value: int | None = None) -> None:  # the pgid; trio.TaskStatus' signature
+        self.session.agent_pgid = value
         self.session._agent_started.set()
 
 

@@ -7,7 +7,8 @@ renders the :class:`TurnResult` back in the request's protocol.
 
 The handler never sees the Session itself: :class:`TurnContext` is everything a turn may read
 (the Session's id, position and forest, the rollout step) and call (the generation gate,
-in-flight tracking for partial rollout). This module imports nothing else of the nursery.
+in-flight tracking for partial rollout), and a token count reads only the Session's forest.
+This module imports nothing else of the nursery.
 """
 
 from __future__ import annotations
@@ -15,7 +16,7 @@ from __future__ import annotations
 import hashlib
 import json
 from contextlib import AbstractContextManager
-from typing import Literal, Protocol
+from typing import Any, Literal, Protocol
 
 import attrs
 
@@ -78,7 +79,7 @@ class TurnResult:
         logprobs: per generated token, when the request asked for them; else None.
     """
 
-    message: dict
+    message: dict[str, Any]
     finish_reason: FinishReason
     prompt_tokens: int
     completion_tokens: int
@@ -176,9 +177,10 @@ class TurnHandler(Protocol):
         """
         ...
 
-    async def count_tokens(self, session: Session, request: TurnRequest) -> int:
-        """Tokens of the prompt :meth:`complete` would generate from (the matched lineage plus
-        the rendered new observation); nothing is generated and nothing is committed.
+    async def count_tokens(self, forest: SessionForest, request: TurnRequest) -> int:
+        """Tokens of the prompt :meth:`complete` would generate from in the Session whose
+        forest is ``forest`` (the matched lineage plus the rendered new observation); nothing
+        is generated and nothing is committed (the forest is only read).
 
         Raises:
             InvalidRequestError: a client mistake (a message the template cannot render).

@@ -10,8 +10,8 @@ Partial rollout: when the engine answers ``finish_reason.type == "abort"`` (a pa
 request), the partial ids and logprobs are kept, the request waits for the Group's generation
 gate to reopen, and the next attempt sends lineage ids + partial ids with the remaining token
 budget. The agent's HTTP request stays open the whole time. The handler sees the Session only
-through its :class:`~relaxtrio.nursery.turns.TurnContext`: in-flight rids and aborts are recorded
-there, and the rollout step a response records is read from it at commit.
+through its :class:`~relaxtrio.nursery.turns.TurnContext` (a token count, only through its
+forest): in-flight rids and aborts are recorded there, and the rollout step a response records is read from it at commit.
 
 One turn is four steps: *attach* (match the request to the forest, commit the new observation;
 a retry of a request whose answer never reached its client gets that answer here, see
@@ -392,7 +392,7 @@ class EngineTurnHandler:
             logprobs=token_logprobs,
         )
 
-    async def count_tokens(self, session: Session, request: TurnRequest) -> int:
+    async def count_tokens(self, forest: SessionForest, request: TurnRequest) -> int:
         """Tokens of the prompt :meth:`complete` would generate from: the training ids of the
         matched lineage plus those of the rendered new observation (so equal to the
         ``prompt_tokens`` that turn would report). Nothing is generated, nothing is committed.
@@ -407,8 +407,8 @@ class EngineTurnHandler:
         conv = self._merge_kwargs(request.conversation)
         if not conv.messages:
             raise InvalidRequestError("messages projected to zero supported messages", param="messages")
-        match = session.forest.match(conv)
-        count = session.forest.train_token_count(match.parent)
+        match = forest.match(conv)
+        count = forest.train_token_count(match.parent)
         if match.delta:
             count += len((await self._render_observation(conv, match)).token_ids)
         return count

@@ -43,7 +43,7 @@ def test_a_growing_history_reuses_its_parsed_messages() -> None:
         messages = [*messages, {"role": "user", "content": f"u{turn}"}]
         got = _same(memo, _body(messages, stream=False))
         # The repeated messages are the previous body's objects, not copies.
-        assert all(a is b for a, b in zip(got["messages"], previous))
+        assert all(a is b for a, b in zip(got["messages"], previous, strict=False))
         previous = got["messages"]
         messages = [*messages, {"role": "assistant", "content": f"a{turn}"}]
     assert memo.num_reused == 2 + 4 + 6 + 8
@@ -134,9 +134,11 @@ def _messages_body(messages: list[Any]) -> bytes:
 def test_messages_requests_project_only_their_new_entries() -> None:
     from relaxtrio import InvalidRequestError
     from relaxtrio.api.messages import parse_messages_request
-    from relaxtrio.forest import ConversationMemo, state_hash
+    from relaxtrio.api.session_memo import SessionMemo
+    from relaxtrio.forest import state_hash
 
-    body_memo, memo = BodyMemo(_reject), ConversationMemo()
+    memo = SessionMemo(BodyMemo(_reject))
+    body_memo = memo.body
 
     def check(messages: list[Any]) -> None:
         raw = _messages_body(messages)
@@ -161,22 +163,24 @@ def test_messages_requests_project_only_their_new_entries() -> None:
         history = [*history[:-1], last, {"role": "assistant", "content": [tool_use]},
                    {"role": "user", "content": [{"type": "tool_result", "tool_use_id": f"c{turn}",
                                                  "content": "done"}, cached]}]
-        reused, extended = body_memo.num_reused, memo.num_extended
+        reused, extended = body_memo.num_reused, memo.canonical.num_extended
         check(history)  # the cache marker moved to the new last message
         assert body_memo.num_reused - reused == len(history) - 3  # all but the changed last one
-        assert memo.num_extended == extended + 1  # the projection of the rest is unchanged
+        assert memo.canonical.num_extended == extended + 1  # the projection of the rest is unchanged
     check([*history, {"role": "user", "content": []}])  # invalid: the same error
     check([*history, {"role": "system", "content": "late"}, {"role": "user", "content": "u"}])
     check([history[0], {"role": "assistant", "content": "changed"}, *history[2:]])
-    assert isinstance(memo.wire.raw, list) and len(memo.wire.raw) == len(history)
+    assert isinstance(memo.elements.raw, list) and len(memo.elements.raw) == len(history)
 
 
 def test_responses_requests_project_only_after_their_last_clean_item() -> None:
     from relaxtrio import InvalidRequestError
     from relaxtrio.api.responses import parse_responses_request
-    from relaxtrio.forest import ConversationMemo, state_hash
+    from relaxtrio.api.session_memo import SessionMemo
+    from relaxtrio.forest import state_hash
 
-    body_memo, memo = BodyMemo(_reject), ConversationMemo()
+    memo = SessionMemo(BodyMemo(_reject))
+    body_memo = memo.body
 
     def check(items: list[Any]) -> None:
         raw = json.dumps({"model": "codex", "instructions": "be brief", "input": items}).encode()
@@ -199,16 +203,16 @@ def test_responses_requests_project_only_after_their_last_clean_item() -> None:
         check(items)  # ends inside an assistant turn: its accumulated state is not reused
         items = [*items, call]
         check(items)
-        extended, projected = memo.num_extended, memo.wire.messages[0]
+        extended, projected = memo.canonical.num_extended, memo.elements.messages[0]
         items = [*items, {"type": "function_call_output", "call_id": f"c{turn}", "output": "ok"}]
         check(items)
-        assert memo.num_extended == extended + 1
-        assert memo.wire.messages[0] is projected  # taken from the memo, not projected again
+        assert memo.canonical.num_extended == extended + 1
+        assert memo.elements.messages[0] is projected  # taken from the memo, not projected again
     check([*items, {"type": "message", "role": "assistant", "content": []}])  # invalid: same error
     check([*items, {"type": "message", "role": "assistant", "content": [
         {"type": "output_text", "text": "done"}]}, {"type": "message", "role": "user", "content": "more"}])
     check(items[:3] + items[4:])  # an item removed
-    assert len(memo.wire.raw) == len(items) - 1
+    assert len(memo.elements.raw) == len(items) - 1
 
 
 def _utf8_body(messages: list[Any]) -> bytes:

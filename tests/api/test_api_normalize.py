@@ -18,7 +18,9 @@ from relaxtrio import InvalidRequestError
 from relaxtrio.api.chat import parse_chat_request
 from relaxtrio.api.messages import parse_messages_request
 from relaxtrio.api.responses import parse_responses_request
-from relaxtrio.forest import Conversation, ConversationMemo, state_hash
+from relaxtrio.api.body_memo import BodyMemo
+from relaxtrio.api.session_memo import SessionMemo
+from relaxtrio.forest import Conversation, state_hash
 
 PARSERS = {"chat": parse_chat_request, "responses": parse_responses_request, "messages": parse_messages_request}
 
@@ -547,10 +549,17 @@ def test_rejections_name_the_request_path(protocol: str, body: dict, param: str,
         assert text in info.value.message
 
 
+def _reject_constant(name: str) -> Any:
+    raise ValueError(f"{name} is not valid JSON")
+
+
+def _session_memo() -> SessionMemo:
+    return SessionMemo(BodyMemo(_reject_constant))
+
 def test_a_chat_tool_message_needs_its_tool_call_id_through_the_session_memo_too() -> None:
     """A refused request leaves the memo where it was, so resending it is refused again; the id
     stays optional where no protocol requires it (export records, dataset rows)."""
-    memo = ConversationMemo()
+    memo = _session_memo()
     parse_chat_request({"messages": _TOOL_TURN}, memo)
     unnamed = {"messages": [*_TOOL_TURN, {"role": "tool", "content": "18C"}]}
     for _ in range(2):
@@ -565,7 +574,7 @@ def test_a_chat_tool_message_needs_its_tool_call_id_through_the_session_memo_too
 def test_a_tool_result_answering_no_call_is_refused_through_the_session_memo_too() -> None:
     """The check covers the whole history, also when the Session's memo skips its repeated
     messages; a result answering a call made any number of messages earlier is accepted."""
-    memo = ConversationMemo()
+    memo = _session_memo()
     answered = [*_TOOL_TURN, {"role": "tool", "tool_call_id": "call_1", "content": "18C"},
                 {"role": "assistant", "content": "18C in Paris"}, {"role": "user", "content": "Again?"}]
     parse_chat_request({"messages": answered}, memo)
@@ -576,7 +585,7 @@ def test_a_tool_result_answering_no_call_is_refused_through_the_session_memo_too
         assert info.value.param == "messages[5].tool_call_id"
     late = {"messages": [*answered, {"role": "tool", "tool_call_id": "call_1", "content": "19C"}]}
     assert parse_chat_request(late, memo).turn.conversation.messages[-1]["tool_call_id"] == "call_1"
-    anthropic_memo = ConversationMemo()
+    anthropic_memo = _session_memo()
     history = [{"role": "user", "content": "x"},
                {"role": "assistant", "content": [{"type": "tool_use", "id": "t", "name": "f", "input": {}}]},
                {"role": "user", "content": [{"type": "tool_result", "tool_use_id": "t", "content": "ok"}]}]
@@ -591,31 +600,31 @@ def test_the_tool_result_check_scans_only_an_extension_and_never_a_replaced_hist
     """An extending request's call ids come from the memo's scan (only its new messages are
     read); a request that replaces the history is scanned whole, so a call id that only the
     replaced history made does not count."""
-    memo = ConversationMemo()
+    memo = _session_memo()
     answered = [*_TOOL_TURN, {"role": "tool", "tool_call_id": "call_1", "content": "18C"},
                 {"role": "assistant", "content": "18C in Paris"}, {"role": "user", "content": "Again?"}]
     parse_chat_request({"messages": answered}, memo)
-    assert memo.scan.num_messages == len(answered) and memo.scan.call_ids == {"call_1"}
+    assert memo.tool_scan.num_messages == len(answered) and memo.tool_scan.call_ids == {"call_1"}
     second = [*answered, {"role": "assistant", "content": "", "tool_calls": [
         {"id": "call_2", "type": "function", "function": {"name": "weather", "arguments": "{}"}}]},
         {"role": "tool", "tool_call_id": "call_2", "content": "19C"}]
     parse_chat_request({"messages": second}, memo)
-    assert memo.extended_from == len(answered)
-    assert memo.scan.num_messages == len(second) and memo.scan.call_ids == {"call_1", "call_2"}
+    assert memo.canonical.extended_from == len(answered)
+    assert memo.tool_scan.num_messages == len(second) and memo.tool_scan.call_ids == {"call_1", "call_2"}
     # A history that replaces the remembered one (another first user message): call_1 and call_2
     # are not calls of this request, whatever the memo scanned before.
     replaced = [{"role": "system", "content": "s"}, {"role": "user", "content": "Other city?"},
                 {"role": "tool", "tool_call_id": "call_2", "content": "19C"}]
     with pytest.raises(InvalidRequestError) as info:
         parse_chat_request({"messages": replaced}, memo)
-    assert info.value.param == "messages[2].tool_call_id" and memo.scan is None
+    assert info.value.param == "messages[2].tool_call_id" and memo.tool_scan is None
     parse_chat_request({"messages": replaced[:2]}, memo)
-    assert memo.extended_from is None and memo.scan.call_ids == set()
+    assert memo.canonical.extended_from is None and memo.tool_scan.call_ids == set()
     # Another protocol's request (no check) replacing the history drops the scan with it.
     parse_chat_request({"messages": answered}, memo)
     memo.conversation([*replaced[:2], {"role": "assistant", "content": "a"}, {"role": "user", "content": "b"},
                        {"role": "assistant", "content": "c"}])
-    assert memo.scan is None
+    assert memo.tool_scan is None
 
 
 def test_a_responses_function_call_output_must_answer_a_call_of_the_input() -> None:
@@ -630,7 +639,7 @@ def test_a_responses_function_call_output_must_answer_a_call_of_the_input() -> N
     with pytest.raises(InvalidRequestError) as info:
         parse_responses_request({"input": orphan})
     assert info.value.param == "input[1].call_id" and "'nope' answers no tool call" in info.value.message
-    memo = ConversationMemo()
+    memo = _session_memo()
     parse_responses_request({"input": answered}, memo)
     with pytest.raises(InvalidRequestError) as info:
         parse_responses_request({"input": [*answered, {"type": "function_call_output", "call_id": "c2",

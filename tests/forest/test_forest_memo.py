@@ -35,7 +35,7 @@ def _check(memo: ConversationMemo, messages: Any, tools: Any = None, kwargs: Any
 
 
 def test_a_growing_chat_reuses_its_history() -> None:
-    memo = SessionForest("s").memo
+    memo = ConversationMemo()
     messages: list[dict[str, Any]] = [{"role": "system", "content": "be brief"}]
     for turn in range(6):
         messages = [*messages, {"role": "user", "content": f"q{turn}"}]
@@ -115,7 +115,7 @@ def _grown(history: list[dict], reply: Any, text: str) -> list[dict]:
 
 def test_an_extended_request_canonicalizes_only_its_new_messages() -> None:
     forest = SessionForest("s")
-    memo, drive = forest.memo, Driver(forest)
+    memo, drive = ConversationMemo(), Driver(forest)
     history = [{"role": "system", "content": "be brief"}, {"role": "user", "content": "q0"}]
     reply = _session(memo, forest, drive, history)
     for turn in range(1, 6):
@@ -131,7 +131,7 @@ def test_an_extended_request_canonicalizes_only_its_new_messages() -> None:
 @pytest.mark.parametrize("change", ["edit", "remove", "call_id", "role", "late_system_end"])
 def test_a_changed_earlier_message_leaves_the_extension_path(change: str) -> None:
     forest = SessionForest("s")
-    memo, drive = forest.memo, Driver(forest)
+    memo, drive = ConversationMemo(), Driver(forest)
     call = {"id": "c1", "type": "function", "function": {"name": "f", "arguments": "{}"}}
     history = [{"role": "system", "content": "s"}, {"role": "user", "content": "q0"},
                {"role": "assistant", "content": "", "tool_calls": [call]},
@@ -217,7 +217,7 @@ _edit = st.sampled_from(["extend", "extend", "extend", "edit", "remove", "role",
 @given(st.lists(st.tuples(_edit, st.integers(0, 50)), min_size=1, max_size=12))
 def test_any_session_through_the_memo_matches_like_from_wire(steps: list[tuple[str, int]]) -> None:
     forest = SessionForest("p")
-    memo, drive = forest.memo, Driver(forest)
+    memo, drive = ConversationMemo(), Driver(forest)
     history: list[dict] = [{"role": "user", "content": "q"}]
     reply = _session(memo, forest, drive, history)
     for op, pick in steps:
