@@ -6,10 +6,11 @@ state is identified by the SHA-256 of its compact, key-sorted JSON. The rules
 (docs/canonical-contract.md#messages and the sections after it):
 
 * roles ``user``, ``assistant``, ``tool``, ``system``; every other role is rejected;
-* string content must be non-empty, except for ``tool`` messages and for assistants that carry
-  tool calls or non-empty ``reasoning_content``; ``None`` content only for such assistants (stored
-  as ``""``); an empty list is rejected; list items are kept verbatim (copied), only an empty
-  ``text`` item is rejected;
+* string content must be non-empty, except for assistants that carry tool calls or non-empty
+  ``reasoning_content``; ``None`` content only for such assistants (stored as ``""``); a ``tool``
+  message with ``None`` or ``""`` content is rejected with the advice to send a stable non-empty
+  value (:data:`EMPTY_TOOL_RESULT`; the contract's rule); an empty list is rejected; list items
+  are kept verbatim (copied), only an empty ``text`` item is rejected;
 * kept keys: ``role``, ``content``, ``reasoning_content`` (only when a non-empty string),
   ``tool_calls`` (assistant only, when non-empty), ``tool_call_id`` (tool only, when present,
   non-empty string; ``require_tool_call_id`` makes it required, as Chat Completions does); all
@@ -62,6 +63,9 @@ from ._shared import grown
 
 ROLES: Final = frozenset({"assistant", "system", "tool", "user"})
 RESERVED_TEMPLATE_KWARGS: Final = frozenset({"add_generation_prompt", "tokenize", "tools"})
+
+EMPTY_TOOL_RESULT: Final = ('must not be empty: represent a tool result of None or "" with a stable '
+                             'non-empty value (the same text every time, e.g. "(no output)")')
 
 HASH_PREFIX: Final = b'{"messages":['
 """Start of the serialized state: with sorted keys ``messages`` comes first."""
@@ -172,19 +176,18 @@ def _canonical_message(message: Any, where: str, system_chunks: list[str], *,
     elif role == "tool" and require_tool_call_id:
         raise InvalidRequestError.at(f"{where}.tool_call_id",
                                      "is required (the id of the assistant tool call it answers)")
+    if role == "tool" and message.get("content") in (None, ""):
+        raise InvalidRequestError.at(f"{where}.content", EMPTY_TOOL_RESULT)
     if "content" not in message and not empty_content_ok:
         raise InvalidRequestError(f"{where} must include content", param=f"{where}.content")
     content = message.get("content")
-    if content is None:
+    if content is None or content == "":
         if not empty_content_ok:
             raise InvalidRequestError.at(f"{where}.content", "must not be empty")
         content = ""
-    elif isinstance(content, str):
-        if not content and role != "tool" and not empty_content_ok:
-            raise InvalidRequestError.at(f"{where}.content", "must not be empty")
     elif isinstance(content, (list, tuple)):
         content = _canonical_parts(content, f"{where}.content")
-    else:
+    elif not isinstance(content, str):
         raise InvalidRequestError.at(
             f"{where}.content", f"must be a list, string, or None, got {type_name(content)}"
         )

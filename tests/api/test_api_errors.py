@@ -284,3 +284,54 @@ def test_envelope_table() -> None:
     assert not should_retry(aborted, "chat") and not should_retry(aborted, "messages")
     response = error_response(BackendError("boom"), "messages")
     assert response.status_code == 500 and response.headers["x-should-retry"] == "false"
+
+
+_CALL = {"id": "c1", "type": "function", "function": {"name": "f", "arguments": "{}"}}
+_TOOL_USE = {"role": "assistant", "content": [{"type": "tool_use", "id": "c1", "name": "f", "input": {}}]}
+_CALL_ITEM = {"type": "function_call", "call_id": "c1", "name": "f", "arguments": "{}"}
+# A tool result with no content, in each protocol's own shape: (protocol, body, param).
+EMPTY_TOOL_RESULTS = [
+    ("chat", {"messages": [{"role": "user", "content": "x"}, {"role": "assistant", "content": None,
+                                                             "tool_calls": [_CALL]},
+                           {"role": "tool", "tool_call_id": "c1", "content": ""}]}, "messages[2].content"),
+    ("chat", {"messages": [{"role": "user", "content": "x"}, {"role": "assistant", "content": None,
+                                                             "tool_calls": [_CALL]},
+                           {"role": "tool", "tool_call_id": "c1", "content": None}]}, "messages[2].content"),
+    ("responses", {"input": [{"role": "user", "content": "x"}, _CALL_ITEM,
+                             {"type": "function_call_output", "call_id": "c1", "output": ""}]}, "input[2].output"),
+    ("messages", {"max_tokens": 5, "messages": [
+        {"role": "user", "content": "x"}, _TOOL_USE,
+        {"role": "user", "content": [{"type": "tool_result", "tool_use_id": "c1", "content": ""}]}]},
+     "messages[2].content[0].content"),
+    ("messages", {"max_tokens": 5, "messages": [  # content left out: the API's default is ""
+        {"role": "user", "content": "x"}, _TOOL_USE,
+        {"role": "user", "content": [{"type": "tool_result", "tool_use_id": "c1"}]}]},
+     "messages[2].content[0].content"),
+]
+
+
+@pytest.mark.parametrize("stream", [False, True])
+@pytest.mark.parametrize(("protocol", "body", "param"), EMPTY_TOOL_RESULTS)
+async def test_an_empty_tool_result_is_400_with_the_advice(protocol: str, body: dict, param: str, stream: bool,
+                                                           registry: SessionRegistry) -> None:
+    """The contract requires non-empty tool content (a None or "" result is sent as a stable
+    non-empty value); an empty one is refused naming the field, on all three protocols, and
+    nothing is generated. Once the agent sends a value, the same history is served."""
+    handler = ScriptedHandler()
+    app = create_app(registry, handler)
+    async with open_session(registry) as session:
+        status, answer, _ = await post(app, ENDPOINTS[protocol], {**body, "stream": stream},
+                                       token=session.session_id)
+        assert status == 400 and _kind(protocol, answer) == "invalid_request_error"
+        message = answer["error"]["message"]
+        assert message.startswith(f"{param} must not be empty"), message
+        assert "stable non-empty value" in message
+        if protocol != "messages":
+            assert answer["error"]["param"] == param
+        assert handler.requests == []
+        fixed = json.loads(json.dumps(body).replace('"content": ""', '"content": "(no output)"')
+                           .replace('"content": null', '"content": "(no output)"')
+                           .replace('"output": ""', '"output": "(no output)"')
+                           .replace('"tool_use_id": "c1"}', '"tool_use_id": "c1", "content": "(no output)"}'))
+        status, answer, _ = await post(app, ENDPOINTS[protocol], fixed, token=session.session_id)
+        assert status == 200, answer

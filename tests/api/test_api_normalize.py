@@ -141,7 +141,7 @@ GOLDEN: dict[str, tuple[dict, dict[str, dict]]] = {
         {"messages": [{"role": "user", "content": "Weather?"},
                       {"role": "assistant", "content": "Checking.", "reasoning_content": "Need a tool.\n\nParis.",
                        "tool_calls": [CALL]},
-                      {"role": "tool", "tool_call_id": "call_1", "content": ""},
+                      {"role": "tool", "tool_call_id": "call_1", "content": "(none)"},
                       {"role": "assistant", "content": "", "reasoning_content": "Done."}],
          "tools": [], "template_kwargs": {"enable_thinking": True}},
         {
@@ -149,7 +149,7 @@ GOLDEN: dict[str, tuple[dict, dict[str, dict]]] = {
                 {"role": "user", "content": "Weather?"},
                 {"role": "assistant", "content": "Checking.", "reasoning_content": "Need a tool.\n\nParis.",
                  "tool_calls": [CALL]},
-                {"role": "tool", "tool_call_id": "call_1", "content": ""},
+                {"role": "tool", "tool_call_id": "call_1", "content": "(none)"},
                 {"role": "assistant", "content": None, "reasoning_content": "Done."}],
                 "chat_template_kwargs": {"enable_thinking": True}},
             "responses": {"input": [
@@ -158,7 +158,7 @@ GOLDEN: dict[str, tuple[dict, dict[str, dict]]] = {
                                                                 {"type": "summary_text", "text": "Paris."}]},
                 {"type": "message", "role": "assistant", "content": [{"type": "output_text", "text": "Checking."}]},
                 {"type": "function_call", "call_id": "call_1", "name": "get_weather", "arguments": '{"city":"Paris"}'},
-                {"type": "function_call_output", "call_id": "call_1", "output": ""},
+                {"type": "function_call_output", "call_id": "call_1", "output": "(none)"},
                 {"type": "reasoning", "summary": [], "content": [{"type": "reasoning_text", "text": "Done."}]}],
                 "reasoning": {"effort": "high", "summary": "auto"}},
             "messages": _anthropic(
@@ -168,7 +168,7 @@ GOLDEN: dict[str, tuple[dict, dict[str, dict]]] = {
                      {"type": "thinking", "thinking": "Paris.", "signature": "sig_b"},
                      {"type": "text", "text": "Checking."},
                      {"type": "tool_use", "id": "call_1", "name": "get_weather", "input": {"city": "Paris"}}]},
-                 {"role": "user", "content": [{"type": "tool_result", "tool_use_id": "call_1"}]},
+                 {"role": "user", "content": [{"type": "tool_result", "tool_use_id": "call_1", "content": "(none)"}]},
                  {"role": "assistant", "content": [{"type": "thinking", "thinking": "Done.", "signature": "s"}]}],
                 thinking={"type": "enabled", "budget_tokens": 1024}),
         },
@@ -202,7 +202,7 @@ GOLDEN: dict[str, tuple[dict, dict[str, dict]]] = {
 EXPECTED_HASHES = {  # pinned: a change here changes every Session's state identity
     "images": "2fad0b2795afa0b1505841aea56bcee1ac823d92ec382d88e15e0d950ee923e1",
     "late_system": "74937e5ddf5d57cf81ebee745e7765154642b2bc915bff783a811f6e1d79a3b3",
-    "reasoning_text_and_call": "683b893a270f7d66a707bed41c5ad4a4b60d628f2eab555d34fa4edfb79cb31c",
+    "reasoning_text_and_call": "3445e7afe12795ecfbc209978209a30f1fdcd1268e7ea66983c22f03c4a8ecd4",
     "text_blocks": "0238d165dc1182a0dc76302d5526316c244a5d6ad8eeaeb10810c6133e6c9265",
     "text_only": "2f5bbe21d67be9530f4af01a6773884a746c946f315ac159e510f74350128583",
     "tool_round_trip": "c35d8e27c60e956488a743425904581b713b58aaa81fd875b6523622ce4236f4",
@@ -364,13 +364,14 @@ REJECTED = [
     ("chat", {"messages": [{"role": "system", "content": "s"}, {"role": "user", "content": "Weather?"},
                            {"role": "tool", "tool_call_id": "call_1", "content": "18C"}, _TOOL_TURN[1]]},
      "messages[2].tool_call_id", "'call_1' answers no tool call"),  # the call comes after it
-    ("messages", _anthropic([{"role": "user", "content": [{"type": "tool_result", "tool_use_id": "t"}]}],
+    ("messages", _anthropic([{"role": "user", "content": [{"type": "tool_result", "tool_use_id": "t",
+                                                             "content": "ok"}]}],
                             system="s"),
      "messages[0].content[0].tool_use_id", "'t' answers no tool call of an earlier assistant message"),
     ("messages", _anthropic([{"role": "user", "content": "x"}, {"role": "assistant", "content": [
         {"type": "tool_use", "id": "t", "name": "f", "input": {}}]}, {"role": "user", "content": [
-        {"type": "tool_result", "tool_use_id": "t"}, {"type": "text", "text": "and"},
-        {"type": "tool_result", "tool_use_id": "u"}]}]),
+        {"type": "tool_result", "tool_use_id": "t", "content": "a"}, {"type": "text", "text": "and"},
+        {"type": "tool_result", "tool_use_id": "u", "content": "b"}]}]),
      "messages[2].content[2].tool_use_id", "'u' answers no tool call"),
     ("chat", {"messages": []}, "messages", "messages projected to zero supported messages"),
     ("chat", {}, "messages", "messages is required and must be a list"),
@@ -592,7 +593,8 @@ def test_a_tool_result_answering_no_call_is_refused_through_the_session_memo_too
     parse_messages_request(_anthropic(history), anthropic_memo)
     with pytest.raises(InvalidRequestError) as info:
         parse_messages_request(_anthropic([*history, {"role": "assistant", "content": "done"}, {
-            "role": "user", "content": [{"type": "tool_result", "tool_use_id": "v"}]}]), anthropic_memo)
+            "role": "user", "content": [{"type": "tool_result", "tool_use_id": "v", "content": "ok"}]}]),
+            anthropic_memo)
     assert info.value.param == "messages[4].content[0].tool_use_id"
 
 

@@ -41,7 +41,7 @@ def test_roles_content_and_kept_keys() -> None:
             "annotations": [],
             "tool_calls": [tool_call("c1", "search", '{"q": "x"}')],
         },
-        {"role": "tool", "tool_call_id": "c1", "content": "", "name": "search"},
+        {"role": "tool", "tool_call_id": "c1", "content": "(no output)", "name": "search"},
         {"role": "assistant", "content": "done", "reasoning_content": ""},
         {
             "role": "user",
@@ -61,7 +61,7 @@ def test_roles_content_and_kept_keys() -> None:
                 {"id": "c1", "type": "function", "function": {"name": "search", "arguments": '{"q":"x"}'}}
             ],
         },
-        {"role": "tool", "content": "", "tool_call_id": "c1"},
+        {"role": "tool", "content": "(no output)", "tool_call_id": "c1"},
         {"role": "assistant", "content": "done"},
         {"role": "user", "content": "thanks", "reasoning_content": "r"},
     )

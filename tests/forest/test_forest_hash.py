@@ -244,7 +244,7 @@ _wire_message = st.one_of(
         st.just("") | _text,
         st.dictionaries(_text, _json, max_size=3),
     ),
-    st.builds(lambda c: {"role": "tool", "tool_call_id": "c1", "content": c}, st.just("") | _text),
+    st.builds(lambda c: {"role": "tool", "tool_call_id": "c1", "content": c}, _text),
     st.builds(
         lambda parts: {"role": "user", "content": [{"type": "text", "text": t} for t in parts]},
         st.lists(_text, min_size=1, max_size=3),
