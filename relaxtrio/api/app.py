@@ -66,6 +66,7 @@ from .errors import (
     error_response,
     log_rejected,
 )
+from .ignored import report_ignored
 from .messages import MESSAGES, parse_count_tokens_request
 from .responses import RESPONSES
 from .session_memo import SessionMemos
@@ -175,6 +176,7 @@ async def _model_response(state: _ApiState, adapter: ProtocolAdapter, call: Mode
         parsed = adapter.parse(body, memo)
     except RecursionError:
         raise InvalidRequestError("Invalid request body: nested too deeply", param="body") from None
+    report_ignored(session, parsed.ignored, protocol=adapter.name, strict=state.config.strict_request_fields)
     if parsed.stream:
         pending = session.start_turn(state.handler, parsed.turn)
         # Errors known before generation (context length, a message the template cannot
@@ -213,7 +215,10 @@ async def _count_tokens_response(state: _ApiState, adapter: ProtocolAdapter, cal
     progress.session_id = session.session_id
     body = await _read_json_object(call)
     progress.body_read = True
-    num_tokens = await state.handler.count_tokens(session.forest, parse_count_tokens_request(body))
+    turn, dropped_tools = parse_count_tokens_request(body)
+    if state.config.strict_request_fields and dropped_tools:  # as a model request would be refused
+        raise dropped_tools[0].error()
+    num_tokens = await state.handler.count_tokens(session.forest, turn)
     return JsonReply(encode_json({"input_tokens": num_tokens}))
 
 

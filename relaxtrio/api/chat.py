@@ -54,7 +54,7 @@ def parse_chat_request(body: Mapping[str, Any], memo: SessionMemo | None = None)
         InvalidRequestError: any invalid field, with ``param`` set to its path
             (``messages[3].content``, ``max_tokens``, ``chat_template_kwargs``...).
     """
-    check_chat_options(body)
+    ignored = check_chat_options(body)
     if body.get("messages") is None:  # the API requires it; "projected to zero" would mislead
         raise InvalidRequestError("messages is required and must be a list", param="messages")
     build = Conversation.from_wire if memo is None else memo.conversation
@@ -74,7 +74,8 @@ def parse_chat_request(body: Mapping[str, Any], memo: SessionMemo | None = None)
         logprobs=optional_bool(body, "logprobs"),
         protocol="chat",
     )
-    return ParsedRequest(turn=turn, model=optional_str(body, "model"), stream=optional_bool(body, "stream"))
+    return ParsedRequest(turn=turn, model=optional_str(body, "model"), stream=optional_bool(body, "stream"),
+                         ignored=ignored)
 
 
 def chat_message(result: TurnResult) -> dict[str, Any]:

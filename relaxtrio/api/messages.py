@@ -56,7 +56,7 @@ from .fields import (
     stop_strings,
     thinking_switch,
 )
-from .options import check_messages_options
+from .options import IgnoredField, anthropic_server_tool, check_messages_options
 from .projection import ElementMemo, Projection, Source, call_source, check_tool_results, project_flat_tools
 from .session_memo import SessionMemo
 from .wire import ParsedRequest, ProtocolAdapter, dumps, new_id, sse_event
@@ -272,12 +272,14 @@ def _system_entry(content: Any, path: str, proj: Projection) -> None:
 
 def _project_tools(tools: Any, proj: Projection) -> None:
     project_flat_tools(tools, proj, function_types=CUSTOM_TOOL_TYPES, schema_key="input_schema",
-                       schema_required=True, other_types_hint=OTHER_TOOL_TYPES_HINT)
+                       schema_required=True, other_types_hint=OTHER_TOOL_TYPES_HINT,
+                       server_tool=anthropic_server_tool)
 
 
-def _conversation(body: Mapping[str, Any], memo: SessionMemo | None = None) -> Conversation:
+def _conversation(body: Mapping[str, Any],
+                  memo: SessionMemo | None = None) -> tuple[Conversation, tuple[IgnoredField, ...]]:
     """``system``, ``messages``, ``tools`` and ``thinking`` of a Messages body, canonical
-    (through the Session's ``memo`` when given; see :mod:`.chat`)."""
+    (through the Session's ``memo`` when given; see :mod:`.chat`), and the server tools left out."""
     proj = Projection(messages_field="messages")
     system = body.get("system")
     if system is not None:
@@ -291,7 +293,7 @@ def _conversation(body: Mapping[str, Any], memo: SessionMemo | None = None) -> C
     conversation = proj.conversation(thinking_switch(kind, "thinking.type", THINKING_TYPES, off="disabled"), memo)
     check = check_tool_results if memo is None else memo.check_tool_results
     check(proj.messages, lambda i: proj.sources[i].wire_param(".tool_call_id"))
-    return conversation
+    return conversation, tuple(proj.ignored)
 
 
 def parse_messages_request(body: Mapping[str, Any], memo: SessionMemo | None = None) -> ParsedRequest:
@@ -302,28 +304,31 @@ def parse_messages_request(body: Mapping[str, Any], memo: SessionMemo | None = N
     Raises:
         InvalidRequestError: any invalid field, with ``param`` set to its request path.
     """
-    check_messages_options(body)
-    conversation = _conversation(body, memo)
+    ignored = check_messages_options(body)
+    conversation, dropped_tools = _conversation(body, memo)
     turn = TurnRequest(
         conversation=conversation,
         max_new_tokens=required_positive_int(body, "max_tokens"),
         stop=stop_strings(body, "stop_sequences", allow_string=False),
         protocol="messages",
     )
-    return ParsedRequest(turn=turn, model=optional_str(body, "model"), stream=optional_bool(body, "stream"))
+    return ParsedRequest(turn=turn, model=optional_str(body, "model"), stream=optional_bool(body, "stream"),
+                         ignored=(*ignored, *dropped_tools))
 
 
-def parse_count_tokens_request(body: Mapping[str, Any]) -> TurnRequest:
+def parse_count_tokens_request(body: Mapping[str, Any]) -> tuple[TurnRequest, tuple[IgnoredField, ...]]:
     """Normalizes a ``POST /v1/messages/count_tokens`` body
     (https://docs.anthropic.com/en/api/messages-count-tokens): the conversation fields of a
     Messages request (``model``, ``system``, ``messages``, ``tools``, ``thinking``); there is no
     ``max_tokens``, and fields that do not shape the prompt (``tool_choice``) are ignored.
+    Returns the turn and the server tools left out of its prompt (as for a model request).
 
     Raises:
         InvalidRequestError: any invalid field, with ``param`` set to its request path.
     """
     optional_str(body, "model")
-    return TurnRequest(conversation=_conversation(body), protocol="messages")
+    conversation, dropped_tools = _conversation(body)
+    return TurnRequest(conversation=conversation, protocol="messages"), dropped_tools
 
 
 def content_blocks(result: TurnResult) -> list[dict[str, Any]]:

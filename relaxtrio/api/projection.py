@@ -23,6 +23,7 @@ from .._errors import InvalidRequestError
 from .._validate import require_list, require_object
 from ..forest import Conversation
 from .fields import non_empty_str
+from .options import IgnoredField
 
 _MESSAGE_PARAM: Final = re.compile(r"messages\[(\d+)\](.*)", re.DOTALL)
 _TOOL_PARAM: Final = re.compile(r"tools\[(\d+)\](.*)", re.DOTALL)
@@ -96,6 +97,7 @@ class Projection:
         sources: ``sources[i]`` is where ``messages[i]`` came from.
         tools: Chat-shaped function tools.
         tool_sources: wire path of each tool.
+        ignored: tools left out of the prompt (provider-side tools the model cannot call here).
     """
 
     messages_field: str
@@ -103,6 +105,7 @@ class Projection:
     sources: list[Source] = attrs.field(factory=list)
     tools: list[dict[str, Any]] = attrs.field(factory=list)
     tool_sources: list[str] = attrs.field(factory=list)
+    ignored: list[IgnoredField] = attrs.field(factory=list)
 
     def add_message(self, message: dict[str, Any], source: Source) -> None:
         """Appends a projected message."""
@@ -277,11 +280,13 @@ def project_flat_tools(
     schema_key: str,
     schema_required: bool,
     other_types_hint: str,
+    server_tool: Callable[[Any, str, str], IgnoredField | None] | None = None,
 ) -> None:
     """Projects flat tool definitions (the Anthropic shape) into canonical tools.
 
-    No entry is skipped: a tool the model could not call through relaxtrio would otherwise be
-    missing from the prompt while the agent believes it offered it.
+    Only tools that run on the provider's side are skipped (``server_tool`` says which; each is
+    added to ``proj.ignored``): a client tool the model could not be shown would be missing from
+    the prompt while the agent believes it offered it, so it is refused.
 
     Args:
         tools: the request's ``tools`` value.
@@ -290,6 +295,8 @@ def project_flat_tools(
         schema_key: where the JSON schema lives (``parameters`` or ``input_schema``).
         schema_required: whether the schema must be present.
         other_types_hint: what the 400 for any other ``type`` tells the client to do.
+        server_tool: ``(type, path, hint)`` → the report of a provider-side tool to leave
+            out, or None for a type that is refused.
 
     Raises:
         InvalidRequestError: not a list, an entry that is not an object, a ``type`` outside
@@ -304,6 +311,10 @@ def project_flat_tools(
         require_object(tool, path)
         kind = tool.get("type")
         if kind not in function_types:
+            server = None if server_tool is None else server_tool(kind, path, other_types_hint)
+            if server is not None:
+                proj.ignored.append(server)
+                continue
             raise InvalidRequestError(f"{path}.type {kind!r} is not supported: {other_types_hint}",
                                       param=f"{path}.type")
         name = non_empty_str(tool.get("name"), f"{path}.name")

@@ -282,7 +282,7 @@ def parse_responses_request(body: Mapping[str, Any], memo: SessionMemo | None = 
     Raises:
         InvalidRequestError: any invalid field, with ``param`` set to its request path.
     """
-    check_responses_options(body)
+    ignored = check_responses_options(body)
     proj = Projection(messages_field="input")
     instructions = body.get("instructions")
     if instructions is not None:
@@ -315,7 +315,7 @@ def parse_responses_request(body: Mapping[str, Any], memo: SessionMemo | None = 
         protocol="responses",
     )
     return ParsedRequest(turn=turn, model=optional_str(body, "model"), stream=optional_bool(body, "stream"),
-                         custom_tools=custom_tools)
+                         custom_tools=custom_tools, ignored=(*ignored, *proj.ignored))
 
 
 def output_items(result: TurnResult, custom_tools: frozenset[str] = frozenset()) -> list[dict[str, Any]]:

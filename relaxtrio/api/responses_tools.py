@@ -17,22 +17,22 @@ Projection (docs/agent-contract.md#responses-tools):
   it would train the agent without those tools (switch the harness feature off instead);
 * hosted tools the server itself would run (``web_search``, ``file_search``, ``local_shell``,
   ``computer_use_preview``, ``image_generation``, ``code_interpreter``, ``mcp``, ...) are not
-  tools the model can call here: they are left out, and each is logged once per request.
+  tools the model can call here: they are left out and reported in ``Projection.ignored``
+  (logged once per Session and counted, docs/agent-contract.md#ignored-request-fields; also
+  under ``--agentic-strict-request-fields``, which never refused them).
 """
 
 from __future__ import annotations
 
 import json
-import logging
 from collections.abc import Mapping
 from typing import Any, Final
 
 from .._errors import InvalidRequestError
 from .._validate import require_list, require_object
 from .fields import non_empty_str
+from .options import IgnoredField
 from .projection import Projection
-
-log = logging.getLogger(__name__)
 
 CUSTOM_INPUT_KEY: Final = "input"
 """The one argument a projected custom tool takes: the raw freeform text."""
@@ -77,7 +77,6 @@ def project_responses_tools(tools: Any, proj: Projection) -> frozenset[str]:
         return frozenset()
     require_list(tools, "tools")
     custom: set[str] = set()
-    hosted: list[str] = []
     for index, tool in enumerate(tools):
         path = f"tools[{index}]"
         require_object(tool, path)
@@ -100,11 +99,10 @@ def project_responses_tools(tools: Any, proj: Projection) -> frozenset[str]:
             raise InvalidRequestError(
                 f"{path} is a namespace tool ({name!r}); relaxtrio serves function and custom tools only "
                 "(turn the harness feature that sends it off)", param=path)
-        else:
-            hosted.append(f"{path} ({kind})")
-    if hosted:
-        log.warning("responses request: hosted tools left out (the model cannot call them here): %s",
-                    ", ".join(hosted))
+        else:  # hosted: run by OpenAI's servers, never by the agent; left out in either mode
+            proj.ignored.append(IgnoredField(
+                param=path, key=f"tools:{kind}", dropped=True, refused_when_strict=False,
+                message=f"{path} ({kind}) is a hosted tool: the model cannot call it here; left out"))
     return frozenset(custom)
 
 

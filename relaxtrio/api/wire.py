@@ -18,6 +18,7 @@ import orjson
 
 from .._errors import RelaxError
 from ..nursery.turns import TurnRequest, TurnResult
+from .options import IgnoredField
 from .session_memo import SessionMemo
 
 Protocol = Literal["chat", "responses", "messages"]
@@ -33,12 +34,15 @@ class ParsedRequest:
         stream: whether Buffered SSE was asked for (``stream: true``).
         custom_tools: names of the request's freeform (Responses ``custom``) tools; their calls
             are rendered as ``custom_tool_call`` items.
+        ignored: options of the request that do not alter generation (:mod:`.options`); the
+            app reports them, or refuses the first under ``--agentic-strict-request-fields``.
     """
 
     turn: TurnRequest
     model: str | None = None
     stream: bool = False
     custom_tools: frozenset[str] = frozenset()
+    ignored: tuple[IgnoredField, ...] = ()
 
 
 @attrs.frozen(kw_only=True)

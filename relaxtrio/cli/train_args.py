@@ -23,6 +23,7 @@ from .._validate import is_real
 from ..chat.parsers import REASONING_PARSERS, TOOL_CALL_PARSERS
 from ..config import (
     AgentConfig,
+    ApiConfig,
     GenerationConfig,
     RolloutConfig,
 )
@@ -132,6 +133,10 @@ def add_train_parser(sub: argparse._SubParsersAction, name: str = "train") -> ar
                       help="implicit export of a Session whose requests branched: strict (one leaf, else "
                            "the Group is dropped), final (the lineage of the last response; other leaves "
                            "logged and counted), all-leaves (every leaf a context; needs custom advantage)")
+    roll.add_argument("--agentic-strict-request-fields", action="store_true",
+                      help="refuse (400) request options that do not alter generation (n > 1, a forced "
+                           "tool_choice, a response schema, server tools, ...) instead of ignoring and "
+                           "counting them")
 
     add_reward_flags(p)
 
@@ -516,6 +521,7 @@ def train_config(args: argparse.Namespace) -> Any:
                 args.partial_rollout_max_aborted_count if args.partial_rollout else None),
         ),
         agent=agent,
+        api=ApiConfig(strict_request_fields=args.agentic_strict_request_fields),
         train=train,
         hf_checkpoint=args.hf_checkpoint,
         fleet=FleetConfig(

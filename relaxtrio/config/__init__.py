@@ -174,11 +174,16 @@ class ApiConfig:
         max_body_bytes: largest accepted request body in bytes; larger bodies get a 413 in the
             protocol's JSON envelope.
         model_name: the id listed by ``/v1/models`` (requests' ``model`` is only echoed).
+        strict_request_fields: refuse with a 400 the request options that do not alter
+            generation (``n`` above 1, a forced ``tool_choice``, a schema, server tools, ...)
+            instead of ignoring and counting them (``--agentic-strict-request-fields``;
+            docs/agent-contract.md#ignored-request-fields).
     """
 
     heartbeat_s: float = attrs.field(default=DEFAULT_HEARTBEAT_S, validator=positive_number)
     max_body_bytes: int = attrs.field(default=DEFAULT_MAX_BODY_BYTES, validator=positive_int)
     model_name: str = "relaxtrio"
+    strict_request_fields: bool = False
 
 
 @attrs.frozen(kw_only=True)
@@ -543,6 +548,7 @@ class TrainRunConfig:
         rollout: Group shape, scheduling and scoring.
         generation: sampling and parser settings.
         agent: the agent command, cwd, env and timeout.
+        api: how the agent API serves (``--agentic-strict-request-fields``).
         train: optimizer and loss settings.
         eval: evaluation settings.
         agent_external_slots: the external executor's hard slot limit, or None (unchecked).
@@ -586,6 +592,7 @@ class TrainRunConfig:
     rollout: RolloutConfig = attrs.field(factory=RolloutConfig)
     generation: GenerationConfig = attrs.field(factory=GenerationConfig)
     agent: AgentConfig
+    api: ApiConfig = attrs.field(factory=ApiConfig)
     train: TrainConfig = attrs.field(factory=TrainConfig)
     eval: EvalConfig = attrs.field(factory=EvalConfig)
     agent_external_slots: int | None = None

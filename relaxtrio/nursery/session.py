@@ -128,6 +128,8 @@ class Session:
         num_dropped_branches: leaves of the trained subtree that implicit export left out
             (``--agentic-export-policy final``).
         num_side_leaves: leaves of other subtrees (side conversations) it left out (``final``).
+        ignored_request_fields: request options that did not alter generation, by field key
+            → requests that sent it (``relaxtrio.api.ignored``).
         partial: in-flight engine requests, aborts, pause and protection (partial rollout;
             docs/scheduling.md#protection).
         retries: generations a retried request may attach to (docs/agent-contract.md#retries).
@@ -152,6 +154,7 @@ class Session:
     num_requests: int = 0
     num_dropped_branches: int = 0
     num_side_leaves: int = 0
+    ignored_request_fields: dict[str, int] = attrs.field(factory=dict)
     partial: PartialRollout = attrs.field(factory=PartialRollout)
     retries: RetryLedger = attrs.field(factory=RetryLedger)
     agent_pgid: int | None = None

@@ -421,7 +421,7 @@ async def _run_loaded(
             max_context = context_token_limit(info)
         handler = EngineTurnHandler(client=client, compiler=compiler, config=cfg.generation)
         registry = LifecycleRegistry(on_end=client.session_ended)
-        app = create_app(registry, handler, model_name=model_dir.name)
+        app = create_app(registry, handler, model_name=model_dir.name, config=cfg.api)
         freeze_startup_heap()  # start-up is done: full GC collections skip its heap from now on
         async with trio.open_nursery() as nursery:
             d = cfg.distributed

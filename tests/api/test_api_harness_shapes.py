@@ -232,4 +232,4 @@ async def test_hosted_tools_are_left_out_with_a_log_line(registry: SessionRegist
     with caplog.at_level(logging.WARNING, logger="relaxtrio.api"):
         status, _, handler = await _turn(registry, RESPONSES, body)
     assert status == 200 and [t["function"]["name"] for t in handler.requests[0].conversation.tools] == ["shell"]
-    assert "hosted tools left out (the model cannot call them here): tools[1] (web_search)" in caplog.text
+    assert "tools[1] (web_search) is a hosted tool: the model cannot call it here; left out" in caplog.text

@@ -408,8 +408,7 @@ REJECTED = [
                              {"role": "user", "content": "more"}]),
      "messages[1].role", "must be one of: assistant, system, user, got 'tool'"),
     ("messages", _anthropic([{"role": "user", "content": "Hi"}, {"content": "x"}]), "messages[1].role", "got None"),
-    # options relaxtrio cannot honour: a 400 naming the field
-    ("chat", {"messages": [{"role": "user", "content": "x"}], "n": 2}, "n", "n must be 1"),
+    # malformed options: a 400 naming the field in either mode (test_unhonoured_options_... below)
     ("chat", {"messages": [{"role": "user", "content": "x"}], "n": 0}, "n", "n must be a positive integer"),
     ("chat", {"messages": [{"role": "user", "content": "x"}], "n": True}, "n", "n must be a positive integer"),
     # a Chat tool the model cannot be shown would vanish from the prompt: refused, not dropped
@@ -429,49 +428,16 @@ REJECTED = [
     ("chat", {"messages": [{"role": "user", "content": "x"}],
               "tools": [{"type": "function", "function": {"name": "f", "description": 3}}]},
      "tools[0].function.description", "tools[0].function.description must be a string"),
-    ("chat", {"messages": [{"role": "user", "content": "x"}], "logprobs": True, "top_logprobs": 2},
-     "top_logprobs", "top_logprobs must be 0"),
     ("chat", {"messages": [{"role": "user", "content": "x"}], "top_logprobs": "2"}, "top_logprobs",
      "must be a non-negative integer"),
-    ("chat", {"messages": [{"role": "user", "content": "x"}], "tool_choice": "required"}, "tool_choice",
-     "tool_choice 'required' is not supported"),
-    ("chat", {"messages": [{"role": "user", "content": "x"}], "tool_choice": "none",
-              "tools": [{"type": "function", "function": {"name": "f"}}]}, "tool_choice", "'none' is not supported"),
-    ("chat", {"messages": [{"role": "user", "content": "x"}],
-              "tool_choice": {"type": "function", "function": {"name": "f"}}}, "tool_choice", "is not supported"),
-    ("chat", {"messages": [{"role": "user", "content": "x"}], "response_format": {"type": "json_object"}},
-     "response_format.type", "'json_object' is not supported"),
     ("chat", {"messages": [{"role": "user", "content": "x"}], "response_format": "json"}, "response_format",
      "must be an object"),
-    ("chat", {"messages": [{"role": "user", "content": "x"}], "functions": [{"name": "f"}]}, "functions",
-     "send the functions as tools"),
     ("chat", {"messages": [{"role": "user", "content": "x"}], "parallel_tool_calls": "yes"}, "parallel_tool_calls",
      "must be a boolean"),
-    ("responses", {"input": "x", "tool_choice": "required"}, "tool_choice", "is not supported"),
-    ("responses", {"input": "x", "tool_choice": {"type": "function", "name": "f"}}, "tool_choice", None),
-    ("responses", {"input": "x", "top_logprobs": 3}, "top_logprobs", "top_logprobs must be 0"),
-    ("responses", {"input": "x", "include": ["reasoning.encrypted_content", "message.output_text.logprobs"]},
-     "include[1]", "carry no logprobs"),
-    ("responses", {"input": "x", "text": {"format": {"type": "json_schema", "name": "a", "schema": {}}}},
-     "text.format.type", "'json_schema' is not supported"),
-    ("messages", _anthropic([{"role": "user", "content": "x"}], tool_choice={"type": "any"}), "tool_choice.type",
-     "tool_choice.type 'any' is not supported"),
-    ("messages", _anthropic([{"role": "user", "content": "x"}], tool_choice={"type": "tool", "name": "f"}),
-     "tool_choice.type", None),
     ("messages", _anthropic([{"role": "user", "content": "x"}], tool_choice="auto"), "tool_choice",
      "must be an object"),
     ("messages", _anthropic([{"role": "user", "content": "x"}], tool_choice={}), "tool_choice.type", "is required"),
-    ("messages", _anthropic([{"role": "user", "content": "x"}], tool_choice={"type": "none"},
-                            tools=[{"name": "f", "input_schema": {"type": "object"}}]), "tool_choice.type",
-     "'none' is not supported"),
     ("responses", {"input": "x", "text": "plain"}, "text", "must be an object"),
-    ("messages", _anthropic([{"role": "user", "content": "x"}],
-                            mcp_servers=[{"type": "url", "url": "https://x", "name": "x"}]), "mcp_servers", None),
-    ("messages", _anthropic([{"role": "user", "content": "x"}],
-                            output_config={"effort": "low", "format": {"type": "json_schema", "schema": {}}}),
-     "output_config.format", "not constrained to a schema"),
-    ("messages", _anthropic([{"role": "user", "content": "x"}], output_format={"type": "json_schema", "schema": {}}),
-     "output_format", None),
     ("messages", _anthropic([{"role": "user", "content": "x"}], output_config="high"), "output_config", None),
     ("responses", {"input": ""}, "input", "input must not be empty"),
     ("responses", {"input": "x", "instructions": ""}, "instructions", "instructions must be a non-empty string"),
@@ -527,7 +493,8 @@ REJECTED = [
     ("messages", _anthropic([{"role": "user", "content": "x"}], thinking={"type": 3}), "thinking.type", None),
     ("messages", _anthropic([{"role": "user", "content": "x"}], tools=[{"name": "f"}]),
      "tools[0].input_schema", None),
-    # Anthropic-defined and server tools are refused, not dropped (api/messages.py OTHER_TOOL_TYPES_HINT).
+    # Anthropic-defined client tools are refused, not dropped (api/messages.py OTHER_TOOL_TYPES_HINT);
+    # server tools are left out (UNHONOURED below).
     *[("messages", _anthropic([{"role": "user", "content": "x"}],
                               tools=[{"name": "f", "input_schema": {"type": "object"}}, tool]),
        "tools[1].type", f"tools[1].type {tool['type']!r} is not supported: only custom tools are served")
@@ -535,8 +502,50 @@ REJECTED = [
                    {"type": "text_editor_20250728", "name": "str_replace_based_edit_tool"},
                    {"type": "computer_20250124", "name": "computer", "display_width_px": 1024,
                     "display_height_px": 768},
-                   {"type": "web_search_20250305", "name": "web_search", "max_uses": 5},
                    {"type": "function", "name": "f", "input_schema": {"type": "object"}})],
+]
+
+# Options asking for what relaxtrio does not do: reported on the parsed request (ignored, or a 400
+# under --agentic-strict-request-fields with this message). (protocol, body, param, text)
+UNHONOURED = [
+    ("chat", {"messages": [{"role": "user", "content": "x"}], "n": 2}, "n", "n must be 1"),
+    ("chat", {"messages": [{"role": "user", "content": "x"}], "logprobs": True, "top_logprobs": 2},
+     "top_logprobs", "top_logprobs must be 0"),
+    ("chat", {"messages": [{"role": "user", "content": "x"}], "tool_choice": "required"}, "tool_choice",
+     "tool_choice 'required' is not supported"),
+    ("chat", {"messages": [{"role": "user", "content": "x"}], "tool_choice": "none",
+              "tools": [{"type": "function", "function": {"name": "f"}}]}, "tool_choice", "'none' is not supported"),
+    ("chat", {"messages": [{"role": "user", "content": "x"}],
+              "tool_choice": {"type": "function", "function": {"name": "f"}}}, "tool_choice", "is not supported"),
+    ("chat", {"messages": [{"role": "user", "content": "x"}], "response_format": {"type": "json_object"}},
+     "response_format.type", "'json_object' is not supported"),
+    ("chat", {"messages": [{"role": "user", "content": "x"}], "functions": [{"name": "f"}]}, "functions",
+     "send the functions as tools"),
+    ("responses", {"input": "x", "tool_choice": "required"}, "tool_choice", "is not supported"),
+    ("responses", {"input": "x", "tool_choice": {"type": "function", "name": "f"}}, "tool_choice", None),
+    ("responses", {"input": "x", "top_logprobs": 3}, "top_logprobs", "top_logprobs must be 0"),
+    ("responses", {"input": "x", "include": ["reasoning.encrypted_content", "message.output_text.logprobs"]},
+     "include[1]", "carry no logprobs"),
+    ("responses", {"input": "x", "text": {"format": {"type": "json_schema", "name": "a", "schema": {}}}},
+     "text.format.type", "'json_schema' is not supported"),
+    ("messages", _anthropic([{"role": "user", "content": "x"}], tool_choice={"type": "any"}), "tool_choice.type",
+     "tool_choice.type 'any' is not supported"),
+    ("messages", _anthropic([{"role": "user", "content": "x"}], tool_choice={"type": "tool", "name": "f"}),
+     "tool_choice.type", None),
+    ("messages", _anthropic([{"role": "user", "content": "x"}], tool_choice={"type": "none"},
+                            tools=[{"name": "f", "input_schema": {"type": "object"}}]), "tool_choice.type",
+     "'none' is not supported"),
+    ("messages", _anthropic([{"role": "user", "content": "x"}],
+                            mcp_servers=[{"type": "url", "url": "https://x", "name": "x"}]), "mcp_servers", None),
+    ("messages", _anthropic([{"role": "user", "content": "x"}],
+                            output_config={"effort": "low", "format": {"type": "json_schema", "schema": {}}}),
+     "output_config.format", "not constrained to a schema"),
+    ("messages", _anthropic([{"role": "user", "content": "x"}], output_format={"type": "json_schema", "schema": {}}),
+     "output_format", None),
+    ("messages", _anthropic([{"role": "user", "content": "x"}],
+                            tools=[{"name": "f", "input_schema": {"type": "object"}},
+                                   {"type": "web_search_20250305", "name": "web_search", "max_uses": 5}]),
+     "tools[1].type", "tools[1].type 'web_search_20250305' is not supported: it is a server tool"),
 ]
 
 
@@ -548,6 +557,16 @@ def test_rejections_name_the_request_path(protocol: str, body: dict, param: str,
     assert info.value.message.startswith(param)
     if text is not None:
         assert text in info.value.message
+
+
+@pytest.mark.parametrize(("protocol", "body", "param", "text"), UNHONOURED)
+def test_unhonoured_options_are_reported_with_the_strict_message(protocol: str, body: dict, param: str,
+                                                                 text: str | None) -> None:
+    [field] = PARSERS[protocol](body).ignored
+    assert field.param == param and field.error().param == param
+    assert field.message.startswith(param)
+    if text is not None:
+        assert text in field.message
 
 
 def _reject_constant(name: str) -> Any:

@@ -132,7 +132,6 @@ async def test_messages_errors_reach_the_sdk_as_typed_exceptions(registry: Sessi
 @pytest.mark.parametrize("tool", [
     {"type": "bash_20250124", "name": "bash"},
     {"type": "text_editor_20250728", "name": "str_replace_based_edit_tool"},
-    {"type": "web_search_20250305", "name": "web_search", "max_uses": 2},
 ])
 async def test_anthropic_defined_tools_are_a_400_naming_their_type(registry: SessionRegistry, compiler: ChatCompiler,
                                                                    tool: dict[str, Any]) -> None:
@@ -155,6 +154,24 @@ async def test_anthropic_defined_tools_are_a_400_naming_their_type(registry: Ses
         # The same request with custom tools only is served.
         reply = await client.messages.create(model="c", max_tokens=5, messages=messages, tools=TOOLS)
         assert reply.content[0].text == "unused"
+
+
+async def test_server_tools_beside_custom_tools_are_left_out(registry: SessionRegistry, compiler: ChatCompiler) -> None:
+    """A harness that adds Anthropic's web search (and MCP servers) to its own tools is served:
+    those run on Anthropic's side, so the model is shown the custom tools only, and the Session
+    counts what was left out (docs/agent-contract.md#ignored-request-fields)."""
+    handler, engine = scripted_pipeline(compiler, [Reply(text="plain"), Reply(text="plain")])
+    async with served(registry, handler) as (client, session):
+        messages = [{"role": "user", "content": "Find it."}]
+        reply = await client.messages.create(model="c", max_tokens=5, messages=messages, tools=TOOLS)
+        plain_prompt = engine.calls[0][0]
+        reply = await client.messages.create(
+            model="c", max_tokens=5, messages=messages, tool_choice={"type": "any"},
+            tools=[*TOOLS, {"type": "web_search_20250305", "name": "web_search", "max_uses": 2}],
+            extra_body={"mcp_servers": [{"type": "url", "url": "https://example.invalid", "name": "x"}]})
+        assert reply.content[0].text == "plain"
+        assert engine.calls[1][0] == plain_prompt  # the same prompt: same tools, same history
+        assert session.ignored_request_fields == {"tool_choice": 1, "mcp_servers": 1, "tools:web_search_20250305": 1}
 
 
 async def test_stream_failure_is_an_error_event_the_sdk_raises(registry: SessionRegistry) -> None:
