@@ -4,7 +4,9 @@ Session and counted; ``--agentic-strict-request-fields`` refuses them; malformed
 
 from __future__ import annotations
 
+import argparse
 import logging
+from pathlib import Path
 
 import pytest
 from api_helpers import ENDPOINTS, ScriptedHandler, post, scripted_pipeline
@@ -174,3 +176,17 @@ async def test_count_tokens_leaves_server_tools_out_like_a_model_request(registr
             status, answer, _ = await post(app, ENDPOINTS["messages"] + "/count_tokens", body,
                                            token=session.session_id)
         assert status == expected, answer
+
+
+def test_the_flag_reaches_the_api_config(tmp_path: Path) -> None:
+    """``--agentic-strict-request-fields`` → ``TrainRunConfig.api``, which the driver's app serves with."""
+    from relaxtrio.cli.train_args import add_train_parser, train_config
+
+    data = tmp_path / "tasks.jsonl"
+    data.write_text('{"input": [{"role": "user", "content": "x"}]}\n')
+    parser = argparse.ArgumentParser()
+    add_train_parser(parser.add_subparsers(dest="command"))
+    base = ["train", "--prompt-data", str(data), "--agent-cwd", str(tmp_path), "--agent-command", "true"]
+    assert train_config(parser.parse_args(base)).api.strict_request_fields is False
+    strict = train_config(parser.parse_args([*base, "--agentic-strict-request-fields"]))
+    assert strict.api.strict_request_fields is True
