@@ -11,7 +11,7 @@ rollout logprobs are aligned with the ids (0.0 where the mask is 0).
 from __future__ import annotations
 
 import copy
-from collections.abc import Iterable, Mapping
+from collections.abc import Collection, Iterable, Mapping
 from typing import Any
 
 import attrs
@@ -107,6 +107,7 @@ def export_samples(
     dataset_metadata: dict[str, Any] | None = None,
     server_template_kwargs: Mapping[str, Any] | None = None,
     policy: ExportPolicy = "strict",
+    undelivered: Collection[str] = frozenset(),
 ) -> list[TrainingSample]:
     """Turns a finished Session's output into training samples.
 
@@ -126,6 +127,8 @@ def export_samples(
         server_template_kwargs: server-wide chat-template kwargs under the records'.
         policy: the implicit-export policy (``strict``, ``final`` or ``all-leaves``); explicit
             records are exported as written under every policy.
+        undelivered: state hashes of responses no client received: side leaves that implicit
+            export leaves out (:func:`select_leaves`).
 
     Returns:
         The samples, one per exported context.
@@ -140,7 +143,7 @@ def export_samples(
     """
     output = output if output is not None else SessionOutput()
     if output.is_implicit:
-        selection = select_leaves(forest, policy)
+        selection = select_leaves(forest, policy, undelivered)
         return [
             build_sample(
                 forest,

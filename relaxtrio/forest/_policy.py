@@ -15,11 +15,19 @@ decides what implicit export (no JSONL records) makes of them:
   late it is answered;
 * ``all-leaves``: every leaf with a response is a context (named ``leaf-<i>`` in leaf order); more
   than one context per Session needs a custom advantage function, like any multi-context export.
+
+Under every policy, a response leaf whose answer never reached the agent (its client timed out or
+went away, and no retry took the answer; the caller passes their state hashes as ``undelivered``,
+from :meth:`~relaxtrio.nursery.retries.RetryLedger.undelivered_states`) is not part of the agent's
+history: it is a side leaf, reported in :attr:`LeafSelection.undelivered` and never a context, so an
+agent that timed out and asked again with a changed request keeps its linear history
+(docs/export-and-credit.md#undelivered-answers).
 """
 
 from __future__ import annotations
 
 from collections import Counter
+from collections.abc import Collection
 from typing import Final, Literal
 
 import attrs
@@ -42,24 +50,29 @@ class LeafSelection:
         dropped_branches: leaves with a response in the trained subtree that are not trained
             (``final`` only).
         side_leaves: leaves with a response in other subtrees (``final`` only).
+        undelivered: response leaves whose answer never reached the agent (any policy).
     """
 
     contexts: tuple[tuple[str | None, Node], ...]
     dropped_branches: tuple[Node, ...] = ()
     side_leaves: tuple[Node, ...] = ()
+    undelivered: tuple[Node, ...] = ()
 
     @property
     def num_unexported_leaves(self) -> int:
         """Leaves with a response that are not trained."""
-        return len(self.dropped_branches) + len(self.side_leaves)
+        return len(self.dropped_branches) + len(self.side_leaves) + len(self.undelivered)
 
 
-def select_leaves(forest: SessionForest, policy: ExportPolicy = "strict") -> LeafSelection:
+def select_leaves(forest: SessionForest, policy: ExportPolicy = "strict",
+                  undelivered: Collection[str] = frozenset()) -> LeafSelection:
     """The contexts implicit export builds under ``policy``.
 
     Args:
         forest: the finished Session's forest.
         policy: ``strict``, ``final`` or ``all-leaves``.
+        undelivered: state hashes of response nodes whose answer no client received; such a
+            leaf is left out of the history the policy reads (module docstring).
 
     Returns:
         The selection; ``contexts`` is never empty.
@@ -69,7 +82,10 @@ def select_leaves(forest: SessionForest, policy: ExportPolicy = "strict") -> Lea
             several (``num_leaves == N``) or a nonlinear history (``implicit export requires a
             linear history``); an unknown policy.
     """
-    leaves = forest.leaves()
+    leaves: list[Node] = []
+    unseen: list[Node] = []
+    for leaf in forest.leaves():
+        (unseen if leaf.state_hash in undelivered and isinstance(leaf, ResponseNode) else leaves).append(leaf)
     candidates = [leaf for leaf in leaves if leaf.num_responses > 0]
     if policy not in EXPORT_POLICIES:
         raise ExportError(f"unknown export policy {policy!r}", param="agentic_export_policy")
@@ -85,10 +101,11 @@ def select_leaves(forest: SessionForest, policy: ExportPolicy = "strict") -> Lea
                 "named record for each context to train",
                 session_id=forest.session_id,
             )
-        return LeafSelection(contexts=((None, candidates[0]),))
+        return LeafSelection(contexts=((None, candidates[0]),), undelivered=tuple(unseen))
     if policy == "all-leaves":
-        return LeafSelection(contexts=tuple((f"leaf-{i}", leaf) for i, leaf in enumerate(candidates)))
-    final = _final_response(forest)
+        return LeafSelection(contexts=tuple((f"leaf-{i}", leaf) for i, leaf in enumerate(candidates)),
+                             undelivered=tuple(unseen))
+    final = _final_response(forest, {leaf.state_hash for leaf in unseen})
     main_root = forest.subtree_root(final).state_hash
     dropped: list[Node] = []
     side: list[Node] = []
@@ -97,7 +114,8 @@ def select_leaves(forest: SessionForest, policy: ExportPolicy = "strict") -> Lea
             continue  # the final response itself, or an observation that only follows it
         in_main = forest.subtree_root(leaf).state_hash == main_root
         (dropped if in_main else side).append(leaf)
-    return LeafSelection(contexts=((None, final),), dropped_branches=tuple(dropped), side_leaves=tuple(side))
+    return LeafSelection(contexts=((None, final),), dropped_branches=tuple(dropped), side_leaves=tuple(side),
+                         undelivered=tuple(unseen))
 
 
 def _one_leaf_message(num_leaves: int) -> str:
@@ -114,9 +132,10 @@ def _one_leaf_message(num_leaves: int) -> str:
             "contexts per Session needs --agentic-custom-advantage-path")
 
 
-def _final_response(forest: SessionForest) -> ResponseNode:
-    """The last answered response of the main subtree (see the module docstring)."""
-    answered = forest.responses_in_answer_order()
+def _final_response(forest: SessionForest, unseen: Collection[str]) -> ResponseNode:
+    """The last answered response of the main subtree (see the module docstring), among the
+    responses the agent received (``unseen``: the undelivered leaves' hashes)."""
+    answered = [node for node in forest.responses_in_answer_order() if node.state_hash not in unseen]
     count: Counter[str] = Counter()
     tokens: Counter[str] = Counter()
     last: dict[str, int] = {}

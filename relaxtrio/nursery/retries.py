@@ -18,7 +18,10 @@ two leaves. The rule (docs/agent-contract.md#retries):
 The ledger lives with the Session (the nursery layer), not in the forest: the forest stays a pure
 record of committed states, and whether a client received an answer is a fact about connections.
 A delivered or failed generation leaves the ledger; an orphaned committed one stays until a
-retry takes it or the Session ends.
+retry takes it or the Session ends. At export, :meth:`RetryLedger.undelivered_states` names the
+committed answers that never reached the agent, which implicit export treats as side leaves
+(:func:`~relaxtrio.forest.select_leaves`): an agent that gave up on a turn and asked again with a
+changed request (another token limit) still has one linear history.
 """
 
 from __future__ import annotations
@@ -112,6 +115,7 @@ class RetryLedger:
 
     _by_key: dict[RetryKey, list[Generation]] = attrs.field(factory=dict)
     _num_attached: int = 0
+    _delivered_states: set[str] = attrs.field(factory=set)  # response hashes some client received
 
     def statistics(self) -> RetryStatistics:
         """A snapshot of the ledger."""
@@ -122,6 +126,12 @@ class RetryLedger:
             num_undelivered=sum(g.done.is_set() and g.orphaned for g in gens),
             num_attached=self._num_attached,
         )
+
+    def undelivered_states(self) -> frozenset[str]:
+        """State hashes of committed answers no client received (orphaned, never taken by a
+        retry), leaving out a state another generation delivered (an identical answer)."""
+        return frozenset(g.result.state_hash for gens in self._by_key.values() for g in gens
+                         if g.result is not None and g.orphaned) - self._delivered_states
 
     def orphan(self, key: RetryKey) -> Generation | None:
         """The oldest orphaned generation of ``key``, or None."""
@@ -148,6 +158,8 @@ class RetryLedger:
     def deliver(self, generation: Generation) -> None:
         """The answer was handed to a waiting request: no retry may take it any more."""
         generation.delivered = True
+        if generation.result is not None:
+            self._delivered_states.add(generation.result.state_hash)
         if generation.done.is_set():
             self._drop(generation)
 

@@ -517,13 +517,14 @@ def _export_hint(exc: ExportError) -> str:
 
 
 def _note_unexported(session: Session, selection: LeafSelection) -> None:
-    """Counts and logs the leaves ``final`` export leaves out (docs/export-and-credit.md#export-policies)."""
+    """Counts and logs the leaves implicit export leaves out: ``final``'s other branches and side
+    conversations, and answers that never reached the agent (docs/export-and-credit.md#export-policies)."""
     session.num_dropped_branches = len(selection.dropped_branches)
-    session.num_side_leaves = len(selection.side_leaves)
+    session.num_side_leaves = len(selection.side_leaves) + len(selection.undelivered)
     if selection.num_unexported_leaves:
-        log.info("session %s: export policy final trains the lineage of the last response and leaves out "
-                 "%d other branch(es) and %d side conversation leaf(s)", session.session_id,
-                 session.num_dropped_branches, session.num_side_leaves)
+        log.info("session %s: implicit export leaves out %d other branch(es), %d side conversation leaf(s) "
+                 "and %d answer(s) the agent never received", session.session_id,
+                 session.num_dropped_branches, len(selection.side_leaves), len(selection.undelivered))
 
 
 async def run_session(
@@ -665,9 +666,10 @@ async def _run_session(
             dataset_metadata=session.dataset_metadata,
             server_template_kwargs=server_template_kwargs,
             policy=agent.export_policy,
+            undelivered=(undelivered := session.retries.undelivered_states()),
         )
-        if output.is_implicit and agent.export_policy == "final":
-            _note_unexported(session, select_leaves(session.forest, "final"))
+        if output.is_implicit:
+            _note_unexported(session, select_leaves(session.forest, agent.export_policy, undelivered))
     except ExportError as exc:
         session.fail(f"Session export failed: {exc}{_export_hint(exc)}")
         session.group.session_failed(session)

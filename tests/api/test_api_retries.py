@@ -18,11 +18,13 @@ import pytest
 import trio
 from api_helpers import assert_one_lineage, scripted_pipeline
 from support.apps import serve_app
-from support.sessions import open_session
+from support.sessions import leased_session, open_session
 
 from relaxtrio.api.app import create_app
 from relaxtrio.chat.compiler import ChatCompiler
-from relaxtrio.nursery.session import Session, SessionRegistry
+from relaxtrio.config import AgentConfig
+from relaxtrio.nursery.agent import AgentRun
+from relaxtrio.nursery.session import Session, SessionRegistry, run_session
 from relaxtrio.testing.scripted_engine import Reply, ScriptedEngine
 
 pytestmark = pytest.mark.filterwarnings(
@@ -164,3 +166,51 @@ async def test_concurrent_sibling_while_the_first_client_waits_branches(
                 gate.set()
     assert sorted(answers) == ["First.", "Sibling."]
     assert len(session.forest.leaves()) == 2 and session.retries.statistics().num_attached == 0
+
+
+def _sdk_agent(answers: list[str], gate: trio.Event):
+    """An in-process agent (the launcher of :class:`AgentConfig`; no subprocess) whose openai SDK
+    gives up on its first turn (``timeout`` 0.3 s, ``max_retries=2``: three timed-out attempts),
+    then asks again with the same messages and another token limit, and writes a reward."""
+
+    async def launch(agent: AgentConfig, env, payload, budget, **_: object) -> AgentRun:
+        async with openai.AsyncOpenAI(base_url=env.base_url, api_key=env.session_id,
+                                      timeout=0.3, max_retries=2) as client:
+            with pytest.raises(openai.APITimeoutError):
+                await client.chat.completions.create(model="policy", messages=MESSAGES, max_tokens=400)
+            gate.set()  # the abandoned generation now finishes, with no client to tell
+            reply = await client.chat.completions.create(model="policy", messages=MESSAGES, max_tokens=16)
+        answers.append(reply.choices[0].message.content)
+        return AgentRun(return_code=0, output_text='{"reward": 1}', log_tail="", active_s=0.0)
+
+    return launch
+
+
+async def test_an_answer_the_agent_never_received_is_a_side_leaf(
+    registry: SessionRegistry, compiler: ChatCompiler, tmp_path
+) -> None:
+    """Issue 34, item 6: the first turn's client times out on every SDK attempt (the retries
+    attach to the generation, which is held); the agent then asks again with another
+    ``max_tokens``, a new sample. The abandoned answer is committed but never delivered: implicit
+    export under ``strict`` leaves it out as a side leaf (counted) and trains the agent's own
+    linear history, instead of failing the Session with "found 2"."""
+    gate = trio.Event()
+    handler, engine = scripted_pipeline(compiler, [Reply(text="Abandoned answer.", gate=gate),
+                                                   Reply(text="Short answer.")])
+    answers: list[str] = []
+    session = leased_session()
+    agent = AgentConfig(command="in-process", cwd=tmp_path, launcher=_sdk_agent(answers, gate))
+    app = create_app(registry, handler)
+    with trio.fail_after(30):
+        async with serve_app(app) as base_url:
+            await run_session(session, agent=agent, base_url=base_url, registry=registry)
+    assert answers == ["Short answer."] and len(engine.calls) == 2
+    assert session.retries.statistics().num_attached == 2  # both SDK retries joined the first generation
+    assert len(session.forest.leaves()) == 2  # both answers are committed (and dumped)
+    assert session.status == "completed", session.error
+    [sample] = session.samples
+    assert sample.reward == 1 and session.num_side_leaves == 1
+    assert {session.forest.messages(leaf)[-1]["content"] for leaf in session.forest.leaves()} == {
+        "Short answer.", "Abandoned answer."}
+    trained = compiler.tokenizer.decode([t for t, m in zip(sample.token_ids, sample.loss_mask) if m])
+    assert "Short answer." in trained and "Abandoned" not in trained

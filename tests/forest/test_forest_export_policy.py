@@ -77,3 +77,42 @@ def test_no_answer_is_an_export_error_under_every_policy(policy: str) -> None:
     with pytest.raises(ExportError, match="found 0") as info:
         select_leaves(forest, policy)
     assert info.value.num_leaves == 0
+
+
+def _timed_out_then_asked_again() -> tuple[SessionForest, list]:
+    """One state, two answers: the first never reached the agent (its client timed out), the
+    second answers the same history asked again with another token limit; then the agent goes on
+    from the second."""
+    forest = SessionForest("s")
+    drive = Driver(forest)
+    parent = drive.observe([SYSTEM, user("task")])
+    abandoned = drive.respond(parent, assistant("long answer"), n_ids=40)
+    short = drive.respond(parent, assistant("short"))
+    follow = drive.respond(drive.observe([SYSTEM, user("task"), assistant("short"), user("more")]),
+                           assistant("done"))
+    return forest, [abandoned, short, follow]
+
+
+@pytest.mark.parametrize("policy", ["strict", "final", "all-leaves"])
+def test_an_undelivered_answer_is_a_side_leaf_under_every_policy(policy: str) -> None:
+    forest, (abandoned, _, follow) = _timed_out_then_asked_again()
+    with pytest.raises(ExportError):  # without the delivery record, strict sees a branch
+        select_leaves(forest, "strict")
+    selection = select_leaves(forest, policy, undelivered={abandoned.state_hash})
+    assert [node for _, node in selection.contexts] == [follow]
+    assert selection.undelivered == (abandoned,) and selection.num_unexported_leaves == 1
+    [sample] = export_samples(forest, None, policy=policy, undelivered={abandoned.state_hash})
+    assert sample.metadata["agentic_trace"]["leaf_state_hash"] == follow.state_hash
+
+
+def test_only_leaves_are_set_aside_and_nothing_undelivered_is_trained() -> None:
+    forest, (abandoned, short, follow) = _timed_out_then_asked_again()
+    # An answer the agent never got but continued from anyway (it is not a leaf) stays history.
+    assert select_leaves(forest, "final", undelivered={short.state_hash}).contexts == ((None, follow),)
+    # Every answer undelivered: no conversation the agent saw.
+    with pytest.raises(ExportError, match="found 0"):
+        select_leaves(forest, "strict", undelivered={abandoned.state_hash, follow.state_hash})
+    # final: the last answer the agent received (here before the undelivered last one).
+    selection = select_leaves(forest, "final", undelivered={follow.state_hash})
+    assert selection.contexts == ((None, short),) and selection.dropped_branches == (abandoned,)
+    assert selection.undelivered == (follow,)
