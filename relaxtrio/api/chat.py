@@ -5,12 +5,13 @@ docs/agent-contract.md#chat-completions): ``messages`` (complete history), ``too
 ``chat_template_kwargs``, ``max_completion_tokens`` (legacy ``max_tokens``; the newer field wins),
 ``stop``, ``seed`` and ``logprobs`` are honoured. ``temperature``, ``top_p``,
 ``parallel_tool_calls``, ``stream_options`` and every other field are accepted and do not alter
-generation (the training configuration owns sampling), except options that ask for what relaxtrio
-cannot do: ``n`` above 1, ``top_logprobs`` above 0, ``tool_choice`` other than ``auto`` (or
-``none`` without tools), a ``response_format`` schema, the legacy ``functions`` and a ``tools``
+generation (the training configuration owns sampling). Options that ask for what relaxtrio does
+not do (``n`` above 1, ``top_logprobs`` above 0, ``tool_choice`` other than ``auto`` or ``none``
+without tools, a ``response_format`` schema, the legacy ``functions``) are ignored and reported on
+the parsed request, or 400s naming them under ``--agentic-strict-request-fields``
+(:func:`.options.check_chat_options`, docs/agent-contract.md#ignored-request-fields); a ``tools``
 entry that is not a named function tool (with an object or null ``parameters``, a string or null
-``description``) are 400s naming the field
-(:func:`.options.check_chat_options`). ``model`` is echoed. A ``developer`` message is rejected:
+``description``) is a 400 naming the field in either mode. ``model`` is echoed. A ``developer`` message is rejected:
 the harness must map it to ``system`` (docs/client-quirks.md#developer-messages). A ``tool``
 message must name its ``tool_call_id`` (required by the API; a 400 naming
 ``messages[i].tool_call_id`` otherwise), as Responses' ``call_id`` and Messages' ``tool_use_id``,

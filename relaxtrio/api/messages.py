@@ -13,18 +13,21 @@ docs/agent-contract.md#anthropic-messages describes:
   ``tool_use`` (``id``, ``name``, object ``input``) → one assistant message; user blocks: ``text``,
   ``image`` (``base64`` with an ``image/*`` media type → a ``data:`` URL, or ``url``) → parts of
   one user message (a string when all parts are text, joined with ``""``), ``tool_result`` →
-  a tool message with the same ``tool_use_id`` (a string, default ``""``; or ``text`` and
+  a tool message with the same ``tool_use_id`` (a non-empty string, ``""`` when absent and then
+  refused by the canonical rules; or ``text`` and
   ``image`` blocks: text only → joined with ``""``, with images → ``text`` / ``image_url`` parts);
   other block types are ignored; a user message that projects to nothing is a 400;
 * ``max_tokens`` is required; ``stop_sequences`` are the turn's stop strings; ``thinking.type`` ∈
   {disabled, enabled, adaptive} → ``chat_template_kwargs = {"enable_thinking": type !=
   "disabled"}``; tools with no ``type`` or ``type: "custom"`` (``name``, ``input_schema``,
-  ``description``?) become function tools; any other tool type is a 400 naming
-  ``tools[i].type`` (:data:`OTHER_TOOL_TYPES_HINT` says why). ``temperature``, ``top_p``,
+  ``description``?) become function tools; server tools (``web_search_*``, ...,
+  :func:`.options.anthropic_server_tool`) are left out and reported; any other tool type is a 400
+  naming ``tools[i].type`` (:data:`OTHER_TOOL_TYPES_HINT` says why). ``temperature``, ``top_p``,
   ``top_k``, ``thinking.budget_tokens``, ``output_config.effort``, ``metadata`` do not alter
   generation; a ``tool_choice`` other than ``auto`` (or ``none`` without tools), an
-  ``output_config.format`` schema and ``mcp_servers`` are 400s naming them
-  (:func:`.options.check_messages_options`).
+  ``output_config.format`` schema and ``mcp_servers`` are ignored and reported on the parsed
+  request, or 400s naming them under ``--agentic-strict-request-fields``
+  (:func:`.options.check_messages_options`, docs/agent-contract.md#ignored-request-fields).
 
 Strict where it matters: a non-object message or block is a 400 (it is not skipped); a
 ``tool_result`` whose block list holds no text and no image is a 400 naming the block, and so is
@@ -71,12 +74,12 @@ OTHER_TOOL_TYPES_HINT: Final = (
     "declare the tool as a custom tool with its own input_schema, or switch off the harness "
     "feature that adds it"
 )
-"""Why an Anthropic-defined tool (``bash_*``, ``text_editor_*``, ``computer_*``) or a server tool
-(``web_search_*``, ``web_fetch_*``, ``code_execution_*``) is refused rather than rendered or
-dropped: the first kind carries no ``input_schema`` (its schema is built into Anthropic's models,
-versioned by the type's date, and is no contract the policy trained here was given), the second
-is run by Anthropic's servers, not by the agent, so nothing would answer the model's call; and
-dropping either would train the policy on a prompt without a tool the agent believes it offered.
+"""Why an Anthropic-defined client tool (``bash_*``, ``text_editor_*``, ``computer_*``) is refused
+rather than rendered or dropped: it carries no ``input_schema`` (its schema is built into
+Anthropic's models, versioned by the type's date, and is no contract the policy trained here was
+given), and dropping it would train the policy on a prompt without a tool the agent answers.
+Server tools (``web_search_*``, ...) differ: Anthropic's servers run them, not the agent, so they
+are left out (refused with this hint under ``--agentic-strict-request-fields``).
 """
 
 

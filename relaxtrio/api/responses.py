@@ -31,12 +31,13 @@ docs/agent-contract.md#responses describes:
 
 * ``tools``: flat ``{"type": "function", "name", "parameters", "description"?}``; ``custom``
   (freeform) tools become one-string-argument function tools and ``namespace`` tools are a 400
-  (:mod:`.responses_tools`); hosted tool types are left out with a log line; ``max_output_tokens`` is the turn limit; ``reasoning.effort`` ∈ {none,
+  (:mod:`.responses_tools`); hosted tool types are left out and reported; ``max_output_tokens`` is the turn limit; ``reasoning.effort`` ∈ {none,
   minimal, low, medium, high, xhigh, max} → ``chat_template_kwargs = {"enable_thinking": effort
   != "none"}`` (any other value → ``{}``). ``previous_response_id``, ``temperature``, ``top_p``,
   ``store``, ``parallel_tool_calls`` and other fields do not alter generation; options that ask
-  for what relaxtrio cannot do (``tool_choice`` other than ``auto``, a ``text.format`` schema,
-  ``top_logprobs``) are 400s naming them (:func:`.options.check_responses_options`).
+  for what relaxtrio does not do (``tool_choice`` other than ``auto``, a ``text.format`` schema,
+  ``top_logprobs``) are ignored and reported on the parsed request, or 400s naming them under
+  ``--agentic-strict-request-fields`` (:func:`.options.check_responses_options`).
 
 Strict where it matters: a non-object item or content part is a 400 (it is not skipped); errors
 name the exact item path (``input[3].call_id``) rather

@@ -21,7 +21,7 @@ went away, and no retry took the answer; the caller passes their state hashes as
 from :meth:`~relaxtrio.nursery.retries.RetryLedger.undelivered_states`) is not part of the agent's
 history: it is a side leaf, reported in :attr:`LeafSelection.undelivered` and never a context, so an
 agent that timed out and asked again with a changed request keeps its linear history
-(docs/export-and-credit.md#undelivered-answers).
+(docs/agent-contract.md#undelivered-answers).
 """
 
 from __future__ import annotations

@@ -516,15 +516,15 @@ def _export_hint(exc: ExportError) -> str:
     return ""
 
 
-def _note_unexported(session: Session, selection: LeafSelection) -> None:
+def _note_unexported(session: Session, selection: LeafSelection, policy: str) -> None:
     """Counts and logs the leaves implicit export leaves out: ``final``'s other branches and side
     conversations, and answers that never reached the agent (docs/export-and-credit.md#export-policies)."""
     session.num_dropped_branches = len(selection.dropped_branches)
     session.num_side_leaves = len(selection.side_leaves) + len(selection.undelivered)
     if selection.num_unexported_leaves:
-        log.info("session %s: implicit export leaves out %d other branch(es), %d side conversation leaf(s) "
-                 "and %d answer(s) the agent never received", session.session_id,
-                 session.num_dropped_branches, len(selection.side_leaves), len(selection.undelivered))
+        log.info("session %s: export policy %s leaves out %d other branch(es) and %d side conversation "
+                 "leaf(s) (%d of them answers the agent never received)", session.session_id, policy,
+                 session.num_dropped_branches, session.num_side_leaves, len(selection.undelivered))
 
 
 async def run_session(
@@ -669,7 +669,8 @@ async def _run_session(
             undelivered=(undelivered := session.retries.undelivered_states()),
         )
         if output.is_implicit:
-            _note_unexported(session, select_leaves(session.forest, agent.export_policy, undelivered))
+            _note_unexported(session, select_leaves(session.forest, agent.export_policy, undelivered),
+                             agent.export_policy)
     except ExportError as exc:
         session.fail(f"Session export failed: {exc}{_export_hint(exc)}")
         session.group.session_failed(session)

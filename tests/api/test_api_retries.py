@@ -212,5 +212,5 @@ async def test_an_answer_the_agent_never_received_is_a_side_leaf(
     assert sample.reward == 1 and session.num_side_leaves == 1
     assert {session.forest.messages(leaf)[-1]["content"] for leaf in session.forest.leaves()} == {
         "Short answer.", "Abandoned answer."}
-    trained = compiler.tokenizer.decode([t for t, m in zip(sample.token_ids, sample.loss_mask) if m])
+    trained = compiler.tokenizer.decode([t for t, m in zip(sample.token_ids, sample.loss_mask, strict=True) if m])
     assert "Short answer." in trained and "Abandoned" not in trained
