@@ -61,7 +61,7 @@ from ..rollout.dumps import (
 )
 from ..rollout.operator_view import RunView
 from ..rollout.turns import EngineTurnHandler
-from ..run.summary import count
+from .._validate import count
 from ..sglang.client import EngineClient, context_token_limit, open_engine_client
 from ..fleet.launch import open_embedded_engine
 
