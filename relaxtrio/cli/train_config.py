@@ -163,7 +163,7 @@ def _with_checkpoint_flags(config: TrainRunConfig, args: argparse.Namespace) -> 
 
     Raises:
         ConfigError: ``--save-interval`` below 1 or without ``--save``; an unreadable checkpoint;
-            a ``--load`` / ``--save`` pair :func:`~relaxtrio.run.checkpoint.check_checkpoint_dirs`
+            a ``--load`` / ``--save`` pair :func:`~relaxtrio.run.run_dirs.check_checkpoint_dirs`
             refuses.
     """
     _need(args.save_interval is None or args.save_interval >= 1, "--save-interval must be >= 1")
@@ -172,11 +172,11 @@ def _with_checkpoint_flags(config: TrainRunConfig, args: argparse.Namespace) -> 
           "--save and --load checkpoint training; a rollout-only run trains nothing to checkpoint")
     output_dir = config.output_dir
     if args.load is not None or args.save is not None:
-        from ..run.checkpoint import check_checkpoint_dirs
+        from ..run.run_dirs import check_checkpoint_dirs
 
         check_checkpoint_dirs(args.load, args.save)
     if args.load is not None and args.output_dir is None:
-        from ..run.checkpoint import find_resume_point, forks_run
+        from ..run.run_dirs import find_resume_point, forks_run
 
         resume = find_resume_point(args.load, log_missing=False)  # the driver logs it
         if resume is not None and resume.output_dir is not None and not forks_run(args.load, args.save):

@@ -57,7 +57,7 @@ from ..rollout.turns import EngineTurnHandler
 from ..sglang.client import EngineClient, context_token_limit
 from ..train import Trainer
 from ..train.ranks import RankGroup
-from .checkpoint import RunCheckpointer, hold_run_dirs
+from .checkpoint import RunCheckpointer
 from .inference import LifecycleRegistry, open_inference
 from .placement import (
     advertised_url,
@@ -68,6 +68,7 @@ from .placement import (
     trainer_threads,
     with_engine_threads,
 )
+from .run_dirs import hold_run_dirs
 from .step import StepOutputs, push_trainer_weights, train_step
 from .summary import TrainSummary, summarize_run
 from .trackers import Trackers
