@@ -6,8 +6,9 @@ import argparse
 
 import pytest
 
-from relaxtrio.cli.tool_args import add_serve_parser, serve_config
-from relaxtrio.cli.train_args import add_train_parser, train_config
+from relaxtrio.cli.tool_flags import add_serve_parser, serve_config
+from relaxtrio.cli.train_config import train_config
+from relaxtrio.cli.train_flags import add_train_parser
 from relaxtrio.cli.main import main
 
 

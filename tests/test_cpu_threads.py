@@ -12,9 +12,10 @@ from pathlib import Path
 import pytest
 
 from relaxtrio._errors import RelaxError
-from relaxtrio.cli.train_args import add_train_parser, train_config
+from relaxtrio.cli.train_config import train_config
+from relaxtrio.cli.train_flags import add_train_parser
 from relaxtrio.cpu_threads import ThreadSplit, available_cpus, split_cpu_threads
-from relaxtrio.run.driver import thread_split, trainer_threads, with_engine_threads
+from relaxtrio.run.placement import thread_split, trainer_threads, with_engine_threads
 
 
 def _config(*flags: str):

@@ -8,7 +8,8 @@ import argparse
 import pytest
 
 from relaxtrio._errors import RelaxError
-from relaxtrio.cli.train_args import add_train_parser, train_config
+from relaxtrio.cli.train_config import train_config
+from relaxtrio.cli.train_flags import add_train_parser
 
 
 def _config(*flags: str):

@@ -50,7 +50,8 @@ from ..config import ApiConfig, GenerationConfig
 from ..forest import export_samples, parse_session_output
 from ..models import refuse_other_served_models
 from ..nursery.group import Group
-from ..nursery.session import Session, SessionRegistry, serve_external_session
+from ..nursery.session import Session, SessionRegistry
+from ..nursery.session_task import serve_external_session
 from ..rollout.advantages import scalar_reward
 from ..rollout.dumps import (
     DUMP_FORMAT,
@@ -61,7 +62,7 @@ from ..rollout.dumps import (
 )
 from ..rollout.operator_view import RunView
 from ..rollout.turns import EngineTurnHandler
-from ..run.summary import count
+from .._validate import count
 from ..sglang.client import EngineClient, context_token_limit, open_engine_client
 from ..fleet.launch import open_embedded_engine
 

@@ -25,7 +25,8 @@ from support.procs import alive
 
 import relaxtrio
 from relaxtrio._errors import RelaxError
-from relaxtrio.cli.train_args import add_train_parser, train_config
+from relaxtrio.cli.train_config import train_config
+from relaxtrio.cli.train_flags import add_train_parser
 from relaxtrio.run.checkpoint import RunCheckpointer
 
 REPO = Path(relaxtrio.__file__).resolve().parent.parent

@@ -125,7 +125,7 @@ async def test_waiting_for_lease_only_when_unleased_and_every_agent_is_held_or_e
     group.note_request(first)
     group.note_request(second)
     assert not group.waiting_for_lease, "one agent is still before its first request"
-    third._ended.set()  # an agent that exited before asking anything computes nothing either
+    third.mark_ended()  # an agent that exited before asking anything computes nothing either
     assert group.waiting_for_lease
     group.leased = True
     assert not group.waiting_for_lease, "a leased Group generates and its agents run"

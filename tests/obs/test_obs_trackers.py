@@ -11,7 +11,9 @@ from pathlib import Path
 import pytest
 from support.trackers import tensorboard_scalars, wandb_history
 
-from relaxtrio.cli.train_args import add_train_parser, train_config
+from relaxtrio.cli.train_config import train_config
+
+from relaxtrio.cli.train_flags import add_train_parser
 from relaxtrio.config import AgentConfig, RolloutConfig, TrackerConfig, TrainRunConfig
 from relaxtrio.run.driver import check_capacity, record_run_log
 from relaxtrio.run.trackers import Trackers, family_of, family_scalars

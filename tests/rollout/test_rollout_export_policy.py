@@ -66,7 +66,9 @@ async def test_all_leaves_exports_every_leaf_for_custom_credit(tiny_model_dir: P
 def _parse(tmp_path: Path, *flags: str):
     import argparse
 
-    from relaxtrio.cli.train_args import add_train_parser, train_config
+    from relaxtrio.cli.train_config import train_config
+
+    from relaxtrio.cli.train_flags import add_train_parser
 
     data = tmp_path / "tasks.jsonl"
     data.write_text('{"input": [{"role": "user", "content": "x"}]}\n')

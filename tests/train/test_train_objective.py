@@ -163,7 +163,7 @@ def test_sequence_ratio_step_equals_token_ratio_on_policy(tiny_model_dir: Path) 
 
 
 def test_driver_logs_only_the_metrics_a_configuration_produces(tiny_model_dir: Path) -> None:
-    from relaxtrio.run.driver import optional_train_metrics
+    from relaxtrio.run.step import optional_train_metrics
 
     samples = _on_policy(tiny_model_dir, make_samples(2, seed=30))
     plain = Trainer.from_pretrained(tiny_model_dir, BASE).train_step(samples, [1.0, -1.0])

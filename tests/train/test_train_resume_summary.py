@@ -15,7 +15,8 @@ import trio
 from support.pipeline import open_test_pipeline, prompts
 
 from relaxtrio.config import AgentConfig, RolloutConfig, TrainRunConfig
-from relaxtrio.run.driver import _finish, _load_datasets, _StepOutputs
+from relaxtrio.run.driver import _finish, _load_datasets
+from relaxtrio.run.step import StepOutputs
 from relaxtrio.rollout.metrics import MetricsLog
 from relaxtrio.rollout.step import group_metrics
 from relaxtrio.run.checkpoint import RunCheckpointer
@@ -73,7 +74,7 @@ async def test_a_resumed_summary_names_whole_run_and_this_process_figures(
         checkpointer.note_step(step, row)
         metrics.append(step, row)
     summary = await _finish(config.output_dir, None, tmp_path, metrics,
-                            _StepOutputs.fresh(config, tmp_path), first_rollout_id=2)
+                            StepOutputs.fresh(config, tmp_path), first_rollout_id=2)
     rows = [json.loads(line) for line in summary.metrics_path.read_text().splitlines()]
     assert [r["step"] for r in rows] == [0, 1, 2, 3]
     assert summary.run == StepTotals.of(rows) == StepTotals(steps=4, trained_steps=3, num_samples=10,
@@ -94,13 +95,13 @@ async def test_a_fresh_summary_is_the_whole_run(tmp_path: Path, caplog: pytest.L
     metrics = checkpointer.open_metrics(tmp_path / "fresh" / "metrics.jsonl")
     metrics.append(0, {"num_samples": 3, "dropped_groups": 1, "loss": 0.2})
     summary = await _finish(tmp_path / "fresh", None, tmp_path, metrics,
-                            _StepOutputs.fresh(config, tmp_path))
+                            StepOutputs.fresh(config, tmp_path))
     assert summary.run == summary.this_process == StepTotals(steps=1, trained_steps=1, num_samples=3,
                                                              dropped_groups=1)
     assert "finished: 1 of 1 step trained, 3 samples, 1 Group dropped" in caplog.text
     # Resumed with no step left to run: judged by the whole run.
     done = await _finish(tmp_path / "fresh", None, tmp_path, metrics,
-                         _StepOutputs.fresh(config, tmp_path), first_rollout_id=1)
+                         StepOutputs.fresh(config, tmp_path), first_rollout_id=1)
     assert done.this_process == StepTotals() and done.judged == done.run
     assert "finished: no step left to run after step 0; the whole run" in caplog.text
 
@@ -126,7 +127,7 @@ async def test_a_resumed_summary_names_the_groups_rerun_and_requeued_on_resume(
         checkpointer.note_step(step, row)
         metrics.append(step, row)
     summary = await _finish(config.output_dir, None, tmp_path, metrics,
-                            _StepOutputs.fresh(config, tmp_path), first_rollout_id=2)
+                            StepOutputs.fresh(config, tmp_path), first_rollout_id=2)
     assert summary.run == StepTotals(steps=4, trained_steps=4, num_samples=12, dropped_groups=1,
                                      resume_dropped_groups=2, resume_requeued_groups=1)
     assert summary.this_process == StepTotals(steps=2, trained_steps=2, num_samples=4,
@@ -190,7 +191,7 @@ async def test_the_end_of_run_checkpoint_saves_a_group_the_summary_then_names(
                                     tokenizer_dir=None)
     assert checkpointer.saved_groups == 1
     summary = await _finish(tmp_path / "run", None, tmp_path, metrics,
-                            _StepOutputs.fresh(config, tmp_path), saved_groups=checkpointer.saved_groups)
+                            StepOutputs.fresh(config, tmp_path), saved_groups=checkpointer.saved_groups)
     assert summary.run.dropped_groups == 1  # the documented counter is unchanged
     assert ("finished: 2 of 2 steps trained, 2 samples, 1 Group dropped (1 of them saved for an "
             "extension of this run)") in caplog.text

@@ -239,7 +239,7 @@ def test_a_load_dir_without_a_checkpoint_warns_saying_what_it_found(
                 a_file: "not a directory"}
     for load_dir, reason in expected.items():
         caplog.clear()
-        with caplog.at_level(logging.WARNING, logger="relaxtrio.run.checkpoint"):
+        with caplog.at_level(logging.WARNING, logger="relaxtrio.run.run_dirs"):
             assert find_resume_point(load_dir) is None  # a fresh start, as `--save D --load D` needs
         assert [r.getMessage() for r in caplog.records] == [
             f"--load {load_dir}: {reason}; starting from the beginning"]
@@ -257,13 +257,13 @@ def test_a_run_directory_is_held_by_one_run_at_a_time(tmp_path: Path) -> None:
     import sys
 
     from relaxtrio._errors import ConfigError
-    from relaxtrio.run.checkpoint import RUN_LOCK_FILE, hold_run_dirs
+    from relaxtrio.run.run_dirs import RUN_LOCK_FILE, hold_run_dirs
 
     out, save = tmp_path / "run", tmp_path / "ckpt"
     with hold_run_dirs(out, save):
         assert (save / RUN_LOCK_FILE).read_text().strip() == str(os.getpid())
         # flock is per open file: another process is refused, as a second driver would be.
-        probe = ("import sys; from relaxtrio.run.checkpoint import hold_run_dirs\n"
+        probe = ("import sys; from relaxtrio.run.run_dirs import hold_run_dirs\n"
                  "try:\n    hold_run_dirs(sys.argv[1], None).__enter__()\n"
                  "except Exception as exc:\n    print(exc.param, exc); sys.exit(3)\n")
         for directory, param in ((out, "output_dir"), (save, "output_dir")):

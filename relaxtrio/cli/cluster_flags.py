@@ -1,8 +1,9 @@
 """Command-line flags for running past one process: trainer ranks, Ray placement.
 
-Kept apart from :mod:`relaxtrio.cli.train_args` so the scale-out flags read as one group. Nothing
-here imports Ray: ``--ray-address`` (or ``RAY_ADDRESS``, read when the flags are parsed, never
-at import time) only selects the Ray placement, which the driver imports when asked.
+The "cluster" group of ``train --help`` (:mod:`relaxtrio.cli.train_flags`) and the
+:class:`~relaxtrio.config.DistributedConfig` it makes. Nothing here imports Ray:
+``--ray-address`` (or ``RAY_ADDRESS``, read when the flags are parsed, never at import time) only
+selects the Ray placement, which the driver imports when asked.
 """
 
 from __future__ import annotations
@@ -18,8 +19,10 @@ __all__ = ["add_cluster_flags", "with_cluster_flags"]
 
 
 def add_cluster_flags(p: argparse.ArgumentParser) -> None:
-    """Adds the "scale out" flag group to the ``train`` parser."""
-    g = p.add_argument_group("scale out (sharded trainer, Ray)")
+    """Adds the "cluster" flag group (sharded trainer, Ray placement, agent API reach) to the
+    ``train`` parser."""
+    g = p.add_argument_group("cluster", "past one process: sharded trainer ranks, Ray placement, "
+                                        "and the agent API's address for agents on other nodes")
     g.add_argument("--actor-num-nodes", type=int, default=1, metavar="N",
                    help="nodes the trainer ranks spread over (more than 1 needs --ray-address)")
     g.add_argument("--actor-num-gpus-per-node", type=int, default=1, metavar="N",

@@ -1,6 +1,6 @@
 """Flags of ``python -m relaxtrio serve`` and ``replay``, and their translation into configs.
 
-``rollout`` takes the ``train`` flags (:mod:`relaxtrio.cli.train_args`). As there, every check
+``rollout`` takes the ``train`` flags (:mod:`relaxtrio.cli.train_flags`). As there, every check
 that can be made before loading a model is made here.
 """
 

@@ -1,7 +1,7 @@
-"""The trainer's run configuration record and the vocabulary of the algorithm flags.
+"""The trainer's configuration (:class:`TrainConfig`: optimizer, policy loss, batching, LoRA) and
+the vocabulary of the algorithm flags (estimators, loss aggregations, ratios, KL estimators).
 
-Re-exported by :mod:`relaxtrio.config` (import it from there); kept apart because the
-estimator, policy-loss and batching options make :class:`TrainConfig` a module of its own.
+Re-exported by :mod:`relaxtrio.config` (import it from there).
 
 May import: attrs, :mod:`relaxtrio._errors` and :mod:`relaxtrio._validate` only.
 """
