@@ -3,7 +3,9 @@
 One meaning per fixture name across the suite: ``tiny_model_dir`` is the tiny random chat model
 (trained tokenizer, ChatML + tools template) and ``tokenizer`` its tokenizer; the trainer's
 tokenizer-less model is ``tiny_llama_dir`` (tests/train), the vision model ``tiny_vlm_dir``
-(tests/multimodal). Shared helpers (Sessions, Groups, served apps, agents) are in tests/support.
+(tests/support/vlm.py). Shared helpers (Sessions, Groups, served apps, agents) are in tests/support,
+imported as ``tests.support.<module>``: tests/ is a package, so no test folder (tests/sglang,
+tests/vllm) can shadow the engine package of the same name on ``sys.path``.
 """
 
 from __future__ import annotations
@@ -17,6 +19,8 @@ import pytest
 
 from relaxtrio.models import load_tokenizer
 from relaxtrio.testing.tiny_models import build_tiny_model
+
+pytest_plugins = ["tests.support.engine", "tests.support.vlm"]
 
 _saved_env: dict[str, str | None] = {}
 

@@ -17,7 +17,7 @@ import time
 from pathlib import Path
 
 import pytest
-from support.procs import alive
+from tests.support.procs import alive
 
 from relaxtrio import _reaper, shm_weights
 

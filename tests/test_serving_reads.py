@@ -19,8 +19,8 @@ from hypercorn.config import Config
 from hypercorn.events import Closed, RawData
 from quart import Response, request
 from quart_trio import QuartTrio
-from support.apps import serve_app
-from support.wire import http1_request, open_raw
+from tests.support.apps import serve_app
+from tests.support.wire import http1_request, open_raw
 
 from relaxtrio._serving import (
     COALESCE_MAX_BYTES,

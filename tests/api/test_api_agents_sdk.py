@@ -9,9 +9,9 @@ import sys
 from pathlib import Path
 
 import trio
-from api_helpers import scripted_pipeline, tool_call_text
-from support.apps import serve_app
-from support.sessions import open_session
+from tests.api.api_helpers import scripted_pipeline, tool_call_text
+from tests.support.apps import serve_app
+from tests.support.sessions import open_session
 
 from relaxtrio.api.app import create_app
 from relaxtrio.chat.compiler import ChatCompiler

@@ -13,10 +13,10 @@ import os
 import pytest
 import trio
 import trio.testing
-from api_helpers import CHAT, ScriptedHandler
-from support.apps import serve_app
-from support.sessions import open_session
-from support.wire import open_raw, read_until_eof
+from tests.api.api_helpers import CHAT, ScriptedHandler
+from tests.support.apps import serve_app
+from tests.support.sessions import open_session
+from tests.support.wire import open_raw, read_until_eof
 
 from relaxtrio.api.app import create_app
 from relaxtrio.api.asgi import ModelRoutes

@@ -13,8 +13,8 @@ import anthropic
 import openai
 import pytest
 import trio
-from support.apps import serve_agent_api
-from support.sessions import open_session
+from tests.support.apps import serve_agent_api
+from tests.support.sessions import open_session
 
 from relaxtrio.chat.compiler import ChatCompiler
 from relaxtrio.config import GenerationConfig

@@ -14,10 +14,10 @@ import os
 from typing import Any
 
 import pytest
-from api_helpers import ENDPOINTS, ScriptedHandler, events, parse_sse
+from tests.api.api_helpers import ENDPOINTS, ScriptedHandler, events, parse_sse
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
-from support.sessions import open_session
+from tests.support.sessions import open_session
 
 from relaxtrio.api.app import create_app
 from relaxtrio.config import ApiConfig

@@ -23,8 +23,8 @@ from typing import Any
 import httpx
 import pytest
 import trio
-from support.apps import serve_agent_api
-from support.pipeline import prompts
+from tests.support.apps import serve_agent_api
+from tests.support.pipeline import prompts
 
 from relaxtrio.api.operator import start_operator
 from relaxtrio.chat.compiler import ChatCompiler

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import pytest
-from compiler_testkit import CASES, make_compiler
+from tests.chat.compiler_testkit import CASES, make_compiler
 
 from relaxtrio.chat.compiler import ChatCompiler
 

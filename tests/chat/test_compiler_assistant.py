@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import pytest
-from compiler_testkit import TOOLS
+from tests.chat.compiler_testkit import TOOLS
 
 from relaxtrio import BackendError, EmptyReplyError, InternalError
 from relaxtrio.chat.compiler import ChatCompiler

@@ -12,7 +12,7 @@ from __future__ import annotations
 import random
 
 import pytest
-from compiler_testkit import CASES
+from tests.chat.compiler_testkit import CASES
 
 from relaxtrio.chat import _chunked_encode
 from relaxtrio.chat._chunked_encode import ChunkedEncoder, chunkable_backend

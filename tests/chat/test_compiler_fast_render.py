@@ -12,7 +12,7 @@ from __future__ import annotations
 from typing import Any
 
 import pytest
-from compiler_testkit import CASES, SCENARIOS, scenario
+from tests.chat.compiler_testkit import CASES, SCENARIOS, scenario
 
 from relaxtrio.chat import _template_inputs as inputs
 from relaxtrio.chat._fast_render import fast_decode, fast_encode

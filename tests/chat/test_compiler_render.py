@@ -8,7 +8,7 @@ from __future__ import annotations
 import copy
 
 import pytest
-from compiler_testkit import CASES, FAMILIES, TOOLS, assistant, build_tokenizer, call, scenario, tool
+from tests.chat.compiler_testkit import CASES, FAMILIES, TOOLS, assistant, build_tokenizer, call, scenario, tool
 
 from relaxtrio import InternalError, InvalidRequestError
 from relaxtrio.chat.compiler import DUMMY_PREFIX, ChatCompiler

@@ -8,7 +8,7 @@ generation prompt (or, where the template cannot show the turn, the text the mod
 EOS). A template is *prefix-stable* for a conversation when the lineage equals
 ``render(conversation).token_ids``.
 
-Templates are offline reproductions (tests/compiler/templates/, checked render-for-render against
+Templates are offline reproductions (tests/chat/templates/, checked render-for-render against
 the public templates), tokenizers are small offline BPE models with each family's markers.
 
 =====================  =============  ======================  ===========================  ==========
@@ -57,7 +57,7 @@ it is recorded verbatim as that subtree's prompt.
 from __future__ import annotations
 
 import pytest
-from compiler_testkit import CASES, SCENARIOS, lineage_ids, model_output_ids, rendered_turn_ids, scenario
+from tests.chat.compiler_testkit import CASES, SCENARIOS, lineage_ids, model_output_ids, rendered_turn_ids, scenario
 
 from relaxtrio import InvalidRequestError
 from relaxtrio.chat.compiler import ChatCompiler

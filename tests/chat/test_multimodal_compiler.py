@@ -10,8 +10,8 @@ from types import SimpleNamespace
 
 import numpy as np
 import pytest
-from mm_helpers import closed_port_url, data_url
-from support.chat import observation
+from tests.support.images import closed_port_url, data_url
+from tests.support.chat import observation
 from transformers import Qwen2VLProcessor
 
 from relaxtrio import InvalidRequestError

@@ -75,10 +75,10 @@ def test_estimators_imply_their_trainer_side() -> None:
     ("flags", "message"),
     [
         (["--advantage-estimator", "rloo", "--agentic-custom-advantage-path",
-          "support.credit.outcome_times_usefulness"],
+          "tests.support.credit.outcome_times_usefulness"],
          "--advantage-estimator rloo cannot be combined with --agentic-custom-advantage-path"),
         (["--advantage-estimator", "reinforce_plus_plus_baseline", "--agentic-custom-advantage-path",
-          "support.credit.outcome_times_usefulness"],
+          "tests.support.credit.outcome_times_usefulness"],
          "reinforce_plus_plus_baseline cannot be combined"),
         (["--kl-coef", "0.1"], "--advantage-estimator grpo does not build returns"),
         (["--advantage-estimator", "rloo", "--kl-coef", "0.1", "--use-kl-loss", "--kl-loss-coef", "0.1"],
@@ -103,7 +103,7 @@ def test_bad_combinations_are_refused_at_startup(flags, message) -> None:
 
 
 def test_multi_context_export_without_dynamic_batching_is_refused_with_the_spec_reason() -> None:
-    path = "support.credit.outcome_times_usefulness"
+    path = "tests.support.credit.outcome_times_usefulness"
     with pytest.raises(RelaxError, match="must also enable dynamic batching") as info:
         _config("--agentic-custom-advantage-path", path)
     assert "docs/export-and-credit.md#multi-context-dynamic-batching" in str(info.value)
@@ -116,7 +116,7 @@ def test_multi_context_export_without_dynamic_batching_is_refused_with_the_spec_
 def test_reward_and_filter_flags_reach_the_rollout_config() -> None:
     from relaxtrio.rollout.filters import check_reward_nonzero_std
 
-    cfg = _config("--custom-rm-path", "support.rewards.group_rank_reward", "--group-rm",
+    cfg = _config("--custom-rm-path", "tests.support.rewards.group_rank_reward", "--group-rm",
                   "--eval-reward-key", "accuracy", "--log-passrate", "--reward-key", "score",
                   "--dynamic-sampling-filter-path", "relaxtrio.rollout.filters.check_reward_nonzero_std")
     r = cfg.rollout

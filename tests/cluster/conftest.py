@@ -8,8 +8,8 @@ import time
 from pathlib import Path
 
 import pytest
-from support.procs import descendants
-from support.ray_state import live_actors
+from tests.support.procs import descendants
+from tests.support.ray_state import live_actors
 
 ROOT = Path(__file__).resolve().parents[2]
 

@@ -13,7 +13,7 @@ from pathlib import Path
 
 import pytest
 import trio
-from support.procs import alive
+from tests.support.procs import alive
 
 pytest.importorskip("ray")
 

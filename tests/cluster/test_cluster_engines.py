@@ -15,8 +15,8 @@ from pathlib import Path
 import httpx
 import pytest
 import trio
-from support.procs import alive, descendants
-from support.ray_state import live_actors
+from tests.support.procs import alive, descendants
+from tests.support.ray_state import live_actors
 
 from relaxtrio.config import FleetConfig
 from relaxtrio.fleet.fleet import EngineFleet, open_engine_fleet

@@ -7,8 +7,8 @@ from pathlib import Path
 import httpx
 import pytest
 import trio
-from mm_helpers import data_url, full_forward_logprobs
-from support.chat import observation
+from tests.support.images import data_url, full_forward_logprobs
+from tests.support.chat import observation
 
 from relaxtrio import EngineRejectedError
 from relaxtrio.chat.compiler import ChatCompiler

@@ -17,7 +17,7 @@ import json
 from pathlib import Path
 
 import pytest
-from support.examples import REPO, assert_response_masks, run_example
+from tests.support.examples import REPO, assert_response_masks, run_example
 
 from relaxtrio.testing.scripted_server import Rule
 

@@ -11,7 +11,7 @@ import shutil
 from pathlib import Path
 
 import pytest
-from support.examples import assert_response_masks, run_example
+from tests.support.examples import assert_response_masks, run_example
 
 from relaxtrio.testing.scripted_server import Rule
 

@@ -7,7 +7,7 @@ import importlib.util
 from pathlib import Path
 
 import pytest
-from support.examples import EXAMPLES, assert_response_masks, run_example
+from tests.support.examples import EXAMPLES, assert_response_masks, run_example
 
 from relaxtrio.testing.scripted_server import Rule
 

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from support.examples import assert_response_masks, run_example
+from tests.support.examples import assert_response_masks, run_example
 
 from relaxtrio.testing.scripted_server import Rule
 

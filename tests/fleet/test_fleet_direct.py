@@ -9,7 +9,7 @@ import httpx
 import pytest
 import torch
 import trio
-from fleet_helpers import IGNORE_DROPPED_BODY, long_sampling, wait_running
+from tests.fleet.fleet_helpers import IGNORE_DROPPED_BODY, long_sampling, wait_running
 
 from relaxtrio import EngineUnavailableError
 from relaxtrio.config import FleetConfig

@@ -12,7 +12,7 @@ import httpx
 import pytest
 import torch
 import trio
-from fleet_helpers import IGNORE_DROPPED_BODY, long_sampling, wait_running
+from tests.fleet.fleet_helpers import IGNORE_DROPPED_BODY, long_sampling, wait_running
 
 from relaxtrio._errors import BackendError
 from relaxtrio.config import FleetConfig

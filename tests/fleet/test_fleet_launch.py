@@ -18,7 +18,7 @@ import attrs
 import pytest
 import trio
 import trio.testing
-from support.procs import alive
+from tests.support.procs import alive
 
 from relaxtrio import EngineUnavailableError
 from relaxtrio.config import FleetConfig

@@ -14,8 +14,8 @@ from pathlib import Path
 import httpx
 import pytest
 import trio
-from fleet_helpers import IGNORE_DROPPED_BODY
-from support.agents import write_httpx_agent
+from tests.fleet.fleet_helpers import IGNORE_DROPPED_BODY
+from tests.support.agents import write_httpx_agent
 
 from relaxtrio.config import (
     AgentConfig,

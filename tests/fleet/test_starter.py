@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 import trio
-from support.procs import alive
+from tests.support.procs import alive
 
 from relaxtrio import BackendError
 from relaxtrio.fleet.starter import LocalStarter, ProcessSpec, with_flag

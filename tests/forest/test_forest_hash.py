@@ -10,7 +10,7 @@ import sys
 from typing import Any
 
 import pytest
-from forest_testlib import forest_settings, reference_hash
+from tests.forest.forest_testlib import forest_settings, reference_hash
 from hypothesis import given
 from hypothesis import strategies as st
 

@@ -14,8 +14,8 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 
 import pytest
-from mm_helpers import closed_port_url, data_url, make_image, png_bytes
-from support.chat import observation
+from tests.support.images import closed_port_url, data_url, make_image, png_bytes
+from tests.support.chat import observation
 
 from relaxtrio import InvalidRequestError
 from relaxtrio.chat.compiler import ChatCompiler

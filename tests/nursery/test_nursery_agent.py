@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 import trio
 import trio.testing
-from support.procs import PidPipe, alive
+from tests.support.procs import PidPipe, alive
 
 from relaxtrio import AgentExecutionError, ConfigError
 from relaxtrio.config import AgentConfig

@@ -11,10 +11,10 @@ import attrs
 import pytest
 import trio
 import trio.testing
-from support.agents import write_httpx_agent
-from support.apps import serve_agent_api
-from support.clock import RealTimeLimit
-from support.procs import PidPipe, alive
+from tests.support.agents import write_httpx_agent
+from tests.support.apps import serve_agent_api
+from tests.support.clock import RealTimeLimit
+from tests.support.procs import PidPipe, alive
 
 from relaxtrio.chat.compiler import ChatCompiler
 from relaxtrio.config import AgentConfig, GenerationConfig

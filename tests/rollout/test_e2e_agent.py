@@ -7,7 +7,7 @@ from pathlib import Path
 
 import torch
 import trio
-from support.apps import serve_agent_api
+from tests.support.apps import serve_agent_api
 
 from relaxtrio.chat.compiler import ChatCompiler
 from relaxtrio.config import AgentConfig, GenerationConfig

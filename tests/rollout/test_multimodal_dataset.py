@@ -8,7 +8,7 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-from mm_helpers import data_url, decode_data_url, make_image, png_bytes
+from tests.support.images import data_url, decode_data_url, make_image, png_bytes
 
 from relaxtrio import ConfigError, InvalidRequestError
 from relaxtrio.media.images import decode_image_url, image_parts, to_image_url

@@ -9,9 +9,9 @@ import sys
 from pathlib import Path
 
 import trio
-from mm_helpers import data_url, full_forward_logprobs, make_image
-from support.apps import serve_agent_api
-from support.chat import observation
+from tests.support.images import data_url, full_forward_logprobs, make_image
+from tests.support.apps import serve_agent_api
+from tests.support.chat import observation
 
 from relaxtrio.chat.compiler import ChatCompiler
 from relaxtrio.config import AgentConfig, GenerationConfig

@@ -7,8 +7,8 @@ from typing import Any
 
 import pytest
 import trio
-from mm_helpers import closed_port_url, data_url
-from support.chat import observation
+from tests.support.images import closed_port_url, data_url
+from tests.support.chat import observation
 
 from relaxtrio import ContextLengthExceededError, InvalidRequestError
 from relaxtrio.chat.compiler import ChatCompiler

@@ -9,8 +9,8 @@ from pathlib import Path
 
 import pytest
 import trio
-from support.pipeline import open_test_pipeline, prompts
-from support.sessions import make_group
+from tests.support.pipeline import open_test_pipeline, prompts
+from tests.support.sessions import make_group
 
 from relaxtrio.config import RolloutConfig
 from relaxtrio.forest import TrainingSample

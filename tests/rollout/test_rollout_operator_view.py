@@ -7,8 +7,8 @@ from pathlib import Path
 from typing import Any
 
 import trio
-from support.pipeline import open_test_pipeline, prompts
-from support.procs import alive
+from tests.support.pipeline import open_test_pipeline, prompts
+from tests.support.procs import alive
 
 from relaxtrio.config import RolloutConfig
 from relaxtrio.rollout.operator_view import SNAPSHOT_KEYS, RunView

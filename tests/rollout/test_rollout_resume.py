@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 import trio
-from support.pipeline import open_test_pipeline, prompts
+from tests.support.pipeline import open_test_pipeline, prompts
 
 from relaxtrio._errors import ConfigError
 from relaxtrio.config import RolloutConfig

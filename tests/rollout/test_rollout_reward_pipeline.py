@@ -6,7 +6,7 @@ from pathlib import Path
 
 import pytest
 import trio
-from support.pipeline import open_test_pipeline, prompts
+from tests.support.pipeline import open_test_pipeline, prompts
 
 from relaxtrio.config import RolloutConfig
 from relaxtrio.models import load_tokenizer
@@ -27,7 +27,7 @@ def _engine(tokenizer) -> ScriptedEngine:
 
 
 async def test_async_reward_model_scores_agents_without_reward(tokenizer, tmp_path: Path) -> None:
-    rm = load_function("support.rewards.async_length_reward", flag="--custom-rm-path")
+    rm = load_function("tests.support.rewards.async_length_reward", flag="--custom-rm-path")
     config = RolloutConfig(n_samples_per_prompt=2, rollout_batch_size=1, custom_rm=rm, reward_key="score",
                            show_progress=False)
     with trio.fail_after(60):
@@ -42,7 +42,7 @@ async def test_async_reward_model_scores_agents_without_reward(tokenizer, tmp_pa
 
 
 async def test_group_rm_through_the_pipeline(tokenizer, tmp_path: Path) -> None:
-    rm = load_function("support.rewards.group_rank_reward", flag="--custom-rm-path")
+    rm = load_function("tests.support.rewards.group_rank_reward", flag="--custom-rm-path")
     config = RolloutConfig(n_samples_per_prompt=3, rollout_batch_size=1, custom_rm=rm, group_rm=True,
                            show_progress=False)
     with trio.fail_after(60):

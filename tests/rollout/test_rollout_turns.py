@@ -8,7 +8,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from support.sessions import leased_session
+from tests.support.sessions import leased_session
 
 from relaxtrio.chat.compiler import ChatCompiler
 from relaxtrio.models import load_tokenizer

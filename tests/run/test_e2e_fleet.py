@@ -13,8 +13,8 @@ from pathlib import Path
 import httpx
 import pytest
 import trio
-from support.agents import write_httpx_agent
-from support.procs import alive
+from tests.support.agents import write_httpx_agent
+from tests.support.procs import alive
 
 from relaxtrio import _reaper
 from relaxtrio.config import (

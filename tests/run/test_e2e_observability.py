@@ -9,8 +9,8 @@ from pathlib import Path
 
 import pytest
 import trio
-from support.agents import write_httpx_agent
-from support.trackers import tensorboard_scalars, wandb_history
+from tests.support.agents import write_httpx_agent
+from tests.support.trackers import tensorboard_scalars, wandb_history
 
 from relaxtrio.config import (
     AgentConfig,

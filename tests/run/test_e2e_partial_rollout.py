@@ -8,7 +8,7 @@ from pathlib import Path
 
 import torch
 import trio
-from support.pipeline import open_test_pipeline, prompts
+from tests.support.pipeline import open_test_pipeline, prompts
 
 from relaxtrio.config import GenerationConfig, RolloutConfig
 from relaxtrio.run.driver import push_weights

@@ -20,8 +20,8 @@ from pathlib import Path
 
 import pytest
 from safetensors.torch import load_file
-from support.agents import write_httpx_agent
-from support.procs import alive
+from tests.support.agents import write_httpx_agent
+from tests.support.procs import alive
 
 import relaxtrio
 from relaxtrio._errors import RelaxError

@@ -9,7 +9,7 @@ import attrs
 import pytest
 import torch
 import trio
-from support.agents import write_httpx_agent
+from tests.support.agents import write_httpx_agent
 
 from relaxtrio.config import (
     AgentConfig,

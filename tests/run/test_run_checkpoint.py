@@ -12,7 +12,7 @@ from pathlib import Path
 import numpy
 import pytest
 import torch
-from train_helpers import make_samples
+from tests.train.train_helpers import make_samples
 
 from relaxtrio import ConfigError
 from relaxtrio.config import AgentConfig, TrainRunConfig

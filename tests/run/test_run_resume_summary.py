@@ -12,7 +12,7 @@ from typing import Any
 import attrs
 import pytest
 import trio
-from support.pipeline import open_test_pipeline, prompts
+from tests.support.pipeline import open_test_pipeline, prompts
 
 from relaxtrio.config import AgentConfig, RolloutConfig, TrainRunConfig
 from relaxtrio.run.driver import _finish, _load_datasets, _StepOutputs

@@ -9,7 +9,7 @@ import math
 from pathlib import Path
 
 import pytest
-from support.trackers import tensorboard_scalars, wandb_history
+from tests.support.trackers import tensorboard_scalars, wandb_history
 
 from relaxtrio.cli.train_args import add_train_parser, train_config
 from relaxtrio.config import AgentConfig, RolloutConfig, TrackerConfig, TrainRunConfig

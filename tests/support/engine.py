@@ -1,5 +1,6 @@
-"""Fixtures of the engine tests: one tiny model per session, an in-process engine per test
-(``engine_state`` / ``scheduler`` give the test that engine's scheduler to wait on)."""
+"""Engine fixtures (a pytest plugin loaded by tests/conftest.py): one tiny model per session, an
+in-process embedded engine per test (``engine_state`` / ``scheduler`` give the test that engine's
+scheduler to wait on), for the engine tests and the SGLang client tests against it."""
 
 from __future__ import annotations
 

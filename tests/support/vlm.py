@@ -1,4 +1,5 @@
-"""Fixtures of the multimodal suite: one tiny random Qwen2-VL per session, built offline."""
+"""Vision fixtures (a pytest plugin loaded by tests/conftest.py): one tiny random Qwen2-VL per
+session, built offline, for the image tests of every package."""
 
 from __future__ import annotations
 

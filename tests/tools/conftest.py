@@ -1,4 +1,4 @@
-"""Fixtures of the end-to-end tests: one embedded engine process for the tests that only need an
+"""Fixtures of the serve tests: one embedded engine process for the tests that only need an
 engine to talk to (``python -m relaxtrio serve --engine-url``), started once per test session.
 
 Starting an engine is a real process start (Python, torch, transformers, the model): seconds on

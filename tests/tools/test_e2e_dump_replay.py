@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 import trio
-from support.agents import write_httpx_agent
+from tests.support.agents import write_httpx_agent
 
 from relaxtrio.cli.main import main
 from relaxtrio.config import (

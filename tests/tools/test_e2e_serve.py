@@ -20,7 +20,7 @@ from typing import Final
 
 import pytest
 import trio
-from support.procs import descendants
+from tests.support.procs import descendants
 
 from relaxtrio import ConfigError
 from relaxtrio.config import FleetConfig

@@ -7,7 +7,7 @@ from pathlib import Path
 
 import attrs
 import pytest
-from support.groups import sample
+from tests.support.groups import sample
 
 from relaxtrio.config import TrainConfig
 from relaxtrio.tools.replay import replay_dump, train_config_of

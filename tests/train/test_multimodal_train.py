@@ -9,8 +9,8 @@ from pathlib import Path
 import numpy as np
 import pytest
 import torch
-from mm_helpers import data_url, full_forward_logprobs
-from support.chat import observation
+from tests.support.images import data_url, full_forward_logprobs
+from tests.support.chat import observation
 
 from relaxtrio.chat.compiler import ChatCompiler
 from relaxtrio.forest import TrainingSample
