@@ -25,6 +25,7 @@ import pytest
 import trio
 from tests.support.apps import serve_agent_api
 from tests.support.pipeline import prompts
+from tests.support.waits import wait_until
 
 from relaxtrio.api.operator import start_operator
 from relaxtrio.chat.compiler import ChatCompiler
@@ -134,12 +135,15 @@ class _Browser:
 
 
 async def _wait_state(url: str, token: str, ready: Callable[[dict[str, Any]], bool]) -> dict[str, Any]:
-    async with httpx.AsyncClient(timeout=30) as http:
-        while True:
-            state = (await http.get(url + "/debug_state", headers={"Authorization": f"Bearer {token}"})).json()
-            if ready(state):
-                return state
-            await trio.sleep(0.1)
+    state: dict[str, Any] = {}
+
+    async def holds() -> bool:
+        state.update((await http.get(url + "/debug_state", headers={"Authorization": f"Bearer {token}"})).json())
+        return ready(state)
+
+    async with httpx.AsyncClient(timeout=30) as http:  # the agents are real processes
+        await wait_until(holds, timeout_s=300, what="the dashboard state", interval_s=0.1)
+    return state
 
 
 async def test_dashboard_in_headless_chromium_shows_groups_and_forest_of_a_live_rollout(
@@ -171,11 +175,13 @@ async def test_dashboard_in_headless_chromium_shows_groups_and_forest_of_a_live_
                     operator_url = await start_operator(nursery, view, port=0, announce=lines.append)
                     token = lines[0].split("#token=")[1].split()[0]
                     results: list[Any] = []
+                    stepped = trio.Event()
 
                     async def run_step() -> None:
                         result = await pipeline.run_step(0, last=True)
                         view.note_step(result, step_s=result.rollout_s)
                         results.append(result)
+                        stepped.set()
 
                     nursery.start_soon(run_step)
                     state = await _wait_state(operator_url, token, lambda s: s["totals"]["session_count"] == 4 and all(
@@ -202,8 +208,7 @@ async def test_dashboard_in_headless_chromium_shows_groups_and_forest_of_a_live_
                         assert page["nodes"] == NODES_PER_SESSION
 
                         hold.write_text("go")  # agents write their contexts and exit; the step ends
-                        while not results:
-                            await trio.sleep(0.1)
+                        await stepped.wait()
                         assert len(results[0].groups) == 2 and len(results[0].samples) == 4
                         page = await trio.to_thread.run_sync(
                             browser.wait_for, None, lambda p: p["reward_points"] == 1 and p["exported"] == 1)

@@ -14,6 +14,7 @@ from pathlib import Path
 import pytest
 import trio
 from tests.support.procs import alive
+from tests.support.waits import wait_until
 
 pytest.importorskip("ray")
 
@@ -60,8 +61,7 @@ async def test_expire_ends_the_agent_as_a_timeout_with_its_output_tail(tmp_path:
             nursery.start_soon(run)
             state, pgid, _ = await trio.to_thread.run_sync(runner.wait_started, 1, 30.0)
             assert state == "started" and alive(pgid)
-            while not ready.exists():  # the agent wrote its line
-                await trio.sleep(0.05)
+            await wait_until(ready.exists, timeout_s=30, what="the agent's line")
             await trio.to_thread.run_sync(runner.expire, 1)
     [out] = outcome
     assert out.kind == "error" and out.timed_out and out.return_code is None

@@ -11,6 +11,7 @@ import pytest
 import trio
 from tests.support.pipeline import open_test_pipeline, prompts
 from tests.support.sessions import make_group
+from tests.support.waits import wait_until
 
 from relaxtrio.config import RolloutConfig
 from relaxtrio.forest import TrainingSample
@@ -160,9 +161,8 @@ async def test_accounting_lines_and_idle_heartbeat_of_a_waiting_step(
     config = RolloutConfig(n_samples_per_prompt=2, rollout_batch_size=1, idle_heartbeat_s=0.2,
                            show_progress=False)
 
-    async def release_after_a_heartbeat() -> None:
-        while "event=idle_heartbeat" not in caplog.text:
-            await trio.sleep(0.05)
+    async def release_after_a_heartbeat() -> None:  # the agents (real processes) wait on the file
+        await wait_until(lambda: "event=idle_heartbeat" in caplog.text, timeout_s=60, what="a heartbeat line")
         flag.write_text("go")
 
     with trio.fail_after(60):

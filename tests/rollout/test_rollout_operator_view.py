@@ -9,6 +9,7 @@ from typing import Any
 import trio
 from tests.support.pipeline import open_test_pipeline, prompts
 from tests.support.procs import alive
+from tests.support.waits import wait_until
 
 from relaxtrio.config import RolloutConfig
 from relaxtrio.rollout.operator_view import SNAPSHOT_KEYS, RunView
@@ -16,10 +17,9 @@ from relaxtrio.testing.scripted_engine import Reply, ScriptedEngine
 
 
 async def _until(view: RunView, ready: Any) -> dict[str, Any]:
-    """Polls the view until ``ready(state)`` (real agents run: no fake clock)."""
-    while not ready(state := view.debug_state()):
-        await trio.sleep(0.05)
-    return state
+    """The view's state once ``ready(state)``: real agent processes move it, so a bounded wait."""
+    await wait_until(lambda: ready(view.debug_state()), timeout_s=60, what="the view's state")
+    return view.debug_state()
 
 
 async def test_the_view_follows_a_step_and_a_prelaunch(tokenizer, tmp_path: Path) -> None:

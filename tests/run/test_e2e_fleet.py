@@ -15,6 +15,7 @@ import pytest
 import trio
 from tests.support.agents import write_httpx_agent
 from tests.support.procs import alive
+from tests.support.waits import wait_until
 
 from relaxtrio import _reaper
 from relaxtrio.config import (
@@ -74,16 +75,18 @@ def _engine(run_dir: Path, index: int) -> tuple[int, str] | None:
 async def _engines_generating(run_dir: Path, *, every: bool) -> list[tuple[int, str]]:
     """(pid, url) of launched engines 0 and 1, once both run and every one (``every``) or any
     one of them has a request running."""
-    while (found := [_engine(run_dir, i) for i in (0, 1)]) and None in found:
-        await trio.sleep(0.1)
-    engines = [e for e in found if e is not None]
+    await wait_until(lambda: None not in [_engine(run_dir, i) for i in (0, 1)], timeout_s=600,
+                     what="engines 0 and 1 to run", interval_s=0.1)
+    engines = [e for e in [_engine(run_dir, i) for i in (0, 1)] if e is not None]
     async with httpx.AsyncClient() as http:
         async def running(url: str) -> bool:
             info = (await http.get(f"{url}/server_info")).json()
             return info["internal_states"][0]["num_running_reqs"] > 0
 
-        while not (all if every else any)([await running(url) for _, url in engines]):
-            await trio.sleep(0.02)
+        async def generating() -> bool:
+            return (all if every else any)([await running(url) for _, url in engines])
+
+        await wait_until(generating, timeout_s=600, what="the engines to generate", interval_s=0.02)
     return engines
 
 
@@ -242,20 +245,26 @@ async def test_a_sigkilled_driver_leaves_no_engine_gateway_or_agent(tiny_model_d
         driver = await trio.lowlevel.open_process(argv, stdout=log_file, stderr=log_file, env=env)
     try:
         with trio.fail_after(300):
-            while not pid_file.exists() or len(pid_file.read_text().split()) < 2:
+            def agents_wrote_pids() -> bool:
                 assert driver.poll() is None, (tmp_path / "driver.log").read_text()[-3000:]
-                await trio.sleep(0.1)
+                return pid_file.exists() and len(pid_file.read_text().split()) >= 2
+
+            await wait_until(agents_wrote_pids, timeout_s=300, what="both agents' pids")
             # Under the driver: 5 shims (2 engines, the gateway, 2 agents), what they run, and
             # the sleep each agent started.
             agents = [int(p) for p in pid_file.read_text().split()]
-            while True:
-                tree = _descendants(driver.pid)
+            tree: list[int] = []
+            shims: dict[int, list[str]] = {}
+
+            def all_started() -> bool:
+                tree[:] = _descendants(driver.pid)
                 argvs = {p: _argv(p) for p in tree}
-                shims = {p: a for p, a in argvs.items() if _reaper.SCRIPT in a}
-                if (len(shims) == 5 and all(_descendants(p) for p in shims)
-                        and sum(a[:1] == ["sleep"] for a in argvs.values()) == 2):
-                    break
-                await trio.sleep(0.1)
+                shims.clear()
+                shims.update({p: a for p, a in argvs.items() if _reaper.SCRIPT in a})
+                return (len(shims) == 5 and all(_descendants(p) for p in shims)
+                        and sum(a[:1] == ["sleep"] for a in argvs.values()) == 2)
+
+            await wait_until(all_started, timeout_s=300, what="5 shims, their commands and 2 sleeps")
             assert set(agents) <= set(tree)
             kinds = sorted("engine" if "relaxtrio.engine" in a else
                            "gateway" if "sglang_router.launch_router" in a else
@@ -263,11 +272,10 @@ async def test_a_sigkilled_driver_leaves_no_engine_gateway_or_agent(tiny_model_d
             assert kinds == ["agent", "agent", "engine", "engine", "gateway"]
             driver.kill()
             await driver.wait()
-            while left := [p for p in tree if alive(p)]:
-                await trio.sleep(0.1)
+            await wait_until(lambda: not [p for p in tree if alive(p)], timeout_s=120,
+                             what="every process of the killed driver to exit")
     finally:
         if driver.returncode is None:
             driver.kill()
             await driver.wait()
-    assert not left
     assert not _processes("relaxtrio.engine", str(tiny_model_dir))

@@ -22,6 +22,7 @@ import pytest
 from safetensors.torch import load_file
 from tests.support.agents import write_httpx_agent
 from tests.support.procs import alive
+from tests.support.waits import wait_until_sync
 
 import relaxtrio
 from relaxtrio._errors import RelaxError
@@ -98,13 +99,14 @@ def _run_and_kill_during_step_1(cmd: list[str], log_path: Path, agent_dir: Path)
     """Starts the run and SIGKILLs its process group once a step-1 agent is running."""
     proc = _start(cmd, log_path)
     try:
-        deadline = time.monotonic() + RUN_TIMEOUT_S
-        # Step 0's agents have exited when step 1 starts, so a live agent now is one of step 1's.
-        while ("event=accounting_start rollout=1" not in log_path.read_text(errors="replace")
-               or not _agents_left(agent_dir)):
+        def step_1_agent_runs() -> bool:
             assert proc.poll() is None, log_path.read_text(errors="replace")[-3000:]
-            assert time.monotonic() < deadline, "step 1 never started its agents"
-            time.sleep(0.02)
+            # Step 0's agents have exited when step 1 starts, so a live agent now is one of step 1's.
+            return ("event=accounting_start rollout=1" in log_path.read_text(errors="replace")
+                    and bool(_agents_left(agent_dir)))
+
+        assert wait_until_sync(step_1_agent_runs, timeout_s=RUN_TIMEOUT_S, what="a step-1 agent",
+                               interval_s=0.02), "step 1 never started its agents"
     finally:
         # The whole process group: the driver and its embedded engine, as a node failure would.
         os.killpg(proc.pid, signal.SIGKILL)
@@ -206,9 +208,7 @@ def test_sigkill_during_step_1_then_load_matches_an_uninterrupted_run(
     assert (save_dir / "latest").read_text().strip() == "iter_0000001"
     assert [r["step"] for r in _rows(run_dir)] == [0]
     # Its agents lose the API server and exit on their own.
-    deadline = time.monotonic() + 30
-    while _agents_left(tmp_path / "agent-killed") and time.monotonic() < deadline:
-        time.sleep(0.1)
+    wait_until_sync(lambda: not _agents_left(tmp_path / "agent-killed"), timeout_s=30, what="agents to exit")
     assert not _agents_left(tmp_path / "agent-killed")
 
     # Resume: no --output-dir, so it continues in the killed run's directory.
