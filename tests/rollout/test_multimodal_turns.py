@@ -7,6 +7,7 @@ from typing import Any
 
 import pytest
 import trio
+from tests.support.sessions import leased_session
 from tests.support.images import closed_port_url, data_url
 from tests.support.chat import observation
 
@@ -15,7 +16,6 @@ from relaxtrio.chat.compiler import ChatCompiler
 from relaxtrio.config import GenerationConfig
 from relaxtrio.forest import Conversation
 from relaxtrio.models import load_tokenizer
-from relaxtrio.nursery.group import Group
 from relaxtrio.nursery.session import Session
 from relaxtrio.nursery.turns import TurnRequest
 from relaxtrio.rollout.turns import EngineTurnHandler
@@ -35,12 +35,7 @@ class RecordingEngine(ScriptedEngine):
 
 
 def _session(max_context_tokens: int | None) -> Session:
-    group = Group.create("train:group_mm_turns", num_sessions=1, input_payload={}, timeout_s=60,
-                         max_context_tokens=max_context_tokens)
-    [session] = group.sessions
-    group.lease()
-    group.note_request(session)
-    return session
+    return leased_session(group_id="train:group_mm_turns", max_context_tokens=max_context_tokens)
 
 
 def _request(*messages: dict) -> TurnRequest:
