@@ -10,9 +10,14 @@ tests/vllm) can shadow the engine package of the same name on ``sys.path``.
 
 from __future__ import annotations
 
+import contextlib
+import functools
+import multiprocessing.util
 import os
 import shutil
+import sys
 import tempfile
+from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -29,11 +34,13 @@ def pytest_configure(config: pytest.Config) -> None:
     """Agents run as ``bash -lc`` and would source the machine's login profile; give them an
     empty HOME so a test's agent starts the same everywhere (a user's ``~/.profile`` can be slow,
     e.g. ``pyenv init`` rehashing shims under a lock that a killed agent may leave behind). The
-    model cache stays where it was."""
+    model cache stays where it was. Then the process watch starts (:class:`_ProcessWatch`)."""
     real_home = os.path.expanduser("~")
     _saved_env.update(HOME=os.environ.get("HOME"), RELAXTRIO_CACHE_DIR=os.environ.get("RELAXTRIO_CACHE_DIR"))
     os.environ.setdefault("RELAXTRIO_CACHE_DIR", os.path.join(real_home, ".cache", "relaxtrio"))
     os.environ["HOME"] = tempfile.mkdtemp(prefix="relaxtrio-test-home-")
+    _audit_multiprocessing_spawns()
+    sys.addaudithook(_watch.audit)
 
 
 def pytest_unconfigure(config: pytest.Config) -> None:
@@ -57,3 +64,70 @@ def tiny_model_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
 def tokenizer(tiny_model_dir: Path):
     """The tokenizer of :func:`tiny_model_dir`."""
     return load_tokenizer(tiny_model_dir)
+
+
+_PROCESS_EVENTS = frozenset({"subprocess.Popen", "os.fork", "os.forkpty", "os.posix_spawn", "os.spawn",
+                             "os.exec", "os.system", "multiprocessing.spawn"})
+"""Audit events that start a process. ``multiprocessing``'s spawn start method (torch ranks) raises
+none of its own; :func:`_audit_multiprocessing_spawns` adds ``multiprocessing.spawn``."""
+
+
+class _ProcessWatch:
+    """Fails a test that starts a real process (engine, agent, browser, CLI, Ray, torch ranks)
+    without the ``slow`` mark, so ``pytest -m "not slow"`` stays fast and no test forgets its
+    mark. The check runs in the test's setup, call and teardown; a session fixture that starts an
+    engine fails the first unmarked test that asks for it."""
+
+    def __init__(self) -> None:
+        self.item: pytest.Item | None = None
+        self.started: list[str] = []
+
+    def audit(self, event: str, args: tuple) -> None:
+        if event in _PROCESS_EVENTS and self.item is not None:
+            self.started.append(f"{event} {str(args[:2])[:160]}")
+
+    @contextlib.contextmanager
+    def watching(self, item: pytest.Item) -> Iterator[None]:
+        if item.get_closest_marker("slow") is not None:
+            yield
+            return
+        self.item, self.started = item, []
+        try:
+            yield
+        finally:
+            self.item = None
+        if self.started:
+            pytest.fail(f"{item.nodeid} starts a real process but is not marked slow "
+                        f"(@pytest.mark.slow or a module pytestmark): {self.started[0]}", pytrace=False)
+
+
+_watch = _ProcessWatch()
+
+
+def _audit_multiprocessing_spawns() -> None:
+    spawnv_passfds = multiprocessing.util.spawnv_passfds
+
+    @functools.wraps(spawnv_passfds)
+    def audited(path, args, passfds):  # type: ignore[no-untyped-def]
+        sys.audit("multiprocessing.spawn", path, args)
+        return spawnv_passfds(path, args, passfds)
+
+    multiprocessing.util.spawnv_passfds = audited
+
+
+@pytest.hookimpl(wrapper=True)
+def pytest_runtest_setup(item: pytest.Item) -> Iterator[None]:
+    with _watch.watching(item):
+        return (yield)
+
+
+@pytest.hookimpl(wrapper=True)
+def pytest_runtest_call(item: pytest.Item) -> Iterator[None]:
+    with _watch.watching(item):
+        return (yield)
+
+
+@pytest.hookimpl(wrapper=True)
+def pytest_runtest_teardown(item: pytest.Item, nextitem: pytest.Item | None) -> Iterator[None]:
+    with _watch.watching(item):
+        return (yield)
