@@ -21,6 +21,8 @@ from tests.support.waits import wait_until_sync
 
 from relaxtrio import _reaper, shm_weights
 
+pytestmark = pytest.mark.slow  # starts real processes
+
 DEADLINE_S = 30.0
 
 

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import pytest
+
 import subprocess
 import sys
 from pathlib import Path
@@ -31,6 +33,7 @@ def test_a_written_version_loads_into_an_engine_model(tiny_model_dir: Path, tmp_
     assert not writer.directory.exists()
 
 
+@pytest.mark.slow
 def test_mailboxes_of_dead_writers_are_removed(tiny_model_dir: Path, tmp_path: Path) -> None:
     dead = subprocess.run([sys.executable, "-c", "import os; print(os.getpid())"],
                           capture_output=True, text=True, check=True)

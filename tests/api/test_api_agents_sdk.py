@@ -3,6 +3,8 @@ real agent subprocess against the real server, and every one of its turns lands 
 
 from __future__ import annotations
 
+import pytest
+
 import json
 import os
 import sys
@@ -18,6 +20,8 @@ from relaxtrio.chat.compiler import ChatCompiler
 from relaxtrio.forest import ResponseNode
 from relaxtrio.nursery.session import SessionRegistry
 from relaxtrio.testing.scripted_engine import Reply
+
+pytestmark = pytest.mark.slow  # starts real processes
 
 AGENT_SCRIPT = Path(__file__).with_name("agents_sdk_agent.py")
 

@@ -24,8 +24,8 @@ from relaxtrio.nursery.session import SessionRegistry
 from relaxtrio.rollout.turns import EngineTurnHandler
 from relaxtrio.sglang.client import open_engine_client
 
-pytestmark = pytest.mark.filterwarnings(
-    r"ignore:Async generator '(openai|anthropic|httpx2|httpcore2)\.:ResourceWarning")
+pytestmark = [pytest.mark.slow, pytest.mark.filterwarnings(
+    r"ignore:Async generator '(openai|anthropic|httpx2|httpcore2)\.:ResourceWarning")]
 
 
 async def test_plain_turns_on_the_tiny_model(registry: SessionRegistry, compiler: ChatCompiler,

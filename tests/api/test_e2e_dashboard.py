@@ -41,9 +41,9 @@ from relaxtrio.sglang.client import open_engine_client
 CHROMIUM = shutil.which("chromium")
 CHROMEDRIVER = shutil.which("chromedriver")
 # CI sets RELAXTRIO_REQUIRE_BROWSER=1 (.ci/run): there a missing browser fails instead of skipping.
-pytestmark = pytest.mark.skipif(
+pytestmark = [pytest.mark.slow, pytest.mark.skipif(
     (CHROMIUM is None or CHROMEDRIVER is None) and os.environ.get("RELAXTRIO_REQUIRE_BROWSER") != "1",
-    reason="needs Debian's chromium and chromium-driver (scripts/install_browser.sh)")
+    reason="needs Debian's chromium and chromium-driver (scripts/install_browser.sh)")]
 
 NODES_PER_SESSION = 6  # obs, resp, obs, resp on the main line; obs, resp on the branch
 

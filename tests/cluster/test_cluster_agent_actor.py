@@ -22,6 +22,8 @@ from relaxtrio.cluster._agent_actor import AgentRunner
 from relaxtrio.config import AgentConfig
 from relaxtrio.nursery.agent import SessionEnv
 
+pytestmark = pytest.mark.slow  # starts real processes
+
 SESSION = SessionEnv(session_id="s" * 32, group_id="g", base_url="http://127.0.0.1:9/agentic_api/")
 
 

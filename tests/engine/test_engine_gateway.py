@@ -24,7 +24,7 @@ import trio
 from tests.support.waits import wait_until
 
 # Requests cut by the gateway's SIGKILL leave httpx's request-body generator unfinished.
-pytestmark = pytest.mark.filterwarnings(r"ignore:Async generator 'httpx\.:ResourceWarning")
+pytestmark = [pytest.mark.slow, pytest.mark.filterwarnings(r"ignore:Async generator 'httpx\.:ResourceWarning")]
 
 GATEWAY_READY_S = 30.0
 NUM_CONCURRENT = 12

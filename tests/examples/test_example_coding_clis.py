@@ -21,6 +21,8 @@ from tests.support.examples import REPO, assert_response_masks, run_example
 
 from relaxtrio.testing.scripted_server import Rule
 
+pytestmark = pytest.mark.slow  # starts real processes
+
 BIN = REPO / ".tools" / "npm" / "bin"
 _END = r"<\|im_end\|>\n<\|im_start\|>assistant\n$"
 FIX = "sed -i 's/a - b/a + b/' calc.py"

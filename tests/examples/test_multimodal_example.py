@@ -3,11 +3,15 @@ that the agent's own tool produced (a tool result with an ``image_url`` part).""
 
 from __future__ import annotations
 
+import pytest
+
 from pathlib import Path
 
 from tests.support.examples import assert_response_masks, run_example
 
 from relaxtrio.testing.scripted_server import Rule
+
+pytestmark = pytest.mark.slow  # starts real processes
 
 _END = r"<\|im_end\|>\n<\|im_start\|>assistant\n$"
 _IMAGE = r"<\|vision_start\|>(<\|image_pad\|>)+<\|vision_end\|>"

@@ -13,6 +13,8 @@ import trio
 from relaxtrio import BackendError, _reaper
 from relaxtrio.fleet.launch import URL_PREFIX, open_embedded_engine
 
+pytestmark = pytest.mark.slow  # starts real processes
+
 
 def _engine_pids(model_dir: Path) -> list[int]:
     pids = []

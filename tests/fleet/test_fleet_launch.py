@@ -29,6 +29,8 @@ from relaxtrio.fleet.launch_fleet import LaunchedFleet, _Proc, open_launched_fle
 from relaxtrio.fleet.starter import LocalStarter, ProcessSpec
 from relaxtrio.sglang.wire import SamplingParams
 
+pytestmark = pytest.mark.slow  # starts real processes
+
 SHORT = SamplingParams(max_new_tokens=3, temperature=0.0)
 
 

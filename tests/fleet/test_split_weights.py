@@ -3,6 +3,8 @@ others (each worker is handed the path it can read), a worker that joins later i
 
 from __future__ import annotations
 
+import pytest
+
 from pathlib import Path
 
 import torch
@@ -14,6 +16,8 @@ from relaxtrio.models import load_model
 from relaxtrio.fleet.fleet import open_engine_fleet
 from relaxtrio.sglang.wire import SamplingParams
 from relaxtrio.train.weight_store import DiskWeightStore, ShmWeightStore
+
+pytestmark = pytest.mark.slow  # starts real processes
 
 PROMPT = [1, 87, 555, 201, 57, 74, 271, 321]
 SHORT = SamplingParams(max_new_tokens=3, temperature=0.0)

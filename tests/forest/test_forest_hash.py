@@ -194,6 +194,7 @@ print(json.dumps({name: state_hash(Conversation.from_wire(*case)) for name, case
 """
 
 
+@pytest.mark.slow
 def test_hash_is_independent_of_pythonhashseed() -> None:
     cases = dict(GOLDEN_CASES)
     cases["many_keys"] = (

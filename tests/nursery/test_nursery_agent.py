@@ -15,6 +15,8 @@ from relaxtrio import AgentExecutionError, ConfigError
 from relaxtrio.config import AgentConfig
 from relaxtrio.nursery.agent import ActiveBudget, SessionEnv, parse_agent_env, process_group_alive, run_agent
 
+pytestmark = pytest.mark.slow  # starts real processes
+
 PY = sys.executable
 
 

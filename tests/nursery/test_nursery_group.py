@@ -24,6 +24,8 @@ from relaxtrio.nursery.turns import TurnContext, TurnHandler, TurnRequest, TurnR
 from relaxtrio.rollout.turns import EngineTurnHandler
 from relaxtrio.testing.scripted_engine import Reply, ScriptedEngine
 
+pytestmark = pytest.mark.slow  # starts real processes
+
 
 def _group(n: int, timeout_s: float = 60.0) -> Group:
     return Group.create("train:group_t", num_sessions=n, timeout_s=timeout_s,

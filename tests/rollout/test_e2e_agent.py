@@ -6,6 +6,7 @@ import sys
 from pathlib import Path
 
 import torch
+import pytest
 import trio
 from tests.support.apps import serve_agent_api
 
@@ -19,6 +20,8 @@ from relaxtrio.nursery.session import SessionRegistry
 from relaxtrio.rollout.turns import EngineTurnHandler
 from relaxtrio.sglang.client import open_engine_client
 from relaxtrio.fleet.launch import open_embedded_engine
+
+pytestmark = pytest.mark.slow  # starts real processes
 
 OPENAI_AGENT = r'''
 import asyncio, json, os

@@ -8,6 +8,7 @@ import math
 import sys
 from pathlib import Path
 
+import pytest
 import trio
 from tests.support.images import data_url, full_forward_logprobs, make_image
 from tests.support.apps import serve_agent_api
@@ -24,6 +25,8 @@ from relaxtrio.rollout.dataset import load_prompts
 from relaxtrio.rollout.turns import EngineTurnHandler, lineage_image_urls
 from relaxtrio.sglang.client import SamplingParams, open_engine_client
 from relaxtrio.train import TrainConfig, Trainer, merge_multimodal_inputs
+
+pytestmark = pytest.mark.slow  # starts real processes
 
 # Turn 1 sends the dataset's image; turns 2 and 3 add an image in a user message each. (Not in a
 # tool result: that must answer a tool call of an earlier assistant message, which this untrained

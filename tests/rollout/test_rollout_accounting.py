@@ -153,6 +153,7 @@ async def test_both_pipeline_snapshots_count_from_one_group_stages() -> None:
                                                    + beat.finalized_group_count)
 
 
+@pytest.mark.slow
 async def test_accounting_lines_and_idle_heartbeat_of_a_waiting_step(
     tokenizer, tmp_path: Path, caplog: pytest.LogCaptureFixture
 ) -> None:
@@ -185,6 +186,7 @@ async def test_accounting_lines_and_idle_heartbeat_of_a_waiting_step(
     assert "runtime_group_count=1 interrupted_group_count=0" in beat and "idle_s=" in beat
 
 
+@pytest.mark.slow
 async def test_failed_agent_keeps_its_log_and_completed_ones_do_not(
     tokenizer, tmp_path: Path, caplog: pytest.LogCaptureFixture
 ) -> None:

@@ -15,6 +15,8 @@ from relaxtrio.models import load_tokenizer
 from relaxtrio.rollout.hooks import load_function
 from relaxtrio.testing.scripted_engine import Reply, ScriptedEngine
 
+pytestmark = pytest.mark.slow  # starts real processes
+
 
 async def _run(tiny_model_dir: Path, tmp_path: Path, fn_name: str | None):
     tokenizer = load_tokenizer(tiny_model_dir)

@@ -21,6 +21,8 @@ from relaxtrio.rollout.hooks import load_function
 from relaxtrio.rollout.step import group_metrics
 from relaxtrio.testing.scripted_engine import Reply, ScriptedEngine
 
+pytestmark = pytest.mark.slow  # starts real processes
+
 
 async def _run(tiny_model_dir: Path, tmp_path: Path, policy: str, custom: str | None = None):
     tokenizer = load_tokenizer(tiny_model_dir)

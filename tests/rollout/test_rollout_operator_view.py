@@ -3,6 +3,8 @@ pipeline snapshot keys through a step and a prelaunch, per-step rows, a Session'
 
 from __future__ import annotations
 
+import pytest
+
 from pathlib import Path
 from typing import Any
 
@@ -14,6 +16,8 @@ from tests.support.waits import wait_until
 from relaxtrio.config import RolloutConfig
 from relaxtrio.rollout.operator_view import SNAPSHOT_KEYS, RunView
 from relaxtrio.testing.scripted_engine import Reply, ScriptedEngine
+
+pytestmark = pytest.mark.slow  # starts real processes
 
 
 async def _until(view: RunView, ready: Any) -> dict[str, Any]:

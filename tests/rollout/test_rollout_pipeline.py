@@ -17,6 +17,8 @@ from relaxtrio.config import GenerationConfig, RolloutConfig
 from relaxtrio.rollout.eval import EvalDataset, run_eval
 from relaxtrio.testing.scripted_engine import Reply, ScriptedEngine
 
+pytestmark = pytest.mark.slow  # starts real processes
+
 
 def _engine(tokenizer, replies=None) -> ScriptedEngine:
     return ScriptedEngine(tokenizer=tokenizer, eos_id=tokenizer.eos_token_id,

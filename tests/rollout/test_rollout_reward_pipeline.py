@@ -15,6 +15,8 @@ from relaxtrio.rollout.hooks import load_function
 from relaxtrio.rollout.step import group_metrics
 from relaxtrio.testing.scripted_engine import Reply, ScriptedEngine
 
+pytestmark = pytest.mark.slow  # starts real processes
+
 
 @pytest.fixture(scope="module")
 def tokenizer(tiny_model_dir: Path):

@@ -3,6 +3,8 @@ custom advantage, and each context's credit is in the step's metrics."""
 
 from __future__ import annotations
 
+import pytest
+
 import json
 import math
 import shlex
@@ -21,6 +23,8 @@ from relaxtrio.config import (
 )
 from relaxtrio.run.driver import run_training
 from relaxtrio.rollout.hooks import load_function
+
+pytestmark = pytest.mark.slow  # starts real processes
 
 EXAMPLE = Path(__file__).resolve().parents[2] / "examples" / "multi_context"
 

@@ -22,6 +22,8 @@ from relaxtrio.config import (
 from relaxtrio.run.driver import run_training
 from relaxtrio.train import TrainConfig
 
+pytestmark = pytest.mark.slow  # starts real processes
+
 
 async def test_run_directory_holds_logs_failed_agent_logs_and_tracker_files(
     tiny_model_dir: Path, tmp_path: Path, caplog: pytest.LogCaptureFixture, monkeypatch: pytest.MonkeyPatch

@@ -4,6 +4,8 @@ a fresh forward pass of the weights it was sampled with."""
 
 from __future__ import annotations
 
+import pytest
+
 from pathlib import Path
 
 import torch
@@ -16,6 +18,8 @@ from relaxtrio.engine.server import EngineConfig, load_engine, serve_engine_stat
 from relaxtrio.forest import ResponseNode
 from relaxtrio.models import load_model, load_tokenizer
 from relaxtrio.sglang.client import open_engine_client
+
+pytestmark = pytest.mark.slow  # starts real processes
 
 LONG = 400
 

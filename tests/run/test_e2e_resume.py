@@ -29,6 +29,8 @@ from relaxtrio._errors import RelaxError
 from relaxtrio.cli.train_args import add_train_parser, train_config
 from relaxtrio.run.checkpoint import RunCheckpointer
 
+pytestmark = pytest.mark.slow  # starts real processes
+
 REPO = Path(relaxtrio.__file__).resolve().parent.parent
 RUN_TIMEOUT_S = 240.0
 

@@ -24,6 +24,8 @@ from relaxtrio.models import load_model
 from relaxtrio.sglang.client import SamplingParams, open_engine_client
 from relaxtrio.train import TrainConfig, Trainer
 
+pytestmark = pytest.mark.slow  # starts real processes
+
 
 class _Sample:
     def __init__(self, token_ids, prompt_length, rollout_logprobs):

@@ -248,6 +248,7 @@ def test_a_load_dir_without_a_checkpoint_warns_saying_what_it_found(
     assert caplog.records == []
 
 
+@pytest.mark.slow
 def test_a_run_directory_is_held_by_one_run_at_a_time(tmp_path: Path) -> None:
     """A second holder of a run or --save directory is refused naming the first's pid; the hold
     ends with the context (and with the process), and a path that cannot be a directory is a

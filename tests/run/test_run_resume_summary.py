@@ -156,6 +156,7 @@ def test_run_end_groups_saved_for_an_extension_are_told_apart_from_lost_ones() -
                                  "saved for an extension of this run)")
 
 
+@pytest.mark.slow
 async def test_the_end_of_run_checkpoint_saves_a_group_the_summary_then_names(
     tiny_model_dir: Path, tokenizer, tmp_path: Path, caplog: pytest.LogCaptureFixture
 ) -> None:

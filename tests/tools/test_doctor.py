@@ -110,6 +110,7 @@ async def test_an_agent_that_fails_before_its_first_request_is_pointed_at_its_ou
     assert any("ModuleNotFoundError" in line for line in report.lines())
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("script", ["agent.py", "agent_stdlib.py"])
 async def test_the_quiz_example_passes_with_the_default_task(
     tiny_model_dir: Path, tmp_path: Path, script: str

@@ -23,6 +23,8 @@ from relaxtrio.tools.replay import LOGPROB_ATOL, replay_dump
 from relaxtrio.rollout.dumps import load_dump, read_samples
 from relaxtrio.train import TrainConfig
 
+pytestmark = pytest.mark.slow  # starts real processes
+
 
 def _config(tmp_path: Path, tiny_model_dir: Path, **overrides: object) -> TrainRunConfig:
     agent_dir = tmp_path / "agent"

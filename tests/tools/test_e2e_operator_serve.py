@@ -3,6 +3,8 @@
 
 from __future__ import annotations
 
+import pytest
+
 import os
 import shlex
 import signal
@@ -12,6 +14,8 @@ from pathlib import Path
 
 import httpx
 import trio
+
+pytestmark = pytest.mark.slow  # starts real processes
 
 
 async def test_serve_prints_an_operator_token_that_opens_debug_state(tiny_model_dir: Path, tmp_path: Path,

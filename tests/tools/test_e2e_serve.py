@@ -29,6 +29,8 @@ from relaxtrio.tools.replay import replay_dump
 from relaxtrio.rollout.dumps import load_dump
 
 # A plain openai-SDK agent: two turns with a growing history; it records what it sent and got.
+pytestmark = pytest.mark.slow  # starts real processes
+
 SDK_AGENT = r'''
 import json, os
 from openai import OpenAI
