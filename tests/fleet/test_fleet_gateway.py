@@ -26,7 +26,7 @@ from relaxtrio.train.ranks import free_port
 
 pytest.importorskip("sglang_router")
 
-pytestmark = [pytest.mark.slow, IGNORE_DROPPED_BODY]
+pytestmark = [pytest.mark.slow, *IGNORE_DROPPED_BODY]
 
 PROMPT = [1, 87, 555, 201, 57, 74, 271, 321]
 SHORT = SamplingParams(max_new_tokens=3, temperature=0.0)

@@ -32,7 +32,7 @@ from relaxtrio.train import TrainConfig
 
 pytest.importorskip("sglang_router")
 
-pytestmark = [pytest.mark.slow, IGNORE_DROPPED_BODY]
+pytestmark = [pytest.mark.slow, *IGNORE_DROPPED_BODY]
 
 WORKER_LABELS = {"w0", "w1"}
 

@@ -32,13 +32,14 @@ from relaxtrio.train import TrainConfig
 pytest.importorskip("sglang_router")
 
 # A peer that dies while httpx sends leaves httpx's request-body generator unfinished (GC warns).
-pytestmark = [pytest.mark.slow, [
+pytestmark = [
+    pytest.mark.slow,
     pytest.mark.filterwarnings(
         "ignore:Async generator 'httpx._content.ByteStream.__aiter__':ResourceWarning"),
     pytest.mark.filterwarnings(
         "ignore:Exception ignored in. <async_generator object ByteStream.__aiter__"
         ":pytest.PytestUnraisableExceptionWarning"),
-]]
+]
 
 
 def _processes(*needles: str) -> dict[int, list[str]]:
