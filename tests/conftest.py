@@ -71,6 +71,10 @@ _PROCESS_EVENTS = frozenset({"subprocess.Popen", "os.fork", "os.forkpty", "os.po
 """Audit events that start a process. ``multiprocessing``'s spawn start method (torch ranks) raises
 none of its own; :func:`_audit_multiprocessing_spawns` adds ``multiprocessing.spawn``."""
 
+_PROBES = frozenset({"uname", "fc-list", "ldconfig"})
+"""Commands libraries run for a moment to learn about the machine (``platform.processor()``,
+matplotlib's font cache, ctypes' library lookup): not what the mark is about."""
+
 
 class _ProcessWatch:
     """Fails a test that starts a real process (engine, agent, browser, CLI, Ray, torch ranks)
@@ -83,7 +87,7 @@ class _ProcessWatch:
         self.started: list[str] = []
 
     def audit(self, event: str, args: tuple) -> None:
-        if event in _PROCESS_EVENTS and self.item is not None:
+        if event in _PROCESS_EVENTS and self.item is not None and not _is_probe(args):
             self.started.append(f"{event} {str(args[:2])[:160]}")
 
     @contextlib.contextmanager
@@ -99,6 +103,11 @@ class _ProcessWatch:
         if self.started:
             pytest.fail(f"{item.nodeid} starts a real process but is not marked slow "
                         f"(@pytest.mark.slow or a module pytestmark): {self.started[0]}", pytrace=False)
+
+
+def _is_probe(args: tuple) -> bool:
+    executable = args[0] if args else None
+    return isinstance(executable, str | bytes) and os.path.basename(os.fsdecode(executable)) in _PROBES
 
 
 _watch = _ProcessWatch()

@@ -38,6 +38,7 @@ def test_flat_keys_map_to_families() -> None:
     assert "rollout/flag" not in scalars and scalars["train/loss"] == 1.5
 
 
+@pytest.mark.slow  # wandb starts its service process
 def test_tensorboard_and_wandb_offline_write_every_step(tmp_path: Path,
                                                         monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setenv("WANDB_SILENT", "true")

@@ -18,6 +18,8 @@ from relaxtrio.tools.doctor import DoctorConfig, DoctorReport, run_doctor
 from relaxtrio.engine.server import EngineConfig, serve_engine
 
 # One openai-SDK agent; its argv[1] picks how it breaks the contract.
+pytestmark = pytest.mark.slow  # starts real processes
+
 AGENT = r'''
 import json, os, sys, time
 from openai import OpenAI
@@ -110,7 +112,6 @@ async def test_an_agent_that_fails_before_its_first_request_is_pointed_at_its_ou
     assert any("ModuleNotFoundError" in line for line in report.lines())
 
 
-@pytest.mark.slow
 @pytest.mark.parametrize("script", ["agent.py", "agent_stdlib.py"])
 async def test_the_quiz_example_passes_with_the_default_task(
     tiny_model_dir: Path, tmp_path: Path, script: str
@@ -198,7 +199,6 @@ async def test_command_not_found(tiny_model_dir: Path, tmp_path: Path) -> None:
     assert report.lines()[-1].startswith("doctor: 9 of 9 checks did not pass (1 failed, 8 skipped): ")
 
 
-@pytest.mark.slow
 def test_cli_exit_codes(tiny_model_dir: Path, tmp_path: Path) -> None:
     (tmp_path / "agent.py").write_text(AGENT)
     env = {**os.environ, "PYTHONPATH": os.pathsep.join(sys.path)}
