@@ -21,7 +21,7 @@ from relaxtrio.sglang.wire import SamplingParams
 from relaxtrio.shm_weights import ShmWeightWriter
 from relaxtrio.train.checkpoint import save_weights_dir
 
-pytestmark = [pytest.mark.slow, *IGNORE_DROPPED_BODY]
+pytestmark = IGNORE_DROPPED_BODY
 
 PROMPT = [1, 87, 555, 201, 57, 74, 271, 321]
 SHORT = SamplingParams(max_new_tokens=3, temperature=0.0)

@@ -17,8 +17,6 @@ from relaxtrio.fleet.fleet import open_engine_fleet
 from relaxtrio.sglang.wire import SamplingParams
 from relaxtrio.train.weight_store import DiskWeightStore, ShmWeightStore
 
-pytestmark = pytest.mark.slow  # starts real processes
-
 PROMPT = [1, 87, 555, 201, 57, 74, 271, 321]
 SHORT = SamplingParams(max_new_tokens=3, temperature=0.0)
 
