@@ -3,7 +3,6 @@ others (each worker is handed the path it can read), a worker that joins later i
 
 from __future__ import annotations
 
-
 from pathlib import Path
 
 import torch
