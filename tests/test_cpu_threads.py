@@ -83,6 +83,7 @@ def test_thread_counts_out_of_range_are_refused(flag: str, value: str) -> None:
         _config(flag, value)
 
 
+@pytest.mark.slow
 def test_engine_refuses_negative_threads() -> None:
     proc = subprocess.run([sys.executable, "-m", "relaxtrio.engine", "--model", "unused",
                            "--num-threads", "-1"], check=False, capture_output=True, text=True, timeout=120,

@@ -95,6 +95,7 @@ FORBIDDEN.update({name: (*banned, "ray") for name, banned in FORBIDDEN.items()
                   if not name.startswith("relaxtrio.cluster.")})
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("package", sorted(FORBIDDEN))
 def test_package_imports_only_what_it_may(package: str) -> None:
     code = f"import {package}, sys, json; print(json.dumps(sorted(sys.modules)))"

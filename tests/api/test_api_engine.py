@@ -13,8 +13,8 @@ import anthropic
 import openai
 import pytest
 import trio
-from support.apps import serve_agent_api
-from support.sessions import open_session
+from tests.support.apps import serve_agent_api
+from tests.support.sessions import open_session
 
 from relaxtrio.chat.compiler import ChatCompiler
 from relaxtrio.config import GenerationConfig
@@ -24,8 +24,8 @@ from relaxtrio.nursery.session import SessionRegistry
 from relaxtrio.rollout.turns import EngineTurnHandler
 from relaxtrio.sglang.client import open_engine_client
 
-pytestmark = pytest.mark.filterwarnings(
-    r"ignore:Async generator '(openai|anthropic|httpx2|httpcore2)\.:ResourceWarning")
+pytestmark = [pytest.mark.slow, pytest.mark.filterwarnings(
+    r"ignore:Async generator '(openai|anthropic|httpx2|httpcore2)\.:ResourceWarning")]
 
 
 async def test_plain_turns_on_the_tiny_model(registry: SessionRegistry, compiler: ChatCompiler,

@@ -18,10 +18,10 @@ import pytest
 import torch
 import trio
 from safetensors.torch import load_file
-from support.agents import write_httpx_agent
-from support.pipeline import open_test_pipeline, prompts
-from support.procs import PidPipe, alive
-from support.ray_state import live_actors
+from tests.support.agents import write_httpx_agent
+from tests.support.pipeline import open_test_pipeline, prompts
+from tests.support.procs import PidPipe, alive
+from tests.support.ray_state import live_actors
 
 from relaxtrio import TrainerRankError
 from relaxtrio.config import (

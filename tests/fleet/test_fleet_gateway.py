@@ -12,7 +12,8 @@ import httpx
 import pytest
 import torch
 import trio
-from fleet_helpers import IGNORE_DROPPED_BODY, long_sampling, wait_running
+from tests.fleet.fleet_helpers import IGNORE_DROPPED_BODY, long_sampling, wait_running
+from tests.support.waits import wait_until
 
 from relaxtrio._errors import BackendError
 from relaxtrio.config import FleetConfig
@@ -25,7 +26,7 @@ from relaxtrio.train.ranks import free_port
 
 pytest.importorskip("sglang_router")
 
-pytestmark = IGNORE_DROPPED_BODY
+pytestmark = [pytest.mark.slow, *IGNORE_DROPPED_BODY]
 
 PROMPT = [1, 87, 555, 201, 57, 74, 271, 321]
 SHORT = SamplingParams(max_new_tokens=3, temperature=0.0)
@@ -184,13 +185,12 @@ async def test_the_listing_is_followed(start_engines, tmp_path: Path) -> None:
         ):
             assert fleet.urls == (engines.urls[0],)
             (await gateway.post("/workers", json={"url": engines.urls[1]})).raise_for_status()
-            while len(fleet.urls) < 2:
-                await trio.sleep(0.1)
+            await wait_until(lambda: len(fleet.urls) == 2, timeout_s=60, what="the added worker to join")
             listing = (await gateway.get("/workers")).json()["workers"]
             [first] = [w["id"] for w in listing if w["url"] == engines.urls[0]]
             (await gateway.delete(f"/workers/{first}")).raise_for_status()
-            while engines.urls[0] in fleet.urls:
-                await trio.sleep(0.1)
+            await wait_until(lambda: engines.urls[0] not in fleet.urls, timeout_s=60,
+                             what="the deleted worker to leave")
             stats = fleet.statistics()
     assert stats.workers == (engines.urls[1],)
     assert stats.removed[engines.urls[0]] == "the gateway no longer lists it"
@@ -218,9 +218,11 @@ async def test_a_lost_worker_behind_the_gateway(start_engines, tmp_path: Path,
                 await wait_running(engines.urls[0], 1)
                 engines.stop(0)
             resumed = await fleet.generate(PROMPT, SHORT, rid=f"{key}:t1:a1#", routing_key=key)
-            while engines.urls[0] in fleet.urls:  # the health loop removes it if no call did
+            async def removed() -> bool:  # the health loop removes it if no call did
                 await fleet.refresh()
-                await trio.sleep(0.1)
+                return engines.urls[0] not in fleet.urls
+
+            await wait_until(removed, timeout_s=60, what="the fleet to drop the stopped worker")
             stats = fleet.statistics()
     # Either the fleet saw the loss (an abort with no output, resumed by the caller) or the
     # gateway's own retry (sglang-router retries 5 times by default) ran the request again on

@@ -7,7 +7,7 @@ import json
 import re
 
 import pytest
-from forest_testlib import SEARCH_TOOL, Driver, assistant, tool_call, tool_result, user
+from tests.forest.forest_testlib import SEARCH_TOOL, Driver, assistant, tool_call, tool_result, user
 
 from relaxtrio import ExportError
 from relaxtrio.forest import (

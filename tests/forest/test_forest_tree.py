@@ -5,7 +5,7 @@ from __future__ import annotations
 import json
 
 import pytest
-from forest_testlib import SEARCH_TOOL, Driver, assistant, reference_match, tool_call, tool_result, user
+from tests.forest.forest_testlib import SEARCH_TOOL, Driver, assistant, reference_match, tool_call, tool_result, user
 
 from relaxtrio import ContextLengthExceededError, InternalError, InvalidRequestError
 from relaxtrio.forest import (

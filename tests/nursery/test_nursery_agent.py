@@ -9,11 +9,13 @@ from pathlib import Path
 import pytest
 import trio
 import trio.testing
-from support.procs import PidPipe, alive
+from tests.support.procs import PidPipe, alive
 
 from relaxtrio import AgentExecutionError, ConfigError
 from relaxtrio.config import AgentConfig
 from relaxtrio.nursery.agent import ActiveBudget, SessionEnv, parse_agent_env, process_group_alive, run_agent
+
+pytestmark = pytest.mark.slow  # starts real processes
 
 PY = sys.executable
 

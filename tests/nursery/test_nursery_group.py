@@ -11,10 +11,10 @@ import attrs
 import pytest
 import trio
 import trio.testing
-from support.agents import write_httpx_agent
-from support.apps import serve_agent_api
-from support.clock import RealTimeLimit
-from support.procs import PidPipe, alive
+from tests.support.agents import write_httpx_agent
+from tests.support.apps import serve_agent_api
+from tests.support.clock import RealTimeLimit
+from tests.support.procs import PidPipe, alive
 
 from relaxtrio.chat.compiler import ChatCompiler
 from relaxtrio.config import AgentConfig, GenerationConfig
@@ -23,6 +23,8 @@ from relaxtrio.nursery.session import SessionRegistry
 from relaxtrio.nursery.turns import TurnContext, TurnHandler, TurnRequest, TurnResult
 from relaxtrio.rollout.turns import EngineTurnHandler
 from relaxtrio.testing.scripted_engine import Reply, ScriptedEngine
+
+pytestmark = pytest.mark.slow  # starts real processes
 
 
 def _group(n: int, timeout_s: float = 60.0) -> Group:

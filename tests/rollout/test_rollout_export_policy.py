@@ -12,7 +12,7 @@ from pathlib import Path
 
 import pytest
 import trio
-from support.pipeline import open_test_pipeline, prompts
+from tests.support.pipeline import open_test_pipeline, prompts
 
 from relaxtrio import ConfigError
 from relaxtrio.config import AgentConfig, RolloutConfig
@@ -21,13 +21,15 @@ from relaxtrio.rollout.hooks import load_function
 from relaxtrio.rollout.step import group_metrics
 from relaxtrio.testing.scripted_engine import Reply, ScriptedEngine
 
+pytestmark = pytest.mark.slow  # starts real processes
+
 
 async def _run(tiny_model_dir: Path, tmp_path: Path, policy: str, custom: str | None = None):
     tokenizer = load_tokenizer(tiny_model_dir)
     answers = iter(range(1000))
     engine = ScriptedEngine(tokenizer=tokenizer, eos_id=tokenizer.eos_token_id,
                             replies=lambda ids: Reply(text=f"reply {next(answers)}"))
-    fn = load_function(f"support.credit.{custom}", flag="--agentic-custom-advantage-path") if custom else None
+    fn = load_function(f"tests.support.credit.{custom}", flag="--agentic-custom-advantage-path") if custom else None
     config = RolloutConfig(n_samples_per_prompt=2, rollout_batch_size=1, max_refills=0,
                            custom_advantage=fn, show_progress=False)
     with trio.fail_after(60):
@@ -84,7 +86,7 @@ def test_the_flag_reaches_the_agent_config(tmp_path: Path) -> None:
     with pytest.raises(ConfigError, match="needs --agentic-custom-advantage-path"):
         _parse(tmp_path, "--agentic-export-policy", "all-leaves")
     config = _parse(tmp_path, "--agentic-export-policy", "all-leaves",
-                    "--agentic-custom-advantage-path", "support.credit.per_leaf",
+                    "--agentic-custom-advantage-path", "tests.support.credit.per_leaf",
                     "--use-dynamic-batch-size", "--max-tokens-per-gpu", "4096")
     assert config.agent.export_policy == "all-leaves"
     with pytest.raises(ConfigError, match="--agentic-export-policy must be one of"):

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import pytest
-from support.groups import group_of
+from tests.support.groups import group_of
 
 from relaxtrio import ExportError
 from relaxtrio.config import RolloutConfig

@@ -10,12 +10,14 @@ import pytest
 import trio
 import trio.lowlevel
 import trio.testing
-from support.pipeline import open_test_pipeline, prompts
-from support.procs import alive
+from tests.support.pipeline import open_test_pipeline, prompts
+from tests.support.procs import alive
 
 from relaxtrio.config import GenerationConfig, RolloutConfig
 from relaxtrio.rollout.eval import EvalDataset, run_eval
 from relaxtrio.testing.scripted_engine import Reply, ScriptedEngine
+
+pytestmark = pytest.mark.slow  # starts real processes
 
 
 def _engine(tokenizer, replies=None) -> ScriptedEngine:

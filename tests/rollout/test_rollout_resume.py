@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 import trio
-from support.pipeline import open_test_pipeline, prompts
+from tests.support.pipeline import open_test_pipeline, prompts
 
 from relaxtrio._errors import ConfigError
 from relaxtrio.config import RolloutConfig
@@ -66,6 +66,7 @@ def test_metrics_log_resumed_keeps_exactly_the_saved_rows(tmp_path: Path) -> Non
     assert lines[1]["prompt_indices"] == [1] and resumed.rows == lines
 
 
+@pytest.mark.slow
 async def test_fully_async_group_at_the_checkpoint_is_dropped_counted_and_its_prompt_rerun(
     tiny_model_dir: Path, tmp_path: Path, caplog: pytest.LogCaptureFixture
 ) -> None:
@@ -112,6 +113,7 @@ def _task_index(tokenizer, ids) -> int:
     return int(text.rsplit("task ", 1)[1].split("<", 1)[0].split()[0])
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("mode", ["fully_async", "partial_rollout", "default"])
 async def test_the_end_of_run_checkpoint_requeues_what_the_last_step_dropped(
     mode: str, tokenizer, tmp_path: Path, caplog: pytest.LogCaptureFixture
@@ -166,6 +168,7 @@ async def test_the_end_of_run_checkpoint_requeues_what_the_last_step_dropped(
         assert resumed_metrics == {"resume_dropped_groups": 0.0, "resume_dropped_sessions": 0.0}
 
 
+@pytest.mark.slow
 async def test_a_finished_group_the_last_step_did_not_need_is_dropped_counted_and_requeued(
     tokenizer, tmp_path: Path, caplog: pytest.LogCaptureFixture
 ) -> None:

@@ -6,7 +6,7 @@ from pathlib import Path
 
 import pytest
 import trio
-from support.pipeline import open_test_pipeline, prompts
+from tests.support.pipeline import open_test_pipeline, prompts
 
 from relaxtrio.config import RolloutConfig
 from relaxtrio.models import load_tokenizer
@@ -14,6 +14,8 @@ from relaxtrio.rollout.filters import check_reward_nonzero_std
 from relaxtrio.rollout.hooks import load_function
 from relaxtrio.rollout.step import group_metrics
 from relaxtrio.testing.scripted_engine import Reply, ScriptedEngine
+
+pytestmark = pytest.mark.slow  # starts real processes
 
 
 @pytest.fixture(scope="module")
@@ -27,7 +29,7 @@ def _engine(tokenizer) -> ScriptedEngine:
 
 
 async def test_async_reward_model_scores_agents_without_reward(tokenizer, tmp_path: Path) -> None:
-    rm = load_function("support.rewards.async_length_reward", flag="--custom-rm-path")
+    rm = load_function("tests.support.rewards.async_length_reward", flag="--custom-rm-path")
     config = RolloutConfig(n_samples_per_prompt=2, rollout_batch_size=1, custom_rm=rm, reward_key="score",
                            show_progress=False)
     with trio.fail_after(60):
@@ -42,7 +44,7 @@ async def test_async_reward_model_scores_agents_without_reward(tokenizer, tmp_pa
 
 
 async def test_group_rm_through_the_pipeline(tokenizer, tmp_path: Path) -> None:
-    rm = load_function("support.rewards.group_rank_reward", flag="--custom-rm-path")
+    rm = load_function("tests.support.rewards.group_rank_reward", flag="--custom-rm-path")
     config = RolloutConfig(n_samples_per_prompt=3, rollout_batch_size=1, custom_rm=rm, group_rm=True,
                            show_progress=False)
     with trio.fail_after(60):

@@ -7,7 +7,7 @@ import math
 import pytest
 import trio
 import trio.testing
-from support.groups import group_of, sample
+from tests.support.groups import group_of, sample
 
 from relaxtrio.config import RolloutConfig
 from relaxtrio.rollout.rewards import (

@@ -3,8 +3,8 @@
 from __future__ import annotations
 
 import pytest
-from support.groups import exported_group, group_of
-from support.sessions import add_session
+from tests.support.groups import exported_group, group_of
+from tests.support.sessions import add_session
 
 from relaxtrio import ConfigError
 from relaxtrio.config import RolloutConfig

@@ -20,8 +20,8 @@ from relaxtrio.models import load_tokenizer
 from relaxtrio.nursery.session import Session, SessionRegistry
 from relaxtrio.rollout.turns import EngineTurnHandler
 from relaxtrio.sglang.client import open_engine_client
-from support.apps import serve_agent_api
-from support.sessions import open_session
+from tests.support.apps import serve_agent_api
+from tests.support.sessions import open_session
 
 CHAT_PATH = "/agentic_api/v1/chat/completions"
 CHAT_BODY = json.dumps({"model": "tiny", "messages": [{"role": "user", "content": "Say something."}],

@@ -8,7 +8,7 @@ from pathlib import Path
 import attrs
 import pytest
 import torch
-from train_helpers import make_samples, with_rollout_logprobs
+from tests.train.train_helpers import make_samples, with_rollout_logprobs
 
 from relaxtrio.train import TrainConfig, Trainer
 from relaxtrio.train.estimators import kl_shaped_advantages, whiten_advantages

@@ -12,7 +12,7 @@ from pathlib import Path
 import attrs
 import pytest
 import torch
-from train_helpers import FakeSample, make_samples, with_rollout_logprobs
+from tests.train.train_helpers import FakeSample, make_samples, with_rollout_logprobs
 
 from relaxtrio.forest import WeightSpan
 from relaxtrio.train import TrainConfig, Trainer

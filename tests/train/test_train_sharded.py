@@ -13,7 +13,7 @@ import attrs
 import pytest
 import torch
 from safetensors.torch import load_file
-from train_helpers import make_samples, with_rollout_logprobs
+from tests.train.train_helpers import make_samples, with_rollout_logprobs
 
 from relaxtrio import ConfigError, TrainerRankError
 from relaxtrio.config import AgentConfig, DistributedConfig, TrainConfig, TrainRunConfig

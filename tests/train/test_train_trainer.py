@@ -10,7 +10,7 @@ import attrs
 import pytest
 import torch
 from safetensors.torch import load_file
-from train_helpers import FakeSample, make_samples, with_rollout_logprobs
+from tests.train.train_helpers import FakeSample, make_samples, with_rollout_logprobs
 from transformers import AutoModelForCausalLM
 
 from relaxtrio.train import TrainConfig, Trainer
