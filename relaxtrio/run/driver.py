@@ -251,7 +251,7 @@ async def _train_step(
             update = functools.partial(trainer.train_step, threads=threads)
         else:
             update = trainer.train_step
-        stats = await trio.to_thread.run_sync(update, result.samples, result.advantages)
+        stats = await trio.to_thread.run_sync(update, result.scored)
         push_start = time.monotonic()
         row["weight_sync_s"] = await _push(inference, trainer, weight_version_name(rollout_id))
         push_end = time.monotonic()
