@@ -23,6 +23,7 @@ from relaxtrio.nursery.session import SessionRegistry
 from relaxtrio.rollout.dataset import load_prompts
 from relaxtrio.rollout.turns import EngineTurnHandler, lineage_image_urls
 from relaxtrio.sglang.client import SamplingParams, open_engine_client
+from relaxtrio.testing.scored import scored_samples
 from relaxtrio.train import TrainConfig, Trainer, merge_multimodal_inputs
 
 # Turn 1 sends the dataset's image; turns 2 and 3 add an image in a user message each. (Not in a
@@ -91,7 +92,7 @@ async def test_image_agent_end_to_end(tiny_vlm_dir: Path, vlm_model, vlm_vision,
 
                 # One RL step: train on the sample, push the weights, generate from the same images.
                 before = {k: v.detach().clone() for k, v in trainer.model.named_parameters()}
-                stats = trainer.train_step([sample], [1.0])
+                stats = trainer.train_step(scored_samples([sample], [1.0]))
                 assert math.isfinite(stats.loss) and stats.rollout_logprob_abs_diff_max < 1e-4
                 assert any(not v.equal(before[k]) for k, v in trainer.model.named_parameters())
                 weights = trainer.save_weights(tmp_path / "weights")

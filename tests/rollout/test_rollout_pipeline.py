@@ -41,7 +41,7 @@ async def test_steps_accept_target_groups(tokenizer, tmp_path: Path) -> None:
             assert len(registry) == 0 and pipeline.resident_groups == ()
     for result in (first, second):
         assert len(result.groups) == 2 and not result.dropped
-        assert len(result.samples) == 4 and result.advantages == [0.0] * 4
+        assert len(result.samples) == 4 and [s.advantage for s in result.scored] == [0.0] * 4
         for scored in result.groups:
             assert [s.index for s in scored.group.sessions] == [0, 1]
             assert {s.metadata["rollout_mode"] for s in scored.samples} == {"train"}
