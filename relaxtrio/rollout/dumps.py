@@ -233,14 +233,6 @@ def append_samples(path: Path, rollout_id: int, records: Iterable[Mapping[str, A
     return count
 
 
-def read_samples(path: Path) -> Iterator[dict[str, Any]]:
-    """The records of a samples file, one dict per line."""
-    with _open(Path(path), "rt") as f:
-        for line in f:
-            if line.strip():
-                yield json.loads(line)
-
-
 @attrs.frozen(kw_only=True)
 class DumpedSample:
     """One sample of a dump.

@@ -63,7 +63,7 @@ from ..rollout.step import StepResult, group_metrics
 from ..rollout.turns import EngineTurnHandler
 from .checkpoint import RunCheckpointer, hold_run_dirs, weight_version_name
 from .summary import TrainSummary, summarize_run
-from ..sglang.client import EngineClient, context_token_limit
+from ..sglang.client import context_token_limit
 from ..fleet.fleet import EngineFleet, FleetStatistics
 from ..fleet.launch_fleet import detect_engine_kind
 from ..fleet.starter import EngineStarter
@@ -159,21 +159,6 @@ def _resolve_model(cfg: TrainRunConfig) -> Path:
     from ..models import ensure_smollm2
 
     return ensure_smollm2()
-
-
-async def push_weights(client: EngineClient, weights_dir: Path, version: str) -> None:
-    """Loads new weights into every engine without losing in-flight generations.
-
-    Cancellation:
-        Shielded: once started, the pause/update/continue sequence completes (or fails) so the
-        engines are never left paused.
-    """
-    with trio.CancelScope(shield=True):
-        await client.pause_generation("retract")
-        try:
-            await client.update_weights_from_disk(str(weights_dir), weight_version=version)
-        finally:
-            await client.continue_generation()
 
 
 @attrs.frozen(kw_only=True)

@@ -6,7 +6,7 @@ no-grad old and reference passes), with the prompt's logits cut where the loss c
 :func:`micro_batch_objective` assembles the terms of docs/export-and-credit.md#what-the-trainer-does-with-an-advantage
 for one micro-batch: the clipped surrogate (:func:`~relaxtrio.train.loss.policy_loss`) against the
 old logprobs, with the off-policy token weights (:mod:`relaxtrio.train.offpolicy`), minus the
-entropy bonus, plus the reference-KL loss; every term reduced against the *minibatch's*
+entropy bonus, plus a reference-KL loss term; every term reduced against the *minibatch's*
 denominators, so accumulating the micro-batches' gradients equals the unsplit loss. The
 :class:`~relaxtrio.train.Trainer` runs the passes; this module only combines their outputs.
 
@@ -42,7 +42,7 @@ def micro_batch_forward(
     """One forward of ``batch``: ``(logits (B, T - skip, V), logprobs (B, T) float32)``.
 
     Args:
-        model: the policy (or the reference policy).
+        model: the policy (or its frozen KL reference).
         batch: the micro-batch.
         config: autocast and chunking settings.
         temperature: the logprob temperature.
@@ -125,7 +125,8 @@ def micro_batch_objective(
             position 0 (the prompt cut, see :meth:`relaxtrio.train.Trainer._forward`).
         logprobs: ``(B, T) float32`` of the same pass, with grad.
         pre: ``(B, T) float32``, the pre-update policy's logprobs (no grad).
-        ref: ``(B, T) float32``, the reference policy's logprobs when the KL loss is on, else None.
+        ref: ``(B, T) float32`` logprobs of the frozen KL reference policy when the KL loss is
+            on, else None.
         den: the minibatch's denominators.
         temperature: the logprob temperature (:func:`~relaxtrio.train.logprobs.logprob_temperature`).
 

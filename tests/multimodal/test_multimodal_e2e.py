@@ -12,6 +12,7 @@ import trio
 from mm_helpers import data_url, full_forward_logprobs, make_image
 from support.apps import serve_agent_api
 from support.chat import observation
+from support.lineage import train_token_ids
 
 from relaxtrio.chat.compiler import ChatCompiler
 from relaxtrio.config import AgentConfig, GenerationConfig
@@ -104,7 +105,7 @@ async def test_image_agent_end_to_end(tiny_vlm_dir: Path, vlm_model, vlm_vision,
                     rid="after-update", image_data=lineage_image_urls(session.forest, obs))
             nursery.cancel_scope.cancel()
     assert result.weight_version == "step-1"
-    prompt = session.forest.train_token_ids(obs)
+    prompt = train_token_ids(session.forest, obs)
     merged = merge_multimodal_inputs(sample.multimodal_inputs)
     trainer.model.eval()
     fresh = full_forward_logprobs(trainer.model, prompt + result.output_ids, vlm_vision.image_token_id,

@@ -11,7 +11,7 @@ import trio
 import trio.lowlevel
 import trio.testing
 from support.pipeline import open_test_pipeline, prompts
-from support.procs import alive
+from support.procs import alive, group_alive
 
 from relaxtrio.config import GenerationConfig, RolloutConfig
 from relaxtrio.rollout.eval import EvalDataset, run_eval
@@ -358,9 +358,7 @@ async def test_cancelling_the_run_terminates_every_agent(tokenizer, tmp_path: Pa
         # leaving the pipeline cancels the resident Groups
     assert len(registry) == 0
     assert sorted(engine.aborted) == sorted(rid for _, _, rid in engine.calls)
-    from relaxtrio.nursery.agent import process_group_alive
-
-    assert pgids and not any(process_group_alive(pgid) for pgid in pgids)
+    assert pgids and not any(group_alive(pgid) for pgid in pgids)
 
 
 async def test_unusable_prompt_is_dropped_without_starting_agents(tokenizer, tmp_path: Path) -> None:
