@@ -38,7 +38,7 @@ class ScoredGroup:
     """
 
     group: Group
-    scored: tuple[ScoredSample, ...] = attrs.field(converter=tuple)
+    scored: tuple[ScoredSample, ...]
 
     @property
     def samples(self) -> list[TrainingSample]:
@@ -70,7 +70,7 @@ def _score_custom(group: Group, config: RolloutConfig) -> ScoredGroup | FilterVe
         for session, row in zip(group.sessions, credits, strict=True)
         for s, credit in zip(session.samples, row, strict=True)
     ]
-    return ScoredGroup(group=group, scored=scored)
+    return ScoredGroup(group=group, scored=tuple(scored))
 
 
 def _unrewarded(session: Any) -> ExportError:
@@ -113,7 +113,7 @@ def _score_eval(group: Group, config: RolloutConfig) -> ScoredGroup:
             num_rewarded += 1
         if not num_rewarded:
             raise _unrewarded(session)
-    return ScoredGroup(group=group, scored=scored)
+    return ScoredGroup(group=group, scored=tuple(scored))
 
 
 def score_group(group: Group, config: RolloutConfig) -> ScoredGroup | FilterVerdict:
@@ -178,8 +178,8 @@ def _score_rewards_only(group: Group, config: RolloutConfig) -> ScoredGroup:
         rewards.append(value)
     credits = group_advantages(config.advantage_estimator, rewards,
                                std_normalize=config.grpo_std_normalization)
-    return ScoredGroup(group=group, scored=[
-        ScoredSample(sample=s, reward=r, advantage=a) for s, r, a in zip(samples, rewards, credits, strict=True)])
+    return ScoredGroup(group=group, scored=tuple(
+        ScoredSample(sample=s, reward=r, advantage=a) for s, r, a in zip(samples, rewards, credits, strict=True)))
 
 
 @attrs.frozen(kw_only=True)

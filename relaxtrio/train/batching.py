@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import random
 from collections.abc import Sequence
-from typing import Protocol
+from typing import Any, Protocol
 
 import attrs
 import torch
@@ -101,13 +101,14 @@ def special_token_ids(model: torch.nn.Module) -> tuple[int, int | None]:
     id does, since padding is masked out. The image token id is a VLM config's
     ``image_token_id``, else None.
     """
-    model_config = getattr(model, "config", None)
-    text_config = model_config.get_text_config() if hasattr(model_config, "get_text_config") else model_config
+    model_config: Any = getattr(model, "config", None)
+    get_text_config = getattr(model_config, "get_text_config", None)
+    text_config = get_text_config() if get_text_config is not None else model_config
     pad = getattr(text_config, "pad_token_id", None)
     vocab = getattr(text_config, "vocab_size", None)
     image_token = getattr(model_config, "image_token_id", None)
-    ok = isinstance(pad, int) and pad >= 0 and (vocab is None or pad < vocab)
-    return (pad if ok else 0), (image_token if isinstance(image_token, int) else None)
+    pad_id = pad if isinstance(pad, int) and pad >= 0 and (vocab is None or pad < vocab) else 0
+    return pad_id, (image_token if isinstance(image_token, int) else None)
 
 
 def plan_configured_micro_batches(

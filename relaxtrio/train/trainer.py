@@ -274,7 +274,7 @@ class Trainer:
         else:
             pre = gather_rows(old_by_sample, batch)
         use_ref = ref_by_sample is not None and self.config.use_kl_loss
-        ref = gather_rows(ref_by_sample, batch) if use_ref else None
+        ref = gather_rows(ref_by_sample, batch) if use_ref and ref_by_sample is not None else None
         return micro_batch_objective(self.config, batch, logits=logits, logprobs=logprobs, pre=pre,
                                      ref=ref, den=den, temperature=self._temperature)
 
