@@ -214,11 +214,6 @@ def _session_processes(pgid: int, session_id: str | None = None) -> list[int]:
     return found
 
 
-def process_group_alive(pgid: int) -> bool:
-    """Whether any live (non-zombie) process remains in process group ``pgid``."""
-    return bool(_session_processes(pgid))
-
-
 async def _wait_exited(pids: list[int]) -> None:
     """Waits until every process in ``pids`` has exited (its pidfd turns readable).
 

@@ -54,7 +54,7 @@ from ..rollout.metrics import MetricsLog, plot_rewards
 from ..rollout.operator_view import RunView
 from ..rollout.pipeline import open_rollout_pipeline
 from ..rollout.turns import EngineTurnHandler
-from ..sglang.client import EngineClient, context_token_limit
+from ..sglang.client import context_token_limit
 from ..train import Trainer
 from ..train.ranks import RankGroup
 from .checkpoint import RunCheckpointer
@@ -144,19 +144,6 @@ def _resolve_model(cfg: TrainRunConfig) -> Path:
     return ensure_smollm2()
 
 
-async def push_weights(client: EngineClient, weights_dir: Path, version: str) -> None:
-    """Loads new weights into every engine without losing in-flight generations.
-
-    Cancellation:
-        Shielded: once started, the pause/update/continue sequence completes (or fails) so the
-        engines are never left paused.
-    """
-    with trio.CancelScope(shield=True):
-        await client.pause_generation("retract")
-        try:
-            await client.update_weights_from_disk(str(weights_dir), weight_version=version)
-        finally:
-            await client.continue_generation()
 
 
 async def run_training(cfg: TrainRunConfig) -> TrainSummary:

@@ -127,7 +127,7 @@ async def train_step(
             update = functools.partial(trainer.train_step, threads=threads)
         else:
             update = trainer.train_step
-        stats = await trio.to_thread.run_sync(update, result.samples, result.advantages)
+        stats = await trio.to_thread.run_sync(update, result.scored)
         push_start = time.monotonic()
         row["weight_sync_s"] = await push_trainer_weights(inference, trainer, weight_version_name(rollout_id))
         push_end = time.monotonic()

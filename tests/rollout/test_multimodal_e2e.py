@@ -13,6 +13,7 @@ import trio
 from tests.support.images import data_url, full_forward_logprobs, make_image
 from tests.support.apps import serve_agent_api
 from tests.support.chat import observation
+from tests.support.lineage import train_token_ids
 
 from relaxtrio.chat.compiler import ChatCompiler
 from relaxtrio.config import AgentConfig, GenerationConfig
@@ -24,6 +25,7 @@ from relaxtrio.nursery.session import SessionRegistry
 from relaxtrio.rollout.dataset import load_prompts
 from relaxtrio.rollout.turns import EngineTurnHandler, lineage_image_urls
 from relaxtrio.sglang.client import SamplingParams, open_engine_client
+from relaxtrio.testing.scored import scored_samples
 from relaxtrio.train import TrainConfig, Trainer, merge_multimodal_inputs
 
 pytestmark = pytest.mark.slow  # starts real processes
@@ -94,7 +96,7 @@ async def test_image_agent_end_to_end(tiny_vlm_dir: Path, vlm_model, vlm_vision,
 
                 # One RL step: train on the sample, push the weights, generate from the same images.
                 before = {k: v.detach().clone() for k, v in trainer.model.named_parameters()}
-                stats = trainer.train_step([sample], [1.0])
+                stats = trainer.train_step(scored_samples([sample], [1.0]))
                 assert math.isfinite(stats.loss) and stats.rollout_logprob_abs_diff_max < 1e-4
                 assert any(not v.equal(before[k]) for k, v in trainer.model.named_parameters())
                 weights = trainer.save_weights(tmp_path / "weights")
@@ -106,7 +108,7 @@ async def test_image_agent_end_to_end(tiny_vlm_dir: Path, vlm_model, vlm_vision,
                     rid="after-update", image_data=lineage_image_urls(session.forest, obs))
             nursery.cancel_scope.cancel()
     assert result.weight_version == "step-1"
-    prompt = session.forest.train_token_ids(obs)
+    prompt = train_token_ids(session.forest, obs)
     merged = merge_multimodal_inputs(sample.multimodal_inputs)
     trainer.model.eval()
     fresh = full_forward_logprobs(trainer.model, prompt + result.output_ids, vlm_vision.image_token_id,

@@ -36,8 +36,8 @@ async def test_three_contexts_per_session_get_custom_credit(tiny_model_dir: Path
     [scored] = result.groups
     names = [s.name for s in scored.samples]
     assert names == ["main", "searcher_0", "searcher_1"] * 2
-    assert list(scored.advantages) == [1.0, 0.25, 0.5] * 2
-    assert list(scored.rewards) == [1.0, None, None] * 2
+    assert [s.advantage for s in scored.scored] == [1.0, 0.25, 0.5] * 2
+    assert [s.reward for s in scored.scored] == [1.0, None, None] * 2
     for sample in scored.samples:
         assert sum(sample.loss_mask) > 0
 

@@ -46,7 +46,7 @@ async def test_strict_drops_a_branching_group(tiny_model_dir: Path, tmp_path: Pa
 async def test_final_trains_the_last_answer_of_the_main_conversation(tiny_model_dir: Path, tmp_path: Path) -> None:
     result, tokenizer = await _run(tiny_model_dir, tmp_path, "final")
     [scored] = result.groups
-    assert len(scored.samples) == 2 and list(scored.rewards) == [1.0, 1.0]
+    assert len(scored.samples) == 2 and [s.reward for s in scored.scored] == [1.0, 1.0]
     for sample in scored.samples:
         text = tokenizer.decode(sample.token_ids)
         # the second retry's lineage: the task, the last format error and its reply, no title
@@ -62,7 +62,7 @@ async def test_all_leaves_exports_every_leaf_for_custom_credit(tiny_model_dir: P
     result, _ = await _run(tiny_model_dir, tmp_path, "all-leaves", custom="per_leaf")
     [scored] = result.groups
     assert [s.name for s in scored.samples] == ["leaf-0", "leaf-1", "leaf-2", "leaf-3"] * 2
-    assert list(scored.advantages) == [0.0, 0.0, 1.0, 0.0] * 2
+    assert [s.advantage for s in scored.scored] == [0.0, 0.0, 1.0, 0.0] * 2
 
 
 def _parse(tmp_path: Path, *flags: str):

@@ -47,10 +47,11 @@ def test_a_restored_stream_serves_what_the_original_would_have(cut: int) -> None
 def test_requeued_prompts_come_first_and_bad_cursors_are_refused() -> None:
     stream = _stream(4, shuffle=False)
     assert next(stream).index == 0
-    stream.requeue([3, 2])
+    cursor = {**stream.cursor(), "pending": [3, 2]}  # a checkpoint taken with two prompts held
+    stream.restore(cursor)
     assert [next(stream).index for _ in range(5)] == [3, 2, 1, 2, 3]
-    with pytest.raises(ConfigError, match="is not in 0..3"):
-        stream.requeue([4])
+    with pytest.raises(ConfigError, match="checkpoint prompt index 4 is not in 0..3"):
+        stream.restore({**cursor, "pending": [4]})
     with pytest.raises(ConfigError, match="for 4 prompts, but --prompt-data has 6"):
         _stream(6).restore(stream.cursor())
 

@@ -37,7 +37,7 @@ async def test_async_reward_model_scores_agents_without_reward(tokenizer, tmp_pa
                                       config=config, env={"AGENT_REWARD": "none"}) as (pipeline, _):
             result = await pipeline.run_step(0)
     [scored] = result.groups
-    assert list(scored.rewards) == [0.5, 0.5]
+    assert [s.reward for s in scored.scored] == [0.5, 0.5]
     assert all(s.reward["length"] == sum(s.loss_mask) for s in scored.samples)
     row = group_metrics(result, config)
     assert row["rollout/raw_reward"] == 0.5 and row["rollout/length/mean"] > 0
@@ -52,7 +52,7 @@ async def test_group_rm_through_the_pipeline(tokenizer, tmp_path: Path) -> None:
                                       config=config) as (pipeline, _):
             result = await pipeline.run_step(0)
     [scored] = result.groups
-    assert list(scored.rewards) == [0.0, 1.0, 2.0]  # Session order; the agents' 1.0 overwritten
+    assert [s.reward for s in scored.scored] == [0.0, 1.0, 2.0]  # Session order; the agents' 1.0 overwritten
 
 
 async def test_filtered_groups_are_new_demand_counted_not_dropped(tokenizer, tmp_path: Path) -> None:
@@ -67,7 +67,7 @@ async def test_filtered_groups_are_new_demand_counted_not_dropped(tokenizer, tmp
                                       config=config) as (pipeline, _):
             result = await pipeline.run_step(0)
     assert result.groups == () and result.dropped == ()
-    assert [reason for _, reason in result.filtered] == ["zero_std"] * 3
-    assert len({g.group_id for g, _ in result.filtered}) == 3
+    assert [(v.source, v.reason) for v in result.filtered] == [("dynamic_filter", "zero_std")] * 3
+    assert len({v.group.group_id for v in result.filtered}) == 3
     row = group_metrics(result, config)
     assert row["filtered_groups"] == 3.0 and row["rollout/dynamic_filter/drop_zero_std"] == 3.0

@@ -13,15 +13,25 @@ import trio
 from tests.support.pipeline import open_test_pipeline, prompts
 
 from relaxtrio.config import GenerationConfig, RolloutConfig
-from relaxtrio.run.driver import push_weights
 from relaxtrio.engine.server import EngineConfig, load_engine, serve_engine_state
 from relaxtrio.forest import ResponseNode
 from relaxtrio.models import load_model, load_tokenizer
-from relaxtrio.sglang.client import open_engine_client
+from relaxtrio.sglang.client import EngineClient, open_engine_client
 
 pytestmark = pytest.mark.slow  # starts real processes
 
 LONG = 400
+
+
+async def _push_weights(client: EngineClient, weights_dir: Path, version: str) -> None:
+    """Loads new weights into the engine without losing in-flight generations (pause with
+    retract, load, continue; shielded so the engine is never left paused)."""
+    with trio.CancelScope(shield=True):
+        await client.pause_generation("retract")
+        try:
+            await client.update_weights_from_disk(str(weights_dir), weight_version=version)
+        finally:
+            await client.continue_generation()
 
 
 def _logprobs(model, ids: list[int], start: int, end: int) -> list[float]:
@@ -69,7 +79,7 @@ async def test_partial_rollout_resumes_on_new_weights(tiny_model_dir: Path, tmp_
                 assert first.aborted_requests == 1, "the long generation was in flight at close"
                 [long_group] = pipeline.resident_groups
                 assert long_group.paused
-                await push_weights(client, new_weights, "v2")
+                await _push_weights(client, new_weights, "v2")
                 second = await pipeline.run_step(1, last=True)
             nursery.cancel_scope.cancel()
 

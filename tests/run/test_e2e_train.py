@@ -22,6 +22,7 @@ from relaxtrio.run.driver import run_training
 from relaxtrio.engine.server import EngineConfig, serve_engine
 from relaxtrio.models import load_model
 from relaxtrio.sglang.client import SamplingParams, open_engine_client
+from relaxtrio.testing.scored import scored_samples
 from relaxtrio.train import TrainConfig, Trainer
 
 pytestmark = pytest.mark.slow  # starts real processes
@@ -45,7 +46,7 @@ async def test_weight_update_reaches_the_engine(tiny_model_dir: Path, tmp_path: 
                 trainer = Trainer.from_pretrained(tiny_model_dir, TrainConfig(lr=5e-2))
                 sample = _Sample(prompt + list(before.output_ids), len(prompt),
                                  [0.0] * len(prompt) + list(before.output_logprobs))
-                stats = trainer.train_step([sample], [1.0])
+                stats = trainer.train_step(scored_samples([sample], [1.0]))
                 assert stats.rollout_logprob_abs_diff < 1e-4  # engine and trainer agree before
                 assert torch.isfinite(torch.tensor(stats.loss))
                 weights = trainer.save_weights(tmp_path / "weights")

@@ -27,6 +27,7 @@ from relaxtrio.run.checkpoint import (
     _write_failure,
     find_resume_point,
 )
+from relaxtrio.testing.scored import scored_samples
 from relaxtrio.train import TrainConfig, Trainer
 from relaxtrio.train.checkpoint import (
     LATEST_FILE,
@@ -215,15 +216,15 @@ def test_trainer_resumed_from_a_checkpoint_trains_the_same_weights(
     steps = [(make_samples(6, seed=s), [1.0, -1.0, 0.5, -0.5, 2.0, -2.0]) for s in (1, 2)]
     straight = Trainer.from_pretrained(tiny_model_dir, config)
     for samples, advantages in steps:
-        straight.train_step(samples, advantages)
+        straight.train_step(scored_samples(samples, advantages))
 
     first = Trainer.from_pretrained(tiny_model_dir, config)
-    first.train_step(*steps[0])
+    first.train_step(scored_samples(*steps[0]))
     checkpoint = _save(first, tmp_path / "ckpt", 1)
     resumed = Trainer.from_pretrained(checkpoint, config)
     resumed.load_resume_state(checkpoint, read_run_state(checkpoint)["trainer"])
     assert resumed.num_optimizer_steps == 2
-    resumed.train_step(*steps[1])
+    resumed.train_step(scored_samples(*steps[1]))
     assert resumed.num_optimizer_steps == straight.num_optimizer_steps == 4
     want, got = _weights(straight), _weights(resumed)
     for name, tensor in want.items():

@@ -10,6 +10,7 @@ from pathlib import Path
 import pytest
 import trio
 from tests.support.agents import write_httpx_agent
+from tests.support.samples_file import read_samples
 
 from relaxtrio.cli.main import main
 from relaxtrio.config import (
@@ -20,7 +21,7 @@ from relaxtrio.config import (
 )
 from relaxtrio.run.driver import run_training
 from relaxtrio.tools.replay import LOGPROB_ATOL, replay_dump
-from relaxtrio.rollout.dumps import load_dump, read_samples
+from relaxtrio.rollout.dumps import load_dump
 from relaxtrio.train import TrainConfig
 
 pytestmark = pytest.mark.slow  # starts real processes

@@ -12,6 +12,7 @@ import trio
 
 from relaxtrio.engine.server import EngineConfig, serve_engine
 from relaxtrio.sglang.client import SamplingParams, open_engine_client
+from relaxtrio.testing.scored import scored_samples
 from relaxtrio.train import TrainConfig, Trainer
 
 
@@ -34,7 +35,7 @@ async def test_engine_serves_base_plus_adapter_after_each_step(tiny_model_dir: P
                 for step in range(2):
                     reply = await client.generate(prompt, params, rid=f"lora-{step}#")
                     sample = _Sample(prompt, reply.output_ids, reply.output_logprobs)
-                    stats = trainer.train_step([sample], [1.0])
+                    stats = trainer.train_step(scored_samples([sample], [1.0]))
                     # the rollout came from what the trainer held before this update
                     assert stats.rollout_logprob_abs_diff < 1e-4, (step, stats.rollout_logprob_abs_diff)
                     weights = trainer.save_weights(tmp_path / "weights")

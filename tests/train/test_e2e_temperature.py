@@ -15,6 +15,7 @@ import trio
 from relaxtrio.config import AgentConfig, GenerationConfig, TrainRunConfig
 from relaxtrio.engine.server import EngineConfig, serve_engine
 from relaxtrio.sglang.client import SamplingParams, open_engine_client
+from relaxtrio.testing.scored import scored_samples
 from relaxtrio.train import TrainConfig, Trainer
 
 TEMPERATURES = (0.0, 0.5, 0.7, 1.0, 1.6)
@@ -50,12 +51,12 @@ async def test_trainer_logprobs_match_the_engine_at_every_temperature(tiny_model
     rollouts = await _rollouts(tiny_model_dir)
     for temperature, samples in rollouts.items():
         trainer = Trainer.from_pretrained(tiny_model_dir, TrainConfig(temperature=temperature))
-        stats = trainer.train_step(samples, [1.0, -1.0, 0.5])
+        stats = trainer.train_step(scored_samples(samples, [1.0, -1.0, 0.5]))
         assert stats.rollout_logprob_abs_diff < 1e-4, (temperature, stats.rollout_logprob_abs_diff)
         assert stats.rollout_logprob_abs_diff_max < 1e-3, temperature
         # Before the fix every trainer logprob was taken at temperature 1: a real gap at T != 1.
         untempered = Trainer.from_pretrained(tiny_model_dir, TrainConfig(temperature=1.0))
-        gap = untempered.train_step(samples, [1.0, -1.0, 0.5]).rollout_logprob_abs_diff
+        gap = untempered.train_step(scored_samples(samples, [1.0, -1.0, 0.5])).rollout_logprob_abs_diff
         if temperature in (0.0, 1.0):  # greedy logprobs are reported at temperature 1
             assert gap < 1e-4
         else:

@@ -15,6 +15,7 @@ from tests.support.chat import observation
 from relaxtrio.chat.compiler import ChatCompiler
 from relaxtrio.forest import TrainingSample
 from relaxtrio.media.vision import VisionProcessor
+from relaxtrio.testing.scored import scored_samples
 from relaxtrio.train import TrainConfig, Trainer, merge_multimodal_inputs, token_logprobs
 from relaxtrio.train.batching import collate
 
@@ -97,7 +98,7 @@ def test_padded_batch_logprobs_equal_each_unpadded_forward(tiny_vlm_dir: Path, s
 def test_train_step_on_vlm_samples(tiny_vlm_dir: Path, samples, tmp_path: Path) -> None:
     trainer = Trainer.from_pretrained(tiny_vlm_dir, TrainConfig(lr=1e-3, micro_batch_size=2))
     before = {k: v.detach().clone() for k, v in trainer.model.named_parameters()}
-    stats = trainer.train_step(samples, [1.0, -0.5, 0.25])
+    stats = trainer.train_step(scored_samples(samples, [1.0, -0.5, 0.25]))
     assert math.isfinite(stats.loss) and math.isfinite(stats.grad_norm) and stats.grad_norm > 0
     assert stats.num_micro_batches == 2
     assert stats.rollout_logprob_abs_diff_max < 1e-4  # engine-style logprobs == trainer before the update
