@@ -10,7 +10,6 @@ special token is one id, and the text between special tokens is encoded on its o
 
 from __future__ import annotations
 
-import datetime
 from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
@@ -121,21 +120,20 @@ def reference_ids(compiler: ChatCompiler, family: Family, text: str) -> list[int
     return ids
 
 
-def today_variants() -> tuple[str, str]:
-    """Today's date before and after a render (gpt-oss writes the current date into its prompt)."""
-    return (datetime.date.today().isoformat(),) * 2
-
-
 # ---------------------------------------------------------------------------------- conversation
 
+# Canonical order (name, parameters, description): what relaxtrio hands templates that print the
+# tool list as JSON (Kimi-K2, GLM, Mistral).
 TOOLS = (
     {"type": "function", "function": {
-        "name": "get_weather", "description": "Current weather of a city.",
-        "parameters": {"type": "object", "properties": {"city": {"type": "string"}}, "required": ["city"]}}},
+        "name": "get_weather",
+        "parameters": {"type": "object", "properties": {"city": {"type": "string"}}, "required": ["city"]},
+        "description": "Current weather of a city."}},
     {"type": "function", "function": {
-        "name": "run_code", "description": "Runs code.",
+        "name": "run_code",
         "parameters": {"type": "object", "properties": {"code": {"type": "string"}, "timeout": {"type": "integer"}},
-                       "required": ["code"]}}},
+                       "required": ["code"]},
+        "description": "Runs code."}},
 )
 TRICKY_CODE = 'if (a) { print("}") }'
 """An argument with braces and quotes, the text call parsers most often cut at the wrong brace."""
