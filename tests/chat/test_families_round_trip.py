@@ -87,7 +87,7 @@ def test_sampled_turn_decodes_to_a_message_that_renders_the_same_ids(family: str
 
 GLM_DUPLICATE_OBSERVATION = pytest.mark.xfail(
     reason="GLM-4.x ends a tool-call turn by sampling <|observation|>, and the observation delta "
-    "starts with <|observation|> again (docs/model-families.md#glm-45-46; the fix needs rollout/turns.py "
+    "starts with <|observation|> again (docs/model-families.md#glm; the fix needs rollout/turns.py "
     "to pass the sampled stop id to the compiler)",
 )
 
