@@ -10,7 +10,9 @@ from relaxtrio.chat.parsers import REASONING_PARSERS, parse_reasoning
 
 
 def test_registered_names() -> None:
-    assert REASONING_PARSERS == ("deepseek-r1", "qwen3", "qwen3-thinking")
+    assert REASONING_PARSERS == (
+        "deepseek-r1", "deepseek-v3", "glm45", "gpt-oss", "kimi_k2", "mistral", "qwen3", "qwen3-thinking"
+    )
 
 
 @pytest.mark.parametrize(

@@ -49,7 +49,10 @@ READ_B = ParsedToolCall("read", '{"path":"b.py"}')
 
 
 def test_registered_names() -> None:
-    assert TOOL_CALL_PARSERS == ("hermes", "llama3", "qwen", "qwen25", "qwen3_coder")
+    assert TOOL_CALL_PARSERS == (
+        "deepseekv3", "deepseekv31", "glm45", "gpt-oss", "hermes", "kimi_k2", "llama3", "mistral", "qwen", "qwen25",
+        "qwen3_coder", "auto",
+    )
 
 
 # ------------------------------------------------------------------------------------------ hermes
@@ -193,7 +196,7 @@ def test_no_tools_or_no_parser_means_no_parsing(parser: str) -> None:
 
 def test_unknown_parser_name() -> None:
     with pytest.raises(ValueError, match="unknown tool-call parser"):
-        parse_tool_calls("x", "mistral", TOOLS)
+        parse_tool_calls("x", "pythonic", TOOLS)
 
 
 # ------------------------------------------------------------------------------------ qwen3_coder
