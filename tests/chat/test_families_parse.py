@@ -5,9 +5,10 @@ calls kept as text, and ``--agentic-tool-call-parser auto``."""
 from __future__ import annotations
 
 import json
+from pathlib import Path
 
 import pytest
-from families_testkit import FAMILIES, TEMPLATES, TOOLS, TRICKY_CODE
+from tests.chat.families_testkit import FAMILIES, TEMPLATES, TOOLS, TRICKY_CODE
 
 from relaxtrio.chat.parsers import (
     REASONING_PARSERS,
@@ -185,7 +186,7 @@ def test_auto_picks_each_family_from_its_published_template() -> None:
 
 
 def test_auto_on_the_existing_templates() -> None:
-    compiler_templates = TEMPLATES.parents[2] / "tests" / "compiler" / "templates"
+    compiler_templates = Path(__file__).parent / "templates"
     found = {path.stem: template_tool_call_parsers(path.read_text(encoding="utf-8"))
              for path in compiler_templates.glob("*.jinja")}
     assert found == {"qwen2_5": ("hermes",), "qwen3": ("hermes",), "llama3_1": ("llama3",),

@@ -17,7 +17,7 @@ import datetime
 import json
 
 import pytest
-from families_testkit import FAMILIES, TOOLS, conversation, reference_ids
+from tests.chat.families_testkit import FAMILIES, TOOLS, conversation, reference_ids
 
 TOOLS_JSON = json.dumps(list(TOOLS))
 GLM_TOOLS = "\n".join(json.dumps(tool) for tool in TOOLS)

@@ -16,7 +16,7 @@ from typing import Any
 
 import pytest
 import trio
-from families_testkit import FAMILIES, TOOLS, conversation, rendered_turn
+from tests.chat.families_testkit import FAMILIES, TOOLS, conversation, rendered_turn
 
 from relaxtrio.chat.parsers import decode_assistant
 from relaxtrio.config import GenerationConfig
