@@ -18,7 +18,7 @@ from relaxtrio.nursery.group import Group
 from relaxtrio.nursery.session import SessionRegistry
 from relaxtrio.rollout.turns import EngineTurnHandler
 from relaxtrio.sglang.client import open_engine_client
-from relaxtrio.fleet.launch import open_embedded_engine
+from relaxtrio.fleet.embedded import open_embedded_engine
 
 OPENAI_AGENT = r'''
 import asyncio, json, os
