@@ -15,7 +15,7 @@ from relaxtrio.run.driver import push_weights
 from relaxtrio.engine.server import EngineConfig, load_engine, serve_engine_state
 from relaxtrio.forest import ResponseNode
 from relaxtrio.models import load_model, load_tokenizer
-from relaxtrio.sglang.client import open_engine_client
+from support.fleets import open_fleet_of_one
 
 LONG = 400
 
@@ -50,7 +50,7 @@ async def test_partial_rollout_resumes_on_new_weights(tiny_model_dir: Path, tmp_
             engine = await load_engine(engine_config)
             url = await nursery.start(serve_engine_state, engine, engine_config)
             async with (
-                open_engine_client([url]) as client,
+                open_fleet_of_one(url) as client,
                 open_test_pipeline(tmp_path, tokenizer, client, stream, config=config,
                                    generation=generation,
                                    env={"AGENT_WAIT_FILE": str(flag)}) as (pipeline, _),

@@ -42,7 +42,7 @@ def test_sampling_params_to_json_drops_none() -> None:
 async def test_generate_against_the_embedded_engine(
     engine_url: str, reference_logprobs: Callable
 ) -> None:
-    async with open_engine_client([engine_url]) as client:
+    async with open_engine_client(engine_url) as client:
         with trio.fail_after(30):
             result = await client.generate(
                 PROMPT, SamplingParams(max_new_tokens=6, temperature=0.0, ignore_eos=True), rid="c1"
@@ -65,7 +65,7 @@ async def test_context_token_limit_leaves_a_budget_the_engine_accepts(nursery: t
     # A lineage clamped to the limit (prompt + budget == limit) is generated in full; at the bare
     # context length (what the clamp used before) it is the "Requested token count exceeds" refusal.
     url = await nursery.start(serve_engine, EngineConfig(model_path=tiny_model_dir, context_length=64))
-    async with open_engine_client([url], config=FAST) as client:
+    async with open_engine_client(url, config=FAST) as client:
         limit = context_token_limit(await client.server_info())
         assert limit == 62
         prompt = [5] * 40
@@ -80,7 +80,7 @@ async def test_context_token_limit_leaves_a_budget_the_engine_accepts(nursery: t
 
 async def test_engine_errors_are_mapped(nursery: trio.Nursery, tiny_model_dir: Path) -> None:
     url = await nursery.start(serve_engine, EngineConfig(model_path=tiny_model_dir, context_length=64))
-    async with open_engine_client([url], config=FAST) as client:
+    async with open_engine_client(url, config=FAST) as client:
         with pytest.raises(ContextLengthExceededError, match="longer than the model's context"):
             await client.generate([5] * 64, SamplingParams(), rid="x1")
         with pytest.raises(ContextLengthExceededError, match="Requested token count exceeds"):
@@ -106,7 +106,7 @@ async def test_abort_uses_the_control_pool_while_generations_fill_theirs(
     """
     results = {}
     returned = {"g1": trio.Event(), "g2": trio.Event()}
-    async with open_engine_client([engine_url], max_generation_connections=1) as client:
+    async with open_engine_client(engine_url, max_generation_connections=1) as client:
 
         async def run(rid: str) -> None:
             results[rid] = await client.generate(PROMPT, LONG, rid=rid)
