@@ -151,9 +151,8 @@ class EngineAPI(Protocol):
 
     async def model_info(self) -> dict[str, Any]:
         """The engine's model description as a JSON object; the keys callers read are
-        ``weight_version``, ``model_path`` and the served config's ``model_type`` and
-        ``architectures`` (:func:`relaxtrio.models.served_model_mismatch`); missing keys are
-        allowed."""
+        ``weight_version`` and the served config's ``model_type`` and ``architectures``
+        (:func:`relaxtrio.models.served_model_mismatch`); missing keys are allowed."""
         ...
 
     async def server_info(self) -> dict[str, Any]:

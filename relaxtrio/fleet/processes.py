@@ -48,7 +48,7 @@ class LaunchedProcess:
     @property
     def supervised(self) -> bool:
         """Whether a death is ever restarted (the fleet then waits for it, see
-        :meth:`~relaxtrio.fleet.fleet.EngineFleet.set_restartable`)."""
+        :meth:`~relaxtrio.fleet.members.Membership.set_restartable`)."""
         return self.max_restarts > 0
 
     def budget_used(self) -> str:

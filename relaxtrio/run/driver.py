@@ -63,7 +63,7 @@ from ..rollout.step import StepResult, group_metrics
 from ..rollout.turns import EngineTurnHandler
 from .checkpoint import RunCheckpointer, hold_run_dirs, weight_version_name
 from .summary import TrainSummary, summarize_run
-from ..sglang.client import EngineClient, context_token_limit
+from ..sglang.client import context_token_limit
 from ..fleet.fleet import EngineFleet, FleetStatistics
 from ..fleet.launch_fleet import detect_engine_kind
 from ..fleet.starter import EngineStarter
@@ -161,7 +161,7 @@ def _resolve_model(cfg: TrainRunConfig) -> Path:
     return ensure_smollm2()
 
 
-async def push_weights(client: EngineClient, weights_dir: Path, version: str) -> None:
+async def push_weights(client: EngineFleet, weights_dir: Path, version: str) -> None:
     """Loads new weights into every engine without losing in-flight generations.
 
     Cancellation:
