@@ -161,6 +161,19 @@ async def supervise(proc: LaunchedProcess, *, fleet: Callable[[], EngineFleet | 
     gets the same URL (same node, same port); when it cannot (a Ray actor re-placed on another
     node, or its port taken there), the new URL joins the fleet and the old one is marked as
     given up only after it did, so the quorum never counts a gap.
+
+    Args:
+        proc: the process, booted.
+        fleet: the fleet to tell about deaths and restarts, when there is one (read at each
+            death: a fleet is attached after the processes started).
+        replaced: called with ``(old_url, new_url)`` when a restart came back elsewhere.
+        config: restart budget and startup timeout.
+        client: the HTTP client of readiness probes.
+        nursery: where a restarted process's own tasks run.
+
+    Cancellation:
+        Runs until the process is stopped or not restarted; cancel it (:class:`Supervisors`)
+        before stopping the processes.
     """
     while True:
         assert proc.handle is not None
