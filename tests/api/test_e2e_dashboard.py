@@ -36,7 +36,7 @@ from relaxtrio.nursery.session import SessionRegistry
 from relaxtrio.rollout.operator_view import RunView
 from relaxtrio.rollout.pipeline import open_rollout_pipeline
 from relaxtrio.rollout.turns import EngineTurnHandler
-from relaxtrio.sglang.client import open_engine_client
+from tests.support.fleets import open_fleet_of_one
 
 CHROMIUM = shutil.which("chromium")
 CHROMEDRIVER = shutil.which("chromedriver")
@@ -165,7 +165,7 @@ async def test_dashboard_in_headless_chromium_shows_groups_and_forest_of_a_live_
         async with trio.open_nursery() as nursery:
             engine_url = await nursery.start(serve_engine, EngineConfig(model_path=tiny_model_dir,
                                                                         max_running_requests=8))
-            async with open_engine_client([engine_url]) as client:
+            async with open_fleet_of_one(engine_url) as client:
                 handler = EngineTurnHandler(client=client, compiler=compiler,
                                             config=GenerationConfig(max_response_tokens=4, seed=5))
                 async with serve_agent_api(registry, handler) as base_url, open_rollout_pipeline(

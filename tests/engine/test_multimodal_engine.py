@@ -99,7 +99,7 @@ async def test_engine_generates_from_images_with_full_forward_logprobs(
 async def test_client_sends_image_data(vlm_url: str, vlm_compiler: ChatCompiler) -> None:
     obs = _prompt(vlm_compiler, data_url(56, 84, seed=1))
     params = SamplingParams(max_new_tokens=3, temperature=1.0, sampling_seed=7, ignore_eos=True)
-    async with open_engine_client([vlm_url]) as client:
+    async with open_engine_client(vlm_url) as client:
         with trio.fail_after(30):
             result = await client.generate(obs.rollout_token_ids, params, rid="mm-client-1",
                                            image_data=obs.multimodal.image_urls)

@@ -220,6 +220,6 @@ async def test_a_worker_that_refuses_the_weights_is_removed_but_not_left_paused(
             await fleet.update_weights(lambda url: path if url == good else str(broken), "step-1")
             assert fleet.urls == (good,)
     with trio.fail_after(30):  # a paused engine holds it until then
-        async with open_engine_client([bad]) as client:
+        async with open_engine_client(bad) as client:
             result = await client.generate(PROMPT, SHORT, rid="after:t0#")
     assert result.finish_type == "length" and result.weight_version == "w1"  # its old weights

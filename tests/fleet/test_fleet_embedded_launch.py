@@ -11,7 +11,7 @@ import pytest
 import trio
 
 from relaxtrio import BackendError, _reaper
-from relaxtrio.fleet.launch import URL_PREFIX, open_embedded_engine
+from relaxtrio.fleet.embedded import URL_PREFIX, open_embedded_engine
 
 pytestmark = pytest.mark.slow  # starts real processes
 

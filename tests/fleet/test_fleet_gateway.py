@@ -155,14 +155,23 @@ async def test_open_gateway_fails_when_the_gateway_dies_during_registration(
     nobody = f"http://127.0.0.1:{free_port()}"
 
     async def kill_gateway() -> None:
-        while True:  # the gateway launched for ``nobody``, once it answers /health
-            found = await trio.run_process(["pgrep", "-f", f"sglang_router.*{nobody}"],
-                                           capture_stdout=True, check=False)
-            if found.stdout and (tmp_path / "gateway.log").exists():
-                await trio.sleep(2.0)
-                os.kill(int(found.stdout.split()[0]), signal.SIGKILL)
-                return
-            await trio.sleep(0.1)
+        # The gateway launched for ``nobody``, once it answers /health (it then registers its
+        # workers, and waits for ``nobody`` forever): killed sooner, it died during startup.
+        async with httpx.AsyncClient() as http:
+            while True:
+                found = await trio.run_process(["pgrep", "-af", f"sglang_router.*{nobody}"],
+                                               capture_stdout=True, check=False)
+                words = found.stdout.decode().split()
+                if "--port" in words:
+                    port = words[words.index("--port") + 1]
+                    try:
+                        answered = (await http.get(f"http://127.0.0.1:{port}/health")).status_code
+                    except httpx.TransportError:
+                        answered = None
+                    if answered == 200:
+                        os.kill(int(words[0]), signal.SIGKILL)
+                        return
+                await trio.sleep(0.1)
 
     with trio.fail_after(60):
         async with trio.open_nursery() as nursery:

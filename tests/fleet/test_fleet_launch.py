@@ -25,7 +25,8 @@ from relaxtrio import EngineUnavailableError
 from relaxtrio.config import FleetConfig
 from relaxtrio.rollout.turns import MAX_EMPTY_ABORTS
 from relaxtrio.fleet.fleet import EngineFleet, open_engine_fleet
-from relaxtrio.fleet.launch_fleet import LaunchedFleet, _Proc, open_launched_fleet
+from relaxtrio.fleet.launch_fleet import LaunchedFleet, open_launched_fleet
+from relaxtrio.fleet.processes import LaunchedProcess
 from relaxtrio.fleet.starter import LocalStarter, ProcessSpec
 from relaxtrio.sglang.wire import SamplingParams
 
@@ -65,7 +66,7 @@ async def _one_supervised_engine(config: FleetConfig, model_dir: Path, log_dir: 
 
 def test_restarts_are_counted_within_a_sliding_window() -> None:
     """``engine_restarts`` per window: a crash loop is refused, a death an hour later is not."""
-    proc = _Proc(spec=ProcessSpec(name="engine 0", cmd=["x"], log_path=Path("x.log")),
+    proc = LaunchedProcess(spec=ProcessSpec(name="engine 0", cmd=["x"], log_path=Path("x.log")),
                  starter=LocalStarter(), max_restarts=2, restart_window_s=3600.0)
     taken: list[tuple[float, bool]] = []
 

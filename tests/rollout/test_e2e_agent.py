@@ -18,8 +18,8 @@ from relaxtrio.nursery.group import run_group
 from relaxtrio.nursery.group import Group
 from relaxtrio.nursery.session import SessionRegistry
 from relaxtrio.rollout.turns import EngineTurnHandler
-from relaxtrio.sglang.client import open_engine_client
-from relaxtrio.fleet.launch import open_embedded_engine
+from relaxtrio.fleet.embedded import open_embedded_engine
+from tests.support.fleets import open_fleet_of_one
 
 pytestmark = pytest.mark.slow  # starts real processes
 
@@ -55,7 +55,7 @@ async def test_two_turn_openai_agent_exports_exact_tokens(tiny_model_dir: Path, 
     with trio.fail_after(180):
         async with (
             open_embedded_engine(tiny_model_dir, log_path=tmp_path / "engine.log") as engine_url,
-            open_engine_client([engine_url]) as client,
+            open_fleet_of_one(engine_url) as client,
         ):
             handler = EngineTurnHandler(
                 client=client, compiler=compiler,

@@ -24,8 +24,9 @@ from relaxtrio.nursery.group import Group
 from relaxtrio.nursery.session import SessionRegistry
 from relaxtrio.rollout.dataset import load_prompts
 from relaxtrio.rollout.turns import EngineTurnHandler, lineage_image_urls
-from relaxtrio.sglang.client import SamplingParams, open_engine_client
+from relaxtrio.sglang.client import SamplingParams
 from relaxtrio.testing.scored import scored_samples
+from tests.support.fleets import open_fleet_of_one
 from relaxtrio.train import TrainConfig, Trainer, merge_multimodal_inputs
 
 pytestmark = pytest.mark.slow  # starts real processes
@@ -83,7 +84,7 @@ async def test_image_agent_end_to_end(tiny_vlm_dir: Path, vlm_model, vlm_vision,
     with trio.fail_after(120):
         async with trio.open_nursery() as nursery:
             engine_url = await nursery.start(serve_engine, EngineConfig(model_path=tiny_vlm_dir))
-            async with open_engine_client([engine_url]) as client:
+            async with open_fleet_of_one(engine_url) as client:
                 handler = EngineTurnHandler(client=client, compiler=compiler,
                                             config=GenerationConfig(max_response_tokens=6, seed=4321))
                 async with serve_agent_api(registry, handler) as base_url:
@@ -105,7 +106,7 @@ async def test_image_agent_end_to_end(tiny_vlm_dir: Path, vlm_model, vlm_vision,
                 result = await client.generate(
                     session.forest.rollout_token_ids(obs),
                     SamplingParams(max_new_tokens=4, temperature=1.0, sampling_seed=5, ignore_eos=True),
-                    rid="after-update", image_data=lineage_image_urls(session.forest, obs))
+                    rid="after-update#", image_data=lineage_image_urls(session.forest, obs))
             nursery.cancel_scope.cancel()
     assert result.weight_version == "step-1"
     prompt = train_token_ids(session.forest, obs)

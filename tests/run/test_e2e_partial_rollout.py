@@ -16,7 +16,7 @@ from relaxtrio.config import GenerationConfig, RolloutConfig
 from relaxtrio.engine.server import EngineConfig, load_engine, serve_engine_state
 from relaxtrio.forest import ResponseNode
 from relaxtrio.models import load_model, load_tokenizer
-from relaxtrio.sglang.client import EngineClient, open_engine_client
+from tests.support.fleets import open_fleet_of_one
 
 pytestmark = pytest.mark.slow  # starts real processes
 
@@ -64,7 +64,7 @@ async def test_partial_rollout_resumes_on_new_weights(tiny_model_dir: Path, tmp_
             engine = await load_engine(engine_config)
             url = await nursery.start(serve_engine_state, engine, engine_config)
             async with (
-                open_engine_client([url]) as client,
+                open_fleet_of_one(url) as client,
                 open_test_pipeline(tmp_path, tokenizer, client, stream, config=config,
                                    generation=generation,
                                    env={"AGENT_WAIT_FILE": str(flag)}) as (pipeline, _),

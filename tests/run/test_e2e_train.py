@@ -41,7 +41,7 @@ async def test_weight_update_reaches_the_engine(tiny_model_dir: Path, tmp_path: 
     with trio.fail_after(120):
         async with trio.open_nursery() as nursery:
             url = await nursery.start(serve_engine, EngineConfig(model_path=tiny_model_dir))
-            async with open_engine_client([url]) as client:
+            async with open_engine_client(url) as client:
                 before = await client.generate(prompt, greedy, rid="before#")
                 trainer = Trainer.from_pretrained(tiny_model_dir, TrainConfig(lr=5e-2))
                 sample = _Sample(prompt + list(before.output_ids), len(prompt),

@@ -1,4 +1,5 @@
-"""The engine client against real embedded engines, plus MockTransport for 5xx / transport faults."""
+"""The SGLang client (one engine) against a real embedded engine, plus MockTransport for 5xx /
+transport faults."""
 
 from __future__ import annotations
 
@@ -42,7 +43,7 @@ def test_sampling_params_to_json_drops_none() -> None:
 async def test_generate_against_the_embedded_engine(
     engine_url: str, reference_logprobs: Callable
 ) -> None:
-    async with open_engine_client([engine_url]) as client:
+    async with open_engine_client(engine_url) as client:
         with trio.fail_after(30):
             result = await client.generate(
                 PROMPT, SamplingParams(max_new_tokens=6, temperature=0.0, ignore_eos=True), rid="c1"
@@ -65,7 +66,7 @@ async def test_context_token_limit_leaves_a_budget_the_engine_accepts(nursery: t
     # A lineage clamped to the limit (prompt + budget == limit) is generated in full; at the bare
     # context length (what the clamp used before) it is the "Requested token count exceeds" refusal.
     url = await nursery.start(serve_engine, EngineConfig(model_path=tiny_model_dir, context_length=64))
-    async with open_engine_client([url], config=FAST) as client:
+    async with open_engine_client(url, config=FAST) as client:
         limit = context_token_limit(await client.server_info())
         assert limit == 62
         prompt = [5] * 40
@@ -80,7 +81,7 @@ async def test_context_token_limit_leaves_a_budget_the_engine_accepts(nursery: t
 
 async def test_engine_errors_are_mapped(nursery: trio.Nursery, tiny_model_dir: Path) -> None:
     url = await nursery.start(serve_engine, EngineConfig(model_path=tiny_model_dir, context_length=64))
-    async with open_engine_client([url], config=FAST) as client:
+    async with open_engine_client(url, config=FAST) as client:
         with pytest.raises(ContextLengthExceededError, match="longer than the model's context"):
             await client.generate([5] * 64, SamplingParams(), rid="x1")
         with pytest.raises(ContextLengthExceededError, match="Requested token count exceeds"):
@@ -106,7 +107,7 @@ async def test_abort_uses_the_control_pool_while_generations_fill_theirs(
     """
     results = {}
     returned = {"g1": trio.Event(), "g2": trio.Event()}
-    async with open_engine_client([engine_url], max_generation_connections=1) as client:
+    async with open_engine_client(engine_url, max_generation_connections=1) as client:
 
         async def run(rid: str) -> None:
             results[rid] = await client.generate(PROMPT, LONG, rid=rid)
@@ -129,32 +130,38 @@ async def test_abort_uses_the_control_pool_while_generations_fill_theirs(
     assert len(results["g1"].output_ids) == len(results["g1"].output_logprobs) > 0
 
 
-async def test_control_calls_fan_out_to_every_engine(
-    nursery: trio.Nursery, tiny_model_dir: Path, tmp_path: Path
-) -> None:
-    urls = [await nursery.start(serve_engine, EngineConfig(model_path=tiny_model_dir))
-            for _ in range(2)]
-    async with open_engine_client(urls, config=FAST) as client:
+async def test_control_calls_reach_the_engine(engine_url: str, tiny_model_dir: Path) -> None:
+    async with open_engine_client(engine_url, config=FAST) as client:
         with trio.fail_after(30):
+            assert client.url == engine_url.rstrip("/")
+            assert await client.health_status() == 200
             await client.pause_generation("retract")
             async with httpx.AsyncClient() as http:
-                assert [(await http.get(u + "/ready")).status_code for u in urls] == [503, 503]
+                assert (await http.get(engine_url + "/ready")).status_code == 503
                 await client.update_weights_from_disk(str(tiny_model_dir), weight_version="w1")
                 await client.continue_generation()
-                assert [(await http.get(u + "/ready")).status_code for u in urls] == [200, 200]
-            assert [(await client.model_info(u))["weight_version"] for u in urls] == ["w1", "w1"]
+                assert (await http.get(engine_url + "/ready")).status_code == 200
+            assert await client.weight_version() == "w1"
             await client.update_weight_version("w2")
-            assert [(await client.model_info(u))["weight_version"] for u in urls] == ["w2", "w2"]
+            assert (await client.model_info())["weight_version"] == "w2"
             await client.close_session("s1")
             await client.flush_cache()
-            # Sticky routing: the same key always lands on the same engine.
-            for _ in range(2):
-                r = await client.generate(PROMPT, SamplingParams(max_new_tokens=1), rid=f"k{_}",
-                                          routing_key="session-7")
-                assert r.completion_tokens == 1
-            counts = [(await client.server_info(u))["internal_states"][0]["num_generated_tokens"]
-                      for u in urls]
-            assert sorted(counts) == [0, 2]
+
+
+async def test_health_status_says_refused_apart_from_an_answer() -> None:
+    """The fleet removes a worker whose connection is refused at once (``__cause__`` a
+    ``ConnectError``), and counts a non-200 answer as one failed probe."""
+    async with open_engine_client("http://127.0.0.1:9", config=FAST) as client:
+        with pytest.raises(EngineUnavailableError) as caught:
+            await client.health_status()
+        assert isinstance(caught.value.__cause__, httpx.ConnectError)
+        assert await client.health() is False
+
+    def handler(request: httpx.Request) -> httpx.Response:
+        return httpx.Response(404)
+
+    async with open_engine_client("http://e", config=FAST, transport=_mock(handler)) as client:
+        assert await client.health_status() == 404
 
 
 def _mock(handler: Callable[[httpx.Request], httpx.Response]) -> httpx.MockTransport:
@@ -179,7 +186,7 @@ async def test_retries_5xx_then_succeeds(autojump_clock: trio.testing.MockClock)
         return httpx.Response(200, json=OK_BODY)
 
     config = EngineClientConfig(retry_sleep_s=1.0, max_attempts=6)
-    async with open_engine_client(["http://engine"], config=config, transport=_mock(handler)) as c:
+    async with open_engine_client("http://engine", config=config, transport=_mock(handler)) as c:
         result = await c.generate([1, 2, 3], SamplingParams(), rid="r")
     assert calls == [0.0, 1.0, 2.0]
     assert result.output_ids == (5, 2) and result.output_logprobs == (-0.5, -0.25)
@@ -196,7 +203,7 @@ async def test_retries_are_bounded(autojump_clock: trio.testing.MockClock) -> No
         return httpx.Response(500, text="Internal Server Error")
 
     config = EngineClientConfig(retry_sleep_s=1.0, max_attempts=4)
-    async with open_engine_client(["http://engine"], config=config, transport=_mock(handler)) as c:
+    async with open_engine_client("http://engine", config=config, transport=_mock(handler)) as c:
         with pytest.raises(EngineUnavailableError, match="HTTP 500") as info:
             await c.abort("r1")
     assert len(calls) == 4 and trio.current_time() == 3.0
@@ -210,7 +217,7 @@ async def test_client_errors_are_not_retried(autojump_clock: trio.testing.MockCl
         calls.append(1)
         return httpx.Response(404, json={"detail": "Not Found"})
 
-    async with open_engine_client(["http://e"], config=FAST, transport=_mock(handler)) as c:
+    async with open_engine_client("http://e", config=FAST, transport=_mock(handler)) as c:
         with pytest.raises(EngineRejectedError, match="Not Found"):
             await c.server_info()
     assert len(calls) == 1
@@ -231,7 +238,7 @@ async def test_transport_failures(
         calls.append(1)
         raise exc
 
-    async with open_engine_client(["http://e"], config=FAST, transport=_mock(handler)) as c:
+    async with open_engine_client("http://e", config=FAST, transport=_mock(handler)) as c:
         with pytest.raises(expected) as info:
             await c.generate([1], SamplingParams(), rid="r")
         assert await c.health() is False
@@ -251,7 +258,7 @@ async def test_all_error_envelopes_are_read(body: dict) -> None:
     def handler(request: httpx.Request) -> httpx.Response:
         return httpx.Response(400, json=body)
 
-    async with open_engine_client(["http://e"], config=FAST, transport=_mock(handler)) as c:
+    async with open_engine_client("http://e", config=FAST, transport=_mock(handler)) as c:
         with pytest.raises(EngineRejectedError) as info:
             await c.generate([1], SamplingParams(), rid="r")
     message = body["error"] if isinstance(body.get("error"), str) else "some message"
@@ -268,7 +275,7 @@ async def test_every_context_length_message_is_classified(marker: str, shape: st
     def handler(request: httpx.Request) -> httpx.Response:
         return httpx.Response(400, json=body)
 
-    async with open_engine_client(["http://e"], config=FAST, transport=_mock(handler)) as c:
+    async with open_engine_client("http://e", config=FAST, transport=_mock(handler)) as c:
         with pytest.raises(ContextLengthExceededError):
             await c.generate([1], SamplingParams(), rid="r")
 
@@ -295,7 +302,7 @@ async def test_malformed_responses_fail_loudly(mutate: Callable[[dict], object],
     def handler(request: httpx.Request) -> httpx.Response:
         return httpx.Response(200, json=body)
 
-    async with open_engine_client(["http://e"], config=FAST, transport=_mock(handler)) as c:
+    async with open_engine_client("http://e", config=FAST, transport=_mock(handler)) as c:
         with pytest.raises(EngineUnavailableError, match=match):
             await c.generate([1], SamplingParams(), rid="r")
 
@@ -309,15 +316,14 @@ async def test_requests_carry_the_native_fields() -> None:
             return httpx.Response(200, json=OK_BODY)
         return httpx.Response(200, json={"success": True, "message": "ok"})
 
-    async with open_engine_client(["http://a", "http://b"], config=FAST, transport=_mock(handler)) as c:
+    async with open_engine_client("http://a", config=FAST, transport=_mock(handler)) as c:
         await c.generate([1, 2], SamplingParams(max_new_tokens=4), rid="r9", session_id="s")
         await c.continue_generation()
         await c.update_weight_version("v7")
     assert seen[0] == ("/generate", {"rid": "r9", "input_ids": [1, 2], "return_logprob": True,
                                      "sampling_params": {"max_new_tokens": 4}, "session_id": "s"})
-    assert seen[1:3] == [("/continue_generation", {})] * 2
-    assert seen[3:] == [("/update_weight_version",
-                         {"new_version": "v7", "abort_all_requests": False})] * 2
+    assert seen[1:] == [("/continue_generation", {}),
+                        ("/update_weight_version", {"new_version": "v7", "abort_all_requests": False})]
 
 
 async def test_a_call_on_a_closed_control_client_is_an_engine_unavailable_error() -> None:

@@ -215,7 +215,7 @@ async def test_calls_beyond_max_connections_wait_for_a_connection(nursery: trio.
 async def test_engine_client_generates_through_the_pool_and_retries_5xx(nursery: trio.Nursery) -> None:
     engine = InstantEngine(reply_ids=[7, 8, 2], eos_id=2, logprob=-0.125)
     url = await nursery.start(serve_instant_engine, engine)
-    async with open_engine_client([url], config=FAST) as client:
+    async with open_engine_client(url, config=FAST) as client:
         with trio.fail_after(10):
             result = await client.generate([1, 2, 3], SamplingParams(max_new_tokens=8), rid="r1")
             cut = await client.generate([1, 2, 3], SamplingParams(max_new_tokens=2), rid="r2")
@@ -228,7 +228,7 @@ async def test_engine_client_generates_through_the_pool_and_retries_5xx(nursery:
     reply = b'{"output_ids":[5],"meta_info":{"finish_reason":{"type":"length","length":1},"output_token_logprobs":[[-1.0,5,null]]}}'
     server = ScriptedServer([_answer(b'{"error":"busy"}', status=503), _answer(reply)])
     flaky = await _serve(nursery, server)
-    async with open_engine_client([flaky], config=FAST) as client:
+    async with open_engine_client(flaky, config=FAST) as client:
         with trio.fail_after(10):
             assert (await client.generate([1], SamplingParams(), rid="r3")).output_ids == (5,)
     assert server.requests == 2
@@ -236,7 +236,7 @@ async def test_engine_client_generates_through_the_pool_and_retries_5xx(nursery:
     with trio.socket.socket() as probe:
         await probe.bind(("127.0.0.1", 0))
         dead = f"http://127.0.0.1:{probe.getsockname()[1]}"
-    async with open_engine_client([dead], config=FAST) as client:
+    async with open_engine_client(dead, config=FAST) as client:
         with trio.fail_after(10), pytest.raises(BackendError, match="unreachable after 2 attempts"):
             await client.generate([1], SamplingParams(), rid="r4")
 

@@ -31,7 +31,7 @@ async def test_engine_serves_base_plus_adapter_after_each_step(tiny_model_dir: P
     with trio.fail_after(180):
         async with trio.open_nursery() as nursery:
             url = await nursery.start(serve_engine, EngineConfig(model_path=tiny_model_dir))
-            async with open_engine_client([url]) as client:
+            async with open_engine_client(url) as client:
                 for step in range(2):
                     reply = await client.generate(prompt, params, rid=f"lora-{step}#")
                     sample = _Sample(prompt, reply.output_ids, reply.output_logprobs)

@@ -34,7 +34,7 @@ async def _rollouts(model_dir: Path) -> dict[float, list[_Sample]]:
     with trio.fail_after(120):
         async with trio.open_nursery() as nursery:
             url = await nursery.start(serve_engine, EngineConfig(model_path=model_dir))
-            async with open_engine_client([url]) as client:
+            async with open_engine_client(url) as client:
                 for temperature in TEMPERATURES:
                     params = SamplingParams(max_new_tokens=12, temperature=temperature,
                                             ignore_eos=True, sampling_seed=3)

@@ -1,6 +1,8 @@
-"""Starting the embedded CPU engine as a separate process (``python -m relaxtrio.engine``).
+"""One embedded CPU engine as a child process (``python -m relaxtrio.engine``), without a fleet.
 
-The driver uses this when no SGLang URL is configured. The engine prints
+A fleet launches its engines through :class:`~relaxtrio.fleet.starter.LocalStarter`, which reads
+the engine's URL line with this module's reader; :func:`open_embedded_engine` is the stand-alone
+form, for tests and benchmarks that need one engine process and no fleet. The engine prints
 ``RELAXTRIO_ENGINE_URL=<url>`` on stdout once it serves; the launcher reads that pipe (the line
 is the readiness event, no polling) and copies everything the engine writes on stdout into the
 log file, where its stderr (logging, tracebacks) goes directly. The process's exit is the other
