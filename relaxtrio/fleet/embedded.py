@@ -65,7 +65,8 @@ async def _read_url(stdout: trio.abc.ReceiveStream, write_log: _Write) -> str | 
     """
     prefix = URL_PREFIX.encode()
     pending = b""
-    async for chunk in stdout:
+    async for raw in stdout:
+        chunk = bytes(raw)
         await write_log(chunk)
         pending += chunk
         *lines, pending = pending.split(b"\n")
@@ -78,7 +79,7 @@ async def _read_url(stdout: trio.abc.ReceiveStream, write_log: _Write) -> str | 
 async def _copy_to_log(stdout: trio.abc.ReceiveStream, write_log: _Write) -> None:
     """Copies the rest of ``stdout`` into the log until EOF (so the pipe never fills up)."""
     async for chunk in stdout:
-        await write_log(chunk)
+        await write_log(bytes(chunk))
 
 
 @attrs.define(eq=False)

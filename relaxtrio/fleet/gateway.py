@@ -27,6 +27,7 @@ import trio
 from .._errors import BackendError, EngineUnavailableError
 from ..config import FleetConfig
 from ..sglang._http import json_object, send_with_retries
+from ..sglang._pool import PoolResponse
 from .engine_api import EngineClientConfig
 from .members import JOIN_GRACE_S, Membership
 
@@ -73,7 +74,7 @@ class Gateway:
         self._forgetting: set[str] = set()
 
     async def _call(self, method: str, path: str, body: dict[str, Any] | None = None
-                    ) -> httpx.Response:
+                    ) -> httpx.Response | PoolResponse:
         timeout = httpx.Timeout(self._client_config.control_timeout_s,
                                 connect=self._client_config.connect_timeout_s)
         return await send_with_retries(

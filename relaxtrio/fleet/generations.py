@@ -116,7 +116,10 @@ class Generations:
         wherever it may still run, and mark the flight lost."""
         worker = flight.worker
         gateway = self._gateway_client
-        where = worker.url if worker is not None or gateway is None else f"gateway {gateway.url}"
+        if worker is not None:
+            where = worker.url
+        else:
+            where = f"gateway {gateway.url}" if gateway is not None else "no worker"
         log.warning("fleet: generation %s failed on %s: %s", flight.rid, where, failure)
         await self._monitor.recover(worker, failure, flight.started)
         with trio.CancelScope(shield=True), trio.move_on_after(ABORT_GRACE_S):

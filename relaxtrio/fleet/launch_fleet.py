@@ -265,18 +265,20 @@ async def open_launched_fleet(
     """
     starter = starter or LocalStarter()
     if kind is None:
-        detect = getattr(starter, "detect_kind", detect_engine_kind)
-        kind = await trio.to_thread.run_sync(detect)
-    log_dir = log_dir.resolve()
-    procs = _engine_procs(config, kind, model_dir, log_dir, engine_args, starter)
-    launched = LaunchedFleet(kind=kind, worker_urls=(), gateway_url=None, log_dir=log_dir,
+        detect: Callable[[], EngineKind] = getattr(starter, "detect_kind", detect_engine_kind)
+        engine_kind = await trio.to_thread.run_sync(detect)
+    else:
+        engine_kind = kind
+    log_dir = await trio.to_thread.run_sync(log_dir.resolve)
+    procs = _engine_procs(config, engine_kind, model_dir, log_dir, engine_args, starter)
+    launched = LaunchedFleet(kind=engine_kind, worker_urls=(), gateway_url=None, log_dir=log_dir,
                              procs=procs)
     use_gateway = config.num_engines > 1 and importlib.util.find_spec("sglang_router") is not None
     if config.num_engines > 1 and not use_gateway:
         log.warning("sglang-router is not installed: routing Sessions over the %d engines without "
                     "a gateway (pip install sglang-router==0.3.2 for the gateway)",
                     config.num_engines)
-    log.info("starting %d %s engine(s)%s (logs in %s)", config.num_engines, kind,
+    log.info("starting %d %s engine(s)%s (logs in %s)", config.num_engines, engine_kind,
              " and the gateway" if use_gateway else "", log_dir)
     supervisors = Supervisors()
     async with httpx.AsyncClient() as client, trio.open_nursery() as nursery:
@@ -365,9 +367,10 @@ async def open_gateway(
     Cancellation:
         Leaving the context in any way stops the gateway (shielded).
     """
-    gateway = _gateway_proc(worker_urls, log_dir.resolve())
+    log_dir = await trio.to_thread.run_sync(log_dir.resolve)
+    gateway = _gateway_proc(worker_urls, log_dir)
     launched = LaunchedFleet(kind="embedded", worker_urls=tuple(worker_urls), gateway_url=None,
-                             log_dir=log_dir.resolve(), procs=[gateway])
+                             log_dir=log_dir, procs=[gateway])
     async with httpx.AsyncClient() as client, trio.open_nursery() as nursery:
         try:
             await boot(gateway, config.startup_timeout_s, client, nursery)

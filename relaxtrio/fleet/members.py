@@ -51,7 +51,7 @@ def worker_failure(exc: BackendError) -> bool:
         return False
     status = getattr(exc, "status_code", None)
     if status is not None:
-        return status >= 500
+        return int(status) >= 500
     return isinstance(exc.__cause__, httpx.TransportError)
 
 

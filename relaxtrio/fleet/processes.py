@@ -108,7 +108,8 @@ async def poll_while_alive(proc: LaunchedProcess, timeout_s: float,
 
         nursery.start_soon(watch)
         with trio.move_on_after(timeout_s):
-            while not await ready():
+            # Another process's readiness shows only in its answers: no event to wait on.
+            while not await ready():  # noqa: ASYNC110
                 await trio.sleep(_POLL_S)
             outcome = "ready"
         nursery.cancel_scope.cancel()

@@ -16,6 +16,7 @@ from relaxtrio.config import GenerationConfig, RolloutConfig
 from relaxtrio.engine.server import EngineConfig, load_engine, serve_engine_state
 from relaxtrio.forest import ResponseNode
 from relaxtrio.models import load_model, load_tokenizer
+from relaxtrio.fleet.fleet import EngineFleet
 from tests.support.fleets import open_fleet_of_one
 
 pytestmark = pytest.mark.slow  # starts real processes
@@ -23,7 +24,7 @@ pytestmark = pytest.mark.slow  # starts real processes
 LONG = 400
 
 
-async def _push_weights(client: EngineClient, weights_dir: Path, version: str) -> None:
+async def _push_weights(client: EngineFleet, weights_dir: Path, version: str) -> None:
     """Loads new weights into the engine without losing in-flight generations (pause with
     retract, load, continue; shielded so the engine is never left paused)."""
     with trio.CancelScope(shield=True):
