@@ -134,6 +134,26 @@ def _bare_app(engine: Any = None):
     return app
 
 
+def _open_one_engine(engine_url: str) -> Any:
+    """The client of one engine (checkouts before the one-engine client took a list of URLs)."""
+    import inspect
+
+    from relaxtrio.sglang.client import EngineClient, open_engine_client
+
+    single = "urls" not in inspect.signature(EngineClient).parameters
+    return open_engine_client(engine_url if single else [engine_url])
+
+
+def _open_fleet_of_one(engine_url: str) -> Any:
+    """What the turn code generates with: the fleet of one engine (older checkouts: a client)."""
+    try:
+        from relaxtrio.config import FleetConfig
+        from relaxtrio.fleet.fleet import open_engine_fleet
+    except ImportError:
+        return _open_one_engine(engine_url)
+    return open_engine_fleet(FleetConfig(), worker_urls=[engine_url])
+
+
 async def _serve(kind: str, engine_url: str | None, num_sessions: int) -> None:
     from relaxtrio.api.app import create_app, serve_api
 
@@ -148,11 +168,9 @@ async def _serve(kind: str, engine_url: str | None, num_sessions: int) -> None:
             url = await nursery.start(serve_api, _bare_app())
             print(READY_PREFIX + json.dumps({"url": url, "sessions": []}), flush=True)
             return
-        from relaxtrio.sglang.client import open_engine_client
-
         assert engine_url is not None
         if kind == "bare_hop":
-            async with open_engine_client([engine_url]) as client:
+            async with _open_one_engine(engine_url) as client:
                 if freeze_startup_heap is not None:
                     freeze_startup_heap()
                 url = await nursery.start(serve_api, _bare_app(client))
@@ -168,7 +186,7 @@ async def _serve(kind: str, engine_url: str | None, num_sessions: int) -> None:
         compiler = ChatCompiler(load_tokenizer(ensure_smollm2()))
         registry = SessionRegistry()
         async with contextlib.AsyncExitStack() as stack:
-            client = await stack.enter_async_context(open_engine_client([engine_url]))
+            client = await stack.enter_async_context(_open_fleet_of_one(engine_url))
             handler = EngineTurnHandler(client=client, compiler=compiler,
                                         config=GenerationConfig(max_response_tokens=64))
             sessions = await nursery.start(serve_bare_sessions, registry, num_sessions)

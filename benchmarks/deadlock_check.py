@@ -31,7 +31,7 @@ import trio
 from relaxtrio import ConfigError
 from relaxtrio.api.app import create_app, serve_api
 from relaxtrio.chat.compiler import ChatCompiler
-from relaxtrio.config import AgentConfig, GenerationConfig, RolloutConfig
+from relaxtrio.config import AgentConfig, FleetConfig, GenerationConfig, RolloutConfig
 from relaxtrio.engine.server import EngineConfig, serve_engine
 from relaxtrio.models import load_tokenizer
 from relaxtrio.nursery.session import SessionRegistry
@@ -40,7 +40,7 @@ from relaxtrio.rollout.dataset import Prompt, PromptStream
 from relaxtrio.rollout.eval import EvalDataset, run_eval
 from relaxtrio.rollout.pipeline import open_rollout_pipeline
 from relaxtrio.rollout.turns import EngineTurnHandler
-from relaxtrio.sglang.client import open_engine_client
+from relaxtrio.fleet.fleet import open_engine_fleet
 from relaxtrio.testing.tiny_models import build_tiny_model
 
 SLOT_AGENT = r'''
@@ -121,7 +121,7 @@ async def run_case(model_dir: Path, work: Path, row: tuple, slots: int) -> dict:
         listeners = await nursery.start(functools.partial(trio.serve_tcp, executor.handle, 0, host="127.0.0.1"))
         port = listeners[0].socket.getsockname()[1]
         engine_url = await nursery.start(serve_engine, EngineConfig(model_path=model_dir))
-        async with open_engine_client([engine_url]) as client:
+        async with open_engine_fleet(FleetConfig(), worker_urls=[engine_url]) as client:
             registry = SessionRegistry()
             handler = EngineTurnHandler(client=client, compiler=ChatCompiler(tokenizer),
                                         config=GenerationConfig(max_response_tokens=4))

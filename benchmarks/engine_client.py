@@ -170,7 +170,7 @@ async def run(calls: int, concurrency: int, client_cpu: int | None, engine_cpu: 
         config = EngineClientConfig(max_generation_connections=concurrency)
         async with (httpx.AsyncClient(limits=limits) as generation,
                     httpx.AsyncClient() as control):
-            engine_client = EngineClient([url], generation=generation, control=control, config=config)
+            engine_client = EngineClient(url, generation=generation, control=control, config=config)
 
             async def client_httpx_call(i: int) -> None:
                 result = await engine_client.generate(PROMPT_IDS, SAMPLING, rid=f"e{i}")
@@ -178,7 +178,7 @@ async def run(calls: int, concurrency: int, client_cpu: int | None, engine_cpu: 
             results["client_httpx"] = await _measure("client_httpx", client_httpx_call, calls,
                                                      concurrency, engine.pid)
 
-        async with open_engine_client([url], config=config) as pool_client:
+        async with open_engine_client(url, config=config) as pool_client:
             async def client_pool_call(i: int) -> None:
                 result = await pool_client.generate(PROMPT_IDS, SAMPLING, rid=f"g{i}")
                 assert len(result.output_ids) == len(REPLY_IDS)

@@ -114,7 +114,7 @@ async def run(model_dir: Path, new_tokens: int, repeats: int) -> dict:
     try:
         with trio.fail_after(300):
             url = await _read_url(process)
-        async with open_engine_client([url]) as client:
+        async with open_engine_client(url) as client:
             await _phase(client, prompts[:2], 8, "warmup")  # first-call costs, batched path
             best_1 = max([await _phase(client, prompts[:1], new_tokens, f"one{r}")
                           for r in range(repeats)])

@@ -30,7 +30,7 @@ import httpx
 import trio
 
 from relaxtrio.models import ensure_smollm2
-from relaxtrio.fleet.launch import open_embedded_engine
+from relaxtrio.fleet.embedded import open_embedded_engine
 
 
 def _rollout(engine_url: str, out: Path, num_rollout: int, extra: list[str]) -> float:

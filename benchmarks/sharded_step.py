@@ -27,6 +27,7 @@ import torch
 from transformers import LlamaConfig, LlamaForCausalLM
 
 from relaxtrio.config import DistributedConfig, TrainConfig
+from relaxtrio.testing.scored import scored_samples
 from relaxtrio.train import Trainer
 from relaxtrio.train.ranks import LocalRankGroup, RankStart
 
@@ -68,19 +69,20 @@ def main() -> None:
     args = p.parse_args()
     cfg = TrainConfig(micro_batch_size=4)
     samples, advantages = _batch(args.samples)
+    scored = scored_samples(samples, advantages)
     out: dict[str, object] = {"bench": "sharded_step", "ranks": args.ranks, "samples": args.samples,
                               "cpus": os.cpu_count(), "threads_1": torch.get_num_threads()}
     with tempfile.TemporaryDirectory() as tmp:
         model_dir = _model(Path(tmp) / "m", args.hidden, args.layers)
         single = Trainer.from_pretrained(model_dir, cfg)
-        single.train_step(samples, advantages)  # warm-up
-        out["step_s_1"] = round(_timed(single.train_step, samples, advantages), 3)
+        single.train_step(scored)  # warm-up
+        out["step_s_1"] = round(_timed(single.train_step, scored), 3)
         dist = DistributedConfig(actor_num_gpus_per_node=args.ranks)
         start = time.perf_counter()
         with LocalRankGroup.start(RankStart(model_dir=model_dir, config=cfg), dist) as group:
             out["ranks_start_s"] = round(time.perf_counter() - start, 2)
-            group.train_step(samples, advantages)
-            out["step_s_w"] = round(_timed(group.train_step, samples, advantages), 3)
+            group.train_step(scored)
+            out["step_s_w"] = round(_timed(group.train_step, scored), 3)
         if args.ray:
             import ray
 
@@ -95,8 +97,8 @@ def main() -> None:
                 group = RayRankGroup.start(RankStart(model_dir=model_dir, config=cfg), ray_dist, cpus_per_rank=0.5)
                 out["ray_ranks_start_s"] = round(time.perf_counter() - start, 2)
                 try:
-                    group.train_step(samples, advantages)
-                    out["step_s_ray"] = round(_timed(group.train_step, samples, advantages), 3)
+                    group.train_step(scored)
+                    out["step_s_ray"] = round(_timed(group.train_step, scored), 3)
                 finally:
                     group.close()
             finally:

@@ -45,13 +45,14 @@ import trio
 
 from relaxtrio.api.app import create_app, serve_api
 from relaxtrio.chat.compiler import ChatCompiler
-from relaxtrio.config import AgentConfig, GenerationConfig, RolloutConfig
+from relaxtrio.config import AgentConfig, FleetConfig, GenerationConfig, RolloutConfig
 from relaxtrio.engine.server import EngineConfig, serve_engine
 from relaxtrio.models import load_tokenizer
 from relaxtrio.nursery.session import SessionRegistry
 from relaxtrio.rollout.dataset import Prompt, PromptStream
 from relaxtrio.rollout.pipeline import open_rollout_pipeline
 from relaxtrio.rollout.turns import EngineTurnHandler
+from relaxtrio.fleet.fleet import open_engine_fleet
 from relaxtrio.sglang.client import open_engine_client
 from relaxtrio.testing.tiny_models import build_tiny_model
 
@@ -196,9 +197,10 @@ async def soak(args: argparse.Namespace) -> dict:
                for i in range(64)]
     async with trio.open_nursery() as nursery:
         engine_url = await nursery.start(serve_engine, EngineConfig(model_path=model_dir))
-        async with open_engine_client([engine_url]) as client:
+        async with (open_engine_fleet(FleetConfig(), worker_urls=[engine_url]) as fleet,
+                    open_engine_client(engine_url) as client):
             registry = SessionRegistry()
-            handler = EngineTurnHandler(client=client, compiler=ChatCompiler(tokenizer),
+            handler = EngineTurnHandler(client=fleet, compiler=ChatCompiler(tokenizer),
                                         config=GenerationConfig(max_response_tokens=8))
             base_url = await nursery.start(supervise_api, create_app(registry, handler), free_port(),
                                            restarts)

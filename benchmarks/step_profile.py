@@ -234,8 +234,9 @@ def _update_split(dump_path: Path, model_dir: Path) -> dict[str, Any]:
     import torch
 
     from relaxtrio.cpu_threads import available_cpus, split_cpu_threads
-    from relaxtrio.tools.replay import train_config_of
     from relaxtrio.rollout.dumps import load_dump
+    from relaxtrio.rollout.scored import ScoredSample
+    from relaxtrio.tools.replay import train_config_of
     from relaxtrio.train import Trainer
 
     # The trainer's threads in the synchronous job's update: every core, since no train Group
@@ -246,7 +247,8 @@ def _update_split(dump_path: Path, model_dir: Path) -> dict[str, Any]:
     dump = load_dump(dump_path)
     config, _ = train_config_of(dump)
     samples = [d.sample for d in dump.samples]
-    advantages = [0.0 if d.advantage is None else float(d.advantage) for d in dump.samples]
+    scored = [ScoredSample(sample=d.sample, reward=d.scalar_reward,
+                           advantage=0.0 if d.advantage is None else float(d.advantage)) for d in dump.samples]
     trainer = Trainer.from_pretrained(model_dir, config)
     start = time.perf_counter()
     trainer.compute_logprobs(samples)
@@ -263,7 +265,7 @@ def _update_split(dump_path: Path, model_dir: Path) -> dict[str, Any]:
             optimizer_s += time.perf_counter() - t0
 
     trainer.optimizer.step = timed_step  # type: ignore[method-assign]
-    stats = trainer.train_step(samples, advantages)
+    stats = trainer.train_step(scored)
     return {"bench": "step_profile", "part": "update_split", "num_samples": len(samples),
             "torch_threads": torch.get_num_threads(),
             "train_tokens": stats.num_tokens, "num_micro_batches": stats.num_micro_batches,

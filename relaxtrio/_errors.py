@@ -23,8 +23,7 @@
     ├── InternalError                            500 a bug; never reveals details to clients
     ├── AgentExecutionError                      an agent process timed out, crashed or wrote bad output
     ├── ExportError                              a Session's output cannot become training samples
-    │   │                                        (carries ``num_leaves`` for implicit export)
-    │   └── GroupFilteredError                   the custom advantage function filtered a Group
+    │                                            (carries ``num_leaves`` for implicit export)
     ├── TrainerRankError                         a sharded trainer's rank died, timed out or failed
     │                                            (carries ``rank``, ``node``); stops the run
     └── ConfigError(RelaxError, ValueError)      a bad flag, config field or dataset row; the command
@@ -294,14 +293,6 @@ class TrainerRankError(RelaxError):
 class CheckpointError(RelaxError):
     """A run checkpoint could not be written (a full disk, no permission); the run stops with
     exit status 1, and the message says whether the previous checkpoint is intact."""
-
-
-class GroupFilteredError(ExportError):
-    """The custom advantage function returned None for a Group: it is filtered, not trained on.
-
-    Logged as ``Filtered group ...`` and counted in ``filtered_groups`` (a dropped Group is a
-    failure; a filtered one is the user's choice).
-    """
 
 
 class ConfigError(RelaxError, ValueError):

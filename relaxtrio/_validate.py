@@ -17,6 +17,8 @@ and can be re-reported at another path (a protocol's own field, a command-line f
   something other than a field path ("custom advantage for session 2 context 'main'").
 * :func:`loads_utf8_json` decodes a request body (the agent API's and the embedded engine's):
   UTF-8 only, each caller wrapping its ``ValueError`` in its own envelope.
+* :func:`count` words a number of things the way every message and summary line does
+  (``"1 sample"``, ``"3 samples"``); the run summary, the CLI and ``serve`` share it.
 * The ``attrs`` validators at the bottom apply the checks to config fields; they raise
   :class:`~relaxtrio.ConfigError` (a ``ValueError``, as attrs expects) with ``param`` set to the
   field name.
@@ -46,6 +48,7 @@ import attrs
 from ._errors import ConfigError, InvalidRequestError, RelaxError
 
 __all__ = [
+    "count",
     "is_int",
     "is_number",
     "is_real",
@@ -78,6 +81,11 @@ _JSON_TYPE_NAMES: dict[type, str] = {
 def type_name(value: Any) -> str:
     """The JSON name of ``value``'s type (``object``, ``string``, ...), else its Python type name."""
     return _JSON_TYPE_NAMES.get(type(value), type(value).__name__)
+
+
+def count(n: int, noun: str) -> str:
+    """``"1 <noun>"``, ``"<n> <noun>s"`` (``count(0, "sample") == "0 samples"``)."""
+    return f"{n} {noun}" if n == 1 else f"{n} {noun}s"
 
 
 def is_int(value: Any) -> bool:

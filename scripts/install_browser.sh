@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# Installs Debian's headless browser for the dashboard test (tests/e2e/test_e2e_dashboard.py):
+# Installs Debian's headless browser for the dashboard test (tests/api/test_e2e_dashboard.py):
 # chromium and the matching chromium-driver, from the distribution (no browser download).
 # Idempotent: does nothing when both are on PATH. Needs root and apt-get.
 set -euo pipefail

@@ -7,7 +7,7 @@ set -uo pipefail
 cd "$(dirname "$0")/.."
 PY=${PYTHON:-.venv/bin/python}
 if ! "$PY" -m ruff --version >/dev/null 2>&1 || ! "$PY" -m mypy --version >/dev/null 2>&1; then
-  "$PY" -m pip install -q --disable-pip-version-check -e ".[lint]" || exit 1
+  "$PY" -m pip install -q --disable-pip-version-check -c constraints.txt -e ".[lint]" || exit 1
 fi
 status=0
 echo "== ruff check"

@@ -12,9 +12,10 @@ from pathlib import Path
 import pytest
 
 from relaxtrio._errors import RelaxError
-from relaxtrio.cli.train_args import add_train_parser, train_config
+from relaxtrio.cli.train_config import train_config
+from relaxtrio.cli.train_flags import add_train_parser
 from relaxtrio.cpu_threads import ThreadSplit, available_cpus, split_cpu_threads
-from relaxtrio.run.driver import thread_split, trainer_threads, with_engine_threads
+from relaxtrio.run.placement import thread_split, trainer_threads, with_engine_threads
 
 
 def _config(*flags: str):
@@ -82,6 +83,7 @@ def test_thread_counts_out_of_range_are_refused(flag: str, value: str) -> None:
         _config(flag, value)
 
 
+@pytest.mark.slow
 def test_engine_refuses_negative_threads() -> None:
     proc = subprocess.run([sys.executable, "-m", "relaxtrio.engine", "--model", "unused",
                            "--num-threads", "-1"], check=False, capture_output=True, text=True, timeout=120,

@@ -13,22 +13,22 @@ import signal
 import subprocess
 import sys
 import textwrap
-import time
 from pathlib import Path
 
 import pytest
-from support.procs import alive
+from tests.support.procs import alive
+from tests.support.waits import wait_until_sync
 
 from relaxtrio import _reaper, shm_weights
+
+pytestmark = pytest.mark.slow  # starts real processes
 
 DEADLINE_S = 30.0
 
 
 def wait_gone(*pids: int) -> None:
-    deadline = time.monotonic() + DEADLINE_S
-    while any(alive(p) for p in pids):
-        assert time.monotonic() < deadline, [p for p in pids if alive(p)]
-        time.sleep(0.05)
+    gone = wait_until_sync(lambda: not any(alive(p) for p in pids), timeout_s=DEADLINE_S, what="exits")
+    assert gone, [p for p in pids if alive(p)]
 
 
 def children(pid: int) -> list[int]:
@@ -62,11 +62,8 @@ def test_a_shim_whose_launcher_is_gone_starts_nothing(tmp_path: Path) -> None:
 def test_the_command_dies_with_a_sigkilled_shim() -> None:
     shim = subprocess.Popen(_reaper.command(["sleep", "3600"]), start_new_session=True)
     try:
-        deadline = time.monotonic() + DEADLINE_S
-        while not (kids := children(shim.pid)):
-            assert time.monotonic() < deadline
-            time.sleep(0.02)
-        [sleeper] = kids
+        assert wait_until_sync(lambda: children(shim.pid), timeout_s=DEADLINE_S, what="the shim's command")
+        [sleeper] = children(shim.pid)
         shim.kill()  # only the shim: its command is killed by the kernel (PR_SET_PDEATHSIG)
         shim.wait()
         wait_gone(sleeper)
@@ -97,14 +94,15 @@ def test_a_sigkilled_driver_takes_every_shimmed_group_down(tmp_path: Path) -> No
     try:
         assert driver.stdout is not None
         shims = json.loads(driver.stdout.readline())
-        deadline = time.monotonic() + DEADLINE_S
-        while True:  # each shim runs bash, and bash its two sleeps
-            under = [pid for shim in shims for pid in children(shim)]
-            grandchildren = [pid for pid in under for pid in children(pid)]
-            if len(under) == 2 and len(grandchildren) == 4:
-                break
-            assert time.monotonic() < deadline, (under, grandchildren)
-            time.sleep(0.05)
+        under: list[int] = []
+        grandchildren: list[int] = []
+
+        def started() -> bool:  # each shim runs bash, and bash its two sleeps
+            under[:] = [pid for shim in shims for pid in children(shim)]
+            grandchildren[:] = [pid for pid in under for pid in children(pid)]
+            return len(under) == 2 and len(grandchildren) == 4
+
+        assert wait_until_sync(started, timeout_s=DEADLINE_S, what="two bash commands and their sleeps")
         # The driver's weight mailbox (named after its pid) must not outlive it in RAM.
         mailbox = _reaper.SHM_ROOT / f"{_reaper.SHM_MAILBOX_PREFIX}{driver.pid}-test"
         mailbox.mkdir()

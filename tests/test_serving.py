@@ -3,7 +3,7 @@
 Each test starts the embedded engine (tiny model) and the API in front of it, does one kind of
 damage to one connection of one server, and then checks that both servers still serve: ``/health``
 answers on a new connection, a real turn succeeds through the API and a real ``/generate`` on the
-engine (:func:`support.stack.assert_serving`). No test may log an ERROR or a traceback: a
+engine (:func:`tests.support.stack.assert_serving`). No test may log an ERROR or a traceback: a
 connection fault is at most one WARNING line from ``relaxtrio._serving``.
 
 Before :mod:`relaxtrio._serving`, the half-close, chunk-header and HTTP/2 early-reply cases took
@@ -25,7 +25,7 @@ import attrs
 import h2.settings
 import pytest
 import trio
-from support.stack import (
+from tests.support.stack import (
     CHAT_BODY,
     CHAT_PATH,
     GENERATE_BODY,
@@ -33,7 +33,7 @@ from support.stack import (
     assert_serving,
     open_live_stack,
 )
-from support.wire import (
+from tests.support.wire import (
     exchange,
     http1_request,
     open_h2,

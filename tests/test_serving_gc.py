@@ -6,6 +6,8 @@ must keep Python's defaults.
 
 from __future__ import annotations
 
+import pytest
+
 import json
 import subprocess
 import sys
@@ -28,6 +30,7 @@ print(json.dumps({"before": before, "frozen": frozen, "after_first": after_first
 """
 
 
+@pytest.mark.slow
 def test_freeze_startup_heap_sets_serving_thresholds_once() -> None:
     out = subprocess.run([sys.executable, "-c", _CHILD], check=True, capture_output=True, text=True,
                          timeout=60)

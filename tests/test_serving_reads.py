@@ -19,8 +19,8 @@ from hypercorn.config import Config
 from hypercorn.events import Closed, RawData
 from quart import Response, request
 from quart_trio import QuartTrio
-from support.apps import serve_app
-from support.wire import http1_request, open_raw
+from tests.support.apps import serve_app
+from tests.support.wire import http1_request, open_raw
 
 from relaxtrio._serving import (
     COALESCE_MAX_BYTES,
@@ -37,9 +37,17 @@ class _Recorder:
 
     def __init__(self) -> None:
         self.events: list[Any] = []
+        self._handed = trio.Event()
 
     async def handle(self, event: Any) -> None:
         self.events.append(event)
+        self._handed.set()
+        self._handed = trio.Event()
+
+    async def wait_for(self, count: int) -> None:
+        """Returns once ``count`` events were handed over (the data crosses a real socket)."""
+        while len(self.events) < count:
+            await self._handed.wait()
 
 
 def _filled_pair(payload: bytes, *, close: bool) -> tuple[socket.socket, socket.socket]:
@@ -90,9 +98,8 @@ async def test_a_short_receive_is_handed_over_as_it_is() -> None:
         await trio.testing.wait_all_tasks_blocked()
         assert [e.data for e in recorder.events] == [b"GET / HTTP/1.1\r\n\r\n"]
         writer.sendall(b"more")  # arrives later: its own piece
-        await trio.testing.wait_all_tasks_blocked()
-        while len(recorder.events) < 2:
-            await trio.sleep(0.01)
+        with trio.fail_after(5):
+            await recorder.wait_for(2)
         writer.close()
     assert [e.data for e in recorder.events[:3]] == [b"GET / HTTP/1.1\r\n\r\n", b"more", b""]
     assert isinstance(recorder.events[-1], Closed)

@@ -133,20 +133,7 @@ class BodyMemo:
         if base is None or resume is None:
             start = 0  # byte offset in ``raw`` of ``text[0]``
             text = raw.decode("utf-8", "surrogatepass")
-            head: list[tuple[str, Any]] = []
-            idx = _ws_match(text, 1).end()
-            if text[idx:idx + 1] == "}":
-                raise _Irregular  # {}: nothing to remember
-            while True:  # the members up to the history array
-                name, idx = _member_name(text, idx)
-                if name in HISTORY_KEYS and text[idx:idx + 1] == "[":
-                    key, open_ = name, idx + 1
-                    break
-                value, idx = scan(text, idx)
-                head.append((name, value))
-                idx, more = _after_value(text, idx)
-                if not more:
-                    raise _Irregular  # no history array: one plain parse
+            head, key, open_ = _read_head(text, scan)
             elements: list[Any] = []
             ends = array("q")
             pos = _ws_match(text, open_).end()
@@ -164,24 +151,9 @@ class BodyMemo:
                 if text[pos:pos + 1] != ",":
                     raise _Irregular  # e.g. a number element that goes on
                 pos = _ws_match(text, pos + 1).end()
-        ws = _ws_match
         new_ends: list[int] = []  # offsets in ``text`` just after each new element
-        while not closed:  # one element per step; whitespace is rare and skipped by regex
-            value, pos = scan(text, pos)
-            elements.append(value)
-            new_ends.append(pos)
-            char = text[pos:pos + 1]
-            if char in _WS_CHARS:
-                pos = ws(text, pos).end()
-                char = text[pos:pos + 1]
-            if char == ",":
-                pos += 1
-                if text[pos:pos + 1] in _WS_CHARS:
-                    pos = ws(text, pos).end()
-            elif char == "]":
-                closed = True
-            else:
-                raise _Irregular
+        if not closed:
+            pos = _read_elements(text, pos, scan, elements, new_ends)
         idx, more = _after_value(text, pos + 1)
         tail: list[tuple[str, Any]] = []
         while more:
@@ -201,19 +173,74 @@ class BodyMemo:
         else:
             byte_ends = _byte_offsets(text, start, new_ends)
         ends.extend(byte_ends)
-        reused = resume or 0
+        self._remember(_Remembered(raw, head, key, open_, elements, ends), base, resume or 0)
+        return body
+
+    def _remember(self, parsed: _Remembered, base: _Remembered | None, reused: int) -> None:
+        """Keeps ``parsed`` (first) for the next bodies; ``reused`` of its elements came from
+        ``base``. Bodies that mostly repeat nothing make the memo skip the next ones."""
         self.num_reused += reused
         if base is not None and 2 * reused >= len(base.ends):
             self._remembered.remove(base)  # the new body supersedes the one it mostly repeats
-        self._remembered = [_Remembered(raw, head, key, open_, elements, ends),
-                            *self._remembered][:_NUM_REMEMBERED]
-        if len(elements) - reused > max(reused, _COLD_ELEMENTS):
+        self._remembered = [parsed, *self._remembered][:_NUM_REMEMBERED]
+        if len(parsed.elements) - reused > max(reused, _COLD_ELEMENTS):
             self._cold_streak += 1
             if self._cold_streak >= 2:
                 self._skip = min(2 ** (self._cold_streak - 2), _MAX_SKIP)
         else:
             self._cold_streak = 0
-        return body
+
+
+_Scan = Callable[[str, int], tuple[Any, int]]
+"""``json.JSONDecoder.scan_once``: the value at an offset and the offset after it."""
+
+
+def _read_head(text: str, scan: _Scan) -> tuple[list[tuple[str, Any]], str, int]:
+    """The members of a body object before its history array: ``(head, history key, offset in
+    text just after the array's "[")``.
+
+    Raises:
+        _Irregular: an empty object, or no history array.
+    """
+    head: list[tuple[str, Any]] = []
+    idx = _ws_match(text, 1).end()
+    if text[idx:idx + 1] == "}":
+        raise _Irregular  # {}: nothing to remember
+    while True:  # the members up to the history array
+        name, idx = _member_name(text, idx)
+        if name in HISTORY_KEYS and text[idx:idx + 1] == "[":
+            return head, name, idx + 1
+        value, idx = scan(text, idx)
+        head.append((name, value))
+        idx, more = _after_value(text, idx)
+        if not more:
+            raise _Irregular  # no history array: one plain parse
+
+
+def _read_elements(text: str, pos: int, scan: _Scan, elements: list[Any], ends: list[int]) -> int:
+    """Scans array elements from ``pos`` (at an element) up to the closing "]"; appends each to
+    ``elements`` and the offset just after it to ``ends``; returns the offset of the "]".
+
+    Raises:
+        _Irregular: something other than "," or "]" after an element.
+    """
+    ws = _ws_match
+    while True:  # one element per step; whitespace is rare and skipped by regex
+        value, pos = scan(text, pos)
+        elements.append(value)
+        ends.append(pos)
+        char = text[pos:pos + 1]
+        if char in _WS_CHARS:
+            pos = ws(text, pos).end()
+            char = text[pos:pos + 1]
+        if char == ",":
+            pos += 1
+            if text[pos:pos + 1] in _WS_CHARS:
+                pos = ws(text, pos).end()
+        elif char == "]":
+            return pos
+        else:
+            raise _Irregular
 
 
 def _byte_offsets(text: str, start: int, offsets: list[int]) -> list[int]:

@@ -22,7 +22,7 @@ dropout, added tokens without whitespace or strip flags, no padding or truncatio
 * byte-level mapping and BPE work piece by piece (BPE without dropout is deterministic).
 
 Python's ``str.isspace`` is true for every character the regex's ``\\s`` matches (and a few
-more, where a chunk is then simply not cut). ``tests/compiler`` compares both encodings on
+more, where a chunk is then simply not cut). ``tests/chat`` compares both encodings on
 every bundled tokenizer, over random texts and every code point next to a space.
 
 Chunks of novel text cost a little more than tokenizing them inline (one backend call each);

@@ -19,7 +19,7 @@ call the compiled template and the Rust tokenizer directly:
   ``clean_up_tokenization_spaces=False`` that is all transformers' ``decode`` does.
 
 Either falls back to transformers' own call when the tokenizer is not a transformers fast
-tokenizer (or a future transformers lacks the pieces); ``tests/compiler`` compares both paths on
+tokenizer (or a future transformers lacks the pieces); ``tests/chat`` compares both paths on
 every bundled and test template.
 """
 

@@ -33,6 +33,11 @@ TURN_END_MARKERS: Final[tuple[str, ...]] = (
 """Strings that end a model turn in common templates; each counts as a stop id when it is an added
 token of the tokenizer and occurs in the chat template text."""
 
+_INNER_MARKERS: Final[dict[str, str]] = {"<|end|>": "<|channel|>"}
+"""Turn-end markers that only close a message inside a turn in templates holding the given text:
+in harmony (gpt-oss) a reply is several messages, each closed by ``<|end|>``, and only
+``<|call|>`` / ``<|return|>`` end the generation (docs/model-families.md#gpt-oss)."""
+
 ArgumentsForm = Literal["mapping", "string"]
 
 
@@ -67,6 +72,24 @@ def checked_kwargs(template_kwargs: Mapping[str, Any] | None, reserved: frozense
     return kwargs
 
 
+def template_text(tokenizer: Any) -> str:
+    """The tokenizer's chat template source; named templates are joined by newlines."""
+    template = getattr(tokenizer, "chat_template", None) or ""
+    return "\n".join(template.values()) if isinstance(template, Mapping) else str(template)
+
+
+def reasoning_key(chat_template: str) -> str | None:
+    """The message key a template reads reasoning from when it is not ``reasoning_content``.
+
+    gpt-oss's template renders ``message.thinking`` as the analysis channel and never reads
+    ``reasoning_content``; canonical messages keep reasoning under ``reasoning_content``, so it is
+    copied to ``thinking`` for such a template (docs/model-families.md#gpt-oss).
+    """
+    if "reasoning_content" not in chat_template and "message.thinking" in chat_template:
+        return "thinking"
+    return None
+
+
 def stop_token_ids(tokenizer: Any, extra: Sequence[int]) -> tuple[int, ...]:
     """EOS id(s), end-of-turn markers used by the template, and ``extra``: sorted, unique."""
     ids: set[int] = {int(i) for i in extra}
@@ -75,21 +98,25 @@ def stop_token_ids(tokenizer: Any, extra: Sequence[int]) -> tuple[int, ...]:
         ids.add(eos)
     elif isinstance(eos, Sequence):
         ids.update(int(i) for i in eos)
-    template = getattr(tokenizer, "chat_template", None) or ""
-    template_text = "\n".join(template.values()) if isinstance(template, Mapping) else str(template)
+    template_text_ = template_text(tokenizer)
     added = tokenizer.get_added_vocab() if hasattr(tokenizer, "get_added_vocab") else {}
     for marker in TURN_END_MARKERS:
-        if marker in template_text and marker in added:
+        inner = _INNER_MARKERS.get(marker)
+        if inner is not None and inner in template_text_:
+            continue
+        if marker in template_text_ and marker in added:
             ids.add(int(added[marker]))
     return tuple(sorted(ids))
 
 
 def template_messages(
-    messages: Sequence[Mapping[str, Any]], arguments_form: ArgumentsForm, offset: int
+    messages: Sequence[Mapping[str, Any]], arguments_form: ArgumentsForm, offset: int,
+    reasoning_key: str | None = None,
 ) -> list[dict[str, Any]]:
     """Copies canonical messages into the shape templates expect: tool-call arguments decoded to
     mappings (or kept as canonical strings), empty ``tool_calls`` dropped
-    (docs/client-quirks.md#tool-call-arguments-mapping-or-string).
+    (docs/client-quirks.md#tool-call-arguments-mapping-or-string), and ``reasoning_content``
+    also under ``reasoning_key`` when the template reads reasoning there (:func:`reasoning_key`).
 
     Raises:
         InvalidRequestError: arguments that are not a JSON object, naming
@@ -98,6 +125,8 @@ def template_messages(
     prepared = []
     for i, message in enumerate(messages):
         copy = dict(message)
+        if reasoning_key is not None and copy.get("reasoning_content"):
+            copy[reasoning_key] = copy["reasoning_content"]
         calls = copy.get("tool_calls")
         if calls is not None:
             if calls:

@@ -75,6 +75,7 @@ from ._chunked_encode import ChunkedEncoder
 from ._fast_render import TemplateRenderer, fast_decode
 from ._template_inputs import RESERVED_TEMPLATE_KWARGS, TURN_END_MARKERS, ArgumentsForm
 from ._template_probe import probe_arguments_form, probe_turn_end
+from .parsers.tool_calls import resolve_tool_call_parser
 
 __all__ = [
     "DUMMY_PREFIX",
@@ -150,6 +151,7 @@ class ChatCompiler:
         self._renderer = TemplateRenderer(tokenizer)
         self._encoder = ChunkedEncoder(tokenizer)
         self._trim_lock = threading.Lock()
+        self._reasoning_key = _inputs.reasoning_key(self.chat_template_text)
         self.stop_token_ids: tuple[int, ...] = _inputs.stop_token_ids(tokenizer, extra_stop_token_ids)
         """Ids that end a generation: EOS, template end-of-turn markers, extras (sorted, unique)."""
         self.arguments_form: ArgumentsForm = probe_arguments_form(self._render_text, DUMMY_PREFIX)
@@ -177,6 +179,19 @@ class ChatCompiler:
     def tokenizer(self) -> Any:
         """The wrapped tokenizer."""
         return self._tokenizer
+
+    @property
+    def chat_template_text(self) -> str:
+        """The tokenizer's chat template source (named templates joined by newlines), or ""."""
+        return _inputs.template_text(self._tokenizer)
+
+    def resolve_tool_call_parser(self, parser: str | None) -> str | None:
+        """``parser``, or for ``auto`` the parser this chat template's markers name.
+
+        Raises:
+            ValueError: unknown name; ``auto`` with a template that names no format or several.
+        """
+        return resolve_tool_call_parser(parser, self.chat_template_text)
 
     @property
     def turn_closed_by_stop_token(self) -> bool:
@@ -213,7 +228,7 @@ class ChatCompiler:
         """
         start = time.perf_counter()
         kwargs = self._checked_kwargs(template_kwargs)
-        prepared = _inputs.template_messages(messages, self.arguments_form, message_offset)
+        prepared = _inputs.template_messages(messages, self.arguments_form, message_offset, self._reasoning_key)
         text, render_s = self._render_text(prepared, tools, kwargs, add_generation_prompt)
         ids, encode_s = self._encode(text)
         return EncodedPrompt(ids, text, render_s, encode_s, time.perf_counter() - start)
@@ -249,7 +264,7 @@ class ChatCompiler:
         start = time.perf_counter()
         kwargs = self._checked_kwargs(template_kwargs)
         trim = self._dummy_trim(tools, kwargs)
-        prepared = _inputs.template_messages(delta_messages, self.arguments_form, message_offset)
+        prepared = _inputs.template_messages(delta_messages, self.arguments_form, message_offset, self._reasoning_key)
         text, render_s = self._render_text([*DUMMY_PREFIX, *prepared], tools, kwargs, True)
         if trim.suffix_ok and text.startswith(trim.text):
             # The dummy text ends with an added token: the tokenizer splits there, so the ids

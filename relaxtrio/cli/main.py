@@ -35,7 +35,7 @@ import trio
 from tqdm.contrib.logging import logging_redirect_tqdm
 
 from .._errors import ConfigError, RelaxError
-from .tool_args import (
+from .tool_flags import (
     add_doctor_parser,
     add_replay_parser,
     add_serve_parser,
@@ -43,13 +43,9 @@ from .tool_args import (
     doctor_config,
     serve_config,
 )
-from .train_args import (
-    add_train_parser,
-    configure_logging,
-    split_sglang_args,
-    train_config,
-)
-from ..run.summary import count
+from .train_config import train_config
+from .train_flags import add_train_parser, split_sglang_args
+from .._validate import count
 
 log = logging.getLogger("relaxtrio")
 
@@ -225,6 +221,16 @@ def _replay_main(args: argparse.Namespace) -> int:
         print(f"replay {args.dump} against {args.checkpoint}")
         print("\n".join(report.lines()))
     return 0 if report.first is None else 1
+
+
+def configure_logging(level: str) -> None:
+    """Console logging for a run: our lines at ``level``, chatty libraries quieter."""
+    logging.basicConfig(level=level, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    # One line per engine call drowns the accounting lines; keep the HTTP client quiet.
+    logging.getLogger("httpx").setLevel(logging.WARNING)
+    from transformers.utils import logging as hf_logging
+
+    hf_logging.disable_progress_bar()
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -49,7 +49,7 @@ from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
 
 from .. import _reaper as reaper
 from .._errors import BackendError
-from ..fleet.launch import URL_PREFIX
+from ..fleet.embedded import URL_PREFIX
 from ..fleet.starter import (
     STOP_GRACE_S,
     EngineProcess,

@@ -24,6 +24,8 @@ from typing import TYPE_CHECKING, Any, Final, Literal
 import attrs
 import trio
 
+from ..sglang.wire import RequestError, SamplingParams, stop_regexes, stop_strings, validate_sampling_values
+from ._limits import EngineLimits, check_prompt_fits, resolve_max_new_tokens
 from ._vision_inputs import EngineMedia
 from .sampling import Choice, ResolvedSampling, RowSampler
 
@@ -210,6 +212,24 @@ def build_response(
     meta["e2e_latency"] = req.e2e_latency_s
     meta["response_sent_to_client_ts"] = time.time()
     return {"text": _response_text(req, tokenizer), "output_ids": list(req.output_ids), "meta_info": meta}
+
+
+def resolve_sampling(limits: EngineLimits, input_ids: Sequence[int], params: SamplingParams, *,
+                     vocab_size: int, eos_ids: frozenset[int]) -> ResolvedSampling:
+    """Checks one request against the engine's limits and vocabulary (SGLang's order and texts,
+    :mod:`relaxtrio.engine._limits`) and resolves its sampling: ``max_new_tokens`` silently
+    clamped, stop strings and regexes read from ``params``.
+
+    Raises:
+        RequestError: context overflow, out-of-vocabulary input ids, bad sampling values.
+    """
+    check_prompt_fits(limits, len(input_ids), params.max_new_tokens)
+    if any(not 0 <= t < vocab_size for t in input_ids):
+        raise RequestError(f"The input_ids contain values outside the vocabulary [0, {vocab_size}).")
+    validate_sampling_values(params, vocab_size=vocab_size)
+    max_new_tokens = resolve_max_new_tokens(limits, len(input_ids), params.max_new_tokens)
+    return ResolvedSampling.from_params(params, max_new_tokens=max_new_tokens, eos_ids=eos_ids,
+                                        stop=stop_strings(params), stop_regex=stop_regexes(params))
 
 
 def waiting_abort_reason() -> dict[str, Any]:

@@ -34,9 +34,9 @@ from typing import TYPE_CHECKING, Any, Literal
 import attrs
 import trio
 
-from ..sglang.wire import RequestError, SamplingParams, stop_regexes, stop_strings, validate_sampling_values
+from ..sglang.wire import RequestError, SamplingParams
 from ._batch import DecodeBatch
-from ._limits import EngineLimits, check_prompt_fits, resolve_max_new_tokens
+from ._limits import EngineLimits
 from ._prefix_cache import PrefixCache
 from ._request import (
     LockedTokenizer,
@@ -44,11 +44,12 @@ from ._request import (
     abort_reason,
     check_finished,
     error_reason,
+    resolve_sampling,
     waiting_abort_reason,
 )
 from ._vision_inputs import EngineMedia
 from ._weights import load_weights_from_disk
-from .sampling import ResolvedSampling, RowSampler
+from .sampling import RowSampler
 
 if TYPE_CHECKING:
     from transformers import PreTrainedModel, PreTrainedTokenizerBase
@@ -231,20 +232,8 @@ class Scheduler:
         rid = uuid.uuid4().hex if rid is None else rid
         if rid in self._by_rid:
             raise RequestError(f"Duplicate request ID detected: {rid}")
-        check_prompt_fits(self.limits, len(input_ids), params.max_new_tokens)
-        if any(not 0 <= t < self.vocab_size for t in input_ids):
-            raise RequestError(
-                f"The input_ids contain values outside the vocabulary [0, {self.vocab_size})."
-            )
-        validate_sampling_values(params, vocab_size=self.vocab_size)
-        max_new_tokens = resolve_max_new_tokens(self.limits, len(input_ids), params.max_new_tokens)
-        cfg = ResolvedSampling.from_params(
-            params,
-            max_new_tokens=max_new_tokens,
-            eos_ids=self.eos_ids,
-            stop=stop_strings(params),
-            stop_regex=stop_regexes(params),
-        )
+        cfg = resolve_sampling(self.limits, input_ids, params, vocab_size=self.vocab_size,
+                               eos_ids=self.eos_ids)
         req = Req(
             rid=rid,
             input_ids=tuple(input_ids),
@@ -256,7 +245,7 @@ class Scheduler:
             media=media,
         )
         self._by_rid[rid] = req
-        if max_new_tokens == 0:
+        if cfg.max_new_tokens == 0:
             req.finish_reason = {"type": "length", "length": 0}
             self._finish(req)
             return req

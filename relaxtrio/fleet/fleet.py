@@ -1,118 +1,66 @@
-"""The inference fleet: SGLang-API workers behind the SGLang Model Gateway, or connected directly.
+"""The inference fleet: the workers of a run, behind the SGLang Model Gateway or connected directly.
 
-:class:`EngineFleet` is what the turn code and the driver talk to; it answers the same calls as
-:class:`~relaxtrio.sglang.client.EngineClient` (``generate``, ``abort``, pause / continue, weight
-updates, ``close_session``, info) and adds routing, membership and fault handling.
+:class:`EngineFleet` is what ``train``, ``rollout``, ``serve``, ``doctor`` and the turn code talk
+to, whether there is one engine or many; it answers the calls of one engine
+(:class:`~relaxtrio.fleet.engine_api.EngineAPI`: ``generate``, ``abort``, pause / continue,
+weight updates, ``close_session``, info) and adds routing, membership and fault handling. It
+*has* its parts: the :class:`~relaxtrio.fleet.members.Membership` of its workers (each with
+per-engine clients of one wire protocol), the :class:`~relaxtrio.fleet.gateway.Gateway` when
+one is in front, the :class:`~relaxtrio.fleet.health.HealthMonitor` and the
+:class:`~relaxtrio.fleet.routing.SessionRoutes` of direct mode.
 
-Two ways to reach the workers:
+Workers are reached through a gateway (``--sglang-router-url``; generations carry the Session id
+as routing key, :mod:`relaxtrio.fleet.gateway`) or directly (``--engine-url``, or launched engines
+without a gateway; the fleet routes, :mod:`relaxtrio.fleet.routing`). Control calls go to every
+worker (:mod:`relaxtrio.fleet.control`).
 
-- **Gateway** (``--sglang-router-url``): every ``/generate`` goes through the gateway with the
-  header ``X-SMG-Routing-Key: <session id>``. With the gateway's ``manual`` policy that key is
-  pinned to one worker until the worker leaves, so every turn of a Session reuses that worker's
-  prefix cache. The gateway (sglang-router 0.3.2) has no abort, pause, continue or weight-update
-  route (docs/client-quirks.md#no-abort-through-the-router), so control calls go to every
-  worker of its ``GET /workers`` listing, which the health monitor re-reads, and so does every
-  control call once the last reading is older than a second.
-- **Direct** (``--engine-url``): the fleet routes itself. A Session's first request goes to the
-  worker holding the fewest Sessions, and every later one to the same worker.
+Faults. A worker is removed, with a logged reason, when a connection to it is refused or it stops
+answering health probes (:mod:`relaxtrio.fleet.health`). Its in-flight generations end at once as
+if aborted with no output: the turn code resumes them through its partial-rollout path (new rid,
+same lineage) on another worker, while the agent's HTTP request stays open. A generation that
+fails through the gateway is handled the same way after the fleet re-read the listing and probed
+every worker. Below ``min_healthy_engines`` every call raises :class:`~relaxtrio.BackendError`
+and so does the fleet's nursery, which stops the run.
 
-Request ids: the rollout's rids end in ``#`` and contain no other ``#``, so none is a prefix of
-another (SGLang aborts by prefix: docs/client-quirks.md#abort-matches-rid-prefixes); they
-contain the Session id, which is unique, so they are unique across workers. :meth:`EngineFleet.generate` refuses a rid that breaks either rule.
-
-Faults. A worker is removed, with a logged reason, when a connection to it is refused, or when it
-fails ``health_failures`` probes in a row (it stopped answering). Its in-flight generations end at
-once as if aborted with no output: the turn code resumes them through its partial-rollout path
-(new rid, same lineage), on another worker, while the agent's HTTP request stays open. A
-generation that fails through the gateway (the gateway answers 5xx, or is unreachable) is
-handled the same way after the fleet has re-read the gateway's listing and probed every worker;
-an unreachable gateway is waited for up to ``gateway_wait_s`` (a restart is survived). When
-fewer than ``min_healthy_engines`` workers remain, every call raises
-:class:`~relaxtrio.BackendError` and the fleet's nursery raises it too, which stops the run.
-
-Weights (:meth:`EngineFleet.update_weights`): pause every worker (``retract``), load the new
-version on every worker, read back each worker's ``/model_info`` ``weight_version``, continue
-every worker. A worker that reports another version is removed; so the next generation anywhere
-runs on the new version. A worker that joins later (:meth:`EngineFleet.readmit`) loads the
-current version before it gets traffic.
-
-Session lifecycle (``session_lifecycle``): generations carry ``session_id``, and
-:meth:`EngineFleet.session_ended` sends ``/close_session`` to the worker that served the Session
-(direct mode), or to every worker (gateway mode: the gateway does not say which worker a key is
-pinned to; the call is a no-op on the others).
+Weights (:meth:`EngineFleet.update_weights`): every worker is paused, loads the version, has it
+confirmed and is continued; a worker that fails is removed. A worker that joins later
+(:meth:`EngineFleet.readmit`) loads the current version before it gets traffic. With
+``session_lifecycle``, :meth:`EngineFleet.session_ended` closes the Session on the worker that
+served it (on every worker through a gateway, which does not say where a key is pinned).
 """
 
 from __future__ import annotations
 
-import contextlib
 import logging
-from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
-from contextlib import asynccontextmanager
-from typing import Any, Final
+from collections.abc import AsyncIterator, Callable, Sequence
+from contextlib import AsyncExitStack, asynccontextmanager
+from typing import Any
 
 import attrs
 import httpx
 import trio
 
-from .._errors import BackendError, EngineUnavailableError
+from .._errors import BackendError
 from ..config import FleetConfig
-from ..sglang._http import EngineClientConfig
-from .members import (
-    GATEWAY_POLL_S,
-    FleetMembers,
-    WeightPaths,
-    Worker,
-    path_for,
-    worker_failure,
+from ..sglang.client import open_connections as open_sglang_connections
+from .engine_api import (
+    EngineClientConfig,
+    EngineConnections,
+    GenerateResult,
+    OpenConnections,
+    PauseMode,
+    SamplingParams,
 )
-from ..sglang._replies import GenerateResult
-from ..sglang.client import PauseMode
-from ..sglang.wire import SamplingParams
+from .gateway import ROUTING_KEY_HEADER, Gateway
+from .control import ControlFanout
+from .health import HealthMonitor
+from .members import Membership, WeightPaths, Worker, path_for
+from .generations import Generations
+from .routing import SessionRoutes, check_rid
 
 __all__ = ["ROUTING_KEY_HEADER", "EngineFleet", "FleetStatistics", "Worker", "open_engine_fleet"]
 
 log = logging.getLogger(__name__)
-
-ROUTING_KEY_HEADER: Final = "X-SMG-Routing-Key"
-"""The gateway's routing-key header (sglang-router 0.3.2; ``--policy manual`` pins keys)."""
-
-ABORT_GRACE_S: Final = 5.0
-
-
-def check_rid(rid: str) -> None:
-    """Refuse a request id that could be a prefix of another one (SGLang aborts by prefix).
-
-    Raises:
-        ValueError: ``rid`` does not end in ``#`` or has another ``#`` inside.
-    """
-    if not rid.endswith("#") or "#" in rid[:-1]:
-        raise ValueError(f"request id {rid!r} must end in '#' and contain no other '#'")
-
-
-def lost_result(rid: str, reason: str, weight_version: str) -> GenerateResult:
-    """The answer of a generation whose worker went away: an abort with no output."""
-    meta = {"id": rid, "finish_reason": {"type": "abort", "message": reason},
-            "completion_tokens": 0, "weight_version": weight_version}
-    return GenerateResult(
-        output_ids=(), output_logprobs=(), finish_type="abort", finish_matched=None,
-        prompt_tokens=None, completion_tokens=0, cached_tokens=None,
-        weight_version=weight_version, weight_versions=(), text="", meta_info=meta,
-    )
-
-
-@attrs.define(eq=False)
-class _Flight:
-    rid: str
-    worker: Worker | None  # None: sent through the gateway
-    started: float
-    scope: trio.CancelScope = attrs.field(factory=trio.CancelScope)
-    lost: str | None = None
-
-    def lose(self, reason: str) -> None:
-        if self.lost is None:
-            self.lost = reason
-            self.scope.cancel()
-
 
 @attrs.frozen(kw_only=True)
 class FleetStatistics:
@@ -133,78 +81,154 @@ class FleetStatistics:
     weight_version: str | None
 
 
-class EngineFleet(FleetMembers):
-    """The workers of one run; build it with :func:`open_engine_fleet`.
+class EngineFleet:
+    """The workers of one run; open it with :func:`open_engine_fleet`.
 
-    Takes the arguments of :class:`~relaxtrio.fleet.members.FleetMembers` (config, worker
-    URLs or gateway, the two connection pools, client config, a nursery for background calls).
+    Attributes:
+        config: membership, health and lifecycle settings.
+        members: who serves (:class:`~relaxtrio.fleet.members.Membership`).
+        gateway: the gateway in front, or None (direct mode).
+        monitor: the health probes.
+        control: the control calls to every worker.
+        routes: where each Session's generations go (direct mode).
+        generations: the generations in flight.
+        on_remove: called with ``(url, reason)`` after a worker was removed (a launcher kills
+            a removed engine that still runs), or None.
+
+    Args:
+        config: the fleet settings.
+        connections: the pools of the per-engine clients (their wire protocol).
+        client_config: timeouts and retries of the per-engine clients.
+        nursery: where background calls (gateway deletes, session closes) run.
+        worker_urls: the workers (direct mode; through a gateway its listing is read).
+        gateway_url: the gateway, or None for direct mode.
+        gateway_http: the client of the gateway's admin calls (gateway mode).
     """
 
-    def __init__(self, config: FleetConfig, **kwargs: Any):
-        super().__init__(config, **kwargs)
-        self._flights: dict[str, _Flight] = {}
-        self._session_worker: dict[str, str] = {}
-        self._gateway_keys: set[str] = set()
-        self._gateway_client = (
-            self._client(self.gateway_url, self._generate_config) if self.gateway_url else None
-        )
+    def __init__(self, config: FleetConfig, *, connections: EngineConnections,
+                 client_config: EngineClientConfig, nursery: trio.Nursery,
+                 worker_urls: Sequence[str] = (), gateway_url: str | None = None,
+                 gateway_http: httpx.AsyncClient | None = None):
+        self.config = config
+        self.members = Membership(config, connections=connections, client_config=client_config,
+                                  gateway_mode=gateway_url is not None)
+        self.gateway: Gateway | None = None
+        gateway_client = None
+        if gateway_url is not None:
+            assert gateway_http is not None
+            self.gateway = Gateway(gateway_url, members=self.members, remove=self.remove,
+                                   http=gateway_http, config=config, client_config=client_config,
+                                   nursery=nursery)
+            gateway_client = self.members.client(self.gateway.url, single_attempt=True)
+        self.monitor = HealthMonitor(self.members, self.gateway, self.remove)
+        self.control = ControlFanout(self.members, self.gateway, self.remove)
+        self.routes = SessionRoutes()
+        self.generations = Generations(members=self.members, routes=self.routes,
+                                       monitor=self.monitor, abort=self.abort, nursery=nursery,
+                                       gateway_client=gateway_client)
+        self.on_remove: Callable[[str, str], None] | None = None
+        self._nursery = nursery
+        for url in worker_urls:
+            self.members.add(url.rstrip("/"))
 
-    def _worker_removed(self, worker: Worker, reason: str) -> None:
-        for flight in list(self._flights.values()):
-            if flight.worker is worker:
-                flight.lose(f"worker {worker.url} removed: {reason}")
-        for session_id in worker.sessions:
-            self._session_worker.pop(session_id, None)
-        orphans = [f for f in self._flights.values() if f.worker is None]
-        if orphans:  # through the gateway we do not know which worker ran them
-            self._nursery.start_soon(self._reclaim, orphans, worker.url)
+    # ------------------------------------------------------------------ membership
+    @property
+    def urls(self) -> tuple[str, ...]:
+        """Base URLs of the healthy workers."""
+        return self.members.urls
+
+    @property
+    def workers(self) -> tuple[Worker, ...]:
+        """The healthy workers."""
+        return self.members.workers
+
+    @property
+    def gateway_url(self) -> str | None:
+        """The gateway's base URL, or None (direct mode)."""
+        return self.gateway.url if self.gateway is not None else None
+
+    @property
+    def weights_lock(self) -> trio.Lock:
+        """Held while weights are loaded; hold it while writing a version."""
+        return self.members.weights_lock
+
+    @property
+    def weights(self) -> tuple[str | WeightPaths, str] | None:
+        """``(model_path, version)`` every worker loaded last, or None."""
+        return self.members.weights
+
+    def remove(self, url: str, reason: str, *, restarting: bool = False) -> None:
+        """Take a worker out of the fleet, with a logged reason.
+
+        Its in-flight generations end at once as lost (their turns resume on another worker),
+        its control calls are cancelled, and (gateway mode) it is deleted from the gateway.
+        When fewer than ``min_healthy_engines`` workers remain (a worker being restarted
+        counts until :meth:`restart_failed`), the fleet fails: every later call, and the
+        monitor, raise :class:`~relaxtrio.BackendError`.
+
+        Args:
+            url: the worker's base URL (unknown URLs are ignored).
+            reason: why, for the log and the final error.
+            restarting: its launcher restarts it and will :meth:`readmit` it; generations with
+                no other worker wait for it.
+        """
+        worker = self.members.take_out(url, reason, restarting=restarting)
+        if worker is None:
+            return
+        if self.on_remove is not None:
+            self.on_remove(url, reason)
+        self.generations.worker_left(worker, reason)
+        self.routes.worker_left(worker)
+        if self.gateway is not None:
+            self.gateway.worker_left(worker.url, worker.worker_id)
+
+    async def readmit(self, url: str) -> None:
+        """Add a (restarted) worker: it loads the current weights first, then gets traffic.
+
+        Raises:
+            BackendError: it could not load or confirm the current weight version, or the
+                gateway could not register it.
+
+        Cancellation:
+            Shielded once the weights are being loaded.
+        """
+        url = url.rstrip("/")
+        members = self.members
+        async with members.weights_lock:
+            if members.weights is not None:
+                client = members.client(url)
+                path, version = members.weights
+                with trio.CancelScope(shield=True):
+                    await client.update_weights_from_disk(path_for(path, url),
+                                                          weight_version=version)
+                    await members.verify_version(client, version)
+            members.readmitted(url)
+            if self.gateway is not None:
+                await self.gateway.register(url)
+        log.info("fleet: worker %s joined with weights %s (%d healthy)", url,
+                 members.version or "as launched", len(members.live))
+
+    async def refresh(self) -> None:
+        """Re-read the gateway's listing and apply it (gateway mode; else a no-op).
+
+        Raises:
+            EngineUnavailableError: the gateway stayed away too long, or the fleet failed.
+
+        Cancellation:
+            A checkpoint.
+        """
+        if self.gateway is not None:
+            await self.gateway.refresh()
 
     def statistics(self) -> FleetStatistics:
         """A snapshot of membership, routing and the loaded weight version."""
         return FleetStatistics(
-            workers=self.urls, removed=dict(self._removed),
-            sessions={w.url: len(w.sessions) for w in self._live.values()},
-            in_flight=len(self._flights),
-            weight_version=self.weights[1] if self.weights else None,
+            workers=self.urls, removed=dict(self.members.removed),
+            sessions={w.url: len(w.sessions) for w in self.members.workers},
+            in_flight=len(self.generations.flights), weight_version=self.members.version,
         )
 
-    async def _reclaim(self, flights: Sequence[_Flight], removed_url: str) -> None:
-        """Gateway mode: end the generations that may have been on a removed worker.
-
-        They are aborted on every remaining worker (those return their partial output and
-        resume there); whichever is still running after ``ABORT_GRACE_S`` was on the removed
-        worker and is ended as lost.
-        """
-        rids = [f.rid for f in flights if f.lost is None]
-        for rid in rids:
-            try:
-                await self.abort(rid)
-            except BackendError as exc:
-                log.warning("fleet: abort of %s failed: %s", rid, exc)
-        await trio.sleep(ABORT_GRACE_S)
-        for flight in flights:
-            if self._flights.get(flight.rid) is flight:
-                flight.lose(f"its worker may have been {removed_url}, which was removed")
-
     # ------------------------------------------------------------------ generation
-    def _route(self, key: str | None) -> Worker:
-        if not self._live:
-            self._check_quorum()
-            raise EngineUnavailableError("no healthy engine to generate on")
-        if key is None:
-            load = {url: 0 for url in self._live}
-            for flight in self._flights.values():
-                if flight.worker is not None and flight.worker.url in load:
-                    load[flight.worker.url] += 1
-            return self._live[min(load, key=load.__getitem__)]
-        url = self._session_worker.get(key)
-        if url is not None and url in self._live:
-            return self._live[url]
-        worker = min(self._live.values(), key=lambda w: len(w.sessions))
-        worker.sessions.add(key)
-        self._session_worker[key] = worker.url
-        return worker
-
     async def generate(
         self,
         input_ids: Sequence[int],
@@ -217,24 +241,23 @@ class EngineFleet(FleetMembers):
         image_data: Sequence[str] | None = None,
         prefix_key: str | None = None,
     ) -> GenerateResult:
-        """Generate on the Session's worker (``POST /generate``, single form).
+        """Generate on the Session's worker.
 
         Args:
             input_ids: prompt ids, length >= 1.
-            sampling: SGLang native sampling parameters.
+            sampling: sampling parameters (SGLang's native form).
             rid: request id, the abort key: ends in ``#`` with no other ``#``, unique.
             return_logprob: request per-token logprobs.
-            session_id: sent as SGLang's top-level ``session_id`` (with ``session_lifecycle`` the
-                routing key is sent when this is None).
+            session_id: the engine's session key (with ``session_lifecycle`` the routing key is
+                sent when this is None).
             routing_key: the Session id: all requests with one key go to one worker.
             image_data: the prompt's images in placeholder order, or None.
             prefix_key: the family of prompts this one belongs to (the Session id), for the
-                request body's JSON reuse (:meth:`EngineClient.generate`).
+                request body's reuse (:meth:`EngineAPI.generate`).
 
         While no worker can serve and one is coming back (restarting, or readmitted and not
-        yet listed healthy by the gateway: ``FleetMembers.wait_servable``), the call waits for
-        it instead of failing: a restarting worker until its supervisor readmits it or gives it
-        up, a readmitted one at most ``JOIN_GRACE_S`` (docs/inference-fleet.md).
+        yet listed healthy by the gateway: :meth:`Membership.wait_servable`), the call waits for it
+        instead of failing (docs/inference-fleet.md).
 
         Returns:
             The engine's result. When the worker is lost mid-request the result is an abort
@@ -252,97 +275,14 @@ class EngineFleet(FleetMembers):
             partial output).
         """
         check_rid(rid)
-        if rid in self._flights:
+        if rid in self.generations.flights:
             raise ValueError(f"request id {rid!r} is already in flight")
-        if self._fatal is not None:
-            raise self._fatal
         key = routing_key if routing_key is not None else session_id
         if session_id is None and self.config.session_lifecycle:
             session_id = key
-        headers = None
-        await self.wait_servable()  # every worker is being restarted (or re-registered)
-        if self._fatal is not None:
-            raise self._fatal
-        if self._gateway_client is not None:
-            worker, client = None, self._gateway_client
-            if key is not None:
-                headers = {ROUTING_KEY_HEADER: key}
-                self._gateway_keys.add(key)
-        else:
-            worker = self._route(key)
-            client = worker.generation_client
-        flight = _Flight(rid=rid, worker=worker, started=trio.current_time())
-        self._flights[rid] = flight
-        failure: BackendError | None = None
-        try:
-            with flight.scope:
-                try:
-                    return await client.generate(
-                        input_ids, sampling, rid=rid, return_logprob=return_logprob,
-                        session_id=session_id, image_data=image_data, headers=headers,
-                        prefix_key=prefix_key)
-                except BackendError as exc:
-                    if not worker_failure(exc):
-                        raise
-                    failure = exc
-        finally:
-            del self._flights[rid]
-        if flight.lost is None:
-            assert failure is not None
-            where = worker.url if worker is not None else f"gateway {self.gateway_url}"
-            log.warning("fleet: generation %s failed on %s: %s", rid, where, failure)
-            await self._recover(worker, failure, flight.started)
-            with trio.CancelScope(shield=True), trio.move_on_after(ABORT_GRACE_S):
-                try:
-                    await self.abort(rid)  # it may still run somewhere; free that worker
-                except BackendError:
-                    pass
-            flight.lost = f"generation failed: {failure}"
-        if self._fatal is not None:
-            raise self._fatal
-        log.warning("fleet: request %s resumes on %s (%s)", rid,
-                    "another worker" if self.urls else "the next worker available", flight.lost)
-        version = self.weights[1] if self.weights else "default"
-        return lost_result(rid, flight.lost, version)
-
-    # ------------------------------------------------------------------ control fan-out
-    async def _each(self, call: Callable[[Worker], Awaitable[object]],
-                    workers: Sequence[Worker] | None = None) -> None:
-        """Run ``call`` on every worker concurrently.
-
-        A worker that cannot be reached (after the client's retries) is removed, and a call on a
-        worker that gets removed meanwhile is cancelled: neither fails the call. Any other
-        failure (an HTTP error answer) is raised after every worker was tried.
-        """
-        if workers is None:
-            await self._fresh_listing()
-            workers = self.workers
-        errors: list[BackendError] = []
-
-        async def one(worker: Worker) -> None:
-            if worker.url not in self._live:
-                return
-            scope = trio.CancelScope()
-            worker.calls.add(scope)
-            try:
-                with scope:
-                    await call(worker)
-            except BackendError as exc:
-                if worker.url not in self._live:
-                    return
-                if isinstance(exc.__cause__, httpx.TransportError):
-                    self.remove(worker.url, f"unreachable: {exc}")
-                    return
-                errors.append(exc)
-            finally:
-                worker.calls.discard(scope)
-
-        async with trio.open_nursery() as nursery:
-            for worker in workers:
-                nursery.start_soon(one, worker)
-        self._check_quorum()
-        if errors:
-            raise errors[0]
+        return await self.generations.run(
+            input_ids, sampling, rid=rid, key=key, session_id=session_id,
+            return_logprob=return_logprob, image_data=image_data, prefix_key=prefix_key)
 
     async def abort(self, rid: str) -> None:
         """Ask every worker to abort ``rid`` (fire-and-forget; done when generate returns).
@@ -354,22 +294,11 @@ class EngineFleet(FleetMembers):
         Cancellation:
             A checkpoint; workers already reached keep the abort.
         """
-        await self._each(lambda w: w.client.abort(rid))
-
-    async def abort_all(self) -> None:
-        """Abort every request on every worker.
-
-        Raises:
-            EngineRejectedError: a reachable worker refused.
-            EngineUnavailableError: too few workers remain.
-
-        Cancellation:
-            A checkpoint; workers already reached keep the abort.
-        """
-        await self._each(lambda w: w.client.abort_all())
+        await self.control.each(lambda w: w.client.abort(rid))
 
     async def pause_generation(self, mode: PauseMode = "abort") -> None:
-        """Pause every worker (``mode`` as SGLang's); health probes stop until :meth:`continue_generation`.
+        """Pause every worker (``mode`` as :meth:`EngineAPI.pause_generation`'s); health probes
+        stop until :meth:`continue_generation`.
 
         Raises:
             EngineRejectedError: a worker refused.
@@ -378,8 +307,8 @@ class EngineFleet(FleetMembers):
         Cancellation:
             A checkpoint; workers already paused stay paused (call continue, shielded).
         """
-        self._paused += 1
-        await self._each(lambda w: w.client.pause_generation(mode))
+        self.members.paused += 1
+        await self.control.each(lambda w: w.client.pause_generation(mode))
 
     async def continue_generation(self) -> None:
         """Resume every worker after :meth:`pause_generation`.
@@ -392,9 +321,9 @@ class EngineFleet(FleetMembers):
             A checkpoint; workers already reached have resumed.
         """
         try:
-            await self._each(lambda w: w.client.continue_generation())
+            await self.control.each(lambda w: w.client.continue_generation())
         finally:
-            self._paused = max(0, self._paused - 1)
+            self.members.paused = max(0, self.members.paused - 1)
 
     async def update_weights_from_disk(
         self, model_path: str, *, weight_version: str | None, abort_all_requests: bool = False,
@@ -409,24 +338,19 @@ class EngineFleet(FleetMembers):
         Cancellation:
             A checkpoint; workers that started loading finish.
         """
-        await self._each(lambda w: w.client.update_weights_from_disk(
+        await self.control.each(lambda w: w.client.update_weights_from_disk(
             model_path, weight_version=weight_version, abort_all_requests=abort_all_requests,
             flush_cache=flush_cache))
 
     async def update_weights(self, model_path: str | WeightPaths, version: str) -> None:
-        """Bring every worker to weight version ``version`` before any generates again.
-
-        Pause every worker (``retract``: in-flight requests keep their tokens and continue on
-        the new weights), load ``model_path`` on every worker, confirm each worker's
-        ``/model_info`` ``weight_version``, continue every worker. A worker that fails to load
-        or reports another version is continued (not left paused) and removed (it must not
-        serve stale weights to this run).
+        """Bring every worker to weight version ``version`` before any generates again
+        (:meth:`~relaxtrio.fleet.control.ControlFanout.update_weights`: pause with ``retract``,
+        load, confirm the version, continue; a worker that fails is removed).
 
         Args:
-            model_path: what every worker's ``/update_weights_from_disk`` loads (a directory
-                they can all read, or a shared-memory manifest for embedded engines), or a
-                function giving each worker's (by its base URL; a worker that joins later
-                is asked too).
+            model_path: what every worker loads (a directory they can all read, or a
+                shared-memory manifest for embedded engines), or a function giving each
+                worker's (by its base URL; a worker that joins later is asked too).
             version: the new version label.
 
         Raises:
@@ -435,49 +359,7 @@ class EngineFleet(FleetMembers):
         Cancellation:
             Shielded: the workers are never left paused.
         """
-        async with self.weights_lock:
-            with trio.CancelScope(shield=True):
-                await self._fresh_listing()
-                workers = self.workers
-                self._paused += 1
-                try:
-                    await self._each(lambda w: w.client.pause_generation("retract"), workers)
-
-                    async def load(worker: Worker) -> None:
-                        try:
-                            await worker.client.update_weights_from_disk(
-                                path_for(model_path, worker.url), weight_version=version)
-                            await self._verify_version(worker.client, worker.url, version)
-                        except BackendError as exc:  # refused, failed, or another version
-                            # Removed ones are not continued below; one that is still up must not
-                            # stay paused for whoever uses it next (a connected engine outlives
-                            # this run).
-                            with contextlib.suppress(BackendError):
-                                await worker.client.continue_generation()
-                            self.remove(worker.url, f"weight update to {version} failed: {exc}")
-
-                    await self._each(load, workers)
-                    self.weights = (model_path, version)
-                finally:
-                    try:
-                        await self._each(lambda w: w.client.continue_generation(), workers)
-                    finally:
-                        self._paused -= 1
-        log.info("fleet: %d worker(s) at weight version %s", len(self._live), version)
-
-    async def update_weight_version(self, new_version: str, *, abort_all_requests: bool = False
-                                    ) -> None:
-        """Relabel the weights on every worker (always sends ``abort_all_requests``).
-
-        Raises:
-            EngineRejectedError: a worker refused.
-            EngineUnavailableError: too few workers remain.
-
-        Cancellation:
-            A checkpoint.
-        """
-        await self._each(lambda w: w.client.update_weight_version(
-            new_version, abort_all_requests=abort_all_requests))
+        await self.control.update_weights(model_path, version)
 
     async def flush_cache(self) -> None:
         """Flush the prefix cache on every worker.
@@ -489,7 +371,7 @@ class EngineFleet(FleetMembers):
         Cancellation:
             A checkpoint.
         """
-        await self._each(lambda w: w.client.flush_cache())
+        await self.control.each(lambda w: w.client.flush_cache())
 
     async def close_session(self, session_id: str) -> None:
         """Release a Session's engine-side state where it was served (see the module docs).
@@ -501,27 +383,18 @@ class EngineFleet(FleetMembers):
         Cancellation:
             A checkpoint.
         """
-        url = self._session_worker.pop(session_id, None)
-        routed_here = session_id in self._gateway_keys
-        self._gateway_keys.discard(session_id)
-        if url is not None:
-            worker = self._live.get(url)
-            if worker is not None:
-                worker.sessions.discard(session_id)
-                await self._each(lambda w: w.client.close_session(session_id), [worker])
-        elif routed_here:
-            await self._each(lambda w: w.client.close_session(session_id))
+        worker, through_gateway = self.routes.end(self.members, session_id)
+        if worker is not None:
+            await self.control.each(lambda w: w.client.close_session(session_id), [worker])
+        elif through_gateway:
+            await self.control.each(lambda w: w.client.close_session(session_id))
 
     def session_ended(self, session_id: str) -> None:
         """A Session ended: forget its routing; with ``session_lifecycle``, close it on the
         engine in the background (failures are logged, never raised)."""
         if not self.config.session_lifecycle:
-            url = self._session_worker.pop(session_id, None)
-            if url is not None and url in self._live:
-                self._live[url].sessions.discard(session_id)
-            self._gateway_keys.discard(session_id)
-            return
-        if session_id in self._session_worker or session_id in self._gateway_keys:
+            self.routes.end(self.members, session_id)
+        elif self.routes.knows(session_id):
             self._nursery.start_soon(self._close_quietly, session_id)
 
     async def _close_quietly(self, session_id: str) -> None:
@@ -530,28 +403,28 @@ class EngineFleet(FleetMembers):
         except BackendError as exc:
             log.warning("fleet: close_session %s failed: %s", session_id, exc)
 
+    # ------------------------------------------------------------------ info
+    async def model_info(self, url: str | None = None) -> dict[str, Any]:
+        """:meth:`EngineAPI.model_info` of one worker (default: the first healthy one).
 
-async def _await_listing(fleet: EngineFleet, wait_s: float, expect_urls: Sequence[str]) -> None:
-    """Poll the gateway's listing until it has every URL of ``expect_urls`` (at least one
-    worker when empty); past ``wait_s`` go on with a non-empty listing (warned).
+        Raises:
+            BackendError: HTTP error, invalid JSON or unreachable worker.
 
-    Raises:
-        EngineUnavailableError: nothing listed within ``wait_s`` (or the gateway unreachable
-            that long).
-    """
-    expected = {u.rstrip("/") for u in expect_urls}
-    with trio.move_on_after(wait_s):
-        while True:
-            await fleet.refresh()
-            if fleet.urls and expected <= set(fleet.urls):
-                return
-            await trio.sleep(GATEWAY_POLL_S)
-    if not fleet.urls:
-        raise EngineUnavailableError(f"the gateway {fleet.gateway_url} listed no worker within "
-                                     f"{wait_s:g} s")
-    log.warning("fleet: after %g s the gateway lists %d of the %d launched workers (missing: %s); "
-                "opening with those listed", wait_s, len(expected & set(fleet.urls)), len(expected),
-                ", ".join(sorted(expected - set(fleet.urls))))
+        Cancellation:
+            A checkpoint.
+        """
+        return await self.members.pick(url).model_info()
+
+    async def server_info(self, url: str | None = None) -> dict[str, Any]:
+        """:meth:`EngineAPI.server_info` of one worker (default: the first healthy one).
+
+        Raises:
+            BackendError: HTTP error, invalid JSON or unreachable worker.
+
+        Cancellation:
+            A checkpoint.
+        """
+        return await self.members.pick(url).server_info()
 
 
 @asynccontextmanager
@@ -562,6 +435,7 @@ async def open_engine_fleet(
     gateway_url: str | None = None,
     expect_urls: Sequence[str] = (),
     client_config: EngineClientConfig | None = None,
+    open_connections: OpenConnections = open_sglang_connections,
 ) -> AsyncIterator[EngineFleet]:
     """Open the fleet: pools, the worker listing, and the health monitor.
 
@@ -575,13 +449,16 @@ async def open_engine_fleet(
             of all landing on the first one registered; after ``gateway_wait_s`` it opens with
             what is listed, with a warning.
         client_config: timeouts and retries of the per-worker clients.
+        open_connections: opens the pools of the workers' wire protocol (default: SGLang's
+            native API, :func:`relaxtrio.sglang.client.open_connections`).
 
     Yields:
         The fleet; the monitor runs while inside.
 
     Raises:
-        EngineUnavailableError: no worker (empty listing or URL list), the gateway unreachable, or (from
-            the monitor, cancelling the body) the fleet could no longer serve.
+        ValueError: both or neither of ``worker_urls`` and ``gateway_url``.
+        EngineUnavailableError: no worker (empty listing or URL list), the gateway unreachable,
+            or (from the monitor, cancelling the body) the fleet could no longer serve.
 
     Cancellation:
         Exiting stops the monitor and closes the pools.
@@ -589,23 +466,22 @@ async def open_engine_fleet(
     cfg = client_config or EngineClientConfig()
     if (gateway_url is None) == (not worker_urls):
         raise ValueError("give either worker_urls or gateway_url")
-    limits = httpx.Limits(max_connections=cfg.max_generation_connections,
-                          max_keepalive_connections=cfg.max_generation_connections)
-    control_limits = httpx.Limits(max_connections=cfg.max_control_connections,
-                                  max_keepalive_connections=cfg.max_control_connections)
-    async with (
-        httpx.AsyncClient(limits=limits) as generation,
-        httpx.AsyncClient(limits=control_limits) as control,
-        trio.open_nursery() as nursery,
-    ):
-        fleet = EngineFleet(config, worker_urls=worker_urls, gateway_url=gateway_url,
-                            generation=generation, control=control, client_config=cfg,
-                            nursery=nursery)
+    async with AsyncExitStack() as stack:
+        connections = await stack.enter_async_context(open_connections(cfg))
+        gateway_http = None
         if gateway_url is not None:
-            await _await_listing(fleet, config.gateway_wait_s, expect_urls)
+            limits = httpx.Limits(max_connections=cfg.max_control_connections,
+                                  max_keepalive_connections=cfg.max_control_connections)
+            gateway_http = await stack.enter_async_context(httpx.AsyncClient(limits=limits))
+        nursery = await stack.enter_async_context(trio.open_nursery())
+        fleet = EngineFleet(config, connections=connections, client_config=cfg, nursery=nursery,
+                            worker_urls=worker_urls, gateway_url=gateway_url,
+                            gateway_http=gateway_http)
+        if fleet.gateway is not None:
+            await fleet.gateway.await_listing(config.gateway_wait_s, expect_urls)
         log.info("fleet: %d worker(s)%s: %s", len(fleet.urls),
                  f" behind gateway {gateway_url}" if gateway_url else "", ", ".join(fleet.urls))
-        await nursery.start(fleet.run_monitor)
+        await nursery.start(fleet.monitor.run)
         try:
             yield fleet
         finally:

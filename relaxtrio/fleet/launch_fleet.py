@@ -36,6 +36,7 @@ actor was lost).
 
 from __future__ import annotations
 
+import functools
 import importlib.util
 import logging
 import os
@@ -43,10 +44,10 @@ import shutil
 import socket
 import subprocess
 import sys
-from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
+from collections.abc import AsyncIterator, Callable, Sequence
 from contextlib import asynccontextmanager
 from pathlib import Path
-from typing import Any, Final, Literal
+from typing import Final, Literal
 
 import attrs
 import httpx
@@ -55,15 +56,8 @@ import trio
 from .._errors import BackendError
 from ..config import FleetConfig
 from .fleet import EngineFleet
-from .starter import (
-    STOP_GRACE_S,
-    EngineProcess,
-    EngineStarter,
-    LocalStarter,
-    ProcessSpec,
-    flag_value,
-    with_flag,
-)
+from .processes import LaunchedProcess, Supervisors, boot, poll_while_alive, stop_all, supervise
+from .starter import STOP_GRACE_S, EngineProcess, EngineStarter, LocalStarter, ProcessSpec
 
 __all__ = ["STOP_GRACE_S", "EngineKind", "LaunchedFleet", "detect_engine_kind", "open_gateway",
            "open_launched_fleet"]
@@ -73,7 +67,6 @@ log = logging.getLogger(__name__)
 EngineKind = Literal["sglang", "embedded"]
 KILL_GRACE_S: Final = 2.0
 MAX_GATEWAY_RESTARTS: Final = 5  # within any hour
-_POLL_S: Final = 0.2
 
 
 def _free_port() -> int:
@@ -104,65 +97,6 @@ def detect_engine_kind() -> EngineKind:
 
 
 @attrs.define(eq=False, kw_only=True)
-class _Proc:
-    """One launched process (an engine or the gateway) across its restarts."""
-
-    spec: ProcessSpec
-    starter: EngineStarter
-    url: str | None = None
-    handle: EngineProcess | None = None
-    max_restarts: int = 0
-    restart_window_s: float = 3600.0
-    restart_times: list[float] = attrs.field(factory=list)  # trio.current_time() of each restart
-    stopping: bool = False
-
-    @property
-    def supervised(self) -> bool:
-        """Whether a death is ever restarted (the fleet then waits for it, see
-        :meth:`~relaxtrio.fleet.fleet.EngineFleet.set_restartable`)."""
-        return self.max_restarts > 0
-
-    def budget_used(self) -> str:
-        """``"restart 2 of 3 within 60 min"``: the restart just taken, for log lines."""
-        return (f"restart {len(self.restart_times)} of {self.max_restarts} within "
-                f"{self.restart_window_s / 60:g} min")
-
-    def budget_spent(self) -> str:
-        """Why a death is not restarted, for log lines and the fleet's final error."""
-        flag = "" if self.name == "gateway" else f", --engine-restarts {self.max_restarts}"
-        if self.max_restarts == 0:
-            return f"restarts are off{flag}"
-        return (f"its restart budget is spent ({len(self.restart_times)} restart(s) within the last "
-                f"{self.restart_window_s / 60:g} min{flag}): it keeps dying")
-
-    def take_restart(self) -> bool:
-        """Uses up one restart if fewer than ``max_restarts`` happened in the last
-        ``restart_window_s`` seconds; False (nothing used) when the budget is spent."""
-        now = trio.current_time()
-        self.restart_times = [t for t in self.restart_times if now - t < self.restart_window_s]
-        if len(self.restart_times) >= self.max_restarts:
-            return False
-        self.restart_times.append(now)
-        return True
-
-    @property
-    def name(self) -> str:
-        return self.spec.name
-
-    @property
-    def where(self) -> str:
-        """The log's place, for messages (``<path>`` here, ``<path> on <node>`` elsewhere)."""
-        node = self.handle.node if self.handle is not None else "local"
-        return str(self.spec.log_path) + ("" if node == "local" else f" on {node}")
-
-    async def stop(self) -> None:
-        """SIGTERM to the group, SIGKILL after the grace period; waits (see the starter)."""
-        self.stopping = True
-        if self.handle is not None:
-            await self.handle.stop()
-
-
-@attrs.define(eq=False, kw_only=True)
 class LaunchedFleet:
     """What :func:`open_launched_fleet` started.
 
@@ -180,7 +114,7 @@ class LaunchedFleet:
     gateway_url: str | None
     log_dir: Path
     fleet: EngineFleet | None = None
-    _procs: list[_Proc] = attrs.field(factory=list)
+    _procs: list[LaunchedProcess] = attrs.field(factory=list)
     _nursery: trio.Nursery | None = None
 
     def attach(self, fleet: EngineFleet) -> None:
@@ -190,15 +124,26 @@ class LaunchedFleet:
         self.fleet = fleet
         for proc in self._procs:
             if proc.url is not None and proc.name != "gateway":
-                fleet.set_restartable(proc.url, proc.supervised)
+                fleet.members.set_restartable(proc.url, proc.supervised)
         fleet.on_remove = self._on_remove
+
+    def fleet_of(self, proc: LaunchedProcess) -> Callable[[], EngineFleet | None]:
+        """What ``proc``'s supervisor tells about deaths and restarts: the attached fleet for
+        an engine, nothing for the gateway."""
+        if proc.name == "gateway":
+            return lambda: None
+        return lambda: self.fleet
+
+    def replaced(self, old_url: str, new_url: str) -> None:
+        """A restarted engine came back at ``new_url`` instead of ``old_url``."""
+        self.worker_urls = tuple(new_url if u == old_url else u for u in self.worker_urls)
 
     def _on_remove(self, url: str, reason: str) -> None:
         for proc in self._procs:
             if proc.url == url and self._nursery is not None:
                 self._nursery.start_soon(self._kill_if_running, proc, proc.handle, reason)
 
-    async def _kill_if_running(self, proc: _Proc, handle: EngineProcess | None, reason: str) -> None:
+    async def _kill_if_running(self, proc: LaunchedProcess, handle: EngineProcess | None, reason: str) -> None:
         """Kill a removed engine that is still running :data:`KILL_GRACE_S` later (one that died
         is being handled by its supervisor already)."""
         if handle is None:
@@ -221,66 +166,6 @@ class LaunchedFleet:
         return {p.name: p.handle for p in self._procs if p.handle is not None}
 
 
-async def _poll_while_alive(proc: _Proc, timeout_s: float,
-                            ready: Callable[[], Awaitable[bool]]) -> Literal["ready", "exited", "timeout"]:
-    """Call ``ready`` every ``_POLL_S`` until it returns True, ``proc`` exits (watched
-    meanwhile; the poll is cancelled) or ``timeout_s`` passes; says which came first."""
-    handle = proc.handle
-    assert handle is not None
-    outcome: Literal["ready", "exited", "timeout"] = "timeout"
-    async with trio.open_nursery() as nursery:
-
-        async def watch() -> None:
-            nonlocal outcome
-            await handle.wait()
-            outcome = "exited"
-            nursery.cancel_scope.cancel()
-
-        nursery.start_soon(watch)
-        with trio.move_on_after(timeout_s):
-            while not await ready():
-                await trio.sleep(_POLL_S)
-            outcome = "ready"
-        nursery.cancel_scope.cancel()
-    return outcome
-
-
-async def _wait_http_ok(proc: _Proc, url: str, path: str, timeout_s: float,
-                        client: httpx.AsyncClient) -> None:
-    """Poll ``url + path`` until it answers 200: SGLang's servers and the gateway announce
-    readiness only by answering (``/health`` is 503 or refused before). The process's exit,
-    watched meanwhile, ends the wait with an error."""
-
-    async def answered() -> bool:
-        try:
-            return (await client.get(url + path, timeout=5.0)).status_code == 200
-        except httpx.TransportError:
-            return False
-
-    outcome = await _poll_while_alive(proc, timeout_s, answered)
-    if outcome == "ready":
-        return
-    assert proc.handle is not None
-    if outcome == "exited":
-        raise BackendError(f"{proc.name} exited with {proc.handle.describe_exit()} during startup "
-                           f"(log {proc.where}):\n{await proc.handle.log_tail()}")
-    raise BackendError(f"{proc.name} did not answer {path} within {timeout_s:g} s "
-                       f"(log {proc.where}):\n{await proc.handle.log_tail()}")
-
-
-async def _boot(proc: _Proc, timeout_s: float, client: httpx.AsyncClient,
-                nursery: trio.Nursery) -> None:
-    """Start ``proc`` through its starter and wait until its ``/health`` answers 200; sets
-    ``proc.url`` and keeps the port it got for a restart."""
-    proc.handle = await proc.starter.start(proc.spec, timeout_s=timeout_s, nursery=nursery,
-                                           previous=proc.handle)
-    proc.url = proc.handle.url
-    port = proc.url.rsplit(":", 1)[1]
-    proc.spec = attrs.evolve(proc.spec, cmd=with_flag(proc.handle.cmd, "--port", port))
-    await _wait_http_ok(proc, proc.url, "/health", timeout_s, client)
-    log.info("%s ready at %s (log %s)", proc.name, proc.url, proc.where)
-
-
 def _cpu_share_env(num_engines: int) -> dict[str, str]:
     """Environment of an embedded engine sharing the CPU with ``num_engines - 1`` others.
 
@@ -295,7 +180,7 @@ def _cpu_share_env(num_engines: int) -> dict[str, str]:
 
 
 def _engine_procs(config: FleetConfig, kind: EngineKind, model_dir: Path, log_dir: Path,
-                  engine_args: Sequence[str], starter: EngineStarter) -> list[_Proc]:
+                  engine_args: Sequence[str], starter: EngineStarter) -> list[LaunchedProcess]:
     """The engines' processes; GPU blocks are assigned here only for the local starter (a Ray
     starter reserves ``num_gpus_per_engine`` GPUs per actor and Ray sets the devices)."""
     procs = []
@@ -323,19 +208,19 @@ def _engine_procs(config: FleetConfig, kind: EngineKind, model_dir: Path, log_di
                 env = {"CUDA_VISIBLE_DEVICES": ",".join(gpus[block * per:(block + 1) * per])}
             spec = ProcessSpec(name=f"engine {i}", cmd=cmd, log_path=log_path, env=env,
                                num_gpus=per)
-            procs.append(_Proc(spec=spec, starter=starter))
+            procs.append(LaunchedProcess(spec=spec, starter=starter))
         else:
             cmd = [sys.executable, "-m", "relaxtrio.engine", "--model", str(model_dir),
                    "--host", "127.0.0.1", "--port", "0", *engine_args]
             env = _cpu_share_env(config.num_engines) if local else {}
             spec = ProcessSpec(name=f"engine {i}", cmd=cmd, log_path=log_path, env=env,
                                announces_url=True)
-            procs.append(_Proc(spec=spec, starter=starter, max_restarts=config.engine_restarts,
+            procs.append(LaunchedProcess(spec=spec, starter=starter, max_restarts=config.engine_restarts,
                                restart_window_s=config.engine_restart_window_s))
     return procs
 
 
-def _gateway_proc(urls: Sequence[str], log_dir: Path) -> _Proc:
+def _gateway_proc(urls: Sequence[str], log_dir: Path) -> LaunchedProcess:
     port = _free_port()
     cmd = [sys.executable, "-m", "sglang_router.launch_router", "--host", "127.0.0.1",
            "--port", str(port), "--worker-urls", *urls, "--policy", "manual",
@@ -343,65 +228,7 @@ def _gateway_proc(urls: Sequence[str], log_dir: Path) -> _Proc:
            "--prometheus-port", str(_free_port()), "--health-check-interval-secs", "5",
            "--log-level", "warn"]
     spec = ProcessSpec(name="gateway", cmd=cmd, log_path=log_dir / "gateway.log")
-    return _Proc(spec=spec, starter=LocalStarter(), max_restarts=MAX_GATEWAY_RESTARTS)
-
-
-async def _supervise(launched: LaunchedFleet, proc: _Proc, gateway: bool, config: FleetConfig,
-                     client: httpx.AsyncClient, nursery: trio.Nursery) -> None:
-    """Watch one process; restart it when it dies (see the module docstring).
-
-    A restart that fails (the new process dies during start-up or never answers ``/health``)
-    is one more death: it is tried again while the restart budget allows. A restart normally
-    gets the same URL (same node, same port); when it cannot (a Ray actor re-placed on another
-    node, or its port taken there), the new URL joins the fleet and the old one is marked as
-    given up only after it did, so the quorum never counts a gap.
-    """
-    while True:
-        assert proc.handle is not None
-        await proc.handle.wait()
-        if proc.stopping:
-            return
-        status = proc.handle.describe_exit()
-        fleet = None if gateway else launched.fleet
-        restart = proc.take_restart()
-        reason = f"{proc.name} process exited with {status}"
-        old_url = proc.url
-        if fleet is not None and old_url is not None:
-            fleet.remove(old_url, reason, restarting=restart)
-            if not restart:
-                fleet.restart_failed(old_url, f"{reason}; {proc.budget_spent()}")
-        if not restart:
-            log.error("%s exited with %s; not restarting it: %s (log %s):\n%s", proc.name, status,
-                      proc.budget_spent(), proc.where, await proc.handle.log_tail())
-            return
-        what = f"{proc.name} exited with {status}"
-        while True:  # restart attempts
-            log.warning("%s; restarting it on port %s (%s; log %s)", what,
-                        flag_value(proc.spec.cmd, "--port"), proc.budget_used(), proc.where)
-            try:
-                await _boot(proc, config.startup_timeout_s, client, nursery)
-                if fleet is not None and proc.url is not None:
-                    fleet.set_restartable(proc.url, proc.supervised)
-                    await fleet.readmit(proc.url)
-                    if old_url is not None and proc.url != old_url:
-                        log.warning("%s came back at %s instead of %s", proc.name, proc.url, old_url)
-                        fleet.restart_failed(old_url, f"{reason}; replaced by {proc.url}")
-                        launched.worker_urls = tuple(
-                            proc.url if u == old_url else u for u in launched.worker_urls)
-                break
-            except BackendError as exc:
-                if proc.handle is not None:  # one that never answered /health must not linger
-                    with trio.CancelScope(shield=True):
-                        await proc.handle.stop()
-                if proc.stopping:
-                    return
-                what = f"{proc.name} could not be restarted ({exc})"
-                if not proc.take_restart():
-                    log.error("%s could not be restarted: %s; %s", proc.name, exc, proc.budget_spent())
-                    if fleet is not None and old_url is not None:
-                        fleet.restart_failed(old_url, f"{reason}; the restart failed: {exc}; "
-                                                      f"{proc.budget_spent()}")
-                    return
+    return LaunchedProcess(spec=spec, starter=LocalStarter(), max_restarts=MAX_GATEWAY_RESTARTS)
 
 
 @asynccontextmanager
@@ -438,89 +265,49 @@ async def open_launched_fleet(
     """
     starter = starter or LocalStarter()
     if kind is None:
-        detect = getattr(starter, "detect_kind", detect_engine_kind)
-        kind = await trio.to_thread.run_sync(detect)
-    log_dir = log_dir.resolve()
-    procs = _engine_procs(config, kind, model_dir, log_dir, engine_args, starter)
-    launched = LaunchedFleet(kind=kind, worker_urls=(), gateway_url=None, log_dir=log_dir,
+        detect: Callable[[], EngineKind] = getattr(starter, "detect_kind", detect_engine_kind)
+        engine_kind = await trio.to_thread.run_sync(detect)
+    else:
+        engine_kind = kind
+    log_dir = await trio.to_thread.run_sync(log_dir.resolve)
+    procs = _engine_procs(config, engine_kind, model_dir, log_dir, engine_args, starter)
+    launched = LaunchedFleet(kind=engine_kind, worker_urls=(), gateway_url=None, log_dir=log_dir,
                              procs=procs)
     use_gateway = config.num_engines > 1 and importlib.util.find_spec("sglang_router") is not None
     if config.num_engines > 1 and not use_gateway:
         log.warning("sglang-router is not installed: routing Sessions over the %d engines without "
                     "a gateway (pip install sglang-router==0.3.2 for the gateway)",
                     config.num_engines)
-    log.info("starting %d %s engine(s)%s (logs in %s)", config.num_engines, kind,
+    log.info("starting %d %s engine(s)%s (logs in %s)", config.num_engines, engine_kind,
              " and the gateway" if use_gateway else "", log_dir)
-    supervisors = _Supervisors()
+    supervisors = Supervisors()
     async with httpx.AsyncClient() as client, trio.open_nursery() as nursery:
         launched._nursery = nursery
         try:
-            async with trio.open_nursery() as boot:
+            async with trio.open_nursery() as boot_all:
                 for proc in procs:
-                    boot.start_soon(_boot, proc, config.startup_timeout_s, client, nursery)
+                    boot_all.start_soon(boot, proc, config.startup_timeout_s, client, nursery)
             launched.worker_urls = tuple(p.url for p in procs if p.url is not None)
             if use_gateway:
                 gateway = _gateway_proc(launched.worker_urls, log_dir)
                 procs.append(gateway)
-                await _boot(gateway, config.startup_timeout_s, client, nursery)
+                await boot(gateway, config.startup_timeout_s, client, nursery)
                 launched.gateway_url = gateway.url
             for proc in procs:
-                nursery.start_soon(supervisors.run, _supervise, launched, proc, proc.name == "gateway",
-                                   config, client, nursery)
+                nursery.start_soon(supervisors.run, functools.partial(
+                    supervise, proc, config=config, client=client, nursery=nursery,
+                    fleet=launched.fleet_of(proc), replaced=launched.replaced))
             yield launched
         finally:
             # Supervisors first: one restarting an engine as the run ends would otherwise start
             # its replacement after _stop_all (which then leaks). A cancelled start stops what it
             # started; a finished one left its process in proc.handle for _stop_all.
             await supervisors.stop()
-            await _stop_all(procs)
+            await stop_all(procs)
             nursery.cancel_scope.cancel()
 
 
-@attrs.define(eq=False)
-class _Supervisors:
-    """The ``_supervise`` tasks of a launched fleet, cancellable and awaitable as one."""
-
-    scopes: list[trio.CancelScope] = attrs.field(factory=list)
-    stopping: bool = False
-    running: int = 0
-    idle: trio.Event = attrs.field(factory=trio.Event)
-
-    async def run(self, fn: Callable[..., Awaitable[None]], *args: Any) -> None:
-        scope = trio.CancelScope()
-        self.scopes.append(scope)
-        if self.stopping:
-            scope.cancel()
-        self.running += 1
-        try:
-            with scope:
-                await fn(*args)
-        finally:
-            self.running -= 1
-            if self.running == 0:
-                self.idle.set()
-
-    async def stop(self) -> None:
-        """Cancels every supervisor and waits (shielded) until each has returned."""
-        self.stopping = True
-        for scope in self.scopes:
-            scope.cancel()
-        with trio.CancelScope(shield=True):
-            while self.running:
-                self.idle = trio.Event()
-                await self.idle.wait()
-
-
-async def _stop_all(procs: Sequence[_Proc]) -> None:
-    with trio.CancelScope(shield=True):
-        for proc in procs:
-            proc.stopping = True
-        async with trio.open_nursery() as stops:
-            for proc in procs:
-                stops.start_soon(proc.stop)
-
-
-async def _await_registered(gateway: _Proc, worker_urls: Sequence[str], timeout_s: float,
+async def _await_registered(gateway: LaunchedProcess, worker_urls: Sequence[str], timeout_s: float,
                             client: httpx.AsyncClient) -> None:
     """Wait until the gateway's ``GET /workers`` lists every URL of ``worker_urls`` as healthy.
 
@@ -547,7 +334,7 @@ async def _await_registered(gateway: _Proc, worker_urls: Sequence[str], timeout_
             pass
         return expected <= healthy
 
-    outcome = await _poll_while_alive(gateway, timeout_s, all_listed)
+    outcome = await poll_while_alive(gateway, timeout_s, all_listed)
     if outcome == "exited":
         raise BackendError(f"the gateway exited with {gateway.handle.describe_exit()} while "
                            f"registering its workers (log {gateway.where}):\n"
@@ -580,16 +367,19 @@ async def open_gateway(
     Cancellation:
         Leaving the context in any way stops the gateway (shielded).
     """
-    gateway = _gateway_proc(worker_urls, log_dir.resolve())
+    log_dir = await trio.to_thread.run_sync(log_dir.resolve)
+    gateway = _gateway_proc(worker_urls, log_dir)
     launched = LaunchedFleet(kind="embedded", worker_urls=tuple(worker_urls), gateway_url=None,
-                             log_dir=log_dir.resolve(), procs=[gateway])
+                             log_dir=log_dir, procs=[gateway])
     async with httpx.AsyncClient() as client, trio.open_nursery() as nursery:
         try:
-            await _boot(gateway, config.startup_timeout_s, client, nursery)
+            await boot(gateway, config.startup_timeout_s, client, nursery)
             launched.gateway_url = gateway.url
             await _await_registered(gateway, worker_urls, config.startup_timeout_s, client)
-            nursery.start_soon(_supervise, launched, gateway, True, config, client, nursery)
+            nursery.start_soon(functools.partial(
+                supervise, gateway, config=config, client=client, nursery=nursery,
+                fleet=launched.fleet_of(gateway), replaced=launched.replaced))
             yield launched
         finally:
-            await _stop_all([gateway])
+            await stop_all([gateway])
             nursery.cancel_scope.cancel()

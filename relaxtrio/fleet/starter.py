@@ -23,7 +23,7 @@ from __future__ import annotations
 import os
 import signal
 import subprocess
-from collections.abc import Mapping
+from collections.abc import Iterable, Mapping
 from pathlib import Path
 from typing import Any, Final, Protocol
 
@@ -32,7 +32,7 @@ import trio
 
 from .. import _reaper as reaper
 from .._errors import BackendError
-from .launch import _copy_to_log, _read_url
+from .embedded import _copy_to_log, _read_url
 
 __all__ = ["EngineProcess", "EngineStarter", "LocalStarter", "ProcessSpec", "flag_value",
            "status_text", "tail", "with_flag"]
@@ -58,6 +58,11 @@ def status_text(code: int | None) -> str:
     if signum > 0 and signum in signal.Signals._value2member_map_:
         return f"code {code} (killed by {signal.Signals(signum).name})"
     return f"code {code}"
+
+
+def _str_tuple(value: Iterable[str]) -> tuple[str, ...]:
+    """attrs converter with a type mypy can read (``converter=tuple`` infers none)."""
+    return tuple(value)
 
 
 def flag_value(cmd: tuple[str, ...] | list[str], flag: str) -> str | None:
@@ -91,7 +96,7 @@ class ProcessSpec:
     """
 
     name: str
-    cmd: tuple[str, ...] = attrs.field(converter=tuple)
+    cmd: tuple[str, ...] = attrs.field(converter=_str_tuple)
     log_path: Path
     env: Mapping[str, str] = attrs.field(factory=dict)
     announces_url: bool = False
@@ -112,8 +117,12 @@ class EngineProcess(Protocol):
     url: str
     cmd: tuple[str, ...]
     node: str
-    pid: int | None
-    returncode: int | None
+
+    @property
+    def pid(self) -> int | None: ...
+
+    @property
+    def returncode(self) -> int | None: ...
 
     async def wait(self) -> int:
         """Waits for the process to exit; returns its status.

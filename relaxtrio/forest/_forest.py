@@ -401,10 +401,6 @@ class SessionForest:
         self._rollout_ids[tail[-1].state_hash] = ids
         return ids
 
-    def train_token_ids(self, node: AnyNode) -> tuple[int, ...]:
-        """``[T]`` training ids of the lineage (the concatenated training deltas)."""
-        return tuple(chain.from_iterable(n.token_ids for n in self.lineage(node)))
-
     def train_token_count(self, node: AnyNode) -> int:
         """Training ids in the lineage of ``node``; O(1)."""
         return node.num_train_tokens

@@ -214,11 +214,6 @@ def _session_processes(pgid: int, session_id: str | None = None) -> list[int]:
     return found
 
 
-def process_group_alive(pgid: int) -> bool:
-    """Whether any live (non-zombie) process remains in process group ``pgid``."""
-    return bool(_session_processes(pgid))
-
-
 async def _wait_exited(pids: list[int]) -> None:
     """Waits until every process in ``pids`` has exited (its pidfd turns readable).
 
@@ -297,13 +292,17 @@ async def terminate_process_group(
         log.error("agent processes of group %d survived SIGKILL", pgid)
 
 
+_INPUT_FILE: Final = "session_input.json"
+_OUTPUT_FILE: Final = "session_output.json"
+
+
 def _agent_env(config: AgentConfig, session: SessionEnv, io_dir: Path) -> dict[str, str]:
     """The agent's environment: ours, then ``--agent-env``, then the seven ``RELAX_*`` variables."""
     env = dict(os.environ)
     env.update(config.env)
     env.update(
-        RELAX_INPUT_JSON=str(io_dir / "session_input.json"),
-        RELAX_OUTPUT_JSON=str(io_dir / "session_output.json"),
+        RELAX_INPUT_JSON=str(io_dir / _INPUT_FILE),
+        RELAX_OUTPUT_JSON=str(io_dir / _OUTPUT_FILE),
         RELAX_SESSION_IO_DIR=str(io_dir),
         RELAX_BASE_URL=session.base_url,
         RELAX_SESSION_ID=session.session_id,
@@ -327,6 +326,28 @@ def _read_output(output_path: Path, tail: str, session_id: str) -> str | None:
         raise AgentExecutionError(
             f"Agent produced invalid output ({exc}).\n{tail}".rstrip(), session_id=session_id,
         ) from exc
+
+
+async def _start_process(config: AgentConfig, session: SessionEnv, input_payload: Mapping[str, object],
+                         io_dir: Path, log_path: Path) -> trio.Process:
+    """Writes ``RELAX_INPUT_JSON``'s file into ``io_dir`` and starts ``bash -lc <command>`` in a
+    process group of its own, stdout and stderr appended to ``log_path``.
+
+    Raises:
+        OSError: the process could not be started.
+    """
+    (io_dir / _INPUT_FILE).write_text(
+        json.dumps(input_payload, ensure_ascii=False, separators=(",", ":")), encoding="utf-8")
+    with log_path.open("ab") as log_file:
+        return await trio.lowlevel.open_process(
+            reaper.command(["bash", "-lc", RESTORE_VENV_PATH + config.command]),
+            cwd=str(config.cwd),
+            env=_agent_env(config, session, io_dir),
+            stdin=subprocess.DEVNULL,
+            stdout=log_file,
+            stderr=subprocess.STDOUT,
+            start_new_session=True,
+        )
 
 
 async def run_agent(
@@ -363,25 +384,12 @@ async def run_agent(
     """
     io_dir = Path(tempfile.mkdtemp(prefix="relaxtrio-session-"))
     try:
-        input_path = io_dir / "session_input.json"
-        output_path = io_dir / "session_output.json"
         if log_path is None:
             log_path = io_dir / "agent.log"
         else:
             log_path.parent.mkdir(parents=True, exist_ok=True)
             log_path.write_bytes(b"")
-        input_path.write_text(json.dumps(input_payload, ensure_ascii=False, separators=(",", ":")),
-                              encoding="utf-8")
-        with log_path.open("ab") as log_file:
-            process = await trio.lowlevel.open_process(
-                reaper.command(["bash", "-lc", RESTORE_VENV_PATH + config.command]),
-                cwd=str(config.cwd),
-                env=_agent_env(config, session, io_dir),
-                stdin=subprocess.DEVNULL,
-                stdout=log_file,
-                stderr=subprocess.STDOUT,
-                start_new_session=True,
-            )
+        process = await _start_process(config, session, input_payload, io_dir, log_path)
         pgid = process.pid
         task_status.started(pgid)
         used_before = budget.total_s - budget.remaining_s()
@@ -406,7 +414,7 @@ async def run_agent(
                 f"Agent exited with code {rc}.\n{tail}".rstrip(), session_id=session.session_id,
                 return_code=rc,
             )
-        output_text = _read_output(output_path, tail, session.session_id)
+        output_text = _read_output(io_dir / _OUTPUT_FILE, tail, session.session_id)
         return AgentRun(return_code=rc, output_text=output_text, log_tail=tail, active_s=active_s)
     finally:
         shutil.rmtree(io_dir, ignore_errors=True)

@@ -36,7 +36,8 @@ import trio
 from ..config import AgentConfig
 from ..forest import SessionForest, TrainingSample
 from .agent import ActiveBudget, RolloutMode
-from .session import Session, SessionRegistry, new_session_id, run_session
+from .session import Session, SessionRegistry, new_session_id
+from .session_task import run_session
 
 log = logging.getLogger(__name__)
 

@@ -9,34 +9,32 @@ The turn handler never gets the Session: each turn gets a :class:`SessionTurn`, 
 :class:`~relaxtrio.nursery.turns.TurnContext` of its Session. A Session knows its Group only as a
 :class:`GroupHandle` (what it may read and call there); :mod:`relaxtrio.nursery.group` builds
 Sessions with :meth:`~relaxtrio.nursery.group.Group.create` and imports this module, never the
-other way round.
+other way round. The task that runs a Session's agent to its end is
+:mod:`relaxtrio.nursery.session_task`.
 """
 
 from __future__ import annotations
 
 import logging
 import secrets
-from collections.abc import AsyncIterator, Awaitable, Callable, Mapping
+from collections.abc import AsyncIterator
 from contextlib import AbstractContextManager, asynccontextmanager
-from pathlib import Path
 from typing import Any, Final, Literal, Protocol
 
 import attrs
 import trio
 
 from .._errors import (
-    AgentExecutionError,
-    ExportError,
     InternalError,
     RelaxError,
     SessionAbortedError,
     UnknownSessionError,
 )
-from ..config import AgentConfig
-from ..forest import LeafSelection, SessionForest, TrainingSample, export_samples, parse_session_output, select_leaves
-from .agent import ActiveBudget, RolloutMode, SessionEnv, run_agent
+from ..forest import SessionForest, TrainingSample
+from .agent import ActiveBudget, RolloutMode
 from .partial import PartialRollout
-from .retries import Generation, RetryKey, RetryLedger
+from .pending_turn import PendingTurn, TurnCell
+from .retries import RetryKey, RetryLedger
 from .turns import TurnHandler, TurnRequest, TurnResult
 
 log = logging.getLogger(__name__)
@@ -82,31 +80,6 @@ class GroupHandle(Protocol):
     def session_failed(self, session: Session) -> None:
         """Drops the Group because ``session`` failed."""
         ...
-
-
-@attrs.define(eq=False)
-class _TurnCell:
-    """One model request's wait for its turn, and the generation it is attached to."""
-
-    done: trio.Event = attrs.field(factory=trio.Event)
-    prepared: trio.Event = attrs.field(factory=trio.Event)  # pre-generation checks passed (or done)
-    failed_unprepared: bool = False  # the turn failed before it passed those checks
-    result: TurnResult | None = None
-    error: RelaxError | None = None
-    waiting: bool = True  # the request still waits (its client has not gone away)
-    generation: Generation | None = None
-    owner: bool = False  # this request's turn samples ``generation`` (else it attached)
-    on_done: Callable[[], object] | None = None  # called once ``done`` is set (PendingTurn.result_unless)
-
-    def attach(self, generation: Generation, *, owner: bool) -> None:
-        self.generation, self.owner = generation, owner
-        generation.num_waiting += self.waiting
-
-    def leave(self) -> None:
-        """The request stopped waiting (its client went away)."""
-        if self.waiting and self.generation is not None:
-            self.generation.num_waiting -= 1
-        self.waiting = False
 
 
 @attrs.define(eq=False, kw_only=True)
@@ -179,24 +152,52 @@ class Session:
 
     @property
     def ended(self) -> bool:
-        """Whether :func:`run_session` returned (``status`` is final)."""
+        """Whether :func:`~relaxtrio.nursery.session_task.run_session` returned (``status`` is final)."""
         return self._ended.is_set()
 
     async def wait_ended(self) -> None:
-        """Waits until :func:`run_session` returned for this Session (``status`` is final).
+        """Waits until :func:`~relaxtrio.nursery.session_task.run_session` returned for this
+        Session (``status`` is final).
 
         Cancellation:
             A plain wait; nothing to clean up.
         """
         await self._ended.wait()
 
-    def turn_context(self, cell: _TurnCell | None = None) -> SessionTurn:
+    def mark_ended(self) -> None:
+        """Called once by the Session task on its way out: ``status`` is final from now on."""
+        self._ended.set()
+
+    def note_agent_started(self, pgid: int | None) -> None:
+        """Records the running agent's process-group id (its placement, e.g. on a Ray node, is
+        over: the first-request clock starts)."""
+        self.agent_pgid = pgid
+        self._agent_started.set()
+
+    async def wait_agent_started(self) -> None:
+        """Waits until :meth:`note_agent_started`.
+
+        Cancellation:
+            A plain wait; nothing to clean up.
+        """
+        await self._agent_started.wait()
+
+    async def wait_first_request(self) -> None:
+        """Waits until the agent's first model request was accepted (a request refused with a
+        4xx does not count).
+
+        Cancellation:
+            A plain wait; nothing to clean up.
+        """
+        await self._first_request.wait()
+
+    def turn_context(self, cell: TurnCell | None = None) -> SessionTurn:
         """The context one turn of this Session runs with (what the turn handler receives).
 
         A turn run through :meth:`run_turn` is bound to its request's wait; one started
         directly (tests) counts as always awaited, so it is never taken by a retry.
         """
-        return SessionTurn(self, cell if cell is not None else _TurnCell())
+        return SessionTurn(self, cell if cell is not None else TurnCell())
 
     async def run_turn(self, handler: TurnHandler, request: TurnRequest) -> TurnResult:
         """Runs one model turn in the Session's own nursery and waits for its result.
@@ -226,11 +227,11 @@ class Session:
         self.num_requests += 1
         self._first_request.set()
         self.group.note_request(self)
-        cell = _TurnCell()
+        cell = TurnCell()
         self._turns.start_soon(self._turn_task, handler, request, cell)
-        return PendingTurn(self, cell)
+        return PendingTurn(self.session_id, self.retries, cell)
 
-    async def _turn_task(self, handler: TurnHandler, request: TurnRequest, cell: _TurnCell) -> None:
+    async def _turn_task(self, handler: TurnHandler, request: TurnRequest, cell: TurnCell) -> None:
         try:
             cell.result = await handler.complete(self.turn_context(cell), request)
         except RelaxError as exc:
@@ -282,110 +283,11 @@ class Session:
 
 
 @attrs.frozen
-class PendingTurn:
-    """A started turn that one model request waits for (:meth:`Session.start_turn`)."""
-
-    _session: Session
-    _cell: _TurnCell
-
-    async def wait_prepared(self) -> None:
-        """Waits until the turn passed its pre-generation checks or ended.
-
-        After it returns, :meth:`failed_early` tells whether the request can still get a plain
-        error answer (a streamed request opens its stream only after this).
-
-        Cancellation:
-            Cancelling (the client went away) does not stop the turn; the request stops waiting.
-        """
-        answered = False
-        try:
-            await self._cell.prepared.wait()
-            answered = True
-        finally:
-            if not answered:
-                self._cell.leave()
-
-    @property
-    def failed_early(self) -> bool:
-        """True when the turn failed before it passed its pre-generation checks (an error
-        raised after them belongs in the stream, even if it came quickly)."""
-        return self._cell.failed_unprepared
-
-    async def result(self) -> TurnResult:
-        """Waits for the turn's committed result.
-
-        Raises:
-            SessionAbortedError: the Session ended before the turn finished (404).
-            RelaxError: whatever the turn handler raised (client mistakes, backend errors).
-
-        Cancellation:
-            Cancelling (the client went away) does not cancel the turn: it completes and is
-            committed, and a retry of the same request gets its answer.
-        """
-        cell = self._cell
-        answered = False
-        try:
-            await cell.done.wait()
-            answered = True
-        finally:
-            if not answered:  # the caller was cancelled: its client went away
-                cell.leave()
-        return self._outcome()
-
-    async def result_unless(self, gone: Callable[[], Awaitable[object]]) -> TurnResult | None:
-        """Waits for the turn's committed result unless ``gone()`` returns first.
-
-        One task does both waits: it waits in ``gone()`` (the agent API: for its request's
-        ``http.disconnect``) and the turn's end cancels that wait, so no second task has to
-        watch the client. Without a wait (the turn already ended) it is no checkpoint.
-
-        Returns:
-            The result, or None when ``gone()`` returned before the turn ended: the request
-            stopped waiting and the turn goes on, committed for a retry of the same request.
-
-        Raises:
-            SessionAbortedError, RelaxError: as :meth:`result`.
-
-        Cancellation:
-            As :meth:`result`: cancelling leaves the turn, which goes on.
-        """
-        cell = self._cell
-        if not cell.done.is_set():
-            waited = False
-            try:
-                with trio.CancelScope() as wait:
-                    cell.on_done = wait.cancel
-                    await gone()
-                waited = True
-            finally:
-                cell.on_done = None
-                if not waited:  # cancelled from outside
-                    cell.leave()
-            if not cell.done.is_set():  # gone() returned first: the client went away
-                cell.leave()
-                return None
-        return self._outcome()
-
-    def _outcome(self) -> TurnResult:
-        """The ended turn's result (the generation counts as delivered), or its error raised."""
-        session, cell = self._session, self._cell
-        if cell.result is not None:
-            if cell.generation is not None:
-                session.retries.deliver(cell.generation)
-            return cell.result
-        if cell.error is not None:
-            raise cell.error
-        raise SessionAbortedError(
-            f"Unknown or discarded agentic session '{session.session_id}'.", session_id=session.session_id
-        )
-
-
-@attrs.frozen
 class SessionTurn:
     """The :class:`~relaxtrio.nursery.turns.TurnContext` of one Session's turn."""
 
     _session: Session
-    _cell: _TurnCell
+    _cell: TurnCell
 
     @property
     def session_id(self) -> str:
@@ -451,17 +353,6 @@ class SessionTurn:
         return await earlier.wait_result()
 
 
-@attrs.frozen
-class _PgidRecorder:
-    """Receives the agent's process-group id (the ``task_status`` protocol of run_agent)."""
-
-    session: Session
-
-    def started(self, value: int | None = None) -> None:  # the pgid; trio.TaskStatus' signature
-        self.session.agent_pgid = value
-        self.session._agent_started.set()
-
-
 SHOWN_TOKEN_CHARS: Final = 64
 """The most characters of an unknown bearer token that an error message or log line repeats
 (a Session id has 40; a client that sends a 10 KB token gets its first 64 back)."""
@@ -507,200 +398,3 @@ class SessionRegistry:
         return len(self._sessions)
 
 
-def _export_hint(exc: ExportError) -> str:
-    """Plain words for an implicit export that found no answered leaf (``num_leaves == 0``);
-    the message for several leaves says what happened and what to do itself."""
-    if exc.num_leaves == 0:
-        return (" (the agent got no model answer: it made no request, or every request failed or "
-                "was abandoned before the reply)")
-    return ""
-
-
-def _note_unexported(session: Session, selection: LeafSelection, policy: str) -> None:
-    """Counts and logs the leaves implicit export leaves out: ``final``'s other branches and side
-    conversations, and answers that never reached the agent (docs/export-and-credit.md#export-policies)."""
-    session.num_dropped_branches = len(selection.dropped_branches)
-    session.num_side_leaves = len(selection.side_leaves) + len(selection.undelivered)
-    if selection.num_unexported_leaves:
-        log.info("session %s: export policy %s leaves out %d other branch(es) and %d side conversation "
-                 "leaf(s) (%d of them answers the agent never received)", session.session_id, policy,
-                 session.num_dropped_branches, session.num_side_leaves, len(selection.undelivered))
-
-
-async def run_session(
-    session: Session,
-    *,
-    agent: AgentConfig,
-    base_url: str,
-    registry: SessionRegistry,
-    server_template_kwargs: Mapping[str, Any] | None = None,
-    task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED,
-) -> None:
-    """Runs a Session from agent start to exported samples; failures become Session state.
-
-    On success ``session.status == "completed"`` and ``session.samples`` holds the exported
-    samples. On an agent or export failure ``session.status == "failed"`` with
-    ``session.error`` set, and the Group is told (it drops itself). Either way
-    :meth:`Session.wait_ended` returns afterwards.
-
-    Cancellation:
-        Cancelling terminates the agent's process group (shielded), aborts in-flight turns and
-        unregisters the Session; ``status`` becomes ``cancelled``.
-    """
-    try:
-        await _run_session(session, agent=agent, base_url=base_url, registry=registry,
-                           server_template_kwargs=server_template_kwargs, task_status=task_status)
-    finally:
-        _settle_agent_log(agent_log_path(agent, session), session)
-        session._ended.set()
-
-
-def agent_log_path(agent: AgentConfig, session: Session) -> Path | None:
-    """Where the agent of ``session`` logs when failed logs are kept
-    (``AgentConfig.failed_log_dir``), else None."""
-    if agent.failed_log_dir is None:
-        return None
-    name = "".join(c if c.isalnum() or c in "-_" else "_" for c in session.group.group_id)
-    return agent.failed_log_dir / f"{name}_session{session.index}.log"
-
-
-def _settle_agent_log(path: Path | None, session: Session) -> None:
-    """Keeps the agent log of a failed Session (and says where); removes any other."""
-    if path is None or not path.exists():
-        return
-    if session.status == "failed":
-        log.warning("session %d of %s failed; its agent log is kept: %s", session.index,
-                    session.group.group_id, path)
-        session.agent_log = str(path)
-    else:
-        path.unlink(missing_ok=True)
-
-
-@attrs.define(eq=False)
-class _FirstRequestWatch:
-    """Stops an agent that sends no model request within ``timeout_s`` of its process start.
-
-    Before its first request a Session is not in Runtime, so ``--agent-timeout`` does not run
-    yet (docs/agent-contract.md#active-time-budget); without this watch, an agent stuck before
-    its first request (a login prompt, a hung setup step) would hold its Group at the
-    first-request barrier for ever. Expiry cancels the launch (the agent's process group is
-    terminated) and the Session fails, so its Group is dropped like any other failed Group.
-    ``timeout_s`` None: no limit.
-    """
-
-    session: Session
-    timeout_s: float | None
-    expired: bool = False
-
-    async def run(self, launch_scope: trio.CancelScope) -> None:
-        if self.timeout_s is None:
-            return
-        await self.session._agent_started.wait()  # a Ray actor's placement does not count
-        with trio.move_on_after(self.timeout_s):
-            await self.session._first_request.wait()
-            return
-        self.expired = True
-        launch_scope.cancel()
-
-    def message(self) -> str:
-        return (f"Agent sent no model request within {self.timeout_s:g} s of starting "
-                f"(--agent-first-request-timeout; a request refused with a 4xx does not count); "
-                f"it was stopped.")
-
-
-async def _run_session(
-    session: Session,
-    *,
-    agent: AgentConfig,
-    base_url: str,
-    registry: SessionRegistry,
-    server_template_kwargs: Mapping[str, Any] | None,
-    task_status: trio.TaskStatus[None],
-) -> None:
-    registry.add(session)
-    env = SessionEnv(
-        session_id=session.session_id,
-        group_id=session.group.group_id,
-        base_url=base_url,
-        mode=session.mode,
-    )
-    session.status = "running"
-    run = None
-    log_path = agent_log_path(agent, session)
-    try:
-        async with session.serving():
-            task_status.started()
-            launch = agent.launcher or run_agent  # --agent-executor ray: on a Ray node
-            silent = _FirstRequestWatch(session, agent.first_request_timeout_s)
-            async with trio.open_nursery() as watch:
-                watch.start_soon(silent.run, watch.cancel_scope)
-                try:
-                    run = await launch(agent, env, session.input_payload, session.budget,
-                                       log_path=log_path, task_status=_PgidRecorder(session))
-                except AgentExecutionError as exc:
-                    session.fail(str(exc))
-                except OSError as exc:
-                    session.fail(f"Agent could not be started: {exc}")
-                finally:
-                    watch.cancel_scope.cancel()
-            if silent.expired:
-                session.fail(silent.message())
-    finally:
-        registry.discard(session)
-        if session.status == "running" and run is None:
-            session.status = "cancelled"
-    if run is None:
-        session.group.session_failed(session)
-        return
-    session.agent_return_code, session.agent_active_s = run.return_code, run.active_s
-    try:
-        output = parse_session_output(run.output_text)
-    except ExportError as exc:
-        session.fail(f"Agent produced invalid output: {exc}\n{run.log_tail}".rstrip())
-        session.group.session_failed(session)
-        return
-    try:
-        session.samples = export_samples(
-            session.forest,
-            output,
-            dataset_metadata=session.dataset_metadata,
-            server_template_kwargs=server_template_kwargs,
-            policy=agent.export_policy,
-            undelivered=(undelivered := session.retries.undelivered_states()),
-        )
-        if output.is_implicit:
-            _note_unexported(session, select_leaves(session.forest, agent.export_policy, undelivered),
-                             agent.export_policy)
-    except ExportError as exc:
-        session.fail(f"Session export failed: {exc}{_export_hint(exc)}")
-        session.group.session_failed(session)
-        return
-    session.status = "completed"
-
-
-async def serve_external_session(
-    session: Session,
-    *,
-    registry: SessionRegistry,
-    task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED,
-) -> None:
-    """Serves a Session whose agent runs outside relaxtrio (``python -m relaxtrio serve``).
-
-    The Session is registered and accepts model turns until this task is cancelled; no agent
-    process is started, no budget runs and nothing is exported: the caller reads the forest and
-    exports afterwards. ``status`` is ``running`` while served and stays so on return, for the
-    caller to settle.
-
-    Cancellation:
-        Runs until cancelled; then every turn still running is cancelled (its engine request
-        aborted), the Session is unregistered and :meth:`Session.wait_ended` returns.
-    """
-    registry.add(session)
-    session.status = "running"
-    try:
-        async with session.serving():
-            task_status.started()
-            await trio.sleep_forever()
-    finally:
-        registry.discard(session)
-        session._ended.set()

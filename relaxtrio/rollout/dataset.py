@@ -268,7 +268,8 @@ class PromptStream:
     """An endless, epoch-shuffled stream of prompts (deterministic for a seed).
 
     Epoch ``e`` serves every prompt once, in the order ``random.Random(seed + e)`` shuffles them
-    to (file order without ``shuffle``). Prompts put back with :meth:`requeue` are served first.
+    to (file order without ``shuffle``). Prompts pending in a restored cursor (a checkpoint's held
+and run-end Groups, :mod:`relaxtrio.rollout.resume`) are served first.
     :meth:`cursor` and :meth:`restore` save and restore the position, so a resumed run is served
     exactly the prompts the interrupted run would have been served next.
     """
@@ -293,15 +294,6 @@ class PromptStream:
             self._order.reverse()
             self.epoch += 1
         return self.prompts[self._order.pop()]
-
-    def requeue(self, indices: Sequence[int]) -> None:
-        """Serves the prompts at ``indices`` (in that order) before any other prompt.
-
-        Raises:
-            InvalidRequestError: an index is not a prompt of this stream.
-        """
-        self._check_indices(indices, "requeued prompt")
-        self._requeued[:0] = list(indices)
 
     def cursor(self) -> dict[str, Any]:
         """The stream's position as JSON: ``{"epoch", "pending", "remaining", "num_prompts"}``.

@@ -174,10 +174,10 @@ def sample_record(
 def step_samples(result: StepResult) -> list[dict[str, Any]]:
     """The sample records of a step, in the order the trainer receives them."""
     records: list[dict[str, Any]] = []
-    for scored in result.groups:
-        for sample, reward, advantage in zip(scored.samples, scored.rewards, scored.advantages, strict=True):
-            records.append(sample_record(sample, group_id=scored.group.group_id, index=len(records),
-                                         scalar_reward=reward, advantage=advantage))
+    for group in result.groups:
+        for scored in group.scored:
+            records.append(sample_record(scored.sample, group_id=group.group.group_id, index=len(records),
+                                         scalar_reward=scored.reward, advantage=scored.advantage))
     return records
 
 
@@ -231,14 +231,6 @@ def append_samples(path: Path, rollout_id: int, records: Iterable[Mapping[str, A
                                allow_nan=False) + "\n")
             count += 1
     return count
-
-
-def read_samples(path: Path) -> Iterator[dict[str, Any]]:
-    """The records of a samples file, one dict per line."""
-    with _open(Path(path), "rt") as f:
-        for line in f:
-            if line.strip():
-                yield json.loads(line)
 
 
 @attrs.frozen(kw_only=True)

@@ -21,7 +21,7 @@ from ..config import RolloutConfig
 from ..nursery.group import Group
 from .dataset import Prompt
 from .pipeline import RolloutPipeline
-from .step import score_group
+from .step import ScoredGroup, score_group
 
 log = logging.getLogger(__name__)
 
@@ -97,7 +97,10 @@ def _dataset_metrics(name: str, groups: Sequence[Group], config: RolloutConfig) 
     dropped = 0
     for group in groups:
         try:
-            rewards.extend(score_group(group, config).rewards if not group.dropped else ())
+            if not group.dropped:
+                scored = score_group(group, config)
+                assert isinstance(scored, ScoredGroup)  # eval Groups are never filtered
+                rewards.extend(s.reward for s in scored.scored if s.reward is not None)
             dropped += group.dropped
         except ExportError as exc:
             log.warning("eval group %s not scored: %s", group.group_id, exc)

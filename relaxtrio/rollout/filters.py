@@ -3,9 +3,10 @@
 ``--dynamic-sampling-filter-path pkg.mod.fn`` names ``fn(samples, rewards)``: the Group's
 samples (Session order, then export order, reward-model rewards applied) and their primary
 rewards (None for a context without reward). It returns ``True`` (keep), ``False`` (drop), or a
-:class:`DynamicFilterOutput` with a reason. A dropped Group is *filtered*, not dropped: it is
-logged (``Filtered 1 group``), counted as ``rollout/dynamic_filter/drop_<reason>``, and it is new
-demand: the step starts another Group in its place. Filters run for train Groups only.
+:class:`DynamicFilterOutput` with a reason. Scoring returns a drop as a :class:`FilterVerdict`
+(as it does the custom advantage function's None). A dropped Group is *filtered*, not dropped:
+it is logged (``Filtered 1 group``), counted as ``rollout/dynamic_filter/drop_<reason>``, and it
+is new demand: the step starts another Group in its place. Filters run for train Groups only.
 
 Built in: :func:`check_reward_nonzero_std` (DAPO's dynamic sampling, arXiv 2503.14476, section 3.2):
 a Group whose rewards are all equal has zero GRPO advantage everywhere and teaches nothing.
@@ -15,14 +16,23 @@ from __future__ import annotations
 
 import re
 from collections.abc import Callable, Sequence
-from typing import Any
+from typing import TYPE_CHECKING, Any, Literal
 
 import attrs
 
 from .._errors import ExportError
 from ..forest import TrainingSample
 
-__all__ = ["DynamicFilterOutput", "GroupFiltered", "check_reward_nonzero_std", "run_dynamic_filter"]
+if TYPE_CHECKING:
+    from ..nursery.group import Group
+
+__all__ = [
+    "DynamicFilterOutput",
+    "FilterSource",
+    "FilterVerdict",
+    "check_reward_nonzero_std",
+    "run_dynamic_filter",
+]
 
 DynamicFilter = Callable[[list[TrainingSample], list[float | None]], Any]
 
@@ -41,16 +51,43 @@ class DynamicFilterOutput:
     reason: str | None = None
 
 
-class GroupFiltered(ExportError):
-    """A dynamic filter dropped the Group (new demand, not a failure).
+FilterSource = Literal["dynamic_filter", "custom_advantage"]
+
+
+@attrs.frozen(kw_only=True)
+class FilterVerdict:
+    """A scored train Group that is not trained on, by the user's choice rather than a failure.
+
+    What :func:`~relaxtrio.rollout.step.score_group` returns in place of a
+    :class:`~relaxtrio.rollout.step.ScoredGroup`. The two sources are budgeted differently: a
+    Group the dynamic filter dropped is new demand within ``filter_budget``; one the custom
+    advantage function filtered (it returned None) is replaced within the refill budget and is
+    also counted among the step's dropped Groups.
 
     Attributes:
-        reason: the metric-safe reason, or None.
+        group: the filtered Group.
+        source: who filtered it: ``dynamic_filter`` or ``custom_advantage``.
+        reason: the dynamic filter's metric-safe reason (``[A-Za-z0-9_]+``), or None.
     """
 
-    def __init__(self, message: str, *, reason: str | None = None, session_id: str | None = None):
-        super().__init__(message, session_id=session_id)
-        self.reason = reason
+    group: Group
+    source: FilterSource
+    reason: str | None = None
+
+    @property
+    def message(self) -> str:
+        """The log text, e.g. ``Filtered 1 group: dynamic sampling filter: zero_std``."""
+        if self.source == "custom_advantage":
+            return "Filtered 1 group: the custom advantage function returned None"
+        return f"Filtered 1 group: dynamic sampling filter{'' if self.reason is None else ': ' + self.reason}"
+
+    @property
+    def metric(self) -> str | None:
+        """The counter this Group adds 1 to besides ``filtered_groups``:
+        ``rollout/dynamic_filter/drop_<reason>``, or None (no reason, or custom advantage)."""
+        if self.source != "dynamic_filter" or self.reason is None:
+            return None
+        return f"rollout/dynamic_filter/drop_{self.reason}"
 
 
 def check_reward_nonzero_std(
@@ -73,14 +110,14 @@ def check_reward_nonzero_std(
 
 def run_dynamic_filter(
     fn: DynamicFilter, samples: Sequence[TrainingSample], rewards: Sequence[float | None]
-) -> str | None:
+) -> DynamicFilterOutput:
     """Runs a filter on a scored Group.
 
     Returns:
-        None when the Group is kept.
+        The verdict, its reason made metric-safe (characters outside ``[A-Za-z0-9_]`` become
+        ``_``; an empty reason becomes None, and a kept Group has none).
 
     Raises:
-        GroupFiltered: the filter dropped the Group (``reason`` set when it gave one).
         ExportError: the filter raised, or returned something other than a bool or a
             :class:`DynamicFilterOutput`.
     """
@@ -94,7 +131,6 @@ def run_dynamic_filter(
         raise ExportError("dynamic sampling filter must return a bool or a DynamicFilterOutput, "
                           f"got {type(verdict).__name__}")
     if verdict.keep:
-        return None
+        return DynamicFilterOutput(keep=True)
     reason = None if verdict.reason is None else re.sub(r"[^A-Za-z0-9_]", "_", verdict.reason) or None
-    raise GroupFiltered(f"Filtered 1 group: dynamic sampling filter{'' if reason is None else ': ' + reason}",
-                        reason=reason)
+    return DynamicFilterOutput(keep=False, reason=reason)

@@ -172,7 +172,7 @@ class RunView:
         self._last_accepted = [g.group for g in result.groups]
         self._last_dropped = list(result.dropped)
         self._finalized += len(result.groups)
-        rewards = [r for r in result.rewards if r is not None and math.isfinite(r)]
+        rewards = [s.reward for s in result.scored if s.reward is not None and math.isfinite(s.reward)]
         response_tokens = sum(sum(s.loss_mask) for s in result.samples)
         self._steps.append({
             "step": result.rollout_id,

@@ -38,16 +38,14 @@ from __future__ import annotations
 
 import functools
 import logging
-import time
 from collections.abc import AsyncIterator, Sequence
 from contextlib import asynccontextmanager
 from typing import Any
 
 import attrs
 import trio
-from tqdm import tqdm
 
-from .._errors import BackendError, ExportError, GroupFilteredError, InvalidRequestError
+from .._errors import BackendError, InvalidRequestError
 from ..config import AgentConfig, RolloutConfig
 from ..nursery.agent import RolloutMode
 from ..nursery.group import Group
@@ -63,43 +61,13 @@ from .accounting import (
     wait_with_heartbeat,
 )
 from .dataset import Prompt, PromptStream
-from .filters import GroupFiltered
 from .rewards import score_rewards
-from .step import ScoredGroup, StepResult, agentic_event, score_group
+from .step import StepResult, agentic_event
+from .step_book import StepBook
 from .turns import EngineTurnHandler
 from .watchdog import BarrierWatchdog
 
 log = logging.getLogger(__name__)
-
-
-@attrs.define(eq=False, kw_only=True)
-class _Step:
-    """Bookkeeping of the step being run.
-
-    Attributes:
-        rollout_id: the step.
-        target: Groups to accept (``rollout_batch_size``).
-        starts_left: Group leases or starts the step may still make (demand plus refills).
-        started: ``time.monotonic()`` at the step's start.
-        warnings_before: barrier warnings logged before the step.
-        bar: the progress bar of completed Sessions.
-        accepted: scored Groups, in acceptance order.
-        dropped: Groups dropped during the step (those the custom advantage function filtered
-            included).
-        filtered: Groups the dynamic sampling filter dropped, with its reason (new demand).
-        custom_filtered: how many of ``dropped`` the custom advantage function filtered.
-    """
-
-    rollout_id: int
-    target: int
-    starts_left: int
-    started: float
-    warnings_before: int
-    bar: tqdm
-    accepted: list[ScoredGroup] = attrs.field(factory=list)
-    dropped: list[Group] = attrs.field(factory=list)
-    filtered: list[tuple[Group, str | None]] = attrs.field(factory=list)
-    custom_filtered: int = 0
 
 
 @attrs.define(eq=False, kw_only=True)
@@ -306,7 +274,13 @@ class RolloutPipeline:
             Cancelling the step leaves resident Groups to the pipeline; closing the pipeline
             terminates every agent.
         """
-        step = self._open_step(rollout_id)
+        self.rollout_id = rollout_id
+        step = StepBook.open(rollout_id, self.config, self.group_stages(),
+                             warnings_before=self.barrier_warnings, backfilled=self._backfilled)
+        self._backfilled = 0
+        for group in self._resident:  # carried into this step
+            if group.leased:
+                group.enter_step(rollout_id)
         try:
             await self._fill_step(step, last=last, steps_left=steps_left)
         finally:
@@ -314,31 +288,9 @@ class RolloutPipeline:
         aborted = await self._close_step(step, last=last)
         if self.config.prelaunch and not last:
             self._prelaunch_fill(steps_left)
-        return self._step_result(step, aborted)
+        return step.result(aborted=aborted, stages=self.group_stages(), barrier_warnings=self.barrier_warnings)
 
-    def _open_step(self, rollout_id: int) -> _Step:
-        """Starts step bookkeeping and carries the resident Groups into the step."""
-        cfg = self.config
-        started = time.monotonic()
-        self.rollout_id = rollout_id
-        target, demand = cfg.rollout_batch_size, cfg.demand
-        stages = self.group_stages()
-        log.info(agentic_event("rollout", "accounting_start", rollout=rollout_id,
-                               sessions=target * cfg.n_samples_per_prompt, groups=target, debt=target,
-                               resident_groups=stages.resident, interrupted_groups=stages.interrupted))
-        for group in self._resident:
-            if group.leased:
-                group.enter_step(rollout_id)
-        bar = tqdm(total=target * cfg.n_samples_per_prompt, desc=f"Rollout {rollout_id} generation",
-                   unit="session", disable=not cfg.show_progress, leave=False)
-        starts = demand + (cfg.max_refills if cfg.max_refills is not None else demand)
-        backfilled, self._backfilled = self._backfilled, 0
-        return _Step(
-            rollout_id=rollout_id, target=target, started=started, warnings_before=self.barrier_warnings,
-            starts_left=max(starts - backfilled, 0), bar=bar,
-        )
-
-    async def _fill_step(self, step: _Step, *, last: bool, steps_left: int | None) -> None:
+    async def _fill_step(self, step: StepBook, *, last: bool, steps_left: int | None) -> None:
         """Scores finished Groups and leases or starts new ones until the step has its target.
 
         Raises:
@@ -350,7 +302,7 @@ class RolloutPipeline:
         while True:
             seen = self._changes.version  # a change from here on ends the wait below at once
             self._score_finished(step)
-            if len(step.accepted) >= step.target:
+            if step.full:
                 return
             self._lease_or_start(step)
             if self.config.prelaunch and not last:
@@ -368,47 +320,27 @@ class RolloutPipeline:
                                           on_idle=functools.partial(self._heartbeat, step))
             self.raise_if_engine_failed()
 
-    def snapshot(self, step: _Step, idle_s: float = 0.0) -> PipelineSnapshot:
+    def snapshot(self, step: StepBook, idle_s: float = 0.0) -> PipelineSnapshot:
         """Where the step's Groups are now (logged by ``event=idle_heartbeat``)."""
         return PipelineSnapshot.from_stages(self.group_stages(), active_rollout_id=step.rollout_id,
                                             target=step.target, scored=len(step.accepted), idle_s=idle_s)
 
-    def _heartbeat(self, step: _Step, idle_s: float) -> None:
+    def _heartbeat(self, step: StepBook, idle_s: float) -> None:
         log.info(agentic_event("rollout", "idle_heartbeat", **self.snapshot(step, idle_s).fields()))
 
-    def _update_bar(self, step: _Step) -> None:
+    def _update_bar(self, step: StepBook) -> None:
         n = self.config.n_samples_per_prompt
         step.bar.set_postfix(progress_postfix(
             scored_sessions=len(step.accepted) * n, prelaunch=self.config.prelaunch,
             prepared_sessions=sum(len(g.sessions) for g in self._resident if not g.leased)))
 
-    def _score_finished(self, step: _Step) -> None:
-        """Scores finished Groups in finishing order until the target is reached."""
-        cfg = self.config
-        while self._finished and len(step.accepted) < step.target:
-            group = self._finished.pop(0)
-            if not group.dropped:
-                try:
-                    step.accepted.append(score_group(group, cfg))
-                    step.bar.update(len(group.sessions))
-                    self._update_bar(step)
-                    continue
-                except GroupFiltered as exc:  # new demand, within the filter budget
-                    step.filtered.append((group, exc.reason))
-                    log.info("Filtered 1 group %s: %s", group.group_id, exc)
-                    if len(step.filtered) <= cfg.filter_budget:
-                        step.starts_left += 1
-                    continue
-                except GroupFilteredError as exc:
-                    group.dropped_reason = str(exc)
-                    step.custom_filtered += 1
-                    log.warning("Filtered group %s: %s", group.group_id, exc)
-                except ExportError as exc:
-                    group.dropped_reason = str(exc)
-                    log.warning("Dropped group %s: %s", group.group_id, exc)
-            step.dropped.append(group)
+    def _score_finished(self, step: StepBook) -> None:
+        """Scores and files finished Groups in finishing order until the target is reached."""
+        while self._finished and not step.full:
+            if step.file(self._finished.pop(0), self.config) is not None:
+                self._update_bar(step)
 
-    def _lease_or_start(self, step: _Step) -> None:
+    def _lease_or_start(self, step: StepBook) -> None:
         """Leases prelaunched Groups, then starts new ones, up to the step's open demand."""
         leased = [g for g in self._resident if g.leased]
         gap = self.config.demand - len(step.accepted) - len(leased) - len(self._finished)
@@ -426,25 +358,6 @@ class RolloutPipeline:
             self._start_train_group(leased=True)
             gap -= 1
             step.starts_left -= 1
-
-    def _step_result(self, step: _Step, aborted: int) -> StepResult:
-        stages = self.group_stages()
-        result = StepResult(
-            rollout_id=step.rollout_id, groups=tuple(step.accepted), dropped=tuple(step.dropped),
-            rollout_s=time.monotonic() - step.started, aborted_requests=aborted,
-            resident_groups=stages.resident,
-            barrier_warnings=self.barrier_warnings - step.warnings_before,
-            filtered=tuple(step.filtered),
-            interrupted_groups=stages.interrupted,
-            custom_filtered=step.custom_filtered,
-        )
-        log.info(agentic_event(
-            "rollout", "accounting_end", rollout=step.rollout_id, groups=len(result.groups),
-            rows=len(result.samples), debt=max(step.target - len(result.groups), 0),
-            resident_groups=result.resident_groups, interrupted_groups=result.interrupted_groups,
-            dropped_groups=len(step.dropped), filtered_groups=result.filtered_groups,
-            aborted_requests=aborted))
-        return result
 
     def raise_if_engine_failed(self) -> None:
         """Stops the run loudly when the engine itself failed (docs/scheduling.md#engine-failures).
@@ -465,7 +378,7 @@ class RolloutPipeline:
         await self.handler.wait_engine_failed()
         self._notify()
 
-    async def _close_step(self, step: _Step, *, last: bool) -> int:
+    async def _close_step(self, step: StepBook, *, last: bool) -> int:
         """Closes the step as its mode says (docs/scheduling.md#step-close); every Group it
         drops, or finished and not needed, is added to ``step.dropped``.
 

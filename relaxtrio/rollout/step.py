@@ -10,14 +10,15 @@ from typing import Any
 
 import attrs
 
-from .._errors import ExportError, GroupFilteredError
+from .._errors import ExportError
 from ..config import RolloutConfig
 from ..forest import TRACE_KEY, TrainingSample
 from ..nursery.group import Group
 from .advantages import group_advantages, scalar_reward
-from .filters import run_dynamic_filter
+from .filters import FilterVerdict, run_dynamic_filter
 from .hooks import custom_advantages
 from .rewards import metadata_metrics, passrate_metrics, reward_metrics, summary_metrics
+from .scored import ScoredSample
 
 
 def agentic_event(component: str, event: str, **fields: Any) -> str:
@@ -27,25 +28,22 @@ def agentic_event(component: str, event: str, **fields: Any) -> str:
     return " ".join(parts)
 
 
-
-
 @attrs.frozen(kw_only=True)
 class ScoredGroup:
-    """A completed Group with a scalar reward and an advantage per sample.
+    """A completed Group with its scored contexts.
 
     Attributes:
         group: the finished Group.
-        samples: its samples, Session order then export order.
-        rewards: scalar reward per sample (None for contexts without a reward under custom
-            advantage).
-        advantages: per sample: the estimator's base credit (e.g. GRPO: reward normalized
-            within the Group), or the custom advantage function's credit.
+        scored: its contexts with reward and credit, Session order then export order.
     """
 
     group: Group
-    samples: tuple[TrainingSample, ...]
-    rewards: tuple[float | None, ...]
-    advantages: tuple[float, ...]
+    scored: tuple[ScoredSample, ...]
+
+    @property
+    def samples(self) -> list[TrainingSample]:
+        """The contexts alone, in :attr:`scored` order."""
+        return [s.sample for s in self.scored]
 
 
 def _reward_of(sample: TrainingSample, session_index: int, reward_key: str | None) -> float:
@@ -58,21 +56,21 @@ def _reward_of(sample: TrainingSample, session_index: int, reward_key: str | Non
     return value
 
 
-def _score_custom(group: Group, config: RolloutConfig) -> ScoredGroup:
+def _score_custom(group: Group, config: RolloutConfig) -> ScoredGroup | FilterVerdict:
     assert config.custom_advantage is not None
     # Only each export's own metadata (docs/export-and-credit.md#custom-advantage): no dataset
     # metadata, tools, template kwargs or trace fields.
     exports = [[(s.name, s.export_metadata) for s in session.samples] for session in group.sessions]
     credits = custom_advantages(config.custom_advantage, exports)
     if credits is None:
-        raise GroupFilteredError("Filtered 1 group: the custom advantage function returned None")
-    samples = [s for session in group.sessions for s in session.samples]
-    rewards = [
-        None if s.reward is None else _reward_of(s, session.index, config.reward_key)
-        for session in group.sessions for s in session.samples
+        return FilterVerdict(group=group, source="custom_advantage")
+    scored = [
+        ScoredSample(sample=s, advantage=credit,
+                     reward=None if s.reward is None else _reward_of(s, session.index, config.reward_key))
+        for session, row in zip(group.sessions, credits, strict=True)
+        for s, credit in zip(session.samples, row, strict=True)
     ]
-    return ScoredGroup(group=group, samples=tuple(samples), rewards=tuple(rewards),
-                       advantages=tuple(c for row in credits for c in row))
+    return ScoredGroup(group=group, scored=tuple(scored))
 
 
 def _unrewarded(session: Any) -> ExportError:
@@ -101,27 +99,25 @@ def _score_eval(group: Group, config: RolloutConfig) -> ScoredGroup:
     primary value uses ``eval_reward_key`` (else ``reward_key``). Advantages are all 0.0.
     """
     key = config.eval_reward_key if config.eval_reward_key is not None else config.reward_key
-    samples: list[TrainingSample] = []
-    rewards: list[float] = []
+    scored: list[ScoredSample] = []
     for session in group.sessions:
-        scored = 0
+        num_rewarded = 0
         for sample in session.samples:
             reward = sample.reward
             if reward is None and config.custom_rm is not None and not config.group_rm:
                 reward = _fallback_rm(sample, config)
             if reward is None:
                 continue
-            samples.append(sample)
-            rewards.append(_reward_of(attrs.evolve(sample, reward=reward), session.index, key))
-            scored += 1
-        if not scored:
+            value = _reward_of(attrs.evolve(sample, reward=reward), session.index, key)
+            scored.append(ScoredSample(sample=sample, reward=value, advantage=0.0))
+            num_rewarded += 1
+        if not num_rewarded:
             raise _unrewarded(session)
-    return ScoredGroup(group=group, samples=tuple(samples), rewards=tuple(rewards),
-                       advantages=(0.0,) * len(samples))
+    return ScoredGroup(group=group, scored=tuple(scored))
 
 
-def score_group(group: Group, config: RolloutConfig) -> ScoredGroup:
-    """Scalar rewards and advantages for a completed Group.
+def score_group(group: Group, config: RolloutConfig) -> ScoredGroup | FilterVerdict:
+    """Scalar rewards and advantages for a completed Group, or why it is filtered.
 
     Eval Groups (``group.mode == "eval"``) are only scored for their rewards: custom advantage
     and the dynamic filter are never called (docs/export-and-credit.md#custom-advantage).
@@ -132,21 +128,28 @@ def score_group(group: Group, config: RolloutConfig) -> ScoredGroup:
     written already (:func:`relaxtrio.rollout.rewards.score_rewards`); a synchronous per-sample
     reward model is still called inline for samples without reward.
 
+    Returns:
+        The scored Group; or a :class:`~relaxtrio.rollout.filters.FilterVerdict` when the
+        custom advantage function returned None or the dynamic sampling filter dropped the
+        Group (never for an eval Group).
+
     Raises:
-        GroupFiltered: the dynamic sampling filter dropped the Group (new demand).
         ExportError: a Session exported several contexts without custom advantage, a sample has
             no reward and no custom RM is configured, a reward is not a finite number, the custom
-            advantage answer is invalid, the filter failed, or (:class:`GroupFilteredError`) the
-            custom advantage function filtered the Group.
+            advantage answer is invalid, or the filter failed.
     """
     if group.mode == "eval":
         return _score_eval(group, config)
     if config.custom_advantage is not None:
         scored = _score_custom(group, config)
+        if isinstance(scored, FilterVerdict):
+            return scored
     else:
         scored = _score_rewards_only(group, config)
     if config.dynamic_filter is not None:
-        run_dynamic_filter(config.dynamic_filter, scored.samples, scored.rewards)
+        verdict = run_dynamic_filter(config.dynamic_filter, scored.samples, [s.reward for s in scored.scored])
+        if not verdict.keep:
+            return FilterVerdict(group=group, source="dynamic_filter", reason=verdict.reason)
     return scored
 
 
@@ -175,8 +178,8 @@ def _score_rewards_only(group: Group, config: RolloutConfig) -> ScoredGroup:
         rewards.append(value)
     credits = group_advantages(config.advantage_estimator, rewards,
                                std_normalize=config.grpo_std_normalization)
-    return ScoredGroup(group=group, samples=tuple(samples), rewards=tuple(rewards),
-                       advantages=tuple(credits))
+    return ScoredGroup(group=group, scored=tuple(
+        ScoredSample(sample=s, reward=r, advantage=a) for s, r, a in zip(samples, rewards, credits, strict=True)))
 
 
 @attrs.frozen(kw_only=True)
@@ -191,10 +194,10 @@ class StepResult:
         aborted_requests: generations aborted (and parked) at step close.
         resident_groups: Groups still resident after the step closed.
         barrier_warnings: barrier watchdog warnings logged during the step.
-        filtered: Groups the dynamic sampling filter dropped (each replaced by new demand),
-            with the filter's reason (or None).
+        filtered: every Group filtered during the step, in filtering order: by the dynamic
+            sampling filter (each replaced by new demand) or by the custom advantage function
+            (those are in ``dropped`` as well).
         interrupted_groups: resident Groups paused at step close (partial rollout).
-        custom_filtered: Groups the custom advantage function filtered (they are in ``dropped``).
     """
 
     rollout_id: int
@@ -204,29 +207,23 @@ class StepResult:
     aborted_requests: int = 0
     resident_groups: int = 0
     barrier_warnings: int = 0
-    filtered: tuple[tuple[Group, str | None], ...] = ()
+    filtered: tuple[FilterVerdict, ...] = ()
     interrupted_groups: int = 0
-    custom_filtered: int = 0
 
     @property
     def filtered_groups(self) -> int:
         """Filtered Groups: by the dynamic sampling filter and by the custom advantage function."""
-        return len(self.filtered) + self.custom_filtered
+        return len(self.filtered)
+
+    @property
+    def scored(self) -> list[ScoredSample]:
+        """Every scored context, Group by Group: what the trainer trains on, in its order."""
+        return [s for g in self.groups for s in g.scored]
 
     @property
     def samples(self) -> list[TrainingSample]:
-        """All samples, Group by Group."""
-        return [s for g in self.groups for s in g.samples]
-
-    @property
-    def advantages(self) -> list[float]:
-        """All advantages, aligned with :attr:`samples`."""
-        return [a for g in self.groups for a in g.advantages]
-
-    @property
-    def rewards(self) -> list[float | None]:
-        """All scalar rewards, aligned with :attr:`samples` (None: context without reward)."""
-        return [r for g in self.groups for r in g.rewards]
+        """The contexts alone, in :attr:`scored` order."""
+        return [s.sample for s in self.scored]
 
 
 def _mean(values: list[float]) -> float:
@@ -294,16 +291,14 @@ def group_metrics(result: StepResult, config: RolloutConfig | None = None) -> Ma
     if config.log_passrate:
         out.update(passrate_metrics([_session_rewards(g, config.reward_key) for g in result.groups]))
     credits: dict[str, list[float]] = {}
-    for scored in result.groups:
-        for sample, credit in zip(scored.samples, scored.advantages, strict=True):
-            if sample.name is not None:
-                credits.setdefault(sample.name, []).append(credit)
+    for scored in result.scored:
+        if scored.sample.name is not None:
+            credits.setdefault(scored.sample.name, []).append(scored.advantage)
     for name, values in sorted(credits.items()):
         out.update(summary_metrics(f"credit/{name}", values))
-    for _, reason in result.filtered:
-        if reason is not None:
-            key = f"rollout/dynamic_filter/drop_{reason}"
-            out[key] = out.get(key, 0.0) + 1.0
+    for verdict in result.filtered:
+        if verdict.metric is not None:
+            out[verdict.metric] = out.get(verdict.metric, 0.0) + 1.0
     return out
 
 
@@ -322,7 +317,7 @@ def _session_rewards(scored: ScoredGroup, reward_key: str | None) -> list[list[f
 
 
 def _base_metrics(result: StepResult) -> Mapping[str, Any]:
-    rewards = [r for r in result.rewards if r is not None]
+    rewards = [s.reward for s in result.scored if s.reward is not None]
     mean = _mean(rewards)
     std = math.sqrt(_mean([(r - mean) ** 2 for r in rewards])) if rewards else float("nan")
     samples = result.samples

@@ -32,7 +32,7 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Sequence
-from typing import Final
+from typing import TYPE_CHECKING, Final
 
 import attrs
 import trio
@@ -53,10 +53,12 @@ from ..forest import (
     context_length_message,
 )
 from ..nursery.turns import TurnContext, TurnRequest, TurnResult
-from ..sglang.client import EngineClient, SamplingParams
-from ..fleet.fleet import EngineFleet
+from ..sglang.wire import SamplingParams
 from ._mismatch import mismatch_warning
 from .client_logprobs import content_logprobs
+
+if TYPE_CHECKING:
+    from ..fleet.fleet import EngineFleet
 
 log = logging.getLogger(__name__)
 
@@ -100,7 +102,8 @@ class EngineTurnHandler:
     """Generates turns with an SGLang-API engine and commits them to the Session's forest.
 
     Attributes:
-        client: the engine client or fleet (SGLang servers or embedded engines).
+        client: the run's fleet (one engine or many, of any protocol:
+            :class:`~relaxtrio.fleet.fleet.EngineFleet`).
         compiler: chat-template compiler of the policy's tokenizer.
         config: rollout sampling settings.
         fatal_error: the first :class:`~relaxtrio.EngineUnavailableError` (unreachable, timed
@@ -109,7 +112,7 @@ class EngineTurnHandler:
             :class:`~relaxtrio.EngineRejectedError` (a 4xx about one request) only fails its turn.
     """
 
-    client: EngineClient | EngineFleet
+    client: EngineFleet
     compiler: ChatCompiler
     config: GenerationConfig
     _seq: int = 0

@@ -1,13 +1,11 @@
 """The run's inference side: launch or connect the fleet, and push each new weight version to it.
 
 :func:`open_inference` turns a :class:`~relaxtrio.config.FleetConfig` into a running
-:class:`~relaxtrio.fleet.fleet.EngineFleet`:
-
-- a gateway URL or worker URLs are connected to;
-- otherwise ``num_engines`` engines (and the gateway when more than one) are launched by
-  :func:`~relaxtrio.fleet.launch_fleet.open_launched_fleet`, logging to ``<run dir>/engines``,
-  through the given starter (here by default; as Ray actors for a Ray run,
-  :class:`relaxtrio.cluster.engines.RayEngineStarter`).
+:class:`~relaxtrio.fleet.fleet.EngineFleet` with :func:`relaxtrio.fleet.connect.open_fleet` (the
+same code ``serve`` and ``doctor`` open their engines with): a gateway URL or worker URLs are
+connected to; otherwise ``num_engines`` engines (and the gateway when more than one) are
+launched, logging to ``<run dir>/engines``, through the given starter (here by default; as Ray
+actors for a Ray run, :class:`relaxtrio.cluster.engines.RayEngineStarter`).
 
 It also picks the weight store (``--weight-sync``), per worker: ``shm`` (the shared-memory
 mailbox) reaches only relaxtrio embedded engines on this machine (a loopback URL), ``disk``
@@ -36,11 +34,11 @@ import trio
 
 from .._errors import BackendError, ConfigError
 from ..config import FleetConfig
-from ..models import refuse_other_served_models
-from ..nursery.session import Session, SessionRegistry
-from ..fleet.fleet import EngineFleet, open_engine_fleet
-from ..fleet.launch_fleet import LaunchedFleet, open_launched_fleet
+from ..fleet.connect import open_fleet
+from ..fleet.fleet import EngineFleet
+from ..fleet.launch_fleet import LaunchedFleet
 from ..fleet.starter import EngineStarter
+from ..nursery.session import Session, SessionRegistry
 from ..train.weight_store import (
     DiskWeightStore,
     ShmWeightStore,
@@ -241,21 +239,10 @@ async def open_inference(
         Leaving stops every launched process and removes the weight store's files.
     """
     async with AsyncExitStack() as stack:
-        launched = None
-        gateway_url, worker_urls = config.router_url, config.engine_urls
-        if config.launches:
-            launched = await stack.enter_async_context(open_launched_fleet(
-                config, model_dir=model_dir, log_dir=run_dir / "engines", engine_args=engine_args,
-                starter=starter))
-            gateway_url = launched.gateway_url
-            worker_urls = () if gateway_url else launched.worker_urls
-        fleet = await stack.enter_async_context(
-            open_engine_fleet(config, worker_urls=worker_urls, gateway_url=gateway_url,
-                              expect_urls=launched.worker_urls if launched else ()))
-        if launched is not None:
-            launched.attach(fleet)
-        else:
-            await refuse_other_served_models(fleet.model_info, fleet.urls, model_dir)
+        opened = await stack.enter_async_context(open_fleet(
+            config, model_dir=model_dir, log_dir=run_dir / "engines", engine_args=engine_args,
+            starter=starter))
+        fleet = opened.fleet
         kind = config.weight_sync
         local = await _local_embedded(fleet)
         every = bool(fleet.urls) and local == frozenset(fleet.urls)
@@ -275,4 +262,4 @@ async def open_inference(
             log.info("weights reach the engines via %s%s", kind,
                      f" ({root})" if kind == "disk" else f" ({getattr(store, 'directory', '')})")
         stack.callback(store.close)
-        yield Inference(fleet=fleet, store=store, launched=launched)
+        yield Inference(fleet=fleet, store=store, launched=opened.launched)

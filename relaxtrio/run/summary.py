@@ -6,7 +6,7 @@ every row (what the file says); this process's are the sums over the steps it ra
 logged at the end (``finished: ...``) and returned in :class:`TrainSummary`
 (docs/observability.md#a-resumed-runs-figures).
 
-May import: attrs, stdlib. Used by :mod:`relaxtrio.run.driver` and :mod:`relaxtrio.cli.main`.
+May import: attrs, stdlib, :mod:`relaxtrio._validate`. Used by :mod:`relaxtrio.run.driver` and :mod:`relaxtrio.cli.main`.
 """
 
 from __future__ import annotations
@@ -18,9 +18,11 @@ from typing import Any
 
 import attrs
 
+from .._validate import count
+
 log = logging.getLogger(__name__)
 
-__all__ = ["StepTotals", "TrainSummary", "count", "summarize_run"]
+__all__ = ["StepTotals", "TrainSummary", "summarize_run"]
 
 
 @attrs.frozen(kw_only=True)
@@ -78,11 +80,6 @@ class StepTotals:
             text += (f", {_groups(self.resume_requeued_groups)} from a finished run's end requeued "
                      "on resume")
         return text
-
-
-def count(n: int, noun: str) -> str:
-    """``"1 <noun>"``, ``"<n> <noun>s"`` (``count(0, "sample") == "0 samples"``)."""
-    return f"{n} {noun}" if n == 1 else f"{n} {noun}s"
 
 
 def _groups(n: int) -> str:

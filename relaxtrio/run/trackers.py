@@ -156,34 +156,3 @@ class Trackers:
         """Closes every tracker (each once)."""
         while self.trackers:
             self.trackers.pop().close()
-
-
-def add_tracker_flags(p: Any) -> None:
-    """Adds ``--use-tensorboard``, ``--use-wandb`` and their options to an argparse parser."""
-    g = p.add_argument_group("trackers (beside metrics.jsonl)")
-    g.add_argument("--use-tensorboard", action="store_true", help="write TensorBoard event files")
-    g.add_argument("--tensorboard-dir", type=Path, default=None,
-                   help="event-file directory (unset: <output-dir>/tensorboard)")
-    g.add_argument("--use-wandb", action="store_true", help="log to Weights & Biases")
-    g.add_argument("--wandb-project", default="relaxtrio", help="W&B project")
-    g.add_argument("--wandb-mode", default=None, choices=["online", "offline", "disabled"],
-                   help="W&B mode; offline needs no network (unset: WANDB_MODE, else online)")
-    g.add_argument("--wandb-run-name", default=None, help="W&B run name (unset: W&B picks one)")
-    g.add_argument("--wandb-dir", type=Path, default=None,
-                   help="directory W&B writes its run under (unset: <output-dir>)")
-
-
-def tracker_config(args: Any, output_dir: Path) -> TrackerConfig:
-    """The :class:`~relaxtrio.config.TrackerConfig` of the tracker flags.
-
-    Raises:
-        ConfigError: a tracker was asked for whose package is not installed.
-    """
-    cfg = TrackerConfig(
-        tensorboard_dir=(args.tensorboard_dir or output_dir / "tensorboard") if args.use_tensorboard else None,
-        wandb_dir=(args.wandb_dir or output_dir) if args.use_wandb else None,
-        wandb_project=args.wandb_project, wandb_mode=args.wandb_mode,
-        wandb_run_name=args.wandb_run_name,
-    )
-    check_trackers_installed(cfg)
-    return cfg

@@ -1,4 +1,5 @@
-"""Tolerant parsing of SGLang engine responses for the engine client (no torch, no quart).
+"""Tolerant parsing of SGLang engine responses for the engine client (no torch, no quart), and
+the context limit an engine's ``/server_info`` implies (:func:`context_token_limit`).
 
 Engine responses are read leniently (docs/client-quirks.md#lenient-engine-replies): unknown keys are
 ignored and optional keys may be missing. Three things are strict, because training depends on them
@@ -12,6 +13,7 @@ from __future__ import annotations
 
 import json
 import math
+from collections.abc import Mapping
 from typing import Any, Final, Literal
 
 import attrs
@@ -23,6 +25,7 @@ from ..forest import WeightSpan
 __all__ = [
     "CONTEXT_LENGTH_MARKERS",
     "GenerateResult",
+    "context_token_limit",
     "error_from_response",
     "error_message",
     "parse_generate_response",
@@ -229,3 +232,27 @@ def parse_generate_response(body: Any, *, return_logprob: bool) -> GenerateResul
         text=text if isinstance(text, str) else "",
         meta_info=meta,
     )
+
+
+def context_token_limit(server_info: Mapping[str, Any]) -> int | None:
+    """The most tokens one lineage can hold on an engine, prompt plus generation.
+
+    SGLang refuses a request whose prompt plus explicit ``max_new_tokens`` *reaches* the context
+    length (its tokenizer-stage "Requested token count exceeds ..."), then silently clamps
+    ``max_new_tokens`` to ``max_req_len - prompt - 1`` with ``max_req_len = context_length - 1``
+    (docs/client-quirks.md#silent-clamp-of-max_new_tokens). A budget clamped to
+    ``context_length - prompt`` is therefore always refused; ``context_length - 2`` is the most
+    that is both accepted and generated in full. Engines that report only ``max_req_input_len``
+    (already below the context length) get that.
+
+    Args:
+        server_info: the engine's ``/server_info`` (``/get_server_info``) object.
+
+    Returns:
+        Tokens (>= 1), or None when the engine reports neither field.
+    """
+    context = server_info.get("context_length")
+    if isinstance(context, int) and context > 2:
+        return context - 2
+    limit = server_info.get("max_req_input_len")
+    return limit if isinstance(limit, int) and limit >= 1 else None

@@ -1,8 +1,10 @@
-"""The one client relaxtrio uses for SGLang servers and for the embedded CPU engine.
+"""The client of one SGLang server, or of relaxtrio's embedded CPU engine (same API).
 
 It speaks SGLang's native HTTP API (https://docs.sglang.io/basic_usage/native_api.html):
 ``/generate`` with input ids and logprobs, ``/abort_request``, pause / continue, weight updates,
-health and info.
+health and info. :class:`EngineClient` is SGLang's implementation of the per-engine interface
+:class:`relaxtrio.fleet.engine_api.EngineAPI`; it talks to exactly one engine (routing, fan-out
+and failover over several are the fleet's: :mod:`relaxtrio.fleet`).
 
 Design points:
 
@@ -17,10 +19,8 @@ Design points:
 - **Retries** (docs/client-quirks.md#transient-engine-errors): transport errors and HTTP 5xx / 408 /
   409 / 425 / 429 are retried up to :attr:`EngineClientConfig.max_attempts` times with a short
   sleep; other 4xx fail at once.
-- **Fan-out** (docs/client-quirks.md#no-abort-through-the-router): abort, pause, continue, weight
-  updates and ``close_session`` go to every engine URL, because an abort must reach the engine that
-  holds the rid, and the router has no abort route. Aborting a rid an engine does not hold is a
-  harmless no-op there.
+- **Shared pools**: :func:`open_connections` opens the two pools once; every client it makes
+  (one per engine of a fleet) shares them. :func:`open_engine_client` opens pools for one client.
 - **Errors** say whose fault a failure is, by type: a 400 whose text matches one of the six
   context-length messages (docs/client-quirks.md#context-length-error-texts) becomes
   :class:`~relaxtrio.ContextLengthExceededError`; any other 4xx
@@ -32,14 +32,12 @@ Design points:
 
 from __future__ import annotations
 
-import hashlib
-from collections.abc import AsyncIterator, Awaitable, Callable, Mapping, Sequence
+from collections.abc import AsyncIterator, Sequence
 from contextlib import asynccontextmanager
 from typing import Any, Literal
 
 import attrs
 import httpx
-import trio
 
 from .._errors import EngineRejectedError, EngineUnavailableError, RelaxError
 from ._http import EngineClientConfig, json_object, send_with_retries
@@ -48,6 +46,7 @@ from ._pool import ConnectionPool
 from ._replies import (
     CONTEXT_LENGTH_MARKERS,
     GenerateResult,
+    context_token_limit,
     error_from_response,
     parse_generate_response,
 )
@@ -58,47 +57,23 @@ __all__ = [
     "EngineClient",
     "EngineClientConfig",
     "GenerateResult",
+    "PauseMode",
+    "SGLangConnections",
     "SamplingParams",
     "context_token_limit",
+    "open_connections",
     "open_engine_client",
 ]
 
 PauseMode = Literal["abort", "retract", "in_place"]
 
 
-def context_token_limit(server_info: Mapping[str, Any]) -> int | None:
-    """The most tokens one lineage can hold on an engine, prompt plus generation.
-
-    SGLang refuses a request whose prompt plus explicit ``max_new_tokens`` *reaches* the context
-    length (its tokenizer-stage "Requested token count exceeds ..."), then silently clamps
-    ``max_new_tokens`` to ``max_req_len - prompt - 1`` with ``max_req_len = context_length - 1``
-    (docs/client-quirks.md#silent-clamp-of-max_new_tokens). A budget clamped to
-    ``context_length - prompt`` is therefore always refused; ``context_length - 2`` is the most
-    that is both accepted and generated in full. Engines that report only ``max_req_input_len``
-    (already below the context length) get that.
-
-    Args:
-        server_info: the engine's ``/server_info`` (``/get_server_info``) object.
-
-    Returns:
-        Tokens (>= 1), or None when the engine reports neither field.
-    """
-    context = server_info.get("context_length")
-    if isinstance(context, int) and context > 2:
-        return context - 2
-    limit = server_info.get("max_req_input_len")
-    return limit if isinstance(limit, int) and limit >= 1 else None
-
-
-def _stable_hash(key: str) -> int:
-    return int.from_bytes(hashlib.sha256(key.encode()).digest()[:8], "big")
-
-
 class EngineClient:
-    """Client of one or more SGLang-compatible engines; build it with :func:`open_engine_client`.
+    """Client of one SGLang-compatible engine; build it with :func:`open_engine_client`, or
+    with :meth:`SGLangConnections.client` for engines that share pools (a fleet).
 
     Args:
-        urls: engine base URLs (``http://host:port``), without a trailing slash.
+        url: the engine's base URL (``http://host:port``; a trailing slash is dropped).
         generation: the pool of generation traffic (an :class:`~._pool.ConnectionPool`, or an
             ``httpx.AsyncClient`` when a custom transport is in use).
         control: the ``httpx.AsyncClient`` of control traffic.
@@ -107,19 +82,18 @@ class EngineClient:
 
     def __init__(
         self,
-        urls: Sequence[str],
+        url: str,
         *,
         generation: httpx.AsyncClient | ConnectionPool,
         control: httpx.AsyncClient,
         config: EngineClientConfig,
     ):
-        if not urls:
-            raise ValueError("at least one engine URL is required")
-        self.urls: tuple[str, ...] = tuple(u.rstrip("/") for u in urls)
+        if not url:
+            raise ValueError("an engine URL is required")
+        self.url: str = url.rstrip("/")
         self.config = config
         self._generation = generation
         self._control = control
-        self._in_flight = dict.fromkeys(self.urls, 0)
         self._ids_json = IdsJsonEncoder()
         # /generate: no read limit (a generation may run for minutes), a bounded connect.
         self._generate_timeout = httpx.Timeout(None, connect=config.connect_timeout_s)
@@ -127,7 +101,6 @@ class EngineClient:
     # ------------------------------------------------------------------ transport
     async def _call(
         self,
-        url: str,
         path: str,
         body: dict[str, Any] | None = None,
         *,
@@ -140,41 +113,23 @@ class EngineClient:
             EngineRejectedError: a 4xx answer. EngineUnavailableError: a 5xx answer after
                 retries, or the engine could not be reached.
         """
+        response = await self._send(method, path, body, slow=slow)
+        if response.status_code >= 400:
+            raise error_from_response(
+                response.status_code, response.content, engine_url=self.url, path=path
+            )
+        return response
+
+    async def _send(self, method: str, path: str, body: dict[str, Any] | None, *,
+                    slow: bool = False) -> httpx.Response:
+        """A control call with retries; returns the final answer whatever its status."""
         timeout = httpx.Timeout(
             self.config.weight_update_timeout_s if slow else self.config.control_timeout_s,
             connect=self.config.connect_timeout_s,
         )
-        response = await send_with_retries(
-            self._control, method, url, path, body, httpx_timeout=timeout, config=self.config
+        return await send_with_retries(
+            self._control, method, self.url, path, body, httpx_timeout=timeout, config=self.config
         )
-        if response.status_code >= 400:
-            raise error_from_response(
-                response.status_code, response.content, engine_url=url, path=path
-            )
-        return response
-
-    async def _fan_out(self, call: Callable[[str], Awaitable[object]]) -> None:
-        """Run ``call(url)`` on every engine concurrently; re-raise the first failure."""
-        errors: list[RelaxError] = []
-
-        async def one(url: str) -> None:
-            try:
-                await call(url)
-            except RelaxError as exc:
-                errors.append(exc)
-
-        async with trio.open_nursery() as nursery:
-            for url in self.urls:
-                nursery.start_soon(one, url)
-        if errors:
-            raise errors[0]
-
-    def _pick(self, routing_key: str | None) -> str:
-        if len(self.urls) == 1:
-            return self.urls[0]
-        if routing_key is not None:
-            return self.urls[_stable_hash(routing_key) % len(self.urls)]
-        return min(self.urls, key=lambda u: self._in_flight[u])
 
     # ------------------------------------------------------------------ generation
     async def generate(
@@ -185,12 +140,11 @@ class EngineClient:
         rid: str,
         return_logprob: bool = True,
         session_id: str | None = None,
-        routing_key: str | None = None,
         image_data: Sequence[str] | None = None,
         headers: dict[str, str] | None = None,
         prefix_key: str | None = None,
     ) -> GenerateResult:
-        """Generate from token ids on one engine (``POST /generate``, single form).
+        """Generate from token ids (``POST /generate``, single form).
 
         Args:
             input_ids: prompt ids, length >= 1; with images, one placeholder token per image
@@ -200,8 +154,6 @@ class EngineClient:
                 (docs/client-quirks.md#abort-matches-rid-prefixes).
             return_logprob: request per-token logprobs (required for training).
             session_id: passed through as SGLang's top-level ``session_id``.
-            routing_key: engines are chosen by a stable hash of this key (sticky); when None,
-                the engine with the fewest in-flight generations from this client is used.
             image_data: the prompt's images in placeholder order (``data:`` URLs), sent as
                 SGLang's ``image_data``; None or empty sends none.
             headers: extra HTTP headers of this request (the gateway's routing key), or None.
@@ -226,7 +178,7 @@ class EngineClient:
             aborts the request, but its partial output is lost. To keep partial output, call
             :meth:`abort` and let this call return.
         """
-        url = self._pick(routing_key)
+        url = self.url
         fields: dict[str, Any] = {
             "rid": rid,
             "sampling_params": sampling.to_json(),
@@ -237,14 +189,10 @@ class EngineClient:
         if image_data:
             fields["image_data"] = list(image_data)
         body = self._ids_json.body(input_ids, fields, prefix_key)
-        self._in_flight[url] += 1
-        try:
-            response = await send_with_retries(
-                self._generation, "POST", url, "/generate", body,
-                httpx_timeout=self._generate_timeout, config=self.config, headers=headers,
-            )
-        finally:
-            self._in_flight[url] -= 1
+        response = await send_with_retries(
+            self._generation, "POST", url, "/generate", body,
+            httpx_timeout=self._generate_timeout, config=self.config, headers=headers,
+        )
         if response.status_code >= 400:
             raise error_from_response(
                 response.status_code, response.content, engine_url=url, path="/generate"
@@ -256,56 +204,55 @@ class EngineClient:
                                          engine_url=url) from exc
         return parse_generate_response(payload, return_logprob=return_logprob)
 
-    # ------------------------------------------------------------------ control (fan-out)
+    # ------------------------------------------------------------------ control
     async def abort(self, rid: str) -> None:
-        """Ask every engine to abort ``rid`` (fire-and-forget: 200 means "received").
+        """Ask the engine to abort ``rid`` (fire-and-forget: 200 means "received").
 
         The abort is complete only when the matching :meth:`generate` call returns
-        (docs/client-quirks.md#abort-is-acknowledged-early).
+        (docs/client-quirks.md#abort-is-acknowledged-early). Aborting a rid the engine does not
+        hold is a harmless no-op.
 
         Raises:
-            BackendError: an engine could not be reached (after retries).
+            BackendError: the engine could not be reached (after retries) or refused.
 
         Cancellation:
-            A checkpoint; engines already reached keep the abort.
+            A checkpoint; an abort that reached the engine stays.
         """
-        await self._fan_out(lambda url: self._call(url, "/abort_request", {"rid": rid}))
+        await self._call("/abort_request", {"rid": rid})
 
     async def abort_all(self) -> None:
-        """Abort every request on every engine.
+        """Abort every request on the engine.
 
         Raises:
-            BackendError: an engine could not be reached (after retries).
+            BackendError: the engine could not be reached (after retries) or refused.
 
         Cancellation:
-            A checkpoint; engines already reached keep the abort.
+            A checkpoint; an abort that reached the engine stays.
         """
-        await self._fan_out(lambda url: self._call(url, "/abort_request", {"abort_all": True}))
+        await self._call("/abort_request", {"abort_all": True})
 
     async def pause_generation(self, mode: PauseMode = "abort") -> None:
-        """Pause every engine; new generations block there until continue.
+        """Pause the engine; new generations block there until continue.
 
         Raises:
-            BackendError: an engine failed or could not be reached.
+            BackendError: the engine failed or could not be reached.
 
         Cancellation:
-            A checkpoint; engines already reached stay paused — call
+            A checkpoint; a pause that reached the engine stays: call
             :meth:`continue_generation` (shielded) to undo.
         """
-        await self._fan_out(
-            lambda url: self._call(url, "/pause_generation", {"mode": mode}, slow=True)
-        )
+        await self._call("/pause_generation", {"mode": mode}, slow=True)
 
     async def continue_generation(self) -> None:
-        """Resume every engine after :meth:`pause_generation`.
+        """Resume the engine after :meth:`pause_generation`.
 
         Raises:
-            BackendError: an engine failed or could not be reached.
+            BackendError: the engine failed or could not be reached.
 
         Cancellation:
-            A checkpoint; engines already reached have resumed.
+            A checkpoint.
         """
-        await self._fan_out(lambda url: self._call(url, "/continue_generation", {}))
+        await self._call("/continue_generation", {})
 
     async def update_weights_from_disk(
         self,
@@ -315,25 +262,25 @@ class EngineClient:
         abort_all_requests: bool = False,
         flush_cache: bool = True,
     ) -> None:
-        """Load a checkpoint directory on every engine.
+        """Load a checkpoint directory (or a shared-memory manifest, embedded engine).
 
-        Without a pause an engine waits for all its in-flight requests first
+        Without a pause the engine waits for all its in-flight requests first
         (docs/client-quirks.md#weight-update-waits-for-in-flight-requests); pause
         with ``retract`` before calling this for a fast, loss-free update.
 
         Args:
-            model_path: checkpoint directory visible to every engine.
+            model_path: checkpoint directory visible to the engine.
             weight_version: new version label (None keeps the old label).
             abort_all_requests: abort in-flight requests first.
             flush_cache: flush the prefix cache after loading.
 
         Raises:
-            EngineRejectedError: an engine answered ``success: false`` (HTTP 400). On SGLang
+            EngineRejectedError: the engine answered ``success: false`` (HTTP 400). On SGLang
                 the weights may already be loaded when only the cache flush failed.
-            EngineUnavailableError: an engine failed or could not be reached.
+            EngineUnavailableError: the engine failed or could not be reached.
 
         Cancellation:
-            A checkpoint; engines that already started loading finish doing so.
+            A checkpoint; an engine that already started loading finishes doing so.
         """
         body: dict[str, Any] = {
             "model_path": model_path,
@@ -342,85 +289,97 @@ class EngineClient:
         }
         if weight_version is not None:
             body["weight_version"] = weight_version
-
-        async def one(url: str) -> None:
-            response = await self._call(url, "/update_weights_from_disk", body, slow=True)
-            payload = json_object(response, url)
-            if payload.get("success") is not True:
-                raise EngineRejectedError(
-                    f"engine {url} failed to update weights: {payload.get('message')}",
-                    engine_url=url,
-                    status_code=response.status_code,
-                )
-
-        await self._fan_out(one)
+        response = await self._call("/update_weights_from_disk", body, slow=True)
+        payload = json_object(response, self.url)
+        if payload.get("success") is not True:
+            raise EngineRejectedError(
+                f"engine {self.url} failed to update weights: {payload.get('message')}",
+                engine_url=self.url,
+                status_code=response.status_code,
+            )
 
     async def update_weight_version(self, new_version: str, *, abort_all_requests: bool = False) -> None:
-        """Relabel the weights on every engine; always sends ``abort_all_requests``.
+        """Relabel the weights; always sends ``abort_all_requests``.
 
         See docs/client-quirks.md#version-relabel-aborts-by-default.
 
         Raises:
-            BackendError: an engine failed or could not be reached.
+            BackendError: the engine failed or could not be reached.
 
         Cancellation:
-            A checkpoint; engines already reached keep the new label.
+            A checkpoint.
         """
         body = {"new_version": new_version, "abort_all_requests": abort_all_requests}
-        await self._fan_out(lambda url: self._call(url, "/update_weight_version", body))
+        await self._call("/update_weight_version", body)
+
+    async def weight_version(self) -> str | None:
+        """The label of the weights the engine serves now (``/model_info`` ``weight_version``).
+
+        Returns:
+            The label, or None when the engine reports none.
+
+        Raises:
+            BackendError: HTTP error, invalid JSON or unreachable engine.
+
+        Cancellation:
+            A checkpoint.
+        """
+        version = (await self.model_info()).get("weight_version")
+        return version if isinstance(version, str) else None
 
     async def close_session(self, session_id: str) -> None:
-        """Release a session's engine-side state on every engine (no-op where unknown).
+        """Release a session's engine-side state (a no-op where unknown).
 
         Raises:
-            BackendError: an engine could not be reached.
+            BackendError: the engine could not be reached.
 
         Cancellation:
             A checkpoint.
         """
-        await self._fan_out(
-            lambda url: self._call(url, "/close_session", {"session_id": session_id})
-        )
+        await self._call("/close_session", {"session_id": session_id})
 
     async def flush_cache(self) -> None:
-        """Flush the prefix cache on every engine.
+        """Flush the engine's prefix cache.
 
         Raises:
-            EngineRejectedError: an engine refused (requests still running).
-            EngineUnavailableError: an engine failed or could not be reached.
+            EngineRejectedError: the engine refused (requests still running).
+            EngineUnavailableError: the engine failed or could not be reached.
 
         Cancellation:
             A checkpoint.
         """
-        await self._fan_out(lambda url: self._call(url, "/flush_cache", {}))
+        await self._call("/flush_cache", {})
 
     # ------------------------------------------------------------------ health / info
-    async def health(self) -> bool:
-        """True when every engine answers ``GET /health`` with 200; never raises.
+    async def health_status(self) -> int:
+        """``GET /health`` (with the config's retries); the HTTP status of the last answer.
 
-        Don't use it while engines are paused (SGLang's probe generation blocks:
+        Don't use it while the engine is paused (SGLang's probe generation blocks:
         docs/client-quirks.md#health-checks-while-paused).
 
+        Raises:
+            BackendTimeoutError: no answer in time on any attempt.
+            EngineUnavailableError: the engine could not be reached; ``__cause__`` is the
+                ``httpx.TransportError`` (``httpx.ConnectError`` when the connection was refused).
+
         Cancellation:
             A checkpoint.
         """
-        results: list[bool] = []
+        return (await self._send("GET", "/health", None)).status_code
 
-        async def one(url: str) -> None:
-            try:
-                response = await self._call(url, "/health", method="GET")
-            except RelaxError:
-                results.append(False)
-            else:
-                results.append(response.status_code == 200)
+    async def health(self) -> bool:
+        """True when the engine answers ``GET /health`` with 200; never raises.
 
-        async with trio.open_nursery() as nursery:
-            for url in self.urls:
-                nursery.start_soon(one, url)
-        return all(results)
+        Cancellation:
+            A checkpoint.
+        """
+        try:
+            return await self.health_status() == 200
+        except RelaxError:
+            return False
 
-    async def model_info(self, url: str | None = None) -> dict[str, Any]:
-        """``GET /model_info`` of one engine (default: the first).
+    async def model_info(self) -> dict[str, Any]:
+        """``GET /model_info``: ``model_path``, ``weight_version``, the served config...
 
         Raises:
             BackendError: HTTP error, invalid JSON or unreachable engine.
@@ -428,11 +387,10 @@ class EngineClient:
         Cancellation:
             A checkpoint.
         """
-        target = url or self.urls[0]
-        return json_object(await self._call(target, "/model_info", method="GET"), target)
+        return json_object(await self._call("/model_info", method="GET"), self.url)
 
-    async def server_info(self, url: str | None = None) -> dict[str, Any]:
-        """``GET /server_info`` of one engine (default: the first).
+    async def server_info(self) -> dict[str, Any]:
+        """``GET /server_info``: ``context_length``, ``max_req_input_len``, ``frontend``...
 
         Raises:
             BackendError: HTTP error, invalid JSON or unreachable engine.
@@ -440,42 +398,55 @@ class EngineClient:
         Cancellation:
             A checkpoint.
         """
-        target = url or self.urls[0]
-        return json_object(await self._call(target, "/server_info", method="GET"), target)
+        return json_object(await self._call("/server_info", method="GET"), self.url)
+
+
+@attrs.define(eq=False)
+class SGLangConnections:
+    """The two connection pools of SGLang-API clients, shared by every client made here
+    (SGLang's :class:`relaxtrio.fleet.engine_api.EngineConnections`); open it with
+    :func:`open_connections`.
+
+    Attributes:
+        generation: the pool of ``/generate`` traffic (all engines).
+        control: the ``httpx.AsyncClient`` of control traffic (all engines).
+        config: the default limits and timeouts of the clients.
+    """
+
+    generation: httpx.AsyncClient | ConnectionPool
+    control: httpx.AsyncClient
+    config: EngineClientConfig
+
+    def client(self, url: str, config: EngineClientConfig | None = None) -> EngineClient:
+        """A client of the engine at ``url`` on these pools (``config``: its timeouts and
+        retries; the pool sizes are the pools'). Cheap: no I/O."""
+        return EngineClient(url, generation=self.generation, control=self.control,
+                            config=config or self.config)
 
 
 @asynccontextmanager
-async def open_engine_client(
-    urls: Sequence[str],
-    *,
-    max_generation_connections: int | None = None,
-    max_control_connections: int | None = None,
+async def open_connections(
     config: EngineClientConfig | None = None,
+    *,
     transport: httpx.AsyncBaseTransport | None = None,
-) -> AsyncIterator[EngineClient]:
-    """Open an :class:`EngineClient` with separate generation and control connection pools.
+) -> AsyncIterator[SGLangConnections]:
+    """Open the generation and control pools that SGLang-API clients share.
 
     Args:
-        urls: engine base URLs (SGLang servers or embedded engines).
-        max_generation_connections: size of the generation pool (default: ``config``'s, 1024).
-        max_control_connections: size of the control pool (default: ``config``'s, 32).
-        config: timeouts and retry policy; defaults as in :class:`EngineClientConfig`.
+        config: pool sizes, timeouts and retry policy; defaults as in
+            :class:`EngineClientConfig`.
         transport: custom transport for both pools (tests use ``httpx.MockTransport``);
             then both are ``httpx.AsyncClient`` s. Without one, ``/generate`` goes through a
             :class:`~._pool.ConnectionPool` (a small fraction of httpx's CPU per call) and
             control calls an ``httpx.AsyncClient``.
 
     Yields:
-        The client; both pools are closed on exit.
+        The pools; both are closed on exit.
 
     Cancellation:
         Exiting closes the pools; in-flight calls must have finished or been cancelled.
     """
     cfg = config or EngineClientConfig()
-    if max_generation_connections is not None:
-        cfg = attrs.evolve(cfg, max_generation_connections=max_generation_connections)
-    if max_control_connections is not None:
-        cfg = attrs.evolve(cfg, max_control_connections=max_control_connections)
     generation_limits = httpx.Limits(
         max_connections=cfg.max_generation_connections,
         max_keepalive_connections=cfg.max_generation_connections,
@@ -492,4 +463,37 @@ async def open_engine_client(
         generation_pool as generation,
         httpx.AsyncClient(limits=control_limits, transport=transport) as control,
     ):
-        yield EngineClient(urls, generation=generation, control=control, config=cfg)
+        yield SGLangConnections(generation=generation, control=control, config=cfg)
+
+
+@asynccontextmanager
+async def open_engine_client(
+    url: str,
+    *,
+    max_generation_connections: int | None = None,
+    max_control_connections: int | None = None,
+    config: EngineClientConfig | None = None,
+    transport: httpx.AsyncBaseTransport | None = None,
+) -> AsyncIterator[EngineClient]:
+    """Open an :class:`EngineClient` of one engine with pools of its own.
+
+    Args:
+        url: the engine's base URL (an SGLang server or an embedded engine).
+        max_generation_connections: size of the generation pool (default: ``config``'s, 1024).
+        max_control_connections: size of the control pool (default: ``config``'s, 32).
+        config: timeouts and retry policy; defaults as in :class:`EngineClientConfig`.
+        transport: custom transport for both pools (see :func:`open_connections`).
+
+    Yields:
+        The client; both pools are closed on exit.
+
+    Cancellation:
+        Exiting closes the pools; in-flight calls must have finished or been cancelled.
+    """
+    cfg = config or EngineClientConfig()
+    if max_generation_connections is not None:
+        cfg = attrs.evolve(cfg, max_generation_connections=max_generation_connections)
+    if max_control_connections is not None:
+        cfg = attrs.evolve(cfg, max_control_connections=max_control_connections)
+    async with open_connections(cfg, transport=transport) as connections:
+        yield connections.client(url)

@@ -1,4 +1,5 @@
-"""A scripted engine: an in-process stand-in for :class:`~relaxtrio.sglang.client.EngineClient`.
+"""A scripted engine: an in-process stand-in for the fleet the turn code generates with
+(:class:`~relaxtrio.fleet.fleet.EngineFleet`).
 
 It replays given replies (text or ids) with fixed logprobs, so tests can force shapes a tiny
 random model will not produce (tool calls, reasoning, aborts at a chosen token). A reply may wait

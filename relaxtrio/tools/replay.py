@@ -38,6 +38,7 @@ from .._errors import ConfigError
 from ..config import TrainConfig
 from ..rollout.advantages import group_advantages
 from ..rollout.dumps import DumpedSample, RolloutDump
+from ..rollout.scored import ScoredSample
 
 LOGPROB_ATOL: Final = 1e-3
 """Nats: trainer and engine logprobs of one token may differ by this much. fp32 on CPU keeps
@@ -295,7 +296,9 @@ def replay_dump(dump: RolloutDump, checkpoint: Path) -> ReplayReport:
     train = dump.section("train")
     if train is not None and train.get("loss") is not None:
         recorded_loss = float(train["loss"])
-        recomputed_loss = float(trainer.train_step([d.sample for d in samples], advantages).loss)
+        scored = [ScoredSample(sample=d.sample, reward=d.scalar_reward, advantage=a)
+                  for d, a in zip(samples, advantages, strict=True)]
+        recomputed_loss = float(trainer.train_step(scored).loss)
         tolerance = max(LOSS_RTOL * abs(recorded_loss), 1e-6)
         if not abs(recomputed_loss - recorded_loss) <= tolerance:
             divergences.append(Divergence(kind="loss", sample=None, token=None, recorded=recorded_loss,

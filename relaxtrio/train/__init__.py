@@ -1,13 +1,15 @@
 """relaxtrio.train: the torch side of GRPO/PPO.
 
-Turns exported ``TrainingSample`` contexts plus one advantage per context into AdamW updates of a
-causal LM, and writes the new weights where an engine can reload them. Synchronous and blocking:
-the trio driver calls it through ``trio.to_thread.run_sync``.
+Turns scored contexts (an exported ``TrainingSample`` with its advantage, a
+``relaxtrio.rollout.scored.ScoredSample``) into AdamW updates of a causal LM, and writes the new
+weights where an engine can reload them. Synchronous and blocking: the trio driver calls it
+through ``trio.to_thread.run_sync``.
 """
 
 from ..config import TrainConfig as TrainConfig
 from .batching import MicroBatch as MicroBatch
 from .batching import SampleLike as SampleLike
+from .batching import ScoredLike as ScoredLike
 from .checkpoint import save_checkpoint_dir as save_checkpoint_dir
 from .checkpoint import save_weights_dir as save_weights_dir
 from .logprobs import entropy_from_logits as entropy_from_logits
@@ -22,6 +24,7 @@ from .trainer import Trainer as Trainer
 __all__ = [
     "MicroBatch",
     "SampleLike",
+    "ScoredLike",
     "TrainConfig",
     "TrainStats",
     "Trainer",

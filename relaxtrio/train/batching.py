@@ -1,29 +1,35 @@
 """From training samples to padded tensors: validation, minibatch split, micro-batch packing.
 
 The trainer never sees a ``TrainingSample`` class; anything with the three fields of
-:class:`SampleLike` (``relaxtrio.forest.TrainingSample`` among them) trains. A sample of a
-vision-language model also carries ``multimodal_inputs`` (see :mod:`relaxtrio.train.multimodal`).
+:class:`SampleLike` (``relaxtrio.forest.TrainingSample`` among them) trains, and it receives
+each one with its credit as a :class:`ScoredLike` (``relaxtrio.rollout.scored.ScoredSample``
+among them). A sample of a vision-language model also carries ``multimodal_inputs`` (see
+:mod:`relaxtrio.train.multimodal`).
 """
 
 from __future__ import annotations
 
 import random
 from collections.abc import Sequence
-from typing import Protocol
+from typing import Any, Protocol
 
 import attrs
 import torch
 from torch import Tensor
 
 from .._validate import require_real
+from ..config import TrainConfig
 from .multimodal import multimodal_model_inputs
 
 __all__ = [
     "MicroBatch",
     "SampleLike",
+    "ScoredLike",
     "collate",
+    "plan_configured_micro_batches",
     "plan_dynamic_micro_batches",
     "plan_micro_batches",
+    "special_token_ids",
     "split_minibatches",
 ]
 
@@ -45,6 +51,17 @@ class SampleLike(Protocol):
 
     @property
     def rollout_logprobs(self) -> Sequence[float]: ...
+
+
+class ScoredLike(Protocol):
+    """One context and its base credit, as the trainer receives them (duck-typed
+    ``relaxtrio.rollout.scored.ScoredSample``; the trainer reads nothing else of it)."""
+
+    @property
+    def sample(self) -> SampleLike: ...
+
+    @property
+    def advantage(self) -> float: ...
 
 
 @attrs.frozen(eq=False)
@@ -75,6 +92,37 @@ class MicroBatch:
     def num_tokens(self) -> int:
         """Trained tokens in this micro-batch."""
         return int(self.loss_mask.sum().item())
+
+
+def special_token_ids(model: torch.nn.Module) -> tuple[int, int | None]:
+    """``(pad_token_id, image_token_id)`` for collating ``model``'s micro-batches.
+
+    The pad id is the (text) config's ``pad_token_id`` when it is a valid id, else 0: any valid
+    id does, since padding is masked out. The image token id is a VLM config's
+    ``image_token_id``, else None.
+    """
+    model_config: Any = getattr(model, "config", None)
+    get_text_config = getattr(model_config, "get_text_config", None)
+    text_config = get_text_config() if get_text_config is not None else model_config
+    pad = getattr(text_config, "pad_token_id", None)
+    vocab = getattr(text_config, "vocab_size", None)
+    image_token = getattr(model_config, "image_token_id", None)
+    pad_id = pad if isinstance(pad, int) and pad >= 0 and (vocab is None or pad < vocab) else 0
+    return pad_id, (image_token if isinstance(image_token, int) else None)
+
+
+def plan_configured_micro_batches(
+    config: TrainConfig, indices: Sequence[int], lengths: Sequence[int]
+) -> list[list[int]]:
+    """Micro-batches of ``indices`` as ``config`` asks: packed by ``max_tokens_per_gpu`` with
+    dynamic batching (:func:`plan_dynamic_micro_batches`), else :func:`plan_micro_batches`."""
+    if config.use_dynamic_batch_size:
+        assert config.max_tokens_per_gpu is not None  # TrainConfig checks it
+        return plan_dynamic_micro_batches(indices, lengths, max_tokens=config.max_tokens_per_gpu)
+    return plan_micro_batches(
+        indices, lengths, micro_batch_size=config.micro_batch_size,
+        max_tokens_per_micro_batch=config.max_tokens_per_micro_batch,
+    )
 
 
 def validate_samples(samples: Sequence[SampleLike], advantages: Sequence[float] | None) -> None:

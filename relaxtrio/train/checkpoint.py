@@ -65,6 +65,7 @@ __all__ = [
     "TOKENIZER_FILES",
     "capture_rng_state",
     "find_run_checkpoint",
+    "load_model_dir",
     "read_run_state",
     "restore_rng_state",
     "save_checkpoint_dir",
@@ -106,6 +107,17 @@ _ITER_RE: Final = re.compile(r"^iter_(\d{7,})$")
 
 # Weights are renamed last, so a reader that sees the new weights also sees the new config.
 _WEIGHT_SUFFIXES: Final = (".safetensors", ".safetensors.index.json")
+
+
+def load_model_dir(model_dir: Path) -> torch.nn.Module:
+    """A causal LM (or a VLM, when ``config.json`` has a ``vision_config``) in float32, from a
+    local Hugging Face directory."""
+    from transformers import AutoModelForCausalLM, AutoModelForImageTextToText
+
+    config_file = Path(model_dir) / "config.json"
+    is_vlm = config_file.is_file() and "vision_config" in json.loads(config_file.read_text("utf-8"))
+    auto = AutoModelForImageTextToText if is_vlm else AutoModelForCausalLM
+    return auto.from_pretrained(model_dir, dtype=torch.float32, local_files_only=True)
 
 
 def save_weights_dir(

@@ -65,7 +65,7 @@ from .checkpoint import (
     save_weights_dir,
 )
 from .lora import merged_state_dict, require_linear_lora
-from .optim_state import named_optimizer_state, trainable_names
+from .optim_state import keep_adamw_kernel, named_optimizer_state, trainable_names
 from .trainer import Trainer
 
 __all__ = [
@@ -413,14 +413,14 @@ class ShardedTrainer(Trainer):
             set_optimizer_state_dict(self.model, self.optimizer, named,
                                      options=StateDictOptions(full_state_dict=True))
             self.num_optimizer_steps = int(saved["num_optimizer_steps"])
-            self._keep_adamw_kernel()
+            keep_adamw_kernel(self.optimizer, fused=self._fused_adamw)
             return
         state: dict[str, Any] = {"optimizer": get_optimizer_state_dict(self.model, self.optimizer),
                                  "num_optimizer_steps": 0}
         dcp.load(state, checkpoint_id=os.fspath(directory))
         set_optimizer_state_dict(self.model, self.optimizer, state["optimizer"])
         self.num_optimizer_steps = int(state["num_optimizer_steps"])
-        self._keep_adamw_kernel()
+        keep_adamw_kernel(self.optimizer, fused=self._fused_adamw)
 
 
 def _all_gather_rows(local: dict[int, Tensor], world_size: int) -> dict[int, Tensor]:

@@ -173,14 +173,10 @@ def policy_loss(
     ``clip_eps_high > clip_eps_low`` is DAPO's "clip-higher" (arXiv 2503.14476, section 3.1), which
     leaves low-probability tokens more room to grow. Options, in the order they apply:
 
-    * ``policy_ratio="sequence"``: GSPO (arXiv 2507.18071, its sequence-level ratio and GSPO-token variant):
-      every token of row ``b`` uses the row's length-normalized ratio
-      ``s_b = exp(mean_t(logprobs - old_logprobs))``, clipped as a whole; the gradient reaches
-      each token as ``s_b * grad log p_t`` (``sg[s_b] * p_t / sg[p_t]``), so with per-sequence
-      advantages and ``sequence_mean`` this is GSPO's sequence objective exactly.
-    * ``clip_ratio_c``: dual-clip PPO (Ye et al., arXiv 1912.09729, section "Dual-clip PPO"): for
-      ``A_t < 0`` the loss is also capped at ``-clip_ratio_c * A_t``, so a huge ratio on a bad
-      token cannot dominate the update.
+    * ``policy_ratio="sequence"``: GSPO (arXiv 2507.18071): every token of a row uses the row's
+      length-normalized ratio, clipped as a whole (:func:`_log_ratios`);
+    * ``clip_ratio_c``: dual-clip PPO (arXiv 1912.09729): for ``A_t < 0`` the loss is also capped
+      at ``-clip_ratio_c * A_t`` (:func:`_clipped_loss`);
     * ``token_weights``: constant per-token factors on the loss (truncated importance weights,
       IcePop or OPSM masks from :mod:`relaxtrio.train.offpolicy`); a weight 0 removes the token's
       gradient but it still counts in the denominators.
@@ -204,20 +200,38 @@ def policy_loss(
             (``token_mean`` accumulation). Stats are unaffected by either.
 
     Returns:
-        ``(loss, stats)``: ``loss`` is a 0-dim float32 tensor (0.0 with no masked tokens).
-        ``stats`` are floats averaged over this call's masked tokens: ``pg_loss`` (the token
-        mean of the weighted per-token loss, whatever the aggregation), ``clip_fraction``
-        (fraction of tokens where the clipped term is the active one, i.e. the token gets no
-        gradient), ``dual_clip_fraction`` (tokens capped by the dual clip), ``ppo_kl`` (k1
-        estimator of KL(old || new): mean of ``old_logprobs - logprobs``), ``approx_kl_k3``
-        (k3 estimator ``ratio - 1 - log ratio``, Schulman 2020, always >= 0; both KL stats use the
-        clamped per-token log ratio), ``ratio_mean`` (of the ratio the clip acts on), and
-        ``num_tokens`` (masked tokens in this call).
+        ``(loss, stats)``: ``loss`` is a 0-dim float32 tensor (0.0 with no masked tokens);
+        ``stats`` are floats over this call's masked tokens, as :func:`_policy_stats` defines them
+        (``pg_loss``, ``clip_fraction``, ``dual_clip_fraction``, ``ppo_kl``, ``approx_kl_k3``,
+        ``ratio_mean``, ``num_tokens``).
 
     Raises:
         ValueError: the tensors differ in shape, a clip range is negative, or ``clip_ratio_c``
             is not above 1.
     """
+    _check_policy_inputs(logprobs, old_logprobs, advantages, loss_mask, token_weights,
+                         clip_eps_low, clip_eps_high, clip_ratio_c)
+    mask = loss_mask.bool()  # (B, T)
+    zero = torch.zeros_like(logprobs)
+    token_log_ratio, log_ratio = _log_ratios(logprobs, old_logprobs, mask, policy_ratio)
+    adv = torch.where(mask, advantages.detach().to(torch.float32), zero)  # (B, T)
+    ratio = torch.exp(log_ratio)  # (B, T)
+    per_token, clip_active, dual = _clipped_loss(adv, ratio, mask, clip_eps_low, clip_eps_high, clip_ratio_c)
+    if token_weights is not None:
+        per_token = per_token * torch.where(mask, token_weights.detach().to(torch.float32), zero)
+    per_token = per_token * mask.to(torch.float32)  # (B, T)
+    if denominators is None:
+        denominators = LossDenominators.of(loss_mask)
+    if loss_denominator_tokens is not None:
+        denominators = attrs.evolve(denominators, num_tokens=float(loss_denominator_tokens))
+    loss = aggregate(per_token, loss_mask, aggregation, denominators)
+    return loss, _policy_stats(per_token, clip_active, dual, token_log_ratio, ratio, mask)
+
+
+def _check_policy_inputs(logprobs: Tensor, old_logprobs: Tensor, advantages: Tensor, loss_mask: Tensor,
+                         token_weights: Tensor | None, clip_eps_low: float, clip_eps_high: float,
+                         clip_ratio_c: float | None) -> None:
+    """Raises :func:`policy_loss`'s ``ValueError`` for unequal shapes or bad clip settings."""
     shapes = [logprobs.shape, old_logprobs.shape, advantages.shape, loss_mask.shape]
     if token_weights is not None:
         shapes.append(token_weights.shape)
@@ -232,23 +246,45 @@ def policy_loss(
         raise ValueError(f"clip ranges must be >= 0, got {clip_eps_low}, {clip_eps_high}")
     if clip_ratio_c is not None and not clip_ratio_c > 1.0:
         raise ValueError(f"clip_ratio_c must be > 1, got {clip_ratio_c}")
-    mask = loss_mask.bool()  # (B, T)
-    maskf = mask.to(torch.float32)
+
+
+def _log_ratios(logprobs: Tensor, old_logprobs: Tensor, mask: Tensor,
+                policy_ratio: PolicyRatio) -> tuple[Tensor, Tensor]:
+    """``(token_log_ratio, log_ratio)``, both ``(B, T) float32`` and 0 off the mask: the clamped
+    per-token ``logprobs - old_logprobs``, and the log ratio the clip acts on.
+
+    With ``policy_ratio="sequence"`` (GSPO, arXiv 2507.18071, its sequence-level ratio and
+    GSPO-token variant) every token of row ``b`` uses the row's length-normalized ratio
+    ``s_b = exp(mean_t(logprobs - old_logprobs))``; the gradient reaches each token as
+    ``s_b * grad log p_t`` (``sg[s_b] * p_t / sg[p_t]``), so with per-sequence advantages and
+    ``sequence_mean`` this is GSPO's sequence objective exactly.
+
+    Raises:
+        ValueError: an unknown ``policy_ratio``.
+    """
     zero = torch.zeros_like(logprobs)
     # where() before any arithmetic so garbage at unmasked positions never reaches a gradient.
     token_log_ratio = torch.where(mask, logprobs - old_logprobs.detach(), zero)  # (B, T)
     token_log_ratio = token_log_ratio.clamp(-_MAX_LOG_RATIO, _MAX_LOG_RATIO)
-    if policy_ratio == "sequence":
-        per_row = maskf.sum(-1).clamp(min=1.0)  # (B,)
-        seq = (token_log_ratio.detach().sum(-1) / per_row).clamp(-_MAX_LOG_RATIO, _MAX_LOG_RATIO)
-        current = torch.where(mask, logprobs, zero)  # (B, T)
-        log_ratio = torch.where(mask, seq[:, None] + current - current.detach(), zero)  # (B, T)
-    elif policy_ratio == "token":
-        log_ratio = token_log_ratio
-    else:
+    if policy_ratio == "token":
+        return token_log_ratio, token_log_ratio
+    if policy_ratio != "sequence":
         raise ValueError(f"unknown policy ratio {policy_ratio!r}")
-    adv = torch.where(mask, advantages.detach().to(torch.float32), zero)  # (B, T)
-    ratio = torch.exp(log_ratio)  # (B, T)
+    per_row = mask.to(torch.float32).sum(-1).clamp(min=1.0)  # (B,)
+    seq = (token_log_ratio.detach().sum(-1) / per_row).clamp(-_MAX_LOG_RATIO, _MAX_LOG_RATIO)
+    current = torch.where(mask, logprobs, zero)  # (B, T)
+    return token_log_ratio, torch.where(mask, seq[:, None] + current - current.detach(), zero)
+
+
+def _clipped_loss(adv: Tensor, ratio: Tensor, mask: Tensor, clip_eps_low: float, clip_eps_high: float,
+                  clip_ratio_c: float | None) -> tuple[Tensor, Tensor, Tensor]:
+    """``(per_token, clip_active, dual)``: the clipped surrogate per token ``(B, T) float32``, where
+    the clipped term is the active one and where the dual clip capped it (``(B, T) bool``).
+
+    Dual-clip PPO (Ye et al., arXiv 1912.09729, section "Dual-clip PPO"): with ``clip_ratio_c``,
+    for ``A_t < 0`` the loss is also capped at ``-clip_ratio_c * A_t``, so a huge ratio on a bad
+    token cannot dominate the update.
+    """
     unclipped = -adv * ratio  # (B, T)
     clipped = -adv * ratio.clamp(1.0 - clip_eps_low, 1.0 + clip_eps_high)  # (B, T)
     per_token = torch.maximum(unclipped, clipped)  # (B, T)
@@ -257,17 +293,7 @@ def policy_loss(
         cap = -adv * clip_ratio_c  # (B, T): binding only where A < 0
         dual = (adv < 0) & (per_token > cap) & mask
         per_token = torch.where(adv < 0, torch.minimum(per_token, cap), per_token)
-    if token_weights is not None:
-        per_token = per_token * torch.where(mask, token_weights.detach().to(torch.float32), zero)
-    per_token = per_token * maskf  # (B, T)
-
-    if denominators is None:
-        denominators = LossDenominators.of(loss_mask)
-    if loss_denominator_tokens is not None:
-        denominators = attrs.evolve(denominators, num_tokens=float(loss_denominator_tokens))
-    loss = aggregate(per_token, loss_mask, aggregation, denominators)
-
-    return loss, _policy_stats(per_token, clipped > unclipped, dual, token_log_ratio, ratio, mask)
+    return per_token, clipped > unclipped, dual
 
 
 @torch.no_grad()
@@ -275,7 +301,14 @@ def _policy_stats(
     per_token: Tensor, clip_active: Tensor, dual: Tensor, token_log_ratio: Tensor, ratio: Tensor,
     mask: Tensor,
 ) -> dict[str, float]:
-    """The stats of :func:`policy_loss`, averaged over masked tokens with one device sync.
+    """The stats of :func:`policy_loss`, averaged over masked tokens with one device sync:
+    ``pg_loss`` (the token mean of the weighted per-token loss, whatever the aggregation),
+    ``clip_fraction`` (fraction of tokens where the clipped term is the active one, i.e. the token
+    gets no gradient), ``dual_clip_fraction`` (tokens capped by the dual clip), ``ppo_kl`` (k1
+    estimator of KL(old || new): mean of ``old_logprobs - logprobs``), ``approx_kl_k3`` (k3
+    estimator ``ratio - 1 - log ratio``, Schulman 2020, always >= 0; both KL stats use the clamped
+    per-token log ratio), ``ratio_mean`` (of the ratio the clip acts on), and ``num_tokens``
+    (masked tokens in this call).
 
     Args:
         per_token: ``(B, T) float32`` masked (weighted) per-token losses.

@@ -11,7 +11,7 @@ the per-token loss, or a loss mask. Shapes: ``(B, T)`` as in :mod:`relaxtrio.tra
 from __future__ import annotations
 
 from collections.abc import Sequence
-from typing import Final, Protocol
+from typing import Any, Final, Protocol
 
 import torch
 from torch import Tensor
@@ -191,6 +191,16 @@ def offpolicy_token_weights(
         weights = keep if weights is None else weights * keep
         stats.update(opsm_stats)
     return weights, stats
+
+
+def trained_loss_masks(samples: Sequence[Any], *, mask_offpolicy: bool) -> list[list[int]]:
+    """Every sample's loss mask as the step trains it: as exported, or with
+    ``mask_offpolicy`` (``--mask-offpolicy-in-partial-rollout``) only the tokens of its newest
+    weight version (:func:`newest_version_loss_mask`; a sample without ``weight_versions`` keeps
+    its mask)."""
+    if not mask_offpolicy:
+        return [list(s.loss_mask) for s in samples]
+    return [newest_version_loss_mask(s.loss_mask, getattr(s, "weight_versions", ())) for s in samples]
 
 
 def newest_version_loss_mask(loss_mask: Sequence[int], weight_versions: Sequence[SpanLike]) -> list[int]:

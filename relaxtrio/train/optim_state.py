@@ -27,15 +27,87 @@ from __future__ import annotations
 
 import os
 import warnings
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
 import torch
 
 from .._errors import ConfigError
+from .checkpoint import OPTIMIZER_DCP_DIR, OPTIMIZER_FILE
 
-__all__ = ["load_dcp_into_one_process", "named_optimizer_state", "trainable_names"]
+__all__ = [
+    "fused_adamw_fits",
+    "keep_adamw_kernel",
+    "load_dcp_into_one_process",
+    "load_optimizer_into_one_process",
+    "named_optimizer_state",
+    "trainable_names",
+]
+
+
+def fused_adamw_fits(params: Sequence[torch.Tensor]) -> bool:
+    """Whether ``torch.optim.AdamW(fused=True)`` can step ``params``: floating-point tensors on
+    CPU or CUDA (FSDP2's DTensor shards included).
+
+    The fused kernel computes the same AdamW update (Loshchilov & Hutter, arXiv 1711.05101,
+    algorithm 2) in one pass over each tensor instead of one op per term: on this project's
+    development machine (2 CPU cores, SmolLM2-135M, float32) one step takes 0.07-0.08 s against
+    0.33-0.36 s for torch's default, which the main job pays once per minibatch. Results differ
+    from the default kernel by float rounding only.
+    """
+    return bool(params) and all(p.is_floating_point() and p.device.type in ("cpu", "cuda") for p in params)
+
+
+def keep_adamw_kernel(optimizer: torch.optim.Optimizer, *, fused: bool) -> None:
+    """Puts a trainer's AdamW kernel choice back after a state load.
+
+    ``Optimizer.load_state_dict`` takes every param-group setting from the saved state,
+    ``fused`` included, so a checkpoint would otherwise carry the saving trainer's kernel
+    choice into this one (a checkpoint written before the fused kernel says ``None``, which
+    turns it off for the rest of the run).
+
+    Args:
+        optimizer: the AdamW optimizer just loaded.
+        fused: whether this trainer uses the fused kernel (:func:`fused_adamw_fits`).
+    """
+    for group in optimizer.param_groups:
+        group["fused"] = fused or None
+        group["foreach"] = None
+    if fused:  # the fused kernel wants each step count on its parameter's device
+        for param, state in optimizer.state.items():
+            step = state.get("step")
+            if isinstance(step, torch.Tensor) and step.device != param.device:
+                state["step"] = step.to(param.device)
+
+
+def load_optimizer_into_one_process(
+    model: torch.nn.Module, optimizer: torch.optim.Optimizer, checkpoint_dir: Path, *, device: str
+) -> int:
+    """Loads a checkpoint's AdamW state into a one-process trainer's optimizer.
+
+    Reads ``optimizer.pt``, or, when only a sharded trainer's ``optimizer.dcp/`` is there, its
+    shards into full tensors (:func:`load_dcp_into_one_process`).
+
+    Args:
+        model: the trainer's model (its trainable parameters' names key a ``optimizer.dcp/``).
+        optimizer: the optimizer to load into.
+        checkpoint_dir: a directory saved with its optimizer state.
+        device: where the state's tensors go (``optimizer.pt`` only).
+
+    Returns:
+        The saved ``num_optimizer_steps``.
+
+    Raises:
+        FileNotFoundError: ``checkpoint_dir`` has neither ``optimizer.pt`` nor ``optimizer.dcp/``.
+        ConfigError: ``optimizer.dcp/`` holds another model's state.
+    """
+    dcp_dir = Path(checkpoint_dir) / OPTIMIZER_DCP_DIR
+    if not (Path(checkpoint_dir) / OPTIMIZER_FILE).exists() and dcp_dir.is_dir():
+        return load_dcp_into_one_process(model, optimizer, dcp_dir)
+    state = torch.load(Path(checkpoint_dir) / OPTIMIZER_FILE, map_location=device, weights_only=True)
+    optimizer.load_state_dict(state["optimizer"])
+    return int(state["num_optimizer_steps"])
 
 
 def trainable_names(model: torch.nn.Module) -> list[str]:

@@ -128,13 +128,15 @@ class RankGroup:
             raise error
         return outcomes[0].value
 
-    def train_step(self, samples: Sequence[Any], advantages: Sequence[float]) -> Any:
-        """One sharded step (see :meth:`Trainer.train_step`); rank 0's whole-batch stats.
+    def train_step(self, scored: Sequence[Any]) -> Any:
+        """One sharded step on the scored contexts (see :meth:`Trainer.train_step`); rank 0's
+        whole-batch stats. Every rank receives every context (pickled; a
+        ``relaxtrio.rollout.scored.ScoredSample`` loads with attrs and the forest only).
 
         Raises:
             TrainerRankError: a rank died, failed or stopped answering (the group is closed).
         """
-        return self._call("train_step", list(samples), list(advantages))
+        return self._call("train_step", list(scored))
 
     def compute_logprobs(self, samples: Sequence[Any]) -> list[list[float]]:
         """See :meth:`Trainer.compute_logprobs`.

@@ -1,7 +1,8 @@
-"""The synchronous policy trainer: samples + base credits in, one or more AdamW steps out.
+"""The synchronous policy trainer: scored contexts in, one or more AdamW steps out.
 
 Everything here blocks (torch). The trio driver calls it through
-``await trio.to_thread.run_sync(trainer.train_step, samples, advantages)``; a :class:`Trainer`
+``await trio.to_thread.run_sync(trainer.train_step, scored)`` with the step's
+:class:`~relaxtrio.rollout.scored.ScoredSample` s (contexts with their credits); a :class:`Trainer`
 is not thread-safe, so the driver never runs two of its methods at once. It never changes
 torch's global state (thread count, default dtype, global RNG); the caller owns those.
 
@@ -47,48 +48,30 @@ from ..config import TrainConfig
 from .batching import (
     MicroBatch,
     SampleLike,
+    ScoredLike,
     collate,
-    plan_dynamic_micro_batches,
-    plan_micro_batches,
+    plan_configured_micro_batches,
+    special_token_ids,
     split_minibatches,
     validate_samples,
 )
-from .checkpoint import (
-    OPTIMIZER_DCP_DIR,
-    OPTIMIZER_FILE,
-    save_checkpoint_dir,
-    save_run_checkpoint,
-    save_weights_dir,
-)
+from .checkpoint import load_model_dir, save_checkpoint_dir, save_run_checkpoint, save_weights_dir
 from .estimators import token_advantages
-from .logprobs import (
-    entropy_from_logits,
-    first_context_position,
-    forward_logits,
-    left_pad,
-    logprob_temperature,
-    logprobs_from_logits,
-    takes_logits_to_keep,
-)
+from .logprobs import logprob_temperature, takes_logits_to_keep
 from .lora import apply_lora, merged_state_dict
-from .loss import LossDenominators, aggregate, policy_loss, reference_kl
-from .offpolicy import newest_version_loss_mask, offpolicy_token_weights
+from .loss import LossDenominators
+from .objective import (
+    gather_rows,
+    micro_batch_forward,
+    micro_batch_objective,
+    minibatch_denominators,
+    observe_pre_update,
+)
+from .offpolicy import trained_loss_masks
+from .optim_state import fused_adamw_fits, keep_adamw_kernel, load_optimizer_into_one_process
 from .stats import StepAccumulator, TrainStats
 
-__all__ = ["Trainer", "fused_adamw_fits"]
-
-
-def fused_adamw_fits(params: Sequence[Tensor]) -> bool:
-    """Whether ``torch.optim.AdamW(fused=True)`` can step ``params``: floating-point tensors on
-    CPU or CUDA (FSDP2's DTensor shards included).
-
-    The fused kernel computes the same AdamW update (Loshchilov & Hutter, arXiv 1711.05101,
-    algorithm 2) in one pass over each tensor instead of one op per term: on this project's
-    development machine (2 CPU cores, SmolLM2-135M, float32) one step takes 0.07-0.08 s against
-    0.33-0.36 s for torch's default, which the main job pays once per minibatch. Results differ
-    from the default kernel by float rounding only.
-    """
-    return bool(params) and all(p.is_floating_point() and p.device.type in ("cpu", "cuda") for p in params)
+__all__ = ["Trainer"]
 
 
 class Trainer:
@@ -146,14 +129,7 @@ class Trainer:
             self.ref_model = self._prepare_reference(reference)
         self._rng = random.Random(self.config.seed)
         self._threads: Callable[[], int] | None = None
-        model_config = getattr(model, "config", None)
-        text_config = model_config.get_text_config() if hasattr(model_config, "get_text_config") else model_config
-        pad = getattr(text_config, "pad_token_id", None)
-        vocab = getattr(text_config, "vocab_size", None)
-        image_token = getattr(model_config, "image_token_id", None)
-        self._image_token_id: int | None = image_token if isinstance(image_token, int) else None
-        ok = isinstance(pad, int) and pad >= 0 and (vocab is None or pad < vocab)
-        self._pad_token_id = pad if ok else 0  # any valid id: padding is masked out
+        self._pad_token_id, self._image_token_id = special_token_ids(model)
 
     def _prepare_policy(self, model: torch.nn.Module) -> torch.nn.Module:
         """The trained module: ``model`` with its LoRA adapter (if any), on ``config.device``."""
@@ -185,22 +161,23 @@ class Trainer:
         reference = None
         cfg = config if config is not None else TrainConfig()
         if reference_dir is not None and cfg.needs_reference_model and cfg.lora_rank == 0:
-            reference = _load_model(Path(reference_dir))
-        return cls(_load_model(Path(model_dir)), config, reference_model=reference)
+            reference = load_model_dir(Path(reference_dir))
+        return cls(load_model_dir(Path(model_dir)), config, reference_model=reference)
 
     # ------------------------------------------------------------------ training
 
     def train_step(
-        self, samples: Sequence[SampleLike], advantages: Sequence[float], *,
-        threads: Callable[[], int] | None = None,
+        self, scored: Sequence[ScoredLike], *, threads: Callable[[], int] | None = None,
     ) -> TrainStats:
-        """Run ``config.num_minibatches`` policy-gradient steps on one rollout's samples.
+        """Run ``config.num_minibatches`` policy-gradient steps on one rollout's scored contexts.
 
         Args:
-            samples: ``TrainingSample``-like objects (see :class:`~relaxtrio.train.SampleLike`).
-            advantages: one finite base credit per sample (an estimator's or the custom advantage
-                function's), broadcast over its ``loss_mask == 1`` tokens before KL shaping and
-                whitening; ``len(advantages) == len(samples)``.
+            scored: the step's contexts with their credits
+                (``relaxtrio.rollout.scored.ScoredSample``, or anything with the fields of
+                :class:`~relaxtrio.train.ScoredLike`): each ``sample`` is ``TrainingSample``-like
+                (:class:`~relaxtrio.train.SampleLike`); each ``advantage`` is one finite base
+                credit (an estimator's or the custom advantage function's), broadcast over the
+                sample's ``loss_mask == 1`` tokens before KL shaping and whitening.
             threads: asked (in the calling thread) before every micro-batch forward and every
                 optimizer step for the torch compute threads to use next (``> 0``; a CPU
                 trainer sharing cores with engines that may stop generating mid-update:
@@ -211,13 +188,14 @@ class Trainer:
             The step's :class:`TrainStats`.
 
         Raises:
-            ValueError: the samples break their length/mask invariants, an advantage is not
-                finite, or a rollout logprob on a trained token is not finite.
+            ValueError: ``scored`` is empty, a sample breaks its length/mask invariants
+                (``samples[i]`` names ``scored[i].sample``), an advantage is not finite
+                (``advantages[i]``), or a rollout logprob on a trained token is not finite.
         """
         before = torch.get_num_threads()
         self._threads = threads
         try:
-            return self._train_step(samples, advantages)
+            return self._train_step([s.sample for s in scored], [s.advantage for s in scored])
         finally:
             self._threads = None
             if threads is not None and torch.get_num_threads() != before:
@@ -235,7 +213,7 @@ class Trainer:
         validate_samples(samples, advantages)
         cfg = self.config
         lengths = [len(s.token_ids) for s in samples]
-        masks = self._loss_masks(samples)
+        masks = trained_loss_masks(samples, mask_offpolicy=cfg.mask_offpolicy_in_partial_rollout)
         acc = StepAccumulator()
         acc.extra["offpolicy_masked_tokens"] = sum(sum(s.loss_mask) for s in samples) - sum(map(sum, masks))
         minibatches = split_minibatches(len(samples), cfg.num_minibatches, self._rng)
@@ -247,7 +225,7 @@ class Trainer:
         acc.extra.update(adv_stats)
         steps = micro = padded = 0
         for mb in minibatches:
-            den = self._denominators(mb, masks)
+            den = minibatch_denominators(mb, masks, norm_tokens=cfg.loss_norm_tokens)
             if den.num_tokens == 0:
                 continue  # nothing to learn from; an AdamW step would still move the weights
             self.optimizer.zero_grad(set_to_none=True)
@@ -288,88 +266,26 @@ class Trainer:
         acc: StepAccumulator,
     ) -> tuple[Tensor, dict[str, float]]:
         """Forward one micro-batch and build its loss (policy, entropy, KL terms) with grad."""
-        cfg = self.config
-        T = batch.token_ids.shape[1]
-        # Every term below reads positions of the loss mask only: no logits before its first one.
+        # Every term reads positions of the loss mask only: no logits before its first one.
         logits, logprobs = self._forward(self.model, batch, trained_only=True)
         if old_by_sample is None:  # weights untouched so far: this pass *is* the pre-update policy
             pre = logprobs.detach()
-            self._observe_pre_update(batch, pre, logits, acc)
+            observe_pre_update(acc, batch, pre, logits, config=self.config, temperature=self._temperature)
         else:
-            pre = _gather_rows(old_by_sample, batch)
-        old = batch.rollout_logprobs if cfg.use_rollout_logprobs_as_old else pre
-        weights, off_stats = offpolicy_token_weights(
-            cfg, old=pre, rollout=batch.rollout_logprobs, logprobs=logprobs,
-            advantages=batch.advantages, loss_mask=batch.loss_mask,
-        )
-        loss, stats = policy_loss(
-            logprobs, old, batch.advantages, batch.loss_mask,
-            clip_eps_low=cfg.clip_eps_low, clip_eps_high=cfg.clip_eps_high,
-            clip_ratio_c=cfg.clip_ratio_c, policy_ratio=cfg.policy_ratio, token_weights=weights,
-            aggregation=cfg.loss_aggregation, denominators=den,
-        )
-        if cfg.clip_ratio_c is None:
-            del stats["dual_clip_fraction"]
-        stats.update(off_stats)
-        if cfg.entropy_coef > 0:
-            entropy = left_pad(entropy_from_logits(
-                logits, chunk_tokens=cfg.logprob_chunk_tokens, temperature=self._temperature
-            ), T)  # (B, T), with grad
-            loss = loss - cfg.entropy_coef * aggregate(
-                entropy, batch.loss_mask, cfg.loss_aggregation, den
-            )
-        del logits
-        if ref_by_sample is not None and cfg.use_kl_loss:
-            kl = reference_kl(logprobs, _gather_rows(ref_by_sample, batch), cfg.kl_loss_type)
-            if cfg.kl_loss_coef > 0:
-                loss = loss + cfg.kl_loss_coef * aggregate(kl, batch.loss_mask, cfg.loss_aggregation, den)
-            mask = batch.loss_mask.bool()
-            stats["kl_loss"] = float(kl.detach()[mask].sum().item()) / max(float(mask.sum().item()), 1.0)
-        return loss, stats
+            pre = gather_rows(old_by_sample, batch)
+        use_ref = ref_by_sample is not None and self.config.use_kl_loss
+        ref = gather_rows(ref_by_sample, batch) if use_ref and ref_by_sample is not None else None
+        return micro_batch_objective(self.config, batch, logits=logits, logprobs=logprobs, pre=pre,
+                                     ref=ref, den=den, temperature=self._temperature)
 
     def _forward(self, model: torch.nn.Module, batch: MicroBatch, *, trained_only: bool) -> tuple[Tensor, Tensor]:
-        """One forward of ``batch``: ``(logits (B, T - skip, V), logprobs (B, T) float32)``.
-
-        With ``trained_only`` (and a model that takes ``logits_to_keep``) ``skip`` is one position
-        before the micro-batch's first trained token, so the output head and the reductions over
-        the vocabulary skip the prompt; the logprobs before ``skip + 1`` are then 0.0. Else
-        ``skip`` is 0 and every position is computed.
-        """
-        cfg = self.config
-        skip = first_context_position(batch.loss_mask) if trained_only and self._logits_to_keep else 0
-        logits = forward_logits(
-            model, batch.token_ids, batch.attention_mask,
-            autocast_bf16=cfg.bf16_autocast, model_inputs=batch.model_inputs, skip=skip,
-        )  # (B, T - skip, V)
-        logprobs = left_pad(logprobs_from_logits(
-            logits, batch.token_ids[:, skip:], batch.attention_mask[:, skip:],
-            chunk_tokens=cfg.logprob_chunk_tokens, temperature=self._temperature,
-        ), batch.token_ids.shape[1])  # (B, T)
-        return logits, logprobs
-
-    def _loss_masks(self, samples: Sequence[SampleLike]) -> list[list[int]]:
-        if not self.config.mask_offpolicy_in_partial_rollout:
-            return [list(s.loss_mask) for s in samples]
-        return [newest_version_loss_mask(s.loss_mask, getattr(s, "weight_versions", ())) for s in samples]
-
-    def _denominators(self, minibatch: Sequence[int], masks: Sequence[Sequence[int]]) -> LossDenominators:
-        counts = [sum(masks[i]) for i in minibatch]
-        norm = self.config.loss_norm_tokens
-        return LossDenominators(
-            num_tokens=float(sum(counts)),
-            num_samples=float(sum(1 for c in counts if c > 0)),
-            norm_tokens=float(norm if norm is not None else max(counts, default=0)),
-        )
+        """See :func:`~relaxtrio.train.objective.micro_batch_forward`; ``trained_only`` cuts the
+        prompt where the model allows it."""
+        return micro_batch_forward(model, batch, config=self.config, temperature=self._temperature,
+                                   cut_prompt=trained_only and self._logits_to_keep)
 
     def _plan(self, indices: Sequence[int], lengths: Sequence[int]) -> list[list[int]]:
-        cfg = self.config
-        if cfg.use_dynamic_batch_size:
-            assert cfg.max_tokens_per_gpu is not None  # TrainConfig checks it
-            return plan_dynamic_micro_batches(indices, lengths, max_tokens=cfg.max_tokens_per_gpu)
-        return plan_micro_batches(
-            indices, lengths, micro_batch_size=cfg.micro_batch_size,
-            max_tokens_per_micro_batch=cfg.max_tokens_per_micro_batch,
-        )
+        return plan_configured_micro_batches(self.config, indices, lengths)
 
     def _reference_logprobs(
         self, samples: Sequence[SampleLike], masks: Sequence[Sequence[int]]
@@ -423,7 +339,7 @@ class Trainer:
             batch = self._collate(samples, None, indices, masks)
             logits, logprobs = self._forward(model, batch, trained_only=trained_only)
             if acc is not None:
-                self._observe_pre_update(batch, logprobs, logits, acc)
+                observe_pre_update(acc, batch, logprobs, logits, config=self.config, temperature=self._temperature)
             for b, i in enumerate(indices):
                 out[i] = logprobs[b, : lengths[i]].clone()
         return out
@@ -437,21 +353,6 @@ class Trainer:
 
     def _reduce_stats(self, acc: StepAccumulator) -> None:
         """One process holds the whole step's statistics already."""
-
-    def _observe_pre_update(
-        self, batch: MicroBatch, pre: Tensor, logits: Tensor, acc: StepAccumulator
-    ) -> None:
-        with torch.no_grad():
-            mask = batch.loss_mask.bool()  # (B, T)
-            diff = (batch.rollout_logprobs - pre).abs()[mask]  # (N,)
-            entropy = None
-            if self.config.compute_entropy:
-                ent = left_pad(entropy_from_logits(
-                    logits.detach(), chunk_tokens=self.config.logprob_chunk_tokens,
-                    temperature=self._temperature,
-                ), mask.shape[1])  # (B, T); logits may start after position 0 (_micro_batch_loss)
-                entropy = float(ent[mask].sum().item())
-            acc.observe_pre_update(diff, entropy)
 
     def _collate(
         self,
@@ -515,16 +416,15 @@ class Trainer:
         Raises:
             FileNotFoundError: ``tokenizer_dir`` is missing or has no tokenizer files.
         """
-        state = None
-        if include_optimizer:
-            state = {
-                "optimizer": self.optimizer.state_dict(),
-                "num_optimizer_steps": self.num_optimizer_steps,
-            }
+        state = self._optimizer_state() if include_optimizer else None
         model, merged = (merged_state_dict(self.model) if self.lora else (self.model, None))
         return save_checkpoint_dir(
             model, Path(out_dir), tokenizer_dir=tokenizer_dir, optimizer_state=state, state_dict=merged
         )
+
+    def _optimizer_state(self) -> dict[str, Any]:
+        """What ``optimizer.pt`` holds: the AdamW ``state_dict`` and ``num_optimizer_steps``."""
+        return {"optimizer": self.optimizer.state_dict(), "num_optimizer_steps": self.num_optimizer_steps}
 
     def save_run_checkpoint(
         self, save_dir: Path, steps_done: int, *, state: Mapping[str, Any], tokenizer_dir: Path | None,
@@ -544,9 +444,7 @@ class Trainer:
             The new checkpoint directory.
         """
         return save_run_checkpoint(
-            Path(save_dir), steps_done, self.model,
-            optimizer_state={"optimizer": self.optimizer.state_dict(),
-                             "num_optimizer_steps": self.num_optimizer_steps},
+            Path(save_dir), steps_done, self.model, optimizer_state=self._optimizer_state(),
             state={**state, "trainer": self.resume_state()}, tokenizer_dir=tokenizer_dir, keep=keep,
         )
 
@@ -563,38 +461,9 @@ class Trainer:
             FileNotFoundError: ``checkpoint_dir`` has neither ``optimizer.pt`` nor ``optimizer.dcp/``.
             ConfigError: ``optimizer.dcp/`` holds another model's state.
         """
-        dcp_dir = Path(checkpoint_dir) / OPTIMIZER_DCP_DIR
-        if not (Path(checkpoint_dir) / OPTIMIZER_FILE).exists() and dcp_dir.is_dir():
-            from .optim_state import load_dcp_into_one_process
-
-            self.num_optimizer_steps = load_dcp_into_one_process(self.model, self.optimizer, dcp_dir)
-            self._keep_adamw_kernel()
-            return
-        state = torch.load(
-            Path(checkpoint_dir) / OPTIMIZER_FILE,
-            map_location=self.config.device,
-            weights_only=True,
-        )
-        self.optimizer.load_state_dict(state["optimizer"])
-        self.num_optimizer_steps = int(state["num_optimizer_steps"])
-        self._keep_adamw_kernel()
-
-    def _keep_adamw_kernel(self) -> None:
-        """Puts this trainer's AdamW kernel choice back after a state load.
-
-        ``Optimizer.load_state_dict`` takes every param-group setting from the saved state,
-        ``fused`` included, so a checkpoint would otherwise carry the saving trainer's kernel
-        choice into this one (a checkpoint written before the fused kernel says ``None``, which
-        turns it off for the rest of the run).
-        """
-        for group in self.optimizer.param_groups:
-            group["fused"] = self._fused_adamw or None
-            group["foreach"] = None
-        if self._fused_adamw:  # the fused kernel wants each step count on its parameter's device
-            for param, state in self.optimizer.state.items():
-                step = state.get("step")
-                if isinstance(step, Tensor) and step.device != param.device:
-                    state["step"] = step.to(param.device)
+        self.num_optimizer_steps = load_optimizer_into_one_process(
+            self.model, self.optimizer, checkpoint_dir, device=self.config.device)
+        keep_adamw_kernel(self.optimizer, fused=self._fused_adamw)
 
     def resume_state(self) -> dict[str, Any]:
         """JSON state a resumed run needs besides weights and optimizer (``state.json["trainer"]``).
@@ -622,25 +491,3 @@ class Trainer:
         version, internal, gauss = state["shuffle_rng"]
         self._rng.setstate((version, tuple(internal), gauss))
         self.num_optimizer_steps = int(state["num_optimizer_steps"])
-
-
-def _load_model(model_dir: Path) -> torch.nn.Module:
-    """A causal LM (or a VLM, when ``config.json`` has a ``vision_config``) in float32."""
-    import json
-
-    from transformers import AutoModelForCausalLM, AutoModelForImageTextToText
-
-    config_file = model_dir / "config.json"
-    is_vlm = config_file.is_file() and "vision_config" in json.loads(config_file.read_text("utf-8"))
-    auto = AutoModelForImageTextToText if is_vlm else AutoModelForCausalLM
-    return auto.from_pretrained(model_dir, dtype=torch.float32, local_files_only=True)
-
-
-def _gather_rows(per_sample: dict[int, Tensor] | None, batch: MicroBatch) -> Tensor:
-    """Pad precomputed per-sample logprobs back into the batch's ``(B, T)`` layout."""
-    assert per_sample is not None
-    out = torch.zeros_like(batch.rollout_logprobs)  # (B, T)
-    for b, i in enumerate(batch.indices):
-        row = per_sample[i]
-        out[b, : row.shape[0]] = row
-    return out

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import pytest
-from api_helpers import ScriptedHandler
+from tests.api.api_helpers import ScriptedHandler
 
 from relaxtrio.chat.compiler import ChatCompiler
 from relaxtrio.nursery.session import SessionRegistry

@@ -3,21 +3,25 @@ real agent subprocess against the real server, and every one of its turns lands 
 
 from __future__ import annotations
 
+import pytest
+
 import json
 import os
 import sys
 from pathlib import Path
 
 import trio
-from api_helpers import scripted_pipeline, tool_call_text
-from support.apps import serve_app
-from support.sessions import open_session
+from tests.api.api_helpers import scripted_pipeline, tool_call_text
+from tests.support.apps import serve_app
+from tests.support.sessions import open_session
 
 from relaxtrio.api.app import create_app
 from relaxtrio.chat.compiler import ChatCompiler
 from relaxtrio.forest import ResponseNode
 from relaxtrio.nursery.session import SessionRegistry
 from relaxtrio.testing.scripted_engine import Reply
+
+pytestmark = pytest.mark.slow  # starts real processes
 
 AGENT_SCRIPT = Path(__file__).with_name("agents_sdk_agent.py")
 

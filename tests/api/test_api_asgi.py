@@ -13,10 +13,10 @@ import os
 import pytest
 import trio
 import trio.testing
-from api_helpers import CHAT, ScriptedHandler
-from support.apps import serve_app
-from support.sessions import open_session
-from support.wire import open_raw, read_until_eof
+from tests.api.api_helpers import CHAT, ScriptedHandler
+from tests.support.apps import serve_app
+from tests.support.sessions import open_session
+from tests.support.wire import open_raw, read_until_eof
 
 from relaxtrio.api.app import create_app
 from relaxtrio.api.asgi import ModelRoutes
@@ -49,10 +49,10 @@ async def test_a_disconnect_before_the_body_is_complete_runs_no_turn(
             stream = await open_raw(_port(base_url))
             await stream.send_all(_head(session.session_id, f"Content-Length: {len(BODY)}\r\n\r\n")
                                   + BODY[:10])
-            await trio.sleep(0.2)  # the head and part of the body reach the server
+            await trio.testing.wait_all_tasks_blocked()  # the server read the head and part of the body
             await stream.aclose()
-            while not any(CLIENT_DISCONNECT_BODY in r.getMessage() for r in caplog.records):
-                await trio.sleep(0.01)
+            await trio.testing.wait_all_tasks_blocked()
+            assert any(CLIENT_DISCONNECT_BODY in r.getMessage() for r in caplog.records)
             # The connection's close reached the view while it read the body; a later request works.
             stream = await open_raw(_port(base_url))
             await stream.send_all(_head(session.session_id, f"Content-Length: {len(BODY)}\r\n"
@@ -169,7 +169,7 @@ async def test_a_connection_the_client_closes_is_let_go_at_once(registry: Sessio
     with trio.fail_after(20):
         async with serve_app(app) as base_url, open_session(registry) as session:
             port = _port(base_url)
-            await trio.sleep(0.1)
+            await trio.testing.wait_all_tasks_blocked()
             before = _open_fds()
             for token, status in [(session.session_id, 200), ("nobody", 401)] * 5:
                 async with await open_raw(port) as stream:
@@ -178,10 +178,9 @@ async def test_a_connection_the_client_closes_is_let_go_at_once(registry: Sessio
                     while not answer.endswith(b"}"):
                         answer += await stream.receive_some()
                     assert _status(answer) == status
-                    await trio.sleep(0.05)  # idle on a kept-alive connection, then closed by the client
-            with trio.fail_after(5):
-                while _open_fds() > before:  # each server-side socket is closed too
-                    await trio.sleep(0.05)
+                    await trio.testing.wait_all_tasks_blocked()  # kept alive, then closed by the client
+            await trio.testing.wait_all_tasks_blocked()
+            assert _open_fds() == before  # each server-side socket is closed too
 
 
 async def test_every_disconnect_mid_stream_is_logged_once(
@@ -206,9 +205,6 @@ async def test_every_disconnect_mid_stream_is_logged_once(
                     answer = b""
                     while b": connected" not in answer:
                         answer += await stream.receive_some()
-                with trio.fail_after(5):
-                    while len(disconnect_lines()) < attempt:
-                        await trio.sleep(0.01)
                 await trio.testing.wait_all_tasks_blocked()
                 assert len(disconnect_lines()) == attempt
     assert len(handler.requests) == 8

@@ -9,9 +9,9 @@ import logging
 import httpx
 import pytest
 import trio
-from api_helpers import ScriptedHandler
-from support.apps import serve_app
-from support.sessions import open_session
+from tests.api.api_helpers import ScriptedHandler
+from tests.support.apps import serve_app
+from tests.support.sessions import open_session
 
 from relaxtrio.api.app import create_app
 from relaxtrio.nursery.session import SessionRegistry

@@ -11,9 +11,9 @@ import anthropic
 import httpx
 import pytest
 import trio
-from api_helpers import scripted_pipeline
-from support.apps import serve_app
-from support.sessions import open_session
+from tests.api.api_helpers import scripted_pipeline
+from tests.support.apps import serve_app
+from tests.support.sessions import open_session
 
 from relaxtrio.api.app import create_app
 from relaxtrio.chat.compiler import ChatCompiler

@@ -13,8 +13,8 @@ import anthropic
 import openai
 import pytest
 import trio
-from support.apps import serve_agent_api
-from support.sessions import open_session
+from tests.support.apps import serve_agent_api
+from tests.support.sessions import open_session
 
 from relaxtrio.chat.compiler import ChatCompiler
 from relaxtrio.config import GenerationConfig
@@ -22,10 +22,10 @@ from relaxtrio.engine.server import EngineConfig, serve_engine
 from relaxtrio.forest import ResponseNode
 from relaxtrio.nursery.session import SessionRegistry
 from relaxtrio.rollout.turns import EngineTurnHandler
-from relaxtrio.sglang.client import open_engine_client
+from tests.support.fleets import open_fleet_of_one
 
-pytestmark = pytest.mark.filterwarnings(
-    r"ignore:Async generator '(openai|anthropic|httpx2|httpcore2)\.:ResourceWarning")
+pytestmark = [pytest.mark.slow, pytest.mark.filterwarnings(
+    r"ignore:Async generator '(openai|anthropic|httpx2|httpcore2)\.:ResourceWarning")]
 
 
 async def test_plain_turns_on_the_tiny_model(registry: SessionRegistry, compiler: ChatCompiler,
@@ -35,7 +35,7 @@ async def test_plain_turns_on_the_tiny_model(registry: SessionRegistry, compiler
         async with trio.open_nursery() as nursery:
             engine_url = await nursery.start(serve_engine, EngineConfig(model_path=tiny_model_dir,
                                                                         max_running_requests=4))
-            async with open_engine_client([engine_url]) as engine:
+            async with open_fleet_of_one(engine_url) as engine:
                 handler = EngineTurnHandler(client=engine, compiler=compiler, config=config)
                 async with (serve_agent_api(registry, handler, model_name="tiny") as base_url,
                             open_session(registry) as session):

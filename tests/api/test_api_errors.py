@@ -8,9 +8,9 @@ import logging
 import httpx
 import pytest
 import trio
-from api_helpers import ENDPOINTS, ScriptedHandler, post, scripted_pipeline
-from support.apps import serve_app
-from support.sessions import open_session
+from tests.api.api_helpers import ENDPOINTS, ScriptedHandler, post, scripted_pipeline
+from tests.support.apps import serve_app
+from tests.support.sessions import open_session
 
 from relaxtrio import (
     BackendError,

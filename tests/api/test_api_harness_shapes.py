@@ -12,7 +12,7 @@ from __future__ import annotations
 import logging
 
 import pytest
-from api_helpers import (
+from tests.api.api_helpers import (
     MESSAGES,
     RESPONSES,
     ScriptedHandler,
@@ -21,7 +21,7 @@ from api_helpers import (
     scripted_pipeline,
     tool_call_text,
 )
-from support.sessions import open_session
+from tests.support.sessions import open_session
 
 from relaxtrio.api.app import create_app
 from relaxtrio.chat.compiler import ChatCompiler

@@ -9,8 +9,8 @@ import logging
 from pathlib import Path
 
 import pytest
-from api_helpers import ENDPOINTS, ScriptedHandler, post, scripted_pipeline
-from support.sessions import open_session
+from tests.api.api_helpers import ENDPOINTS, ScriptedHandler, post, scripted_pipeline
+from tests.support.sessions import open_session
 
 from relaxtrio.api.app import create_app
 from relaxtrio.chat.compiler import ChatCompiler

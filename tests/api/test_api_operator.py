@@ -14,8 +14,8 @@ from contextlib import asynccontextmanager
 from typing import Any
 
 import trio
-from api_helpers import CHAT, post, scripted_pipeline
-from support.sessions import open_session
+from tests.api.api_helpers import CHAT, post, scripted_pipeline
+from tests.support.sessions import open_session
 
 from relaxtrio.api.app import create_app
 from relaxtrio.api.operator import (

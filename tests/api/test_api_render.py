@@ -6,7 +6,7 @@ import json
 
 import pytest
 
-from api_helpers import events, parse_sse
+from tests.api.api_helpers import events, parse_sse
 from relaxtrio.api.chat import CHAT
 from relaxtrio.api.messages import MESSAGES
 from relaxtrio.api.responses import RESPONSES

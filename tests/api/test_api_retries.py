@@ -16,9 +16,10 @@ import anthropic
 import openai
 import pytest
 import trio
-from api_helpers import assert_one_lineage, scripted_pipeline
-from support.apps import serve_app
-from support.sessions import leased_session, open_session
+from tests.api.api_helpers import assert_one_lineage, scripted_pipeline
+from tests.support.apps import serve_app
+from tests.support.sessions import leased_session, open_session
+from tests.support.waits import wait_until
 
 from relaxtrio.api.app import create_app
 from relaxtrio.chat.compiler import ChatCompiler
@@ -42,14 +43,14 @@ async def served(registry: SessionRegistry, handler) -> AsyncIterator[tuple[str,
             yield base_url, session
 
 
-async def wait_until(condition: Callable[[], bool]) -> None:
-    """Waits (real time: the SDKs run on real sockets) until ``condition()`` holds."""
-    while not condition():
-        await trio.sleep(0.005)
+async def until_retried(condition: Callable[[], bool]) -> None:
+    """Waits until ``condition()`` holds. The SDK clients run in worker threads with their own
+    wall-clock timeouts and retries, which no trio event announces: a bounded real-time wait."""
+    await wait_until(condition, timeout_s=20, what="the SDK's retry", interval_s=0.005)
 
 
 async def open_gate_once(session: Session, gate: trio.Event, condition: Callable[[Session], bool]) -> None:
-    await wait_until(lambda: condition(session))
+    await until_retried(lambda: condition(session))
     gate.set()
 
 
@@ -107,9 +108,9 @@ async def test_retry_after_commit_gets_the_undelivered_answer_then_a_repeat_bran
             with pytest.raises(openai.APITimeoutError):
                 await impatient.chat.completions.create(model="policy", messages=MESSAGES)
         # The client is gone (HTTP 499); the turn goes on and commits with no one to tell.
-        await wait_until(lambda: session.retries.statistics().num_orphaned == 1)
+        await until_retried(lambda: session.retries.statistics().num_orphaned == 1)
         gate.set()
-        await wait_until(lambda: session.retries.statistics().num_undelivered == 1)
+        await until_retried(lambda: session.retries.statistics().num_undelivered == 1)
         async with openai.AsyncOpenAI(base_url=base_url, api_key=session.session_id,
                                       max_retries=0) as client:
             retried = await client.chat.completions.create(model="policy", messages=MESSAGES)
@@ -132,14 +133,14 @@ async def test_retry_with_another_seed_samples_again(registry: SessionRegistry, 
                                       timeout=SHORT_TIMEOUT_S, max_retries=0) as impatient:
             with pytest.raises(openai.APITimeoutError):
                 await impatient.chat.completions.create(model="policy", messages=MESSAGES)
-        await wait_until(lambda: session.retries.statistics().num_orphaned == 1)
+        await until_retried(lambda: session.retries.statistics().num_orphaned == 1)
         async with openai.AsyncOpenAI(base_url=base_url, api_key=session.session_id,
                                       max_retries=0) as client:
             seeded = await client.chat.completions.create(model="policy", messages=MESSAGES, seed=7)
         assert seeded.choices[0].message.content == "Seeded sample."
         assert engine.calls[1][1].sampling_seed == 7
         gate.set()
-        await wait_until(lambda: session.retries.statistics().num_undelivered == 1)
+        await until_retried(lambda: session.retries.statistics().num_undelivered == 1)
     assert len(engine.calls) == 2 and len(session.forest.leaves()) == 2
 
 
@@ -159,9 +160,9 @@ async def test_concurrent_sibling_while_the_first_client_waits_branches(
 
         async with trio.open_nursery() as nursery:
             nursery.start_soon(ask)
-            await wait_until(lambda: len(engine.calls) == 1)
+            await until_retried(lambda: len(engine.calls) == 1)
             nursery.start_soon(ask)
-            await wait_until(lambda: len(engine.calls) == 2)
+            await until_retried(lambda: len(engine.calls) == 2)
             for gate in gates:
                 gate.set()
     assert sorted(answers) == ["First.", "Sibling."]

@@ -10,9 +10,9 @@ from typing import Any
 import anthropic
 import pytest
 import trio
-from api_helpers import ScriptedHandler, assert_one_lineage, scripted_pipeline, tool_call_text
-from support.apps import serve_app
-from support.sessions import open_session
+from tests.api.api_helpers import ScriptedHandler, assert_one_lineage, scripted_pipeline, tool_call_text
+from tests.support.apps import serve_app
+from tests.support.sessions import open_session
 
 from relaxtrio import BackendError
 from relaxtrio.api.app import create_app

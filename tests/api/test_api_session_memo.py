@@ -6,7 +6,7 @@ import gc
 from typing import Any
 
 import pytest
-from support.sessions import make_group, open_session
+from tests.support.sessions import make_group, open_session
 
 from relaxtrio import InvalidRequestError
 from relaxtrio.api.body_memo import BodyMemo

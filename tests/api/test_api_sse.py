@@ -13,7 +13,7 @@ import httpx
 import pytest
 import trio
 import trio.testing
-from api_helpers import (
+from tests.api.api_helpers import (
     ENDPOINTS,
     ScriptedHandler,
     events,
@@ -22,8 +22,8 @@ from api_helpers import (
     scripted_pipeline,
     tool_call_text,
 )
-from support.apps import serve_app
-from support.sessions import open_session
+from tests.support.apps import serve_app
+from tests.support.sessions import open_session
 
 from relaxtrio import BackendError, ContextLengthExceededError
 from relaxtrio.api.app import create_app

@@ -8,8 +8,9 @@ import time
 from pathlib import Path
 
 import pytest
-from support.procs import descendants
-from support.ray_state import live_actors
+from tests.support.procs import descendants
+from tests.support.ray_state import live_actors
+from tests.support.waits import wait_until_sync
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -28,8 +29,8 @@ def ray_cluster():
     yield ray
     assert not live_actors(), "Ray actors left behind"
     ray.shutdown()
-    deadline = time.monotonic() + 30
-    while (left := set(descendants(os.getpid())) - before) and time.monotonic() < deadline:
-        time.sleep(0.2)
+    wait_until_sync(lambda: not set(descendants(os.getpid())) - before, timeout_s=30,
+                    what="Ray's processes to exit")
+    left = set(descendants(os.getpid())) - before
     assert not left, f"Ray processes left behind: {sorted(left)}"
 

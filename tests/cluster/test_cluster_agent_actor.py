@@ -13,13 +13,16 @@ from pathlib import Path
 
 import pytest
 import trio
-from support.procs import alive
+from tests.support.procs import alive
+from tests.support.waits import wait_until
 
 pytest.importorskip("ray")
 
 from relaxtrio.cluster._agent_actor import AgentRunner
 from relaxtrio.config import AgentConfig
 from relaxtrio.nursery.agent import SessionEnv
+
+pytestmark = pytest.mark.slow  # starts real processes
 
 SESSION = SessionEnv(session_id="s" * 32, group_id="g", base_url="http://127.0.0.1:9/agentic_api/")
 
@@ -60,8 +63,7 @@ async def test_expire_ends_the_agent_as_a_timeout_with_its_output_tail(tmp_path:
             nursery.start_soon(run)
             state, pgid, _ = await trio.to_thread.run_sync(runner.wait_started, 1, 30.0)
             assert state == "started" and alive(pgid)
-            while not ready.exists():  # the agent wrote its line
-                await trio.sleep(0.05)
+            await wait_until(ready.exists, timeout_s=30, what="the agent's line")
             await trio.to_thread.run_sync(runner.expire, 1)
     [out] = outcome
     assert out.kind == "error" and out.timed_out and out.return_code is None

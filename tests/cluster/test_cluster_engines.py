@@ -5,18 +5,19 @@ One Ray start serves the module (``conftest.py``'s ``ray_cluster``).
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import logging
 import os
 import signal
-import time
 from pathlib import Path
 
 import httpx
 import pytest
 import trio
-from support.procs import alive, descendants
-from support.ray_state import live_actors
+from tests.support.procs import alive, descendants
+from tests.support.ray_state import live_actors
+from tests.support.waits import WaitTimeout, wait_until
 
 from relaxtrio.config import FleetConfig
 from relaxtrio.fleet.fleet import EngineFleet, open_engine_fleet
@@ -73,10 +74,9 @@ async def _label_and_generate(fleet: EngineFleet, urls: tuple[str, ...], tag: st
 
 async def _wait_back(fleet: EngineFleet, old_url: str, count: int) -> None:
     """Waits until ``old_url`` was removed and ``count`` workers are live again."""
-    while old_url in fleet.urls:
-        await trio.sleep(0.05)
-    while len(fleet.urls) < count:
-        await trio.sleep(0.2)
+    await wait_until(lambda: old_url not in fleet.urls, timeout_s=120, what=f"{old_url} to leave")
+    await wait_until(lambda: len(fleet.urls) >= count, timeout_s=300, what=f"{count} live workers",
+                     interval_s=0.2)
 
 
 async def test_ray_engines_serve_restart_and_leave_nothing(
@@ -125,9 +125,9 @@ async def test_ray_engines_serve_restart_and_leave_nothing(
     assert any("engine 1 exited with the loss of its Ray actor" in m and "restarting it" in m
                for m in messages)
     assert sum("joined" in m for m in messages) >= 2  # both readmitted
-    deadline = time.monotonic() + 30  # an actor's reaper shim may still be taking its group down
-    while (set(_engine_pids(root)) - others or live_actors("_EngineActor")) and time.monotonic() < deadline:
-        await trio.sleep(0.2)
+    with contextlib.suppress(WaitTimeout):  # an actor's reaper shim may still be taking its group down
+        await wait_until(lambda: not (set(_engine_pids(root)) - others or live_actors("_EngineActor")),
+                         timeout_s=30, what="the engines to exit", interval_s=0.2)
     assert not set(_engine_pids(root)) - others
     assert not live_actors("_EngineActor")
     gateways = [p for p in descendants(root) if alive(p)

@@ -7,10 +7,10 @@ from pathlib import Path
 
 import pytest
 
-from relaxtrio.cli.cluster_args import add_cluster_flags, with_cluster_flags
+from relaxtrio.cli.cluster_flags import add_cluster_flags, with_cluster_flags
 from relaxtrio._errors import ConfigError
 from relaxtrio.config import AgentConfig, DistributedConfig, TrainRunConfig
-from relaxtrio.run.driver import advertised_url
+from relaxtrio.run.placement import advertised_url
 
 
 def _config(tmp_path: Path) -> TrainRunConfig:

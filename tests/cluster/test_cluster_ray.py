@@ -18,10 +18,10 @@ import pytest
 import torch
 import trio
 from safetensors.torch import load_file
-from support.agents import write_httpx_agent
-from support.pipeline import open_test_pipeline, prompts
-from support.procs import PidPipe, alive
-from support.ray_state import live_actors
+from tests.support.agents import write_httpx_agent
+from tests.support.pipeline import open_test_pipeline, prompts
+from tests.support.procs import PidPipe, alive
+from tests.support.ray_state import live_actors
 
 from relaxtrio import TrainerRankError
 from relaxtrio.config import (
@@ -34,6 +34,7 @@ from relaxtrio.config import (
     TrainRunConfig,
 )
 from relaxtrio.run.driver import run_training
+from relaxtrio.testing.scored import scored_samples
 from relaxtrio.testing.scripted_engine import Reply, ScriptedEngine
 from relaxtrio.train import Trainer
 from relaxtrio.train.ranks import RankStart
@@ -64,12 +65,12 @@ def test_ray_trainer_ranks_equal_one_process_and_name_a_lost_rank(
     samples, advantages = _samples(8)
     cfg = TrainConfig(lr=1e-4, micro_batch_size=2)
     single = Trainer.from_pretrained(tiny_model_dir, cfg)
-    want = single.train_step(samples, advantages)
+    want = single.train_step(scored_samples(samples, advantages))
     dist = DistributedConfig(actor_num_gpus_per_node=2, ray_address="auto", collective_timeout_s=30.0,
                              start_timeout_s=300.0)
     group = RayRankGroup.start(RankStart(model_dir=tiny_model_dir, config=cfg), dist)
     try:
-        got = group.train_step(samples, advantages)
+        got = group.train_step(scored_samples(samples, advantages))
         group.save_weights(tmp_path / "w")
         assert math.isclose(got.loss, want.loss, rel_tol=1e-5, abs_tol=1e-7)
         saved = load_file(tmp_path / "w" / "model.safetensors")
@@ -78,7 +79,7 @@ def test_ray_trainer_ranks_equal_one_process_and_name_a_lost_rank(
         ray.kill(group._actors[1])
         start = time.monotonic()
         with pytest.raises(TrainerRankError, match="trainer rank 1 on node .* died") as info:
-            group.train_step(samples, advantages)
+            group.train_step(scored_samples(samples, advantages))
         assert info.value.rank == 1 and time.monotonic() - start < dist.collective_timeout_s
     finally:
         group.close()
@@ -93,8 +94,8 @@ def _exported(result) -> list[tuple]:
     """Each sample's token ids, loss mask, rollout logprobs, reward and advantage, Group by Group
     in prompt order (Groups are accepted in the order they finish, which start-up timing moves)."""
     groups = sorted(result.groups, key=lambda g: g.group.prompt_index)
-    return [(s.token_ids, s.loss_mask, s.rollout_logprobs, s.reward, a)
-            for g in groups for s, a in zip(g.samples, g.advantages, strict=True)]
+    return [(s.sample.token_ids, s.sample.loss_mask, s.sample.rollout_logprobs, s.sample.reward, s.advantage)
+            for g in groups for s in g.scored]
 
 
 async def _wait_dead(pid: int) -> None:

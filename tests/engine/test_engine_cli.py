@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import pytest
+
 import signal
 import subprocess
 import sys
@@ -9,6 +11,8 @@ from pathlib import Path
 
 import httpx
 import trio
+
+pytestmark = pytest.mark.slow  # starts real processes
 
 PREFIX = "RELAXTRIO_ENGINE_URL="
 

@@ -21,9 +21,10 @@ from pathlib import Path
 import httpx
 import pytest
 import trio
+from tests.support.waits import wait_until
 
 # Requests cut by the gateway's SIGKILL leave httpx's request-body generator unfinished.
-pytestmark = pytest.mark.filterwarnings(r"ignore:Async generator 'httpx\.:ResourceWarning")
+pytestmark = [pytest.mark.slow, pytest.mark.filterwarnings(r"ignore:Async generator 'httpx\.:ResourceWarning")]
 
 GATEWAY_READY_S = 30.0
 NUM_CONCURRENT = 12
@@ -57,16 +58,15 @@ async def open_gateway(worker_url: str, log_path: Path) -> AsyncIterator[tuple[s
     try:
         url = f"http://127.0.0.1:{port}"
         async with httpx.AsyncClient(timeout=5.0) as http:
-            with trio.fail_after(GATEWAY_READY_S):
-                while True:
-                    assert process.poll() is None, log_path.read_text()[-2000:]
-                    try:
-                        reply = await http.post(url + "/generate", content=GENERATE, headers=JSON)
-                        if reply.status_code == 200:
-                            break
-                    except httpx.TransportError:
-                        pass
-                    await trio.sleep(0.2)
+            async def serving() -> bool:
+                assert process.poll() is None, log_path.read_text()[-2000:]
+                try:
+                    reply = await http.post(url + "/generate", content=GENERATE, headers=JSON)
+                except httpx.TransportError:
+                    return False
+                return reply.status_code == 200
+
+            await wait_until(serving, timeout_s=GATEWAY_READY_S, what="the gateway to serve", interval_s=0.2)
         yield url, process
     finally:
         try:

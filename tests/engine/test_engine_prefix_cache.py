@@ -21,7 +21,7 @@ async def _two_turns(nursery: trio.Nursery, model_dir: Path, cache_tokens: int):
     config = EngineConfig(model_path=model_dir, prefix_cache_tokens=cache_tokens)
     state = await load_engine(config)
     url = await nursery.start(serve_engine_state, state, config)
-    async with open_engine_client([url]) as client:
+    async with open_engine_client(url) as client:
         with trio.fail_after(60):
             first = await client.generate(PROMPT, GREEDY, rid="t1")
             follow_up = PROMPT + list(first.output_ids) + OBSERVATION
@@ -55,7 +55,7 @@ async def test_samples_of_one_prompt_share_its_prefill_and_weight_updates_flush(
     state = await load_engine(config)
     url = await nursery.start(serve_engine_state, state, config)
     results = []
-    async with open_engine_client([url]) as client:
+    async with open_engine_client(url) as client:
         with trio.fail_after(60):
             async with trio.open_nursery() as calls:
                 for i in range(3):

@@ -17,9 +17,11 @@ import json
 from pathlib import Path
 
 import pytest
-from support.examples import REPO, assert_response_masks, run_example
+from tests.support.examples import REPO, assert_response_masks, run_example
 
 from relaxtrio.testing.scripted_server import Rule
+
+pytestmark = pytest.mark.slow  # starts real processes
 
 BIN = REPO / ".tools" / "npm" / "bin"
 _END = r"<\|im_end\|>\n<\|im_start\|>assistant\n$"

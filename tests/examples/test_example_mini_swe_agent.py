@@ -11,12 +11,12 @@ import shutil
 from pathlib import Path
 
 import pytest
-from support.examples import assert_response_masks, run_example
+from tests.support.examples import assert_response_masks, run_example
 
 from relaxtrio.testing.scripted_server import Rule
 
-pytestmark = pytest.mark.skipif(shutil.which("mini") is None and not (
-    Path(__import__("sys").executable).parent / "mini").exists(), reason="mini-swe-agent is not installed")
+pytestmark = [pytest.mark.slow, pytest.mark.skipif(shutil.which("mini") is None and not (
+    Path(__import__("sys").executable).parent / "mini").exists(), reason="mini-swe-agent is not installed")]
 
 _END = r"<\|im_end\|>\n<\|im_start\|>assistant\n$"
 FIX = "THOUGHT: add subtracts; make it add.\n\n```mswea_bash_command\nsed -i 's/a - b/a + b/' calc.py\n```"

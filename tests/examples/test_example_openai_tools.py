@@ -2,11 +2,15 @@
 
 from __future__ import annotations
 
+import pytest
+
 from pathlib import Path
 
-from support.examples import assert_response_masks, run_example
+from tests.support.examples import assert_response_masks, run_example
 
 from relaxtrio.testing.scripted_server import Rule
+
+pytestmark = pytest.mark.slow  # starts real processes
 
 # Two parallel calculator calls, then (after both results) the answer.
 CALLS = ('<tool_call>\n{"name": "calculator", "arguments": {"expression": "17 * 23"}}\n</tool_call>\n'

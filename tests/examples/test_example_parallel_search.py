@@ -7,9 +7,11 @@ import importlib.util
 from pathlib import Path
 
 import pytest
-from support.examples import EXAMPLES, assert_response_masks, run_example
+from tests.support.examples import EXAMPLES, assert_response_masks, run_example
 
 from relaxtrio.testing.scripted_server import Rule
+
+pytestmark = pytest.mark.slow  # starts real processes
 
 _END = r"<\|im_end\|>\n<\|im_start\|>assistant\n$"
 

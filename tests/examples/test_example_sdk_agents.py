@@ -7,11 +7,15 @@ the tool result is in the prompt.
 
 from __future__ import annotations
 
+import pytest
+
 from pathlib import Path
 
-from support.examples import assert_response_masks, run_example
+from tests.support.examples import assert_response_masks, run_example
 
 from relaxtrio.testing.scripted_server import Rule
+
+pytestmark = pytest.mark.slow  # starts real processes
 
 _TURN_END = r"<\|im_end\|>\n<\|im_start\|>assistant\n$"
 

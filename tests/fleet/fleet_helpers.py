@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import httpx
 import pytest
-import trio
 
+from tests.support.waits import wait_until
 from relaxtrio.sglang.wire import SamplingParams
 
 # When a peer dies while httpx sends a request, httpx leaves the request body's async generator
@@ -27,13 +27,13 @@ def long_sampling() -> SamplingParams:
 async def wait_running(url: str, num_running: int, *, timeout_s: float = 60.0) -> None:
     """Wait until the engine at ``url`` decodes at least ``num_running`` requests and has
     generated a few tokens since this call."""
+    start: list[int] = []
+
+    async def decoding() -> bool:
+        state = (await http.get(f"{url}/server_info")).json()["internal_states"][0]
+        start[:] = start or [state["num_generated_tokens"]]
+        return (state["num_running_reqs"] >= num_running
+                and state["num_generated_tokens"] >= start[0] + 2 * num_running)
+
     async with httpx.AsyncClient() as http:
-        with trio.fail_after(timeout_s):
-            start = None
-            while True:
-                state = (await http.get(f"{url}/server_info")).json()["internal_states"][0]
-                start = state["num_generated_tokens"] if start is None else start
-                if (state["num_running_reqs"] >= num_running
-                        and state["num_generated_tokens"] >= start + 2 * num_running):
-                    return
-                await trio.sleep(0.05)
+        await wait_until(decoding, timeout_s=timeout_s, what=f"{num_running} running request(s) on {url}")

@@ -10,6 +10,8 @@ from pathlib import Path
 
 import pytest
 
+pytestmark = pytest.mark.slow  # starts real processes
+
 SCRIPT = Path(__file__).resolve().parents[2] / "scripts" / "device_check.sh"
 
 

@@ -9,7 +9,8 @@ import httpx
 import pytest
 import torch
 import trio
-from fleet_helpers import IGNORE_DROPPED_BODY, long_sampling, wait_running
+from tests.fleet.fleet_helpers import IGNORE_DROPPED_BODY, long_sampling, wait_running
+from tests.support.waits import wait_until
 
 from relaxtrio import EngineUnavailableError
 from relaxtrio.config import FleetConfig
@@ -159,8 +160,8 @@ async def test_a_worker_that_stops_answering_is_removed(start_engines) -> None:
         nursery.start_soon(trio.serve_listeners, swallow, listeners)
         with trio.fail_after(60):
             async with open_engine_fleet(config, worker_urls=urls) as fleet:
-                while silent_url in fleet.urls:
-                    await trio.sleep(0.1)
+                await wait_until(lambda: silent_url not in fleet.urls, timeout_s=30,
+                                 what="the health loop to drop the silent worker")
                 stats = fleet.statistics()
                 result = await fleet.generate(PROMPT, SHORT, rid="x:t0#", routing_key="x")
         nursery.cancel_scope.cancel()
@@ -197,8 +198,10 @@ async def test_session_lifecycle_closes_on_the_serving_worker(start_engines) -> 
             during = await open_sessions()
             fleet.session_ended("a")
             fleet.session_ended("b")
-            while await open_sessions() != [0, 0]:
-                await trio.sleep(0.05)
+            async def closed() -> bool:
+                return await open_sessions() == [0, 0]
+
+            await wait_until(closed, timeout_s=30, what="both engines to close the ended sessions")
     assert during == [1, 1]
 
 
@@ -217,6 +220,6 @@ async def test_a_worker_that_refuses_the_weights_is_removed_but_not_left_paused(
             await fleet.update_weights(lambda url: path if url == good else str(broken), "step-1")
             assert fleet.urls == (good,)
     with trio.fail_after(30):  # a paused engine holds it until then
-        async with open_engine_client([bad]) as client:
+        async with open_engine_client(bad) as client:
             result = await client.generate(PROMPT, SHORT, rid="after:t0#")
     assert result.finish_type == "length" and result.weight_version == "w1"  # its old weights

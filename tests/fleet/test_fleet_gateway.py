@@ -12,7 +12,8 @@ import httpx
 import pytest
 import torch
 import trio
-from fleet_helpers import IGNORE_DROPPED_BODY, long_sampling, wait_running
+from tests.fleet.fleet_helpers import IGNORE_DROPPED_BODY, long_sampling, wait_running
+from tests.support.waits import wait_until
 
 from relaxtrio._errors import BackendError
 from relaxtrio.config import FleetConfig
@@ -25,7 +26,7 @@ from relaxtrio.train.ranks import free_port
 
 pytest.importorskip("sglang_router")
 
-pytestmark = IGNORE_DROPPED_BODY
+pytestmark = [pytest.mark.slow, *IGNORE_DROPPED_BODY]
 
 PROMPT = [1, 87, 555, 201, 57, 74, 271, 321]
 SHORT = SamplingParams(max_new_tokens=3, temperature=0.0)
@@ -154,14 +155,23 @@ async def test_open_gateway_fails_when_the_gateway_dies_during_registration(
     nobody = f"http://127.0.0.1:{free_port()}"
 
     async def kill_gateway() -> None:
-        while True:  # the gateway launched for ``nobody``, once it answers /health
-            found = await trio.run_process(["pgrep", "-f", f"sglang_router.*{nobody}"],
-                                           capture_stdout=True, check=False)
-            if found.stdout and (tmp_path / "gateway.log").exists():
-                await trio.sleep(2.0)
-                os.kill(int(found.stdout.split()[0]), signal.SIGKILL)
-                return
-            await trio.sleep(0.1)
+        # The gateway launched for ``nobody``, once it answers /health (it then registers its
+        # workers, and waits for ``nobody`` forever): killed sooner, it died during startup.
+        async with httpx.AsyncClient() as http:
+            while True:
+                found = await trio.run_process(["pgrep", "-af", f"sglang_router.*{nobody}"],
+                                               capture_stdout=True, check=False)
+                words = found.stdout.decode().split()
+                if "--port" in words:
+                    port = words[words.index("--port") + 1]
+                    try:
+                        answered = (await http.get(f"http://127.0.0.1:{port}/health")).status_code
+                    except httpx.TransportError:
+                        answered = None
+                    if answered == 200:
+                        os.kill(int(words[0]), signal.SIGKILL)
+                        return
+                await trio.sleep(0.1)
 
     with trio.fail_after(60):
         async with trio.open_nursery() as nursery:
@@ -184,13 +194,12 @@ async def test_the_listing_is_followed(start_engines, tmp_path: Path) -> None:
         ):
             assert fleet.urls == (engines.urls[0],)
             (await gateway.post("/workers", json={"url": engines.urls[1]})).raise_for_status()
-            while len(fleet.urls) < 2:
-                await trio.sleep(0.1)
+            await wait_until(lambda: len(fleet.urls) == 2, timeout_s=60, what="the added worker to join")
             listing = (await gateway.get("/workers")).json()["workers"]
             [first] = [w["id"] for w in listing if w["url"] == engines.urls[0]]
             (await gateway.delete(f"/workers/{first}")).raise_for_status()
-            while engines.urls[0] in fleet.urls:
-                await trio.sleep(0.1)
+            await wait_until(lambda: engines.urls[0] not in fleet.urls, timeout_s=60,
+                             what="the deleted worker to leave")
             stats = fleet.statistics()
     assert stats.workers == (engines.urls[1],)
     assert stats.removed[engines.urls[0]] == "the gateway no longer lists it"
@@ -218,9 +227,11 @@ async def test_a_lost_worker_behind_the_gateway(start_engines, tmp_path: Path,
                 await wait_running(engines.urls[0], 1)
                 engines.stop(0)
             resumed = await fleet.generate(PROMPT, SHORT, rid=f"{key}:t1:a1#", routing_key=key)
-            while engines.urls[0] in fleet.urls:  # the health loop removes it if no call did
+            async def removed() -> bool:  # the health loop removes it if no call did
                 await fleet.refresh()
-                await trio.sleep(0.1)
+                return engines.urls[0] not in fleet.urls
+
+            await wait_until(removed, timeout_s=60, what="the fleet to drop the stopped worker")
             stats = fleet.statistics()
     # Either the fleet saw the loss (an abort with no output, resumed by the caller) or the
     # gateway's own retry (sglang-router retries 5 times by default) ran the request again on

@@ -18,15 +18,19 @@ import attrs
 import pytest
 import trio
 import trio.testing
-from support.procs import alive
+from tests.support.procs import alive
+from tests.support.waits import wait_until
 
 from relaxtrio import EngineUnavailableError
 from relaxtrio.config import FleetConfig
 from relaxtrio.rollout.turns import MAX_EMPTY_ABORTS
 from relaxtrio.fleet.fleet import EngineFleet, open_engine_fleet
-from relaxtrio.fleet.launch_fleet import LaunchedFleet, _Proc, open_launched_fleet
+from relaxtrio.fleet.launch_fleet import LaunchedFleet, open_launched_fleet
+from relaxtrio.fleet.processes import LaunchedProcess
 from relaxtrio.fleet.starter import LocalStarter, ProcessSpec
 from relaxtrio.sglang.wire import SamplingParams
+
+pytestmark = pytest.mark.slow  # starts real processes
 
 SHORT = SamplingParams(max_new_tokens=3, temperature=0.0)
 
@@ -62,7 +66,7 @@ async def _one_supervised_engine(config: FleetConfig, model_dir: Path, log_dir: 
 
 def test_restarts_are_counted_within_a_sliding_window() -> None:
     """``engine_restarts`` per window: a crash loop is refused, a death an hour later is not."""
-    proc = _Proc(spec=ProcessSpec(name="engine 0", cmd=["x"], log_path=Path("x.log")),
+    proc = LaunchedProcess(spec=ProcessSpec(name="engine 0", cmd=["x"], log_path=Path("x.log")),
                  starter=LocalStarter(), max_restarts=2, restart_window_s=3600.0)
     taken: list[tuple[float, bool]] = []
 
@@ -93,8 +97,8 @@ async def test_a_dead_embedded_engine_is_restarted_once(
         async with _one_supervised_engine(config, tiny_model_dir, tmp_path, pgids) as (
                 launched, fleet, url):
             os.kill(engine_pid(pgids[0]), signal.SIGKILL)
-            while url not in fleet.statistics().removed:
-                await trio.sleep(0.05)
+            await wait_until(lambda: url in fleet.statistics().removed, timeout_s=120,
+                             what="the fleet to remove the killed engine")
             # The only worker is being restarted: a generation waits for it.
             result = await fleet.generate([1, 2, 3], SHORT, rid="a:t0#", routing_key="a")
             assert fleet.urls == (url,)
@@ -180,8 +184,8 @@ async def test_generations_wait_while_every_engine_behind_the_gateway_restarts(
                                                         routing_key="k"))
                     if results[-1].finish_type != "abort":
                         break
-                while sorted(fleet.urls) != sorted(launched.worker_urls):  # the other one too
-                    await trio.sleep(0.1)
+                await wait_until(lambda: sorted(fleet.urls) == sorted(launched.worker_urls),
+                                 timeout_s=300, what="both restarted engines back in the fleet")
     assert first.finish_type == "length"
     # Only tries that raced the kills are lost (sent before the fleet saw both deaths); then
     # one waits for the restarts. Without that wait every try is lost within about 3 s.
@@ -225,5 +229,5 @@ async def test_engines_die_with_a_driver_that_was_sigkilled(tiny_model_dir: Path
         engine = engine_pid(pgids[0])
         driver.kill()
         await driver.wait()
-        while group_alive(pgids[0]) or alive(engine):
-            await trio.sleep(0.1)
+        await wait_until(lambda: not (group_alive(pgids[0]) or alive(engine)), timeout_s=120,
+                         what="the orphaned engine's process group to exit")

@@ -14,8 +14,9 @@ from pathlib import Path
 import httpx
 import pytest
 import trio
-from fleet_helpers import IGNORE_DROPPED_BODY
-from support.agents import write_httpx_agent
+from tests.fleet.fleet_helpers import IGNORE_DROPPED_BODY
+from tests.support.agents import write_httpx_agent
+from tests.support.waits import wait_until
 
 from relaxtrio.config import (
     AgentConfig,
@@ -31,7 +32,7 @@ from relaxtrio.train import TrainConfig
 
 pytest.importorskip("sglang_router")
 
-pytestmark = IGNORE_DROPPED_BODY
+pytestmark = [pytest.mark.slow, *IGNORE_DROPPED_BODY]
 
 WORKER_LABELS = {"w0", "w1"}
 
@@ -43,9 +44,11 @@ async def _running(http: httpx.AsyncClient, url: str) -> int:
 
 async def _release_when_both_generate(urls: list[str], release: Path) -> None:
     """Let the short Group's agents start once both workers generate for the long Groups."""
+    async def both_generate() -> bool:
+        return all([await _running(http, u) for u in urls])
+
     async with httpx.AsyncClient() as http:
-        while not all([await _running(http, u) for u in urls]):
-            await trio.sleep(0.05)
+        await wait_until(both_generate, timeout_s=300, what="both workers to generate")
     release.write_text("go")
 
 

@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 import trio
-from support.procs import alive
+from tests.support.procs import alive
 
 from relaxtrio import BackendError
 from relaxtrio.fleet.starter import LocalStarter, ProcessSpec, with_flag
@@ -25,6 +25,7 @@ def _spec(tmp_path: Path, code: str, *, announces_url: bool = True, port: str = 
                        announces_url=announces_url)
 
 
+@pytest.mark.slow
 async def test_the_announced_url_is_read_and_stop_ends_the_group(tmp_path: Path) -> None:
     with trio.fail_after(60):
         async with trio.open_nursery() as nursery:
@@ -37,6 +38,7 @@ async def test_the_announced_url_is_read_and_stop_ends_the_group(tmp_path: Path)
     assert "booting" in (tmp_path / "engine-0.log").read_text()  # stdout copied into the log
 
 
+@pytest.mark.slow
 async def test_an_sglang_style_url_comes_from_host_and_port(tmp_path: Path) -> None:
     with trio.fail_after(60):
         async with trio.open_nursery() as nursery:
@@ -48,6 +50,7 @@ async def test_an_sglang_style_url_comes_from_host_and_port(tmp_path: Path) -> N
             assert handle.describe_exit() == "code 137 (killed by SIGKILL)"
 
 
+@pytest.mark.slow
 async def test_an_exit_during_startup_names_the_status_and_the_log(tmp_path: Path) -> None:
     code = "import sys; print('no model here', file=sys.stderr); sys.exit(3)"
     with trio.fail_after(60):

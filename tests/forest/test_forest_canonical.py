@@ -6,7 +6,7 @@ import copy
 import math
 
 import pytest
-from forest_testlib import SEARCH_TOOL, assistant, tool_call, tool_result, user
+from tests.forest.forest_testlib import SEARCH_TOOL, assistant, tool_call, tool_result, user
 
 from relaxtrio import InvalidRequestError
 from relaxtrio.forest import (

@@ -5,7 +5,7 @@ from __future__ import annotations
 import json
 
 import pytest
-from forest_testlib import SEARCH_TOOL, Driver, assistant, user
+from tests.forest.forest_testlib import SEARCH_TOOL, Driver, assistant, user
 
 from relaxtrio.forest import (
     SessionForest,

@@ -7,7 +7,8 @@ import json
 import re
 
 import pytest
-from forest_testlib import SEARCH_TOOL, Driver, assistant, tool_call, tool_result, user
+from tests.forest.forest_testlib import SEARCH_TOOL, Driver, assistant, tool_call, tool_result, user
+from tests.support.lineage import train_token_ids
 
 from relaxtrio import ExportError
 from relaxtrio.forest import (
@@ -115,7 +116,7 @@ def test_multi_agent_session_exports_three_contexts_through_jsonl() -> None:
     for sample, leaf in zip(samples, leaves, strict=True):
         assert isinstance(sample, TrainingSample)
         assert sample.session_id == "sess-1" and sample.status == "completed"
-        assert sample.token_ids == forest.train_token_ids(leaf)
+        assert sample.token_ids == train_token_ids(forest, leaf)
         assert sample.metadata["task_id"] == "t1" and sample.metadata["rollout_turns"] == 2
         assert sample.metadata["agentic_trace"]["leaf_state_hash"] == leaf.state_hash
         lineage = forest.lineage(leaf)

@@ -4,7 +4,7 @@
 from __future__ import annotations
 
 import pytest
-from forest_testlib import Driver, assistant, user
+from tests.forest.forest_testlib import Driver, assistant, user
 
 from relaxtrio import ExportError
 from relaxtrio.forest import SessionForest, export_samples, select_leaves

@@ -10,7 +10,7 @@ import sys
 from typing import Any
 
 import pytest
-from forest_testlib import forest_settings, reference_hash
+from tests.forest.forest_testlib import forest_settings, reference_hash
 from hypothesis import given
 from hypothesis import strategies as st
 
@@ -194,6 +194,7 @@ print(json.dumps({name: state_hash(Conversation.from_wire(*case)) for name, case
 """
 
 
+@pytest.mark.slow
 def test_hash_is_independent_of_pythonhashseed() -> None:
     cases = dict(GOLDEN_CASES)
     cases["many_keys"] = (

@@ -5,7 +5,7 @@ from __future__ import annotations
 import pickle
 
 import pytest
-from forest_testlib import forest_settings
+from tests.forest.forest_testlib import forest_settings
 from hypothesis import given
 from hypothesis import strategies as st
 
@@ -59,7 +59,7 @@ def test_extending_the_longest_view_shares_the_buffer_and_a_branch_copies() -> N
 
 
 def test_forest_lineage_ids_stay_exact_after_a_resume_appended_partial_ids() -> None:
-    from forest_testlib import Driver, assistant, user
+    from tests.forest.forest_testlib import Driver, assistant, user
 
     from relaxtrio.forest import SessionForest
 

@@ -12,6 +12,8 @@ import pytest
 
 import relaxtrio.forest
 
+pytestmark = pytest.mark.slow  # starts real processes
+
 _PROBE = """
 import json, sys
 before = set(sys.modules)

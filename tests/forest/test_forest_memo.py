@@ -6,7 +6,7 @@ import copy
 from typing import Any
 
 import pytest
-from forest_testlib import Driver, forest_settings, reference_match
+from tests.forest.forest_testlib import Driver, forest_settings, reference_match
 from hypothesis import given
 from hypothesis import strategies as st
 

@@ -5,7 +5,8 @@ from __future__ import annotations
 import json
 
 import pytest
-from forest_testlib import SEARCH_TOOL, Driver, assistant, reference_match, tool_call, tool_result, user
+from tests.forest.forest_testlib import SEARCH_TOOL, Driver, assistant, reference_match, tool_call, tool_result, user
+from tests.support.lineage import train_token_ids
 
 from relaxtrio import ContextLengthExceededError, InternalError, InvalidRequestError
 from relaxtrio.forest import (
@@ -66,11 +67,11 @@ def test_lineage_messages_and_token_views() -> None:
         *match.delta,
         {"role": "assistant", "content": "done"},
     )
-    assert forest.train_token_ids(resp2) == obs1.token_ids + resp1.token_ids + (7, 8) + resp2.token_ids
+    assert train_token_ids(forest, resp2) == obs1.token_ids + resp1.token_ids + (7, 8) + resp2.token_ids
     assert (
         forest.rollout_token_ids(resp2) == obs1.token_ids + resp1.token_ids + (7, 9, 9, 8) + resp2.token_ids
     )
-    assert forest.train_token_count(resp2) == len(forest.train_token_ids(resp2))
+    assert forest.train_token_count(resp2) == len(train_token_ids(forest, resp2))
     assert forest.train_token_count(forest.root) == 0
     assert forest.subtree_root(resp2) is obs1
     assert obs2.tools is None and obs2.template_kwargs is None and not obs2.is_subtree_root
@@ -262,8 +263,8 @@ def test_compacted_history_starts_a_new_subtree() -> None:
         {"name": "post", "messages": [*compacted, assistant("continuing")]},
     ]
     pre, post = export_samples(forest, parse_session_output("\n".join(json.dumps(r) for r in records)))
-    assert pre.token_ids == forest.train_token_ids(before) and pre.metadata["rollout_turns"] == 40
-    assert post.token_ids == forest.train_token_ids(after) and post.metadata["rollout_turns"] == 1
+    assert pre.token_ids == train_token_ids(forest, before) and pre.metadata["rollout_turns"] == 40
+    assert post.token_ids == train_token_ids(forest, after) and post.metadata["rollout_turns"] == 1
 
 
 def test_match_takes_the_longest_committed_prefix() -> None:

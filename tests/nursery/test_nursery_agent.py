@@ -9,11 +9,13 @@ from pathlib import Path
 import pytest
 import trio
 import trio.testing
-from support.procs import PidPipe, alive
+from tests.support.procs import PidPipe, alive, group_alive
 
 from relaxtrio import AgentExecutionError, ConfigError
 from relaxtrio.config import AgentConfig
-from relaxtrio.nursery.agent import ActiveBudget, SessionEnv, parse_agent_env, process_group_alive, run_agent
+from relaxtrio.nursery.agent import ActiveBudget, SessionEnv, parse_agent_env, run_agent
+
+pytestmark = pytest.mark.slow  # starts real processes
 
 PY = sys.executable
 
@@ -124,7 +126,7 @@ async def test_timeout_terminates_agent_that_ignores_sigterm_and_its_grandchild(
     assert trio.current_time() - start >= 0.5
     for pid in pids:
         assert not alive(pid)
-    assert not process_group_alive(pgid)
+    assert not group_alive(pgid)
 
 
 async def test_cancellation_terminates_the_whole_group(tmp_path: Path) -> None:
@@ -138,7 +140,7 @@ async def test_cancellation_terminates_the_whole_group(tmp_path: Path) -> None:
             [grandchild] = await pipe.read_pids(1)
             nursery.cancel_scope.cancel()
     await pipe.aclose()
-    assert not process_group_alive(pgid)
+    assert not group_alive(pgid)
     assert not alive(grandchild)
 
 

@@ -11,10 +11,10 @@ import attrs
 import pytest
 import trio
 import trio.testing
-from support.agents import write_httpx_agent
-from support.apps import serve_agent_api
-from support.clock import RealTimeLimit
-from support.procs import PidPipe, alive
+from tests.support.agents import write_httpx_agent
+from tests.support.apps import serve_agent_api
+from tests.support.clock import RealTimeLimit
+from tests.support.procs import PidPipe, alive
 
 from relaxtrio.chat.compiler import ChatCompiler
 from relaxtrio.config import AgentConfig, GenerationConfig
@@ -23,6 +23,8 @@ from relaxtrio.nursery.session import SessionRegistry
 from relaxtrio.nursery.turns import TurnContext, TurnHandler, TurnRequest, TurnResult
 from relaxtrio.rollout.turns import EngineTurnHandler
 from relaxtrio.testing.scripted_engine import Reply, ScriptedEngine
+
+pytestmark = pytest.mark.slow  # starts real processes
 
 
 def _group(n: int, timeout_s: float = 60.0) -> Group:
@@ -125,7 +127,7 @@ async def test_waiting_for_lease_only_when_unleased_and_every_agent_is_held_or_e
     group.note_request(first)
     group.note_request(second)
     assert not group.waiting_for_lease, "one agent is still before its first request"
-    third._ended.set()  # an agent that exited before asking anything computes nothing either
+    third.mark_ended()  # an agent that exited before asking anything computes nothing either
     assert group.waiting_for_lease
     group.leased = True
     assert not group.waiting_for_lease, "a leased Group generates and its agents run"

@@ -5,7 +5,7 @@ from __future__ import annotations
 import trio
 import trio.lowlevel
 import trio.testing
-from support.sessions import open_session
+from tests.support.sessions import open_session
 
 from relaxtrio import SessionAbortedError
 from relaxtrio.forest import Conversation

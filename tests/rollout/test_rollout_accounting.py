@@ -9,8 +9,9 @@ from pathlib import Path
 
 import pytest
 import trio
-from support.pipeline import open_test_pipeline, prompts
-from support.sessions import make_group
+from tests.support.pipeline import open_test_pipeline, prompts
+from tests.support.sessions import make_group
+from tests.support.waits import wait_until
 
 from relaxtrio.config import RolloutConfig
 from relaxtrio.forest import TrainingSample
@@ -152,6 +153,7 @@ async def test_both_pipeline_snapshots_count_from_one_group_stages() -> None:
                                                    + beat.finalized_group_count)
 
 
+@pytest.mark.slow
 async def test_accounting_lines_and_idle_heartbeat_of_a_waiting_step(
     tokenizer, tmp_path: Path, caplog: pytest.LogCaptureFixture
 ) -> None:
@@ -160,9 +162,8 @@ async def test_accounting_lines_and_idle_heartbeat_of_a_waiting_step(
     config = RolloutConfig(n_samples_per_prompt=2, rollout_batch_size=1, idle_heartbeat_s=0.2,
                            show_progress=False)
 
-    async def release_after_a_heartbeat() -> None:
-        while "event=idle_heartbeat" not in caplog.text:
-            await trio.sleep(0.05)
+    async def release_after_a_heartbeat() -> None:  # the agents (real processes) wait on the file
+        await wait_until(lambda: "event=idle_heartbeat" in caplog.text, timeout_s=60, what="a heartbeat line")
         flag.write_text("go")
 
     with trio.fail_after(60):
@@ -185,6 +186,7 @@ async def test_accounting_lines_and_idle_heartbeat_of_a_waiting_step(
     assert "runtime_group_count=1 interrupted_group_count=0" in beat and "idle_s=" in beat
 
 
+@pytest.mark.slow
 async def test_failed_agent_keeps_its_log_and_completed_ones_do_not(
     tokenizer, tmp_path: Path, caplog: pytest.LogCaptureFixture
 ) -> None:

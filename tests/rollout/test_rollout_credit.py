@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 import trio
-from support.pipeline import open_test_pipeline, prompts
+from tests.support.pipeline import open_test_pipeline, prompts
 
 from relaxtrio import ConfigError
 from relaxtrio.config import RolloutConfig
@@ -15,12 +15,14 @@ from relaxtrio.models import load_tokenizer
 from relaxtrio.rollout.hooks import load_function
 from relaxtrio.testing.scripted_engine import Reply, ScriptedEngine
 
+pytestmark = pytest.mark.slow  # starts real processes
+
 
 async def _run(tiny_model_dir: Path, tmp_path: Path, fn_name: str | None):
     tokenizer = load_tokenizer(tiny_model_dir)
     engine = ScriptedEngine(tokenizer=tokenizer, eos_id=tokenizer.eos_token_id,
                             replies=lambda ids: Reply(text="found it"))
-    fn = load_function(f"support.credit.{fn_name}", flag="--agentic-custom-advantage-path") if fn_name else None
+    fn = load_function(f"tests.support.credit.{fn_name}", flag="--agentic-custom-advantage-path") if fn_name else None
     config = RolloutConfig(n_samples_per_prompt=2, rollout_batch_size=1, max_refills=0,
                            custom_advantage=fn, show_progress=False)
     with trio.fail_after(60):
@@ -34,8 +36,8 @@ async def test_three_contexts_per_session_get_custom_credit(tiny_model_dir: Path
     [scored] = result.groups
     names = [s.name for s in scored.samples]
     assert names == ["main", "searcher_0", "searcher_1"] * 2
-    assert list(scored.advantages) == [1.0, 0.25, 0.5] * 2
-    assert list(scored.rewards) == [1.0, None, None] * 2
+    assert [s.advantage for s in scored.scored] == [1.0, 0.25, 0.5] * 2
+    assert [s.reward for s in scored.scored] == [1.0, None, None] * 2
     for sample in scored.samples:
         assert sum(sample.loss_mask) > 0
 
@@ -63,7 +65,7 @@ def test_load_function_errors() -> None:
     with pytest.raises(ConfigError, match="cannot import"):
         load_function("no_such_module_xyz.fn", flag="--x")
     with pytest.raises(ConfigError, match="not a callable"):
-        load_function("support.credit.__doc__", flag="--x")
+        load_function("tests.support.credit.__doc__", flag="--x")
 
 
 async def test_filtered_group_is_logged_as_filtered_and_counted(

@@ -8,6 +8,7 @@ import math
 from pathlib import Path
 
 import pytest
+from tests.support.samples_file import read_samples
 
 from relaxtrio import ConfigError
 from relaxtrio.nursery.group import Group
@@ -18,7 +19,6 @@ from relaxtrio.rollout.dumps import (
     dump_path,
     group_record,
     load_dump,
-    read_samples,
     write_dump,
 )
 

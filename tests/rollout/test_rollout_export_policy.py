@@ -12,7 +12,7 @@ from pathlib import Path
 
 import pytest
 import trio
-from support.pipeline import open_test_pipeline, prompts
+from tests.support.pipeline import open_test_pipeline, prompts
 
 from relaxtrio import ConfigError
 from relaxtrio.config import AgentConfig, RolloutConfig
@@ -21,13 +21,15 @@ from relaxtrio.rollout.hooks import load_function
 from relaxtrio.rollout.step import group_metrics
 from relaxtrio.testing.scripted_engine import Reply, ScriptedEngine
 
+pytestmark = pytest.mark.slow  # starts real processes
+
 
 async def _run(tiny_model_dir: Path, tmp_path: Path, policy: str, custom: str | None = None):
     tokenizer = load_tokenizer(tiny_model_dir)
     answers = iter(range(1000))
     engine = ScriptedEngine(tokenizer=tokenizer, eos_id=tokenizer.eos_token_id,
                             replies=lambda ids: Reply(text=f"reply {next(answers)}"))
-    fn = load_function(f"support.credit.{custom}", flag="--agentic-custom-advantage-path") if custom else None
+    fn = load_function(f"tests.support.credit.{custom}", flag="--agentic-custom-advantage-path") if custom else None
     config = RolloutConfig(n_samples_per_prompt=2, rollout_batch_size=1, max_refills=0,
                            custom_advantage=fn, show_progress=False)
     with trio.fail_after(60):
@@ -44,7 +46,7 @@ async def test_strict_drops_a_branching_group(tiny_model_dir: Path, tmp_path: Pa
 async def test_final_trains_the_last_answer_of_the_main_conversation(tiny_model_dir: Path, tmp_path: Path) -> None:
     result, tokenizer = await _run(tiny_model_dir, tmp_path, "final")
     [scored] = result.groups
-    assert len(scored.samples) == 2 and list(scored.rewards) == [1.0, 1.0]
+    assert len(scored.samples) == 2 and [s.reward for s in scored.scored] == [1.0, 1.0]
     for sample in scored.samples:
         text = tokenizer.decode(sample.token_ids)
         # the second retry's lineage: the task, the last format error and its reply, no title
@@ -60,13 +62,15 @@ async def test_all_leaves_exports_every_leaf_for_custom_credit(tiny_model_dir: P
     result, _ = await _run(tiny_model_dir, tmp_path, "all-leaves", custom="per_leaf")
     [scored] = result.groups
     assert [s.name for s in scored.samples] == ["leaf-0", "leaf-1", "leaf-2", "leaf-3"] * 2
-    assert list(scored.advantages) == [0.0, 0.0, 1.0, 0.0] * 2
+    assert [s.advantage for s in scored.scored] == [0.0, 0.0, 1.0, 0.0] * 2
 
 
 def _parse(tmp_path: Path, *flags: str):
     import argparse
 
-    from relaxtrio.cli.train_args import add_train_parser, train_config
+    from relaxtrio.cli.train_config import train_config
+
+    from relaxtrio.cli.train_flags import add_train_parser
 
     data = tmp_path / "tasks.jsonl"
     data.write_text('{"input": [{"role": "user", "content": "x"}]}\n')
@@ -82,7 +86,7 @@ def test_the_flag_reaches_the_agent_config(tmp_path: Path) -> None:
     with pytest.raises(ConfigError, match="needs --agentic-custom-advantage-path"):
         _parse(tmp_path, "--agentic-export-policy", "all-leaves")
     config = _parse(tmp_path, "--agentic-export-policy", "all-leaves",
-                    "--agentic-custom-advantage-path", "support.credit.per_leaf",
+                    "--agentic-custom-advantage-path", "tests.support.credit.per_leaf",
                     "--use-dynamic-batch-size", "--max-tokens-per-gpu", "4096")
     assert config.agent.export_policy == "all-leaves"
     with pytest.raises(ConfigError, match="--agentic-export-policy must be one of"):

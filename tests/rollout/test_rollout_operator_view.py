@@ -3,23 +3,27 @@ pipeline snapshot keys through a step and a prelaunch, per-step rows, a Session'
 
 from __future__ import annotations
 
+import pytest
+
 from pathlib import Path
 from typing import Any
 
 import trio
-from support.pipeline import open_test_pipeline, prompts
-from support.procs import alive
+from tests.support.pipeline import open_test_pipeline, prompts
+from tests.support.procs import alive
+from tests.support.waits import wait_until
 
 from relaxtrio.config import RolloutConfig
 from relaxtrio.rollout.operator_view import SNAPSHOT_KEYS, RunView
 from relaxtrio.testing.scripted_engine import Reply, ScriptedEngine
 
+pytestmark = pytest.mark.slow  # starts real processes
+
 
 async def _until(view: RunView, ready: Any) -> dict[str, Any]:
-    """Polls the view until ``ready(state)`` (real agents run: no fake clock)."""
-    while not ready(state := view.debug_state()):
-        await trio.sleep(0.05)
-    return state
+    """The view's state once ``ready(state)``: real agent processes move it, so a bounded wait."""
+    await wait_until(lambda: ready(view.debug_state()), timeout_s=60, what="the view's state")
+    return view.debug_state()
 
 
 async def test_the_view_follows_a_step_and_a_prelaunch(tokenizer, tmp_path: Path) -> None:

@@ -10,12 +10,14 @@ import pytest
 import trio
 import trio.lowlevel
 import trio.testing
-from support.pipeline import open_test_pipeline, prompts
-from support.procs import alive
+from tests.support.pipeline import open_test_pipeline, prompts
+from tests.support.procs import alive, group_alive
 
 from relaxtrio.config import GenerationConfig, RolloutConfig
 from relaxtrio.rollout.eval import EvalDataset, run_eval
 from relaxtrio.testing.scripted_engine import Reply, ScriptedEngine
+
+pytestmark = pytest.mark.slow  # starts real processes
 
 
 def _engine(tokenizer, replies=None) -> ScriptedEngine:
@@ -41,7 +43,7 @@ async def test_steps_accept_target_groups(tokenizer, tmp_path: Path) -> None:
             assert len(registry) == 0 and pipeline.resident_groups == ()
     for result in (first, second):
         assert len(result.groups) == 2 and not result.dropped
-        assert len(result.samples) == 4 and result.advantages == [0.0] * 4
+        assert len(result.samples) == 4 and [s.advantage for s in result.scored] == [0.0] * 4
         for scored in result.groups:
             assert [s.index for s in scored.group.sessions] == [0, 1]
             assert {s.metadata["rollout_mode"] for s in scored.samples} == {"train"}
@@ -358,9 +360,7 @@ async def test_cancelling_the_run_terminates_every_agent(tokenizer, tmp_path: Pa
         # leaving the pipeline cancels the resident Groups
     assert len(registry) == 0
     assert sorted(engine.aborted) == sorted(rid for _, _, rid in engine.calls)
-    from relaxtrio.nursery.agent import process_group_alive
-
-    assert pgids and not any(process_group_alive(pgid) for pgid in pgids)
+    assert pgids and not any(group_alive(pgid) for pgid in pgids)
 
 
 async def test_unusable_prompt_is_dropped_without_starting_agents(tokenizer, tmp_path: Path) -> None:

@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 import trio
-from support.pipeline import open_test_pipeline, prompts
+from tests.support.pipeline import open_test_pipeline, prompts
 
 from relaxtrio._errors import ConfigError
 from relaxtrio.config import RolloutConfig
@@ -47,10 +47,11 @@ def test_a_restored_stream_serves_what_the_original_would_have(cut: int) -> None
 def test_requeued_prompts_come_first_and_bad_cursors_are_refused() -> None:
     stream = _stream(4, shuffle=False)
     assert next(stream).index == 0
-    stream.requeue([3, 2])
+    cursor = {**stream.cursor(), "pending": [3, 2]}  # a checkpoint taken with two prompts held
+    stream.restore(cursor)
     assert [next(stream).index for _ in range(5)] == [3, 2, 1, 2, 3]
-    with pytest.raises(ConfigError, match="is not in 0..3"):
-        stream.requeue([4])
+    with pytest.raises(ConfigError, match="checkpoint prompt index 4 is not in 0..3"):
+        stream.restore({**cursor, "pending": [4]})
     with pytest.raises(ConfigError, match="for 4 prompts, but --prompt-data has 6"):
         _stream(6).restore(stream.cursor())
 
@@ -66,6 +67,7 @@ def test_metrics_log_resumed_keeps_exactly_the_saved_rows(tmp_path: Path) -> Non
     assert lines[1]["prompt_indices"] == [1] and resumed.rows == lines
 
 
+@pytest.mark.slow
 async def test_fully_async_group_at_the_checkpoint_is_dropped_counted_and_its_prompt_rerun(
     tiny_model_dir: Path, tmp_path: Path, caplog: pytest.LogCaptureFixture
 ) -> None:
@@ -112,6 +114,7 @@ def _task_index(tokenizer, ids) -> int:
     return int(text.rsplit("task ", 1)[1].split("<", 1)[0].split()[0])
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("mode", ["fully_async", "partial_rollout", "default"])
 async def test_the_end_of_run_checkpoint_requeues_what_the_last_step_dropped(
     mode: str, tokenizer, tmp_path: Path, caplog: pytest.LogCaptureFixture
@@ -166,6 +169,7 @@ async def test_the_end_of_run_checkpoint_requeues_what_the_last_step_dropped(
         assert resumed_metrics == {"resume_dropped_groups": 0.0, "resume_dropped_sessions": 0.0}
 
 
+@pytest.mark.slow
 async def test_a_finished_group_the_last_step_did_not_need_is_dropped_counted_and_requeued(
     tokenizer, tmp_path: Path, caplog: pytest.LogCaptureFixture
 ) -> None:

@@ -7,7 +7,7 @@ import math
 import pytest
 import trio
 import trio.testing
-from support.groups import group_of, sample
+from tests.support.groups import group_of, sample
 
 from relaxtrio.config import RolloutConfig
 from relaxtrio.rollout.rewards import (
@@ -125,8 +125,8 @@ async def test_scored_object_rewards_reach_the_estimator() -> None:
     config = RolloutConfig(custom_rm=rm, reward_key="score")
     await score_rewards(group, config)
     scored = score_group(group, config)
-    assert list(scored.rewards) == [0.0, 1.0]
-    assert list(scored.advantages) == pytest.approx([-1.0, 1.0], abs=1e-5)
+    assert [s.reward for s in scored.scored] == [0.0, 1.0]
+    assert [s.advantage for s in scored.scored] == pytest.approx([-1.0, 1.0], abs=1e-5)
 
 
 # ---------------------------------------------------------------- metrics
@@ -189,16 +189,20 @@ def test_passrate_skips_groups_that_break_the_rules(bad) -> None:
 
 
 def test_group_metrics_carry_the_reward_metrics() -> None:
+    from relaxtrio.rollout.filters import FilterVerdict
     from relaxtrio.rollout.step import StepResult, group_metrics
 
     config = RolloutConfig(reward_key="acc", log_passrate=True)
     groups = [group_of([[{"acc": 1.0, "len": 4}], [{"acc": 0.0, "len": 2}]],
                        metadata=[[{"steps": 3}], [{"steps": 5}]])]
     result = StepResult(rollout_id=0, groups=tuple(score_group(g, config) for g in groups), dropped=(),
-                        rollout_s=1.0, filtered=((group_of([[1.0]]), "zero_std"), (group_of([[1.0]]), None)))
+                        rollout_s=1.0, filtered=(
+                            FilterVerdict(group=group_of([[1.0]]), source="dynamic_filter", reason="zero_std"),
+                            FilterVerdict(group=group_of([[1.0]]), source="dynamic_filter"),
+                            FilterVerdict(group=group_of([[1.0]]), source="custom_advantage")))
     row = group_metrics(result, config)
     assert row["rollout/raw_reward"] == 0.5 and row["rollout/len/mean"] == 3.0
     assert row["steps/mean"] == 4.0 and row["rollout/pass@1"] == 0.5 and row["rollout/pass@2"] == 1.0
-    assert row["filtered_groups"] == 2.0 and row["rollout/dynamic_filter/drop_zero_std"] == 1.0
+    assert row["filtered_groups"] == 3.0 and row["rollout/dynamic_filter/drop_zero_std"] == 1.0
     assert math.isclose(row["reward_mean"], 0.5)
     assert "rollout/raw_reward" not in group_metrics(result)  # without a config: the base metrics

@@ -3,8 +3,8 @@
 from __future__ import annotations
 
 import pytest
-from support.groups import exported_group, group_of
-from support.sessions import add_session
+from tests.support.groups import exported_group, group_of
+from tests.support.sessions import add_session
 
 from relaxtrio import ConfigError
 from relaxtrio.config import RolloutConfig
@@ -29,16 +29,16 @@ def _group(rewards: list[float]) -> Group:
 def test_score_group_uses_the_configured_estimator(estimator, std, expected) -> None:
     config = RolloutConfig(advantage_estimator=estimator, grpo_std_normalization=std)
     scored = score_group(_group([0.0, 0.0, 2.0, 2.0]), config)
-    assert list(scored.advantages) == pytest.approx(expected, abs=1e-5)
-    assert list(scored.rewards) == [0.0, 0.0, 2.0, 2.0]
+    assert [s.advantage for s in scored.scored] == pytest.approx(expected, abs=1e-5)
+    assert [s.reward for s in scored.scored] == [0.0, 0.0, 2.0, 2.0]
 
 
 def test_grpo_std_normalization_switch_changes_the_scale() -> None:
     rewards = [0.0, 4.0]  # centered (-2, 2), std 2
     on = score_group(_group(rewards), RolloutConfig())
     off = score_group(_group(rewards), RolloutConfig(grpo_std_normalization=False))
-    assert list(on.advantages) == pytest.approx([-1.0, 1.0], abs=1e-5)
-    assert list(off.advantages) == [-2.0, 2.0]
+    assert [s.advantage for s in on.scored] == pytest.approx([-1.0, 1.0], abs=1e-5)
+    assert [s.advantage for s in off.scored] == [-2.0, 2.0]
 
 
 @pytest.mark.parametrize("estimator", ["rloo", "reinforce_plus_plus_baseline"])
@@ -99,7 +99,7 @@ def test_implicit_export_reaches_custom_advantage_under_the_key_none() -> None:
                                           dataset_metadata={"id": 1}))
     scored = score_group(group, RolloutConfig(custom_advantage=record_input))
     assert seen == [[{None: {"score": 3}}]]
-    assert list(scored.advantages) == [0.5]
+    assert [s.advantage for s in scored.scored] == [0.5]
 
 
 def test_eval_never_calls_custom_advantage() -> None:
@@ -116,4 +116,4 @@ def test_eval_never_calls_custom_advantage() -> None:
     scored = score_group(group, config)
     # Only rewarded contexts are scored in eval; siblings without a reward are not.
     assert [s.name for s in scored.samples] == ["main", "main"]
-    assert list(scored.rewards) == [1.0, 0.0]
+    assert [s.reward for s in scored.scored] == [1.0, 0.0]

@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 import trio
-from support.sessions import leased_session
+from tests.support.sessions import leased_session
 
 from relaxtrio.chat.compiler import ChatCompiler
 from relaxtrio.config import GenerationConfig

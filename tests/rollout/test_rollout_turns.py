@@ -8,7 +8,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from support.sessions import leased_session
+from tests.support.sessions import leased_session
 
 from relaxtrio.chat.compiler import ChatCompiler
 from relaxtrio.models import load_tokenizer
@@ -49,7 +49,6 @@ async def test_unmatched_assistant_message_is_logged_as_a_new_branch(
 
     from relaxtrio.config import GenerationConfig
     from relaxtrio.forest import Conversation
-    from relaxtrio.nursery.group import Group
     from relaxtrio.nursery.turns import TurnRequest
     from relaxtrio.rollout.turns import EngineTurnHandler
     from relaxtrio.testing.scripted_engine import Reply, ScriptedEngine
@@ -59,10 +58,7 @@ async def test_unmatched_assistant_message_is_logged_as_a_new_branch(
     engine = ScriptedEngine(tokenizer=tok, eos_id=tok.eos_token_id,
                             replies=lambda ids: Reply(text="four"))
     handler = EngineTurnHandler(client=engine, compiler=ChatCompiler(tok), config=GenerationConfig())
-    group = Group.create("g", num_sessions=1, input_payload={}, timeout_s=10)
-    [session] = group.sessions
-    group.lease()
-    group.note_request(session)
+    session = leased_session(budget_s=10)
     user = {"role": "user", "content": "2+2?"}
     turn = session.turn_context()
     first = await handler.complete(turn, TurnRequest(conversation=Conversation.from_wire([user])))
@@ -82,7 +78,6 @@ async def test_a_tool_list_change_is_named_instead_of_assistant_replay(tiny_mode
 
     from relaxtrio.config import GenerationConfig
     from relaxtrio.forest import Conversation
-    from relaxtrio.nursery.group import Group
     from relaxtrio.nursery.turns import TurnRequest
     from relaxtrio.rollout.turns import EngineTurnHandler
     from relaxtrio.testing.scripted_engine import Reply, ScriptedEngine
@@ -91,10 +86,7 @@ async def test_a_tool_list_change_is_named_instead_of_assistant_replay(tiny_mode
     tok = load_tokenizer(tiny_model_dir)
     engine = ScriptedEngine(tokenizer=tok, eos_id=tok.eos_token_id, replies=lambda ids: Reply(text="done"))
     handler = EngineTurnHandler(client=engine, compiler=ChatCompiler(tok), config=GenerationConfig())
-    group = Group.create("g", num_sessions=1, input_payload={}, timeout_s=10)
-    [session] = group.sessions
-    group.lease()
-    group.note_request(session)
+    session = leased_session(budget_s=10)
     shell = {"type": "function", "function": {"name": "shell", "parameters": {"type": "object"}}}
     user = {"role": "user", "content": "fix it"}
     turn = session.turn_context()

@@ -14,7 +14,7 @@ from relaxtrio.forest import (
 )
 from relaxtrio.nursery.group import Group
 from relaxtrio.nursery.session import Session
-from support.sessions import add_session
+from tests.support.sessions import add_session
 
 _SEQ = iter(range(1, 10**9))
 

@@ -13,8 +13,8 @@ from relaxtrio.nursery.session import SessionRegistry
 from relaxtrio.rollout.dataset import Prompt, PromptStream
 from relaxtrio.rollout.pipeline import RolloutPipeline, open_rollout_pipeline
 from relaxtrio.rollout.turns import EngineTurnHandler
-from support.agents import write_httpx_agent
-from support.apps import serve_agent_api
+from tests.support.agents import write_httpx_agent
+from tests.support.apps import serve_agent_api
 
 
 def prompts(metadatas: Sequence[dict[str, Any]]) -> PromptStream:

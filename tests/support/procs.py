@@ -15,6 +15,21 @@ def alive(pid: int) -> bool:
     return stat[stat.rfind(")") + 2:].split()[0] != "Z"
 
 
+def group_alive(pgid: int) -> bool:
+    """Whether any live (non-zombie) process remains in process group ``pgid`` (Linux /proc)."""
+    for entry in Path("/proc").iterdir():
+        if not entry.name.isdigit():
+            continue
+        try:
+            stat = (entry / "stat").read_text()
+        except OSError:  # the process ended meanwhile
+            continue
+        fields = stat[stat.rfind(")") + 2:].split()  # state ppid pgrp ... (comm may hold ')')
+        if fields[0] != "Z" and int(fields[2]) == pgid:
+            return True
+    return False
+
+
 class PidPipe:
     """A named pipe that a test's agent writes pids into; the test waits for them, without polling.
 

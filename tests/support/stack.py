@@ -19,9 +19,9 @@ from relaxtrio.engine.server import EngineConfig, serve_engine
 from relaxtrio.models import load_tokenizer
 from relaxtrio.nursery.session import Session, SessionRegistry
 from relaxtrio.rollout.turns import EngineTurnHandler
-from relaxtrio.sglang.client import open_engine_client
-from support.apps import serve_agent_api
-from support.sessions import open_session
+from tests.support.apps import serve_agent_api
+from tests.support.sessions import open_session
+from tests.support.fleets import open_fleet_of_one
 
 CHAT_PATH = "/agentic_api/v1/chat/completions"
 CHAT_BODY = json.dumps({"model": "tiny", "messages": [{"role": "user", "content": "Say something."}],
@@ -63,7 +63,7 @@ async def open_live_stack(model_dir: Path) -> AsyncIterator[LiveStack]:
     registry = SessionRegistry()
     async with trio.open_nursery() as nursery:
         engine_url = await nursery.start(serve_engine, EngineConfig(model_path=model_dir, max_running_requests=4))
-        async with open_engine_client([engine_url]) as engine:
+        async with open_fleet_of_one(engine_url) as engine:
             handler = EngineTurnHandler(client=engine, compiler=compiler, config=config)
             async with serve_agent_api(registry, handler, model_name="tiny") as api_url, \
                     open_session(registry, budget_s=600) as session:

@@ -5,7 +5,7 @@ from __future__ import annotations
 from pathlib import Path
 
 import pytest
-from train_helpers import build_tiny_llama
+from tests.train.train_helpers import build_tiny_llama
 
 
 @pytest.fixture(scope="session")

@@ -7,8 +7,9 @@ from pathlib import Path
 import attrs
 import pytest
 import torch
-from train_helpers import make_samples, with_rollout_logprobs
+from tests.train.train_helpers import make_samples, with_rollout_logprobs
 
+from relaxtrio.testing.scored import scored_samples
 from relaxtrio.train import TrainConfig, Trainer
 from relaxtrio.train.batching import plan_dynamic_micro_batches
 
@@ -26,7 +27,7 @@ def _delta(model_dir: Path, cfg: TrainConfig, samples, advantages):
     trainer = Trainer.from_pretrained(model_dir, cfg)
     trainer.optimizer = torch.optim.SGD(trainer.model.parameters(), lr=1.0)
     before = {k: v.detach().clone() for k, v in trainer.model.named_parameters()}
-    stats = trainer.train_step(samples, advantages)
+    stats = trainer.train_step(scored_samples(samples, advantages))
     return {k: before[k] - v.detach() for k, v in trainer.model.named_parameters()}, stats
 
 
@@ -55,6 +56,6 @@ def test_dynamic_batching_with_several_minibatches_trains(tiny_model_dir: Path) 
     cfg = TrainConfig(lr=1e-3, num_minibatches=2, use_dynamic_batch_size=True, max_tokens_per_gpu=40)
     raw = make_samples(6, seed=32)
     samples = with_rollout_logprobs(raw, Trainer.from_pretrained(tiny_model_dir, cfg).compute_logprobs(raw))
-    stats = Trainer.from_pretrained(tiny_model_dir, cfg).train_step(samples, [1.0, -1.0] * 3)
+    stats = Trainer.from_pretrained(tiny_model_dir, cfg).train_step(scored_samples(samples, [1.0, -1.0] * 3))
     assert stats.num_optimizer_steps == 2 and stats.num_micro_batches >= 2
     assert stats.rollout_logprob_abs_diff < 1e-5

@@ -8,8 +8,9 @@ from pathlib import Path
 import attrs
 import pytest
 import torch
-from train_helpers import make_samples, with_rollout_logprobs
+from tests.train.train_helpers import make_samples, with_rollout_logprobs
 
+from relaxtrio.testing.scored import scored_samples
 from relaxtrio.train import TrainConfig, Trainer
 from relaxtrio.train.estimators import kl_shaped_advantages, whiten_advantages
 
@@ -58,7 +59,7 @@ def test_whitening_with_nothing_trained_is_a_no_op() -> None:
 def _step_gradient(trainer: Trainer, samples, advantages) -> dict[str, torch.Tensor]:
     trainer.optimizer = torch.optim.SGD(trainer.model.parameters(), lr=1.0)
     before = {k: v.detach().clone() for k, v in trainer.model.named_parameters()}
-    trainer.train_step(samples, advantages)
+    trainer.train_step(scored_samples(samples, advantages))
     return {k: before[k] - v.detach() for k, v in trainer.model.named_parameters()}  # = grad
 
 
@@ -87,9 +88,9 @@ def test_kl_shaping_at_the_initial_weights_changes_nothing(tiny_model_dir: Path)
     trainer = Trainer.from_pretrained(tiny_model_dir, TrainConfig(lr=1e-3, kl_coef=0.5))
     assert trainer.ref_model is not None
     samples = with_rollout_logprobs(samples, trainer.compute_logprobs(samples))
-    stats = trainer.train_step(samples, [1.0, -1.0, 0.5])
+    stats = trainer.train_step(scored_samples(samples, [1.0, -1.0, 0.5]))
     assert stats.reward_shaping_kl == 0.0
     # the next step sees moved weights: a positive shaping KL on average is not guaranteed per
     # token, but it is nonzero
-    stats = trainer.train_step(samples, [1.0, -1.0, 0.5])
+    stats = trainer.train_step(scored_samples(samples, [1.0, -1.0, 0.5]))
     assert stats.reward_shaping_kl != 0.0 and math.isfinite(stats.reward_shaping_kl)

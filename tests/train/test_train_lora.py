@@ -7,8 +7,9 @@ from pathlib import Path
 import attrs
 import pytest
 import torch
-from train_helpers import make_samples, with_rollout_logprobs
+from tests.train.train_helpers import make_samples, with_rollout_logprobs
 
+from relaxtrio.testing.scored import scored_samples
 from relaxtrio.train import TrainConfig, Trainer
 
 LORA = TrainConfig(lr=5e-2, lora_rank=4, micro_batch_size=8)
@@ -28,8 +29,8 @@ def test_only_adapter_weights_train(tiny_model_dir: Path) -> None:
     samples = _on_policy(trainer, make_samples(4, seed=41))
     # B starts at zero: before the first update the adapted model is the base model
     assert trainer.compute_logprobs(samples) == plain.compute_logprobs(samples)
-    trainer.train_step(samples, [1.0, -1.0, 0.5, -0.5])
-    trainer.train_step(samples, [1.0, -1.0, 0.5, -0.5])
+    trainer.train_step(scored_samples(samples, [1.0, -1.0, 0.5, -0.5]))
+    trainer.train_step(scored_samples(samples, [1.0, -1.0, 0.5, -0.5]))
     for name, value in trainer.model.named_parameters():
         if name in frozen:
             assert torch.equal(value, frozen[name]), name
@@ -39,7 +40,7 @@ def test_only_adapter_weights_train(tiny_model_dir: Path) -> None:
 def test_saved_weights_are_base_plus_adapter(tiny_model_dir: Path, tmp_path: Path) -> None:
     trainer = Trainer.from_pretrained(tiny_model_dir, LORA)
     samples = _on_policy(trainer, make_samples(3, seed=42))
-    trainer.train_step(samples, [1.0, -1.0, 0.5])
+    trainer.train_step(scored_samples(samples, [1.0, -1.0, 0.5]))
     out = trainer.save_weights(tmp_path / "weights")
     reloaded = Trainer.from_pretrained(out, TrainConfig())  # plain HF weights, no peft
     assert not any("lora" in n for n, _ in reloaded.model.named_parameters())
@@ -57,8 +58,8 @@ def test_kl_loss_reference_is_the_base_model(tiny_model_dir: Path) -> None:
     cfg = attrs.evolve(LORA, use_kl_loss=True, kl_loss_coef=0.1, kl_loss_type="k3")
     trainer = Trainer.from_pretrained(tiny_model_dir, cfg)
     samples = _on_policy(trainer, make_samples(3, seed=43))
-    assert trainer.train_step(samples, [1.0, -1.0, 0.5]).kl_loss == 0.0
-    assert trainer.train_step(samples, [1.0, -1.0, 0.5]).kl_loss > 0.0
+    assert trainer.train_step(scored_samples(samples, [1.0, -1.0, 0.5])).kl_loss == 0.0
+    assert trainer.train_step(scored_samples(samples, [1.0, -1.0, 0.5])).kl_loss > 0.0
 
 
 def test_lora_target_modules_and_alpha(tiny_model_dir: Path) -> None:

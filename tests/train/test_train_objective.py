@@ -12,9 +12,10 @@ from pathlib import Path
 import attrs
 import pytest
 import torch
-from train_helpers import FakeSample, make_samples, with_rollout_logprobs
+from tests.train.train_helpers import FakeSample, make_samples, with_rollout_logprobs
 
 from relaxtrio.forest import WeightSpan
+from relaxtrio.testing.scored import scored_samples
 from relaxtrio.train import TrainConfig, Trainer
 from relaxtrio.train.batching import collate
 from relaxtrio.train.logprobs import (
@@ -30,7 +31,7 @@ def _gradient(model_dir: Path, cfg: TrainConfig, samples, advantages) -> dict[st
     trainer = Trainer.from_pretrained(model_dir, cfg)
     trainer.optimizer = torch.optim.SGD(trainer.model.parameters(), lr=1.0)
     before = {k: v.detach().clone() for k, v in trainer.model.named_parameters()}
-    trainer.last_stats = trainer.train_step(samples, advantages)
+    trainer.last_stats = trainer.train_step(scored_samples(samples, advantages))
     return {k: before[k] - v.detach() for k, v in trainer.model.named_parameters()}
 
 
@@ -82,9 +83,9 @@ def test_kl_loss_is_reported_separately_from_ppo_kl(tiny_model_dir: Path) -> Non
     samples = _on_policy(tiny_model_dir, make_samples(3, seed=23))
     trainer = Trainer.from_pretrained(
         tiny_model_dir, TrainConfig(lr=1e-2, use_kl_loss=True, kl_loss_coef=0.1, kl_loss_type="k3"))
-    first = trainer.train_step(samples, [1.0, -1.0, 0.5])
+    first = trainer.train_step(scored_samples(samples, [1.0, -1.0, 0.5]))
     assert first.kl_loss == 0.0 and first.ppo_kl == 0.0 and math.isnan(first.reward_shaping_kl)
-    second = trainer.train_step(samples, [1.0, -1.0, 0.5])
+    second = trainer.train_step(scored_samples(samples, [1.0, -1.0, 0.5]))
     assert second.kl_loss > 0  # the policy moved away from the frozen reference
     assert second.ppo_kl == 0.0  # one minibatch: old == current at the step's start
 
@@ -123,9 +124,9 @@ def test_dual_clip_reaches_the_trainer(tiny_model_dir: Path) -> None:
     samples = _on_policy(tiny_model_dir, make_samples(2, seed=27), offset=-2.0)
     cfg = attrs.evolve(BASE, use_rollout_logprobs_as_old=True, clip_ratio_c=3.0)
     trainer = Trainer.from_pretrained(tiny_model_dir, cfg)
-    stats = trainer.train_step(samples, [-1.0, -1.0])
+    stats = trainer.train_step(scored_samples(samples, [-1.0, -1.0]))
     assert stats.dual_clip_fraction == 1.0 and stats.grad_norm == 0.0
-    assert math.isnan(Trainer.from_pretrained(tiny_model_dir, BASE).train_step(samples, [1.0, 1.0]).dual_clip_fraction)
+    assert math.isnan(Trainer.from_pretrained(tiny_model_dir, BASE).train_step(scored_samples(samples, [1.0, 1.0])).dual_clip_fraction)
 
 
 def test_mask_offpolicy_trains_only_the_newest_weight_version(tiny_model_dir: Path) -> None:
@@ -149,7 +150,7 @@ def test_mask_offpolicy_trains_only_the_newest_weight_version(tiny_model_dir: Pa
     got = _gradient(tiny_model_dir, cfg, versioned, [1.0, -1.0])
     _assert_same(got, _gradient(tiny_model_dir, BASE, expected_samples, [1.0, -1.0]))
     trainer = Trainer.from_pretrained(tiny_model_dir, cfg)
-    stats = trainer.train_step(versioned, [1.0, -1.0])
+    stats = trainer.train_step(scored_samples(versioned, [1.0, -1.0]))
     assert stats.offpolicy_masked_tokens == sum(sum(s.loss_mask) for s in versioned) - stats.num_tokens > 0
 
 
@@ -163,13 +164,13 @@ def test_sequence_ratio_step_equals_token_ratio_on_policy(tiny_model_dir: Path) 
 
 
 def test_driver_logs_only_the_metrics_a_configuration_produces(tiny_model_dir: Path) -> None:
-    from relaxtrio.run.driver import optional_train_metrics
+    from relaxtrio.run.step import optional_train_metrics
 
     samples = _on_policy(tiny_model_dir, make_samples(2, seed=30))
-    plain = Trainer.from_pretrained(tiny_model_dir, BASE).train_step(samples, [1.0, -1.0])
+    plain = Trainer.from_pretrained(tiny_model_dir, BASE).train_step(scored_samples(samples, [1.0, -1.0]))
     assert set(optional_train_metrics(plain)) == {"advantage_mean", "advantage_std"}
     cfg = attrs.evolve(BASE, use_kl_loss=True, use_tis=True, use_opsm=True, clip_ratio_c=3.0)
-    full = Trainer.from_pretrained(tiny_model_dir, cfg).train_step(samples, [1.0, -1.0])
+    full = Trainer.from_pretrained(tiny_model_dir, cfg).train_step(scored_samples(samples, [1.0, -1.0]))
     assert {"kl_loss", "tis_weight_mean", "tis_clip_fraction", "opsm_masked_fraction",
             "dual_clip_fraction"} <= set(optional_train_metrics(full))
 
@@ -178,12 +179,12 @@ def test_a_resumed_trainer_keeps_the_initial_policy_as_its_kl_reference(tiny_mod
     cfg = attrs.evolve(BASE, lr=1e-2, use_kl_loss=True, kl_loss_coef=0.1, kl_loss_type="k3")
     first = Trainer.from_pretrained(tiny_model_dir, cfg)
     samples = _on_policy(tiny_model_dir, make_samples(3, seed=31))
-    first.train_step(samples, [1.0, -1.0, 0.5])
+    first.train_step(scored_samples(samples, [1.0, -1.0, 0.5]))
     moved = first.save_weights(tmp_path / "moved")  # the weights a run checkpoint would hold
     resumed = Trainer.from_pretrained(moved, cfg, reference_dir=tiny_model_dir)
     initial = Trainer.from_pretrained(tiny_model_dir, BASE).model.state_dict()
     for name, value in resumed.ref_model.state_dict().items():
         torch.testing.assert_close(value, initial[name], rtol=0, atol=0, msg=name)
     # measured from the initial policy, the moved weights already have a positive KL
-    assert resumed.train_step(samples, [1.0, -1.0, 0.5]).kl_loss > 0
-    assert Trainer.from_pretrained(moved, cfg).train_step(samples, [1.0, -1.0, 0.5]).kl_loss == 0.0
+    assert resumed.train_step(scored_samples(samples, [1.0, -1.0, 0.5])).kl_loss > 0
+    assert Trainer.from_pretrained(moved, cfg).train_step(scored_samples(samples, [1.0, -1.0, 0.5])).kl_loss == 0.0

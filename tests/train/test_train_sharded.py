@@ -13,11 +13,12 @@ import attrs
 import pytest
 import torch
 from safetensors.torch import load_file
-from train_helpers import make_samples, with_rollout_logprobs
+from tests.train.train_helpers import make_samples, with_rollout_logprobs
 
 from relaxtrio import ConfigError, TrainerRankError
 from relaxtrio.config import AgentConfig, DistributedConfig, TrainConfig, TrainRunConfig
 from relaxtrio.run.checkpoint import RunCheckpointer
+from relaxtrio.testing.scored import scored_samples
 from relaxtrio.train import Trainer
 from relaxtrio.train.checkpoint import read_run_state
 from relaxtrio.train.distributed import OPTIMIZER_DCP_DIR, split_by_tokens
@@ -62,12 +63,12 @@ def test_two_ranks_equal_one_process(
     samples, advantages = _batch(tiny_llama_dir)
     cfg = _config(aggregation, num_minibatches=num_minibatches)
     single = Trainer.from_pretrained(tiny_llama_dir, cfg)
-    want = single.train_step(samples, advantages)
+    want = single.train_step(scored_samples(samples, advantages))
     want_weights = {k: v.detach().clone() for k, v in single.model.state_dict().items()}
 
     dist = DistributedConfig(actor_num_gpus_per_node=2, collective_timeout_s=60.0, start_timeout_s=300.0)
     with LocalRankGroup.start(RankStart(model_dir=tiny_llama_dir, config=cfg), dist) as group:
-        got = group.train_step(samples, advantages)
+        got = group.train_step(scored_samples(samples, advantages))
         group.save_weights(tmp_path / "w")
 
     assert got.num_optimizer_steps == want.num_optimizer_steps == num_minibatches
@@ -95,7 +96,7 @@ def test_killed_rank_fails_the_step_naming_it(tiny_llama_dir: Path) -> None:
         os.kill(victim.pid, signal.SIGKILL)
         start = time.monotonic()
         with pytest.raises(TrainerRankError, match=r"trainer rank 1 on node \S+ died") as info:
-            group.train_step(samples, advantages)
+            group.train_step(scored_samples(samples, advantages))
         assert time.monotonic() - start < timeout_s
         assert info.value.rank == 1
         assert all(not p.is_alive() for p in group.processes)  # the group closed itself
@@ -109,10 +110,10 @@ def test_sharded_run_checkpoint_resumes_like_one_process(tiny_llama_dir: Path, t
     cfg = _config("token_mean")
     single = Trainer.from_pretrained(tiny_llama_dir, cfg)
     for _ in range(2):
-        single.train_step(samples, advantages)
+        single.train_step(scored_samples(samples, advantages))
     dist = DistributedConfig(actor_num_gpus_per_node=2, collective_timeout_s=60.0, start_timeout_s=300.0)
     with LocalRankGroup.start(RankStart(model_dir=tiny_llama_dir, config=cfg), dist) as group:
-        group.train_step(samples, advantages)
+        group.train_step(scored_samples(samples, advantages))
         ckpt = group.save_run_checkpoint(tmp_path / "save", 1, state={"note": "x"}, tokenizer_dir=None, keep=2)
     assert (ckpt / OPTIMIZER_DCP_DIR).is_dir() and not (ckpt / "optimizer.pt").exists()
     assert not list((tmp_path / "save").glob(".optimizer-*"))  # the staged shards moved in
@@ -120,7 +121,7 @@ def test_sharded_run_checkpoint_resumes_like_one_process(tiny_llama_dir: Path, t
     assert state["note"] == "x" and state["trainer"]["num_optimizer_steps"] == 1
     resumed = RankStart(model_dir=ckpt, config=cfg, resume_state=state["trainer"])
     with LocalRankGroup.start(resumed, dist) as group:
-        stats = group.train_step(samples, advantages)
+        stats = group.train_step(scored_samples(samples, advantages))
         group.save_weights(tmp_path / "w")
     assert stats.num_optimizer_steps == 1
     want = single.model.state_dict()
@@ -154,11 +155,11 @@ def test_two_ranks_with_lora_equal_one_process(tiny_llama_dir: Path, tmp_path: P
     cfg = _config("token_mean", num_minibatches=2, lora_rank=4, **KL)
     cfg = attrs.evolve(cfg, lr=2e-2)  # LoRA's B starts at 0: a larger step moves the merged weights
     single = Trainer.from_pretrained(tiny_llama_dir, cfg)
-    want = single.train_step(samples, advantages)
+    want = single.train_step(scored_samples(samples, advantages))
     single.save_weights(tmp_path / "w1")
     single.save_run_checkpoint(tmp_path / "s1", 1, state={}, tokenizer_dir=None, keep=1)
     with LocalRankGroup.start(RankStart(model_dir=tiny_llama_dir, config=cfg), DIST) as group:
-        got = group.train_step(samples, advantages)
+        got = group.train_step(scored_samples(samples, advantages))
         group.save_weights(tmp_path / "w2")
         ckpt = group.save_run_checkpoint(tmp_path / "s2", 1, state={}, tokenizer_dir=None, keep=1)
     _assert_close_stats(got, want)
@@ -197,18 +198,18 @@ def test_resume_across_world_sizes(tiny_llama_dir: Path, tmp_path: Path) -> None
     samples, advantages = _batch(tiny_llama_dir)
     cfg = attrs.evolve(_config("token_mean", num_minibatches=2, **KL), lr=3e-3)
     straight = Trainer.from_pretrained(tiny_llama_dir, cfg)
-    want = [straight.train_step(samples, advantages) for _ in range(2)]
+    want = [straight.train_step(scored_samples(samples, advantages)) for _ in range(2)]
     after_two = {k: v.detach().clone() for k, v in straight.model.state_dict().items()}
-    want.append(straight.train_step(samples, advantages))
+    want.append(straight.train_step(scored_samples(samples, advantages)))
     save_dir = tmp_path / "save"
 
     first = Trainer.from_pretrained(tiny_llama_dir, cfg)
-    first.train_step(samples, advantages)
+    first.train_step(scored_samples(samples, advantages))
     first.save_run_checkpoint(save_dir, 1, state={}, tokenizer_dir=None, keep=2)
     group = _resume(tmp_path, tiny_llama_dir, cfg, save_dir, 2)
     with group:
         assert isinstance(group, RankGroup)
-        second = group.train_step(samples, advantages)
+        second = group.train_step(scored_samples(samples, advantages))
         ckpt2 = group.save_run_checkpoint(save_dir, 2, state={}, tokenizer_dir=None, keep=2)
     assert second.kl_loss > 1e-3
     _assert_close_stats(second, want[1])
@@ -217,7 +218,7 @@ def test_resume_across_world_sizes(tiny_llama_dir: Path, tmp_path: Path) -> None
 
     third = _resume(tmp_path, tiny_llama_dir, cfg, save_dir, 1)
     assert isinstance(third, Trainer) and third.num_optimizer_steps == 4
-    _assert_close_stats(third.train_step(samples, advantages), want[2])
+    _assert_close_stats(third.train_step(scored_samples(samples, advantages)), want[2])
     assert third.num_optimizer_steps == straight.num_optimizer_steps == 6
     want_weights = straight.model.state_dict()
     for name, tensor in third.model.state_dict().items():

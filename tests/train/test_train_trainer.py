@@ -10,9 +10,10 @@ import attrs
 import pytest
 import torch
 from safetensors.torch import load_file
-from train_helpers import FakeSample, make_samples, with_rollout_logprobs
+from tests.train.train_helpers import FakeSample, make_samples, with_rollout_logprobs
 from transformers import AutoModelForCausalLM
 
+from relaxtrio.testing.scored import scored_samples
 from relaxtrio.train import TrainConfig, Trainer
 from relaxtrio.train.batching import plan_micro_batches, split_minibatches
 
@@ -39,7 +40,7 @@ def test_train_step_updates_parameters_and_reports_stats(tiny_llama_dir: Path) -
     trainer = Trainer.from_pretrained(tiny_llama_dir, FAST)
     samples = _on_policy(trainer, make_samples(6, seed=1))
     before = _params(trainer)
-    stats = trainer.train_step(samples, [1.0, -1.0, 0.5, -0.5, 0.0, 2.0])
+    stats = trainer.train_step(scored_samples(samples, [1.0, -1.0, 0.5, -0.5, 0.0, 2.0]))
 
     assert math.isfinite(stats.loss)
     assert stats.grad_norm > 0 and math.isfinite(stats.grad_norm)
@@ -62,7 +63,7 @@ def test_positive_advantage_raises_and_negative_lowers_logprob(tiny_llama_dir: P
     good, bad = _on_policy(trainer, make_samples(2, seed=2, min_len=10))
     good_before, bad_before = _response_logprob(trainer, good), _response_logprob(trainer, bad)
     for _ in range(3):
-        trainer.train_step([good, bad], [1.0, -1.0])
+        trainer.train_step(scored_samples([good, bad], [1.0, -1.0]))
     assert _response_logprob(trainer, good) > good_before + 0.05
     assert _response_logprob(trainer, bad) < bad_before - 0.05
 
@@ -78,7 +79,7 @@ def test_gradient_accumulation_equals_one_big_batch(tiny_llama_dir: Path) -> Non
         # plain SGD with lr 1 turns the parameter change into exactly -grad
         trainer.optimizer = torch.optim.SGD(trainer.model.parameters(), lr=1.0)
         before = _params(trainer)
-        stats = trainer.train_step(_on_policy(trainer, samples), advantages)
+        stats = trainer.train_step(scored_samples(_on_policy(trainer, samples), advantages))
         assert stats.num_micro_batches == math.ceil(5 / micro_batch_size)
         after = _params(trainer)
         deltas.append({k: after[k] - before[k] for k in before})
@@ -95,7 +96,7 @@ def test_gradient_accumulation_equals_one_big_batch(tiny_llama_dir: Path) -> Non
 def test_zero_advantages_still_count_tokens(tiny_llama_dir: Path) -> None:
     trainer = Trainer.from_pretrained(tiny_llama_dir, FAST)
     samples = make_samples(3, seed=4)
-    stats = trainer.train_step(_on_policy(trainer, samples), [0.0, 0.0, 0.0])
+    stats = trainer.train_step(scored_samples(_on_policy(trainer, samples), [0.0, 0.0, 0.0]))
     assert stats.loss == 0.0 and stats.grad_norm == 0.0
     assert stats.num_tokens == sum(sum(s.loss_mask) for s in samples)
 
@@ -104,7 +105,7 @@ def test_two_minibatches_use_pre_update_old_logprobs(tiny_llama_dir: Path) -> No
     cfg = attrs.evolve(FAST, num_minibatches=2, micro_batch_size=2, clip_eps_high=0.2)
     trainer = Trainer.from_pretrained(tiny_llama_dir, cfg)
     samples = _on_policy(trainer, make_samples(4, seed=5))
-    stats = trainer.train_step(samples, [1.0, -1.0, 1.0, -1.0])
+    stats = trainer.train_step(scored_samples(samples, [1.0, -1.0, 1.0, -1.0]))
     assert stats.num_optimizer_steps == 2 and trainer.num_optimizer_steps == 2
     assert stats.rollout_logprob_abs_diff < 1e-5
     # the second minibatch is evaluated after the first update: ratio != 1 there
@@ -117,7 +118,7 @@ def test_rollout_logprobs_as_old_measures_and_clips_mismatch(tiny_llama_dir: Pat
     trainer = Trainer.from_pretrained(tiny_llama_dir, cfg)
     # the "engine" was 0.5 nats less confident: ratio = e^0.5 ~ 1.65 > 1.28 on every token
     samples = _on_policy(trainer, make_samples(3, seed=6), offset=-0.5)
-    stats = trainer.train_step(samples, [1.0, 1.0, 1.0])
+    stats = trainer.train_step(scored_samples(samples, [1.0, 1.0, 1.0]))
     assert stats.rollout_logprob_abs_diff == pytest.approx(0.5, abs=1e-5)
     assert stats.clip_fraction == 1.0
     assert stats.ppo_kl == pytest.approx(-0.5, abs=1e-5)
@@ -127,7 +128,7 @@ def test_rollout_logprobs_as_old_measures_and_clips_mismatch(tiny_llama_dir: Pat
 def test_bf16_autocast_step_is_finite(tiny_llama_dir: Path) -> None:
     trainer = Trainer.from_pretrained(tiny_llama_dir, attrs.evolve(FAST, bf16_autocast=True))
     samples = _on_policy(trainer, make_samples(2, seed=7))
-    stats = trainer.train_step(samples, [1.0, -1.0])
+    stats = trainer.train_step(scored_samples(samples, [1.0, -1.0]))
     assert math.isfinite(stats.loss) and math.isfinite(stats.grad_norm)
     assert stats.rollout_logprob_abs_diff < 0.5  # bf16 is less exact, but not wildly off
     assert next(trainer.model.parameters()).dtype == torch.float32  # master weights stay fp32
@@ -140,7 +141,7 @@ def test_token_budget_packs_micro_batches(tiny_llama_dir: Path) -> None:
     cfg = attrs.evolve(FAST, max_tokens_per_micro_batch=40)
     trainer = Trainer.from_pretrained(tiny_llama_dir, cfg)
     samples = make_samples(4, seed=8, min_len=20, max_len=20)
-    stats = trainer.train_step(_on_policy(trainer, samples), [1.0, 0.0, -1.0, 0.5])
+    stats = trainer.train_step(scored_samples(_on_policy(trainer, samples), [1.0, 0.0, -1.0, 0.5]))
     assert stats.num_micro_batches == 2 and stats.num_padded_tokens == 80
 
 
@@ -150,7 +151,7 @@ def test_micro_batches_group_similar_lengths(tiny_llama_dir: Path) -> None:
     assert plan_micro_batches(range(4), lengths, micro_batch_size=2, max_tokens_per_micro_batch=None) == [
         [1, 3], [0, 2]]
     trainer = Trainer.from_pretrained(tiny_llama_dir, attrs.evolve(FAST, micro_batch_size=2))
-    stats = trainer.train_step(_on_policy(trainer, samples), [1.0, -1.0, 0.5, -0.5])
+    stats = trainer.train_step(scored_samples(_on_policy(trainer, samples), [1.0, -1.0, 0.5, -0.5]))
     # in the given order each pair would pad to 40: 2 x (2 x 40)
     assert stats.num_micro_batches == 2 and stats.num_padded_tokens == 2 * 40 + 2 * 10
 
@@ -171,9 +172,9 @@ def test_logits_start_at_the_first_trained_token(tiny_llama_dir: Path, entropy_c
         asked.append((kwargs["input_ids"].shape[1], kwargs.get("logits_to_keep")))
 
     handle = cut.model.register_forward_pre_hook(record, with_kwargs=True)
-    a = cut.train_step(samples, advantages)
+    a = cut.train_step(scored_samples(samples, advantages))
     handle.remove()
-    b = full.train_step(samples, advantages)
+    b = full.train_step(scored_samples(samples, advantages))
     # one forward per micro-batch; its first trained token is at the shortest prompt of the two
     plans = plan_micro_batches(range(6), [len(s.token_ids) for s in samples], micro_batch_size=4,
                                max_tokens_per_micro_batch=None)
@@ -199,10 +200,10 @@ def test_old_and_reference_passes_start_at_the_first_trained_token(tiny_llama_di
     assert cut.ref_model is not None
     handles = [m.register_forward_pre_hook(lambda _m, _a, kw: asked.append(kw.get("logits_to_keep")),
                                            with_kwargs=True) for m in (cut.model, cut.ref_model)]
-    a = cut.train_step(samples, advantages)
+    a = cut.train_step(scored_samples(samples, advantages))
     for handle in handles:
         handle.remove()
-    b = full.train_step(samples, advantages)
+    b = full.train_step(scored_samples(samples, advantages))
     # 3 micro-batches of 2 in the old-logprob pass and in the KL model's pass, 2 per 3-sample minibatch
     assert len(asked) == 3 + 3 + 2 * 2 and all(isinstance(k, int) and k > 0 for k in asked), asked
     for field in ("loss", "grad_norm", "ppo_kl", "kl_loss", "rollout_logprob_abs_diff", "entropy"):
@@ -232,7 +233,6 @@ def test_split_minibatches_is_a_seeded_partition() -> None:
         ([FakeSample([1, 2, 3], [0, 1], [0.0, 0.0, 0.0])], [1.0], r"samples\[0\]: len"),
         ([FakeSample([1, 2], [1, 1], [0.0, -1.0])], [1.0], r"loss_mask\[0\] must be 0"),
         ([FakeSample([1, 2], [0, 2], [0.0, -1.0])], [1.0], "only 0 and 1"),
-        ([FakeSample([1, 2], [0, 1], [0.0, -1.0])], [1.0, 2.0], "one advantage per sample"),
         ([FakeSample([1, 2], [0, 1], [0.0, -1.0])], [math.nan], r"advantages\[0\]"),
         ([FakeSample([1, 2], [0, 1], [0.0, math.nan])], [1.0], r"samples\[0\].rollout_logprobs"),
     ],
@@ -243,14 +243,14 @@ def test_invalid_inputs_are_rejected(
     trainer = Trainer.from_pretrained(tiny_llama_dir, FAST)
     before = _params(trainer)
     with pytest.raises(ValueError, match=match):
-        trainer.train_step(samples, advantages)
+        trainer.train_step(scored_samples(samples, advantages))
     assert all(torch.equal(before[k], v) for k, v in _params(trainer).items())
 
 
 def test_save_weights_round_trip(tiny_llama_dir: Path, tmp_path: Path) -> None:
     trainer = Trainer.from_pretrained(tiny_llama_dir, FAST)
     samples = _on_policy(trainer, make_samples(3, seed=9))
-    trainer.train_step(samples, [1.0, -1.0, 0.5])
+    trainer.train_step(scored_samples(samples, [1.0, -1.0, 0.5]))
     out = trainer.save_weights(tmp_path / "weights")
     assert out == tmp_path / "weights"
     assert sorted(os.listdir(out)) == ["config.json", "generation_config.json", "model.safetensors"]
@@ -267,7 +267,7 @@ def test_save_weights_round_trip(tiny_llama_dir: Path, tmp_path: Path) -> None:
     assert Trainer(engine_model, FAST).compute_logprobs(samples) == expected
 
     # Saving again replaces the files in place and leaves no temporary directory behind.
-    trainer.train_step(samples, [1.0, -1.0, 0.5])
+    trainer.train_step(scored_samples(samples, [1.0, -1.0, 0.5]))
     trainer.save_weights(out)
     assert sorted(os.listdir(out)) == ["config.json", "generation_config.json", "model.safetensors"]
     assert Trainer.from_pretrained(out, FAST).compute_logprobs(samples) != expected
@@ -292,7 +292,7 @@ def test_save_checkpoint_with_tokenizer_and_optimizer(tiny_llama_dir: Path, tmp_
     _write_tokenizer(tokenizer_dir)
     trainer = Trainer.from_pretrained(tiny_llama_dir, FAST)
     samples = _on_policy(trainer, make_samples(3, seed=10))
-    trainer.train_step(samples, [1.0, -1.0, 0.5])
+    trainer.train_step(scored_samples(samples, [1.0, -1.0, 0.5]))
     ckpt = tmp_path / "ckpt"
     ckpt.mkdir()
     (ckpt / "stale.txt").write_text("from an older checkpoint")
@@ -311,8 +311,8 @@ def test_save_checkpoint_with_tokenizer_and_optimizer(tiny_llama_dir: Path, tmp_
     resumed.load_optimizer_state(ckpt)
     assert resumed.num_optimizer_steps == 1
     # same weights + same AdamW moments => the next step lands on the same weights
-    trainer.train_step(samples, [0.5, 0.5, -1.0])
-    resumed.train_step(samples, [0.5, 0.5, -1.0])
+    trainer.train_step(scored_samples(samples, [0.5, 0.5, -1.0]))
+    resumed.train_step(scored_samples(samples, [0.5, 0.5, -1.0]))
     pairs = zip(trainer.model.named_parameters(), resumed.model.parameters(), strict=True)
     for (name, a), b in pairs:
         torch.testing.assert_close(a, b, rtol=0, atol=1e-7, msg=name)
@@ -327,8 +327,8 @@ def test_adamw_is_fused_and_steps_like_the_default_kernel(tiny_llama_dir: Path) 
     samples = _on_policy(fused, make_samples(4, seed=3))
     initial = _params(fused)
     for advantages in ([1.0, -1.0, 0.5, 0.0], [-0.5, 1.0, 0.0, 2.0]):  # the 2nd step uses moments
-        fused.train_step(samples, advantages)
-        default.train_step(samples, advantages)
+        fused.train_step(scored_samples(samples, advantages))
+        default.train_step(scored_samples(samples, advantages))
     pairs = zip(fused.model.named_parameters(), default.model.parameters(), strict=True)
     moved = 0
     for (name, a), b in pairs:
@@ -344,7 +344,7 @@ def test_optimizer_state_from_before_the_fused_kernel_keeps_it(tiny_llama_dir: P
     for group in old.optimizer.param_groups:
         group["fused"] = None
     samples = _on_policy(old, make_samples(3, seed=11))
-    old.train_step(samples, [1.0, -1.0, 0.5])
+    old.train_step(scored_samples(samples, [1.0, -1.0, 0.5]))
     ckpt = tmp_path / "ckpt"
     old.save_checkpoint(ckpt, include_optimizer=True)
     assert torch.load(ckpt / "optimizer.pt", weights_only=True)["optimizer"]["param_groups"][0]["fused"] is None
@@ -352,8 +352,8 @@ def test_optimizer_state_from_before_the_fused_kernel_keeps_it(tiny_llama_dir: P
     resumed = Trainer.from_pretrained(ckpt, FAST)
     resumed.load_optimizer_state(ckpt)
     assert all(g["fused"] is True for g in resumed.optimizer.param_groups)
-    old.train_step(samples, [0.5, 0.5, -1.0])
-    resumed.train_step(samples, [0.5, 0.5, -1.0])  # fused, on the loaded moments
+    old.train_step(scored_samples(samples, [0.5, 0.5, -1.0]))
+    resumed.train_step(scored_samples(samples, [0.5, 0.5, -1.0]))  # fused, on the loaded moments
     pairs = zip(old.model.named_parameters(), resumed.model.parameters(), strict=True)
     for (name, a), b in pairs:
         torch.testing.assert_close(a, b, rtol=1e-5, atol=1e-6, msg=name)
@@ -382,9 +382,9 @@ def test_threads_are_asked_before_every_micro_batch_and_step_and_restored(tiny_l
         seen.append(torch.get_num_threads())
         return next(answers)
 
-    paced = Trainer.from_pretrained(tiny_llama_dir, cfg).train_step(samples, advantages, threads=threads)
+    paced = Trainer.from_pretrained(tiny_llama_dir, cfg).train_step(scored_samples(samples, advantages), threads=threads)
     assert torch.get_num_threads() == before
-    plain = Trainer.from_pretrained(tiny_llama_dir, cfg).train_step(samples, advantages)
+    plain = Trainer.from_pretrained(tiny_llama_dir, cfg).train_step(scored_samples(samples, advantages))
     # 2 old-logprob micro-batches, then per minibatch 1 micro-batch and 1 optimizer step
     assert len(seen) == 2 + 2 * (1 + 1)
     assert seen[1:] == [1, 2, 1, 2, 1]  # each count was in force when the next was asked for

@@ -18,9 +18,11 @@ from .tool_calls import TOOL_CALL_PARSERS as TOOL_CALL_PARSERS
 from .tool_calls import ParsedToolCall as ParsedToolCall
 from .tool_calls import RejectedToolCall as RejectedToolCall
 from .tool_calls import ToolCallParse as ToolCallParse
+from .tool_calls import call_id_for as call_id_for
 from .tool_calls import check_tool_call_parser as check_tool_call_parser
 from .tool_calls import parse_tool_calls as parse_tool_calls
 from .tool_calls import parse_tool_calls_detailed as parse_tool_calls_detailed
+from .tool_calls import resolve_tool_call_parser as resolve_tool_call_parser
 from .tool_calls import tool_call_id as tool_call_id
 
 __all__ = [
@@ -34,6 +36,7 @@ __all__ = [
     "TokenDecoder",
     "ToolCallParse",
     "UnclosedThinkPolicy",
+    "call_id_for",
     "canonical_arguments",
     "check_tool_call_parser",
     "decode_assistant",
@@ -41,5 +44,6 @@ __all__ = [
     "parse_reasoning",
     "parse_tool_calls",
     "parse_tool_calls_detailed",
+    "resolve_tool_call_parser",
     "tool_call_id",
 ]

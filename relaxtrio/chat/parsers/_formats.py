@@ -42,11 +42,14 @@ class Candidate:
         raw: the exact text of the call (for tagged formats, the whole block including tags).
         calls: ``(name, arguments)`` pairs; a block may hold several (a JSON list).
         error: why the block is malformed, or None.
+        ids: the call ids the model wrote, one per call (Kimi-K2, Mistral), or empty when the
+            format carries none.
     """
 
     raw: str
     calls: tuple[tuple[str, dict[str, Any]], ...] = ()
     error: str | None = None
+    ids: tuple[str | None, ...] = ()
 
 
 Segment = Text | Marker | Candidate

@@ -29,7 +29,7 @@ import attrs
 from ..._errors import BackendError, EmptyReplyError, InternalError
 from ..._validate import is_int
 from .reasoning import UnclosedThinkPolicy, parse_reasoning
-from .tool_calls import RejectedToolCall, parse_tool_calls_detailed, tool_call_id
+from .tool_calls import AUTO, RejectedToolCall, call_id_for, parse_tool_calls_detailed
 
 __all__ = [
     "DecodedAssistant",
@@ -45,7 +45,11 @@ FinishReason = Literal["stop", "length", "tool_calls"]
 
 
 class TokenDecoder(Protocol):
-    """Anything that turns ids into text with special tokens kept (a :class:`ChatCompiler`)."""
+    """Anything that turns ids into text with special tokens kept (a :class:`ChatCompiler`).
+
+    A decoder that also has ``resolve_tool_call_parser(name) -> str | None`` (the compiler does)
+    lets ``decode_assistant`` take the tool-call parser ``auto``.
+    """
 
     def decode(self, token_ids: Sequence[int]) -> str: ...
 
@@ -115,7 +119,8 @@ def decode_assistant(
         parent_state_hash: state hash of the node the turn was generated from (for call ids).
         stop_token_ids: EOS / end-of-turn ids plus the request's ``stop_token_ids``.
         reasoning_parser: ``--agentic-reasoning-parser`` name or None.
-        tool_call_parser: ``--agentic-tool-call-parser`` name or None.
+        tool_call_parser: ``--agentic-tool-call-parser`` name or None; ``auto`` is resolved with
+            ``compiler.resolve_tool_call_parser``.
         tools: the subtree's canonical tools; calls are parsed only when non-empty.
         matched_stop: the engine's ``finish_reason.matched`` (a stop id or a stop string).
         prompt_opened_think: the generation prompt ended inside an opened think block.
@@ -126,8 +131,13 @@ def decode_assistant(
         EmptyReplyError: the parsers leave nothing to return (no text, reasoning or call).
         InternalError: the finish type is still ``abort`` (an aborted attempt is resumed, not
             committed).
-        ValueError: unknown parser name or finish type.
+        ValueError: unknown parser name or finish type; ``auto`` that the template cannot resolve.
     """
+    if tool_call_parser == AUTO:
+        resolve = getattr(compiler, "resolve_tool_call_parser", None)
+        if resolve is None:
+            raise ValueError("tool-call parser 'auto' needs a decoder that knows the chat template")
+        tool_call_parser = resolve(tool_call_parser)
     ids = tuple(int(i) for i in output_ids)
     if not ids:
         raise BackendError("Generation backend returned a terminal response without output tokens")
@@ -162,7 +172,7 @@ def decode_assistant(
     if parse.calls:
         message["tool_calls"] = [
             {
-                "id": tool_call_id(parent_state_hash, ids, index),
+                "id": call_id_for(tool_call_parser, call, parent_state_hash, ids, index),
                 "type": "function",
                 "function": {"name": call.name, "arguments": call.arguments},
             }

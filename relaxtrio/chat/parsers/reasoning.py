@@ -11,6 +11,16 @@ Supported names (SGLang's spellings):
                           templates end the generation prompt with ``<think>\\n``).
 ``deepseek-r1``           the prompt always opens the block (R1 templates end the generation
                           prompt with ``<think>\\n``); a leading ``<think>`` is tolerated.
+``deepseek-v3``           DeepSeek-V3.1: the prompt ends with ``<think>`` in thinking mode and
+                          with ``</think>`` otherwise, so the block counts only when the prompt
+                          opened it (or a ``</think>`` implies it); ``<｜tool▁calls▁begin｜>``
+                          closes an unclosed block.
+``glm45``                 GLM-4.5/4.6: as ``qwen3`` (the model opens ``<think>`` itself).
+``kimi_k2``               Kimi-K2-Thinking: as ``qwen3``; ``<|tool_calls_section_begin|>`` closes
+                          an unclosed block.
+``mistral``               Magistral ``[THINK]…[/THINK]``; ``[TOOL_CALLS]`` closes an unclosed block.
+``gpt-oss``               harmony channels: analysis messages are the reasoning, final and
+                          preamble messages the content (:mod:`._harmony`).
 ========================  ====================================================================
 
 Only a block at the very start of the text (after whitespace) counts; a ``<think>`` in the middle
@@ -33,6 +43,8 @@ from typing import Final, Literal
 
 import attrs
 
+from ._harmony import parse_harmony_reasoning
+
 __all__ = ["REASONING_PARSERS", "UnclosedThinkPolicy", "parse_reasoning"]
 
 logger = logging.getLogger(__name__)
@@ -52,9 +64,16 @@ _FORMATS: Final[dict[str, _ThinkFormat]] = {
     "qwen3": _ThinkFormat("<think>", "</think>", prompt_always_opens=False, interrupt="<tool_call>"),
     "qwen3-thinking": _ThinkFormat("<think>", "</think>", prompt_always_opens=True, interrupt="<tool_call>"),
     "deepseek-r1": _ThinkFormat("<think>", "</think>", prompt_always_opens=True, interrupt=None),
+    "deepseek-v3": _ThinkFormat("<think>", "</think>", prompt_always_opens=False, interrupt="<｜tool▁calls▁begin｜>"),
+    "glm45": _ThinkFormat("<think>", "</think>", prompt_always_opens=False, interrupt="<tool_call>"),
+    "kimi_k2": _ThinkFormat(
+        "<think>", "</think>", prompt_always_opens=False, interrupt="<|tool_calls_section_begin|>"
+    ),
+    "mistral": _ThinkFormat("[THINK]", "[/THINK]", prompt_always_opens=False, interrupt="[TOOL_CALLS]"),
 }
+_HARMONY: Final = "gpt-oss"
 
-REASONING_PARSERS: Final[tuple[str, ...]] = tuple(sorted(_FORMATS))
+REASONING_PARSERS: Final[tuple[str, ...]] = tuple(sorted([*_FORMATS, _HARMONY]))
 """Names accepted by ``--agentic-reasoning-parser``."""
 
 
@@ -98,6 +117,8 @@ def parse_reasoning(
     """
     if parser is None:
         return None, text
+    if parser == _HARMONY:
+        return parse_harmony_reasoning(text)
     fmt = reasoning_format(parser)
     if unclosed_think not in ("content", "reasoning"):
         raise ValueError(f"unclosed_think must be 'content' or 'reasoning', got {unclosed_think!r}")

@@ -11,6 +11,17 @@ Supported names:
                                   JSON-schema types
 ``llama3``                        ``{"name": ..., "parameters": {...}}`` at the start of the text or
                                   after ``<|python_tag|>``, several separated by ``;``
+``deepseekv3``, ``deepseekv31``   DeepSeek-V3/R1 and V3.1 ``<｜tool▁calls▁begin｜>`` sections (one
+                                  parser reads both spellings; :mod:`._families`)
+``glm45``                         GLM-4.5/4.6 ``<tool_call>NAME`` + ``<arg_key>``/``<arg_value>``
+``kimi_k2``                       Kimi-K2 ``<|tool_calls_section_begin|>`` sections; the model's
+                                  ``functions.NAME:IDX`` is kept as the call id
+``mistral``                       ``[TOOL_CALLS]`` + JSON list, or ``NAME[CALL_ID]ID[ARGS]JSON`` per
+                                  call; call ids are 9 alphanumerics as Mistral templates require
+``gpt-oss``                       harmony messages addressed to ``functions.NAME`` (:mod:`._harmony`;
+                                  use it with the ``gpt-oss`` reasoning parser)
+``auto``                          the parser whose markers the chat template contains
+                                  (:func:`~._detect.detect_tool_call_parser`)
 ===============================  ==============================================================
 
 Rules, identical for every format:
@@ -26,6 +37,8 @@ Rules, identical for every format:
 * when at least one call is returned, the call blocks (and their separators) are removed from the
   content, which is then stripped of surrounding whitespace; when none is returned the content is
   the input text unchanged;
+* call ids: the id the model wrote when its format carries one (Kimi-K2, Mistral ``[CALL_ID]``),
+  else :func:`tool_call_id` (Mistral: its first 9 hex digits, see :func:`call_id_for`);
 * arguments are returned as canonical JSON object text (compact, sorted keys, integral floats as
   ints; see :func:`~._json.canonical_arguments`).
 
@@ -43,7 +56,10 @@ from typing import Any, Final
 
 import attrs
 
+from ._detect import detect_tool_call_parser
+from ._families import split_deepseek, split_glm45, split_kimi_k2, split_mistral
 from ._formats import Candidate, Marker, Segment, split_hermes, split_llama3, split_qwen3_coder
+from ._harmony import split_harmony
 from ._json import canonical_arguments
 
 __all__ = [
@@ -51,9 +67,11 @@ __all__ = [
     "ParsedToolCall",
     "RejectedToolCall",
     "ToolCallParse",
+    "call_id_for",
     "check_tool_call_parser",
     "parse_tool_calls",
     "parse_tool_calls_detailed",
+    "resolve_tool_call_parser",
     "tool_call_id",
 ]
 
@@ -67,10 +85,22 @@ _SPLITTERS: Final[dict[str, _Splitter]] = {
     "qwen": split_hermes,
     "qwen3_coder": split_qwen3_coder,
     "llama3": split_llama3,
+    "deepseekv3": split_deepseek,
+    "deepseekv31": split_deepseek,
+    "glm45": split_glm45,
+    "kimi_k2": split_kimi_k2,
+    "mistral": split_mistral,
+    "gpt-oss": split_harmony,
 }
 
-TOOL_CALL_PARSERS: Final[tuple[str, ...]] = tuple(sorted(_SPLITTERS))
+AUTO: Final = "auto"
+"""``--agentic-tool-call-parser auto``: resolved from the chat template before parsing."""
+
+TOOL_CALL_PARSERS: Final[tuple[str, ...]] = (*sorted(_SPLITTERS), AUTO)
 """Names accepted by ``--agentic-tool-call-parser``."""
+
+_SHORT_IDS: Final = frozenset({"mistral"})
+"""Parsers whose templates require 9-character alphanumeric call ids."""
 
 
 @attrs.frozen
@@ -80,10 +110,12 @@ class ParsedToolCall:
     Attributes:
         name: a tool name declared in the request.
         arguments: canonical JSON object text (``{"city":"Paris"}``).
+        call_id: the id the model wrote for the call, or None when its format has none.
     """
 
     name: str
     arguments: str
+    call_id: str | None = None
 
 
 @attrs.frozen
@@ -115,9 +147,23 @@ class ToolCallParse:
 
 
 def check_tool_call_parser(parser: str) -> None:
-    """Raises ValueError when ``parser`` is not a name in :data:`TOOL_CALL_PARSERS`."""
-    if parser not in _SPLITTERS:
+    """Raises ValueError when ``parser`` is not a name in :data:`TOOL_CALL_PARSERS` (``auto``
+    included: it must be resolved against a chat template before parsing)."""
+    if parser not in _SPLITTERS and parser != AUTO:
         raise ValueError(f"unknown tool-call parser {parser!r}; expected one of: {', '.join(TOOL_CALL_PARSERS)}")
+
+
+def resolve_tool_call_parser(parser: str | None, chat_template: str) -> str | None:
+    """``parser`` itself, or for ``auto`` the parser the chat template's markers name.
+
+    Raises:
+        ValueError: an unknown name, or ``auto`` with a template that names no format or several
+            (the message lists the choices).
+    """
+    if parser is None:
+        return None
+    check_tool_call_parser(parser)
+    return detect_tool_call_parser(chat_template, TOOL_CALL_PARSERS) if parser == AUTO else parser
 
 
 def _declared_tools(tools: Sequence[Mapping[str, Any]]) -> dict[str, Mapping[str, Any]]:
@@ -148,6 +194,8 @@ def parse_tool_calls_detailed(text: str, parser: str | None, tools: Sequence[Map
     if parser is None or not tools:
         return ToolCallParse(text, (), ())
     check_tool_call_parser(parser)
+    if parser == AUTO:
+        raise ValueError("tool-call parser 'auto' must be resolved against the chat template first")
     declared = _declared_tools(tools)
     segments = _SPLITTERS[parser](text, declared)
 
@@ -183,11 +231,12 @@ def _accept(
     if candidate.error is not None:
         return [], f"malformed: {candidate.error}"
     calls = []
-    for name, arguments in candidate.calls:
+    ids = candidate.ids or (None,) * len(candidate.calls)
+    for (name, arguments), call_id in zip(candidate.calls, ids, strict=True):
         if name not in declared:
             return [], f"undeclared tool: {name}"
         try:
-            calls.append(ParsedToolCall(name, canonical_arguments(arguments)))
+            calls.append(ParsedToolCall(name, canonical_arguments(arguments), call_id or None))
         except ValueError as exc:
             return [], f"malformed: {exc}"
     return calls, None
@@ -223,3 +272,20 @@ def tool_call_id(parent_state_hash: str, token_ids: Sequence[int], index: int) -
     )
     return "call_" + hashlib.sha256(payload.encode("utf-8")).hexdigest()[:24]
 
+
+def call_id_for(parser: str | None, call: ParsedToolCall, parent_state_hash: str,
+                token_ids: Sequence[int], index: int) -> str:
+    """The id of a returned call: the model's own id when it wrote one, else
+    :func:`tool_call_id`; for Mistral (whose templates reject other lengths) 9 hex digits of it.
+
+    Args:
+        parser: the tool-call parser name that produced ``call``.
+        call: the parsed call.
+        parent_state_hash: state hash of the node the response was generated from.
+        token_ids: the response's generated ids (``(T,)``).
+        index: position of the call in the message's ``tool_calls``.
+    """
+    if call.call_id:
+        return call.call_id
+    generated = tool_call_id(parent_state_hash, token_ids, index)
+    return generated[len("call_") :][:9] if parser in _SHORT_IDS else generated

@@ -1,0 +1,144 @@
+"""One rollout step's book: the Groups it accepted, dropped and filtered, and its two accounting lines.
+
+:class:`StepBook` is what :class:`~relaxtrio.rollout.pipeline.RolloutPipeline` keeps while a step
+runs. Opening it logs ``AGENTIC ROLLOUT event=accounting_start``; :meth:`StepBook.file` scores a
+finished Group and files it (accepted, filtered, or dropped with its reason logged);
+:meth:`StepBook.result` closes it into the step's
+:class:`~relaxtrio.rollout.step.StepResult` and logs ``event=accounting_end``.
+
+Budgets: a Group the dynamic sampling filter drops is new demand, replaced within the config's
+``filter_budget`` (each one gives the step one more start); a Group the custom advantage
+function filters, or one whose scoring fails, is dropped and replaced within the refill budget
+the step opened with.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+
+import attrs
+from tqdm import tqdm
+
+from .._errors import ExportError
+from ..config import RolloutConfig
+from ..nursery.group import Group
+from .accounting import GroupStages
+from .filters import FilterVerdict
+from .step import ScoredGroup, StepResult, agentic_event, score_group
+
+__all__ = ["StepBook"]
+
+log = logging.getLogger(__name__)
+
+
+@attrs.define(eq=False, kw_only=True)
+class StepBook:
+    """Bookkeeping of the step being run. Create with :meth:`open`.
+
+    Attributes:
+        rollout_id: the step.
+        target: Groups to accept (``rollout_batch_size``).
+        starts_left: Group leases or starts the step may still make (demand plus refills).
+        started: ``time.monotonic()`` at the step's start.
+        warnings_before: barrier warnings logged before the step.
+        bar: the progress bar of completed Sessions.
+        accepted: scored Groups, in acceptance order.
+        dropped: Groups dropped during the step (those the custom advantage function filtered
+            included).
+        filtered: every Group filtered during the step, with the verdict.
+    """
+
+    rollout_id: int
+    target: int
+    starts_left: int
+    started: float
+    warnings_before: int
+    bar: tqdm
+    accepted: list[ScoredGroup] = attrs.field(factory=list)
+    dropped: list[Group] = attrs.field(factory=list)
+    filtered: list[FilterVerdict] = attrs.field(factory=list)
+
+    @classmethod
+    def open(cls, rollout_id: int, config: RolloutConfig, stages: GroupStages, *,
+             warnings_before: int, backfilled: int) -> StepBook:
+        """Opens the book of step ``rollout_id`` and logs ``event=accounting_start``.
+
+        Args:
+            rollout_id: the step.
+            config: the rollout settings (batch size, demand, refills, progress bar).
+            stages: the pipeline's Groups by stage as the step opens.
+            warnings_before: barrier warnings logged so far.
+            backfilled: leases or starts already made for this step before it opened (fully
+                async backfill); they count against its start budget.
+        """
+        started = time.monotonic()
+        target, demand = config.rollout_batch_size, config.demand
+        log.info(agentic_event("rollout", "accounting_start", rollout=rollout_id,
+                               sessions=target * config.n_samples_per_prompt, groups=target, debt=target,
+                               resident_groups=stages.resident, interrupted_groups=stages.interrupted))
+        bar = tqdm(total=target * config.n_samples_per_prompt, desc=f"Rollout {rollout_id} generation",
+                   unit="session", disable=not config.show_progress, leave=False)
+        starts = demand + (config.max_refills if config.max_refills is not None else demand)
+        return cls(rollout_id=rollout_id, target=target, started=started, warnings_before=warnings_before,
+                   starts_left=max(starts - backfilled, 0), bar=bar)
+
+    @property
+    def full(self) -> bool:
+        """Whether the step accepted its target of Groups."""
+        return len(self.accepted) >= self.target
+
+    def file(self, group: Group, config: RolloutConfig) -> ScoredGroup | None:
+        """Scores a finished Group and files it: accepted, filtered, or dropped.
+
+        A Group dropped before it finished is filed as dropped without scoring. A Group the
+        scoring refuses (:class:`ExportError`) is dropped with the error as its reason.
+
+        Returns:
+            The accepted Group, or None when it was filtered or dropped.
+        """
+        outcome: ScoredGroup | FilterVerdict | None = None
+        if not group.dropped:
+            try:
+                outcome = score_group(group, config)
+            except ExportError as exc:
+                group.dropped_reason = str(exc)
+                log.warning("Dropped group %s: %s", group.group_id, exc)
+        if isinstance(outcome, ScoredGroup):
+            self.accepted.append(outcome)
+            self.bar.update(len(group.sessions))
+            return outcome
+        if isinstance(outcome, FilterVerdict):
+            self.filtered.append(outcome)
+            if outcome.source == "dynamic_filter":  # new demand, within the filter budget
+                log.info("Filtered 1 group %s: %s", group.group_id, outcome.message)
+                if sum(v.source == "dynamic_filter" for v in self.filtered) <= config.filter_budget:
+                    self.starts_left += 1
+                return None
+            group.dropped_reason = outcome.message
+            log.warning("Filtered group %s: %s", group.group_id, outcome.message)
+        self.dropped.append(group)
+        return None
+
+    def result(self, *, aborted: int, stages: GroupStages, barrier_warnings: int) -> StepResult:
+        """Closes the book: the step's result, logged as ``event=accounting_end``.
+
+        Args:
+            aborted: generations aborted (and parked) at step close.
+            stages: the pipeline's Groups by stage after the close.
+            barrier_warnings: barrier warnings logged so far (the step's are those past
+                :attr:`warnings_before`).
+        """
+        result = StepResult(
+            rollout_id=self.rollout_id, groups=tuple(self.accepted), dropped=tuple(self.dropped),
+            rollout_s=time.monotonic() - self.started, aborted_requests=aborted,
+            resident_groups=stages.resident, barrier_warnings=barrier_warnings - self.warnings_before,
+            filtered=tuple(self.filtered), interrupted_groups=stages.interrupted,
+        )
+        log.info(agentic_event(
+            "rollout", "accounting_end", rollout=self.rollout_id, groups=len(result.groups),
+            rows=sum(len(g.scored) for g in result.groups), debt=max(self.target - len(result.groups), 0),
+            resident_groups=result.resident_groups, interrupted_groups=result.interrupted_groups,
+            dropped_groups=len(self.dropped), filtered_groups=result.filtered_groups,
+            aborted_requests=aborted))
+        return result
