@@ -335,6 +335,8 @@ def _base_metrics(result: StepResult) -> Mapping[str, Any]:
         "barrier_warnings": float(result.barrier_warnings),
         "unexported_branches": float(sum(s.num_dropped_branches for g in result.groups for s in g.group.sessions)),
         "unexported_side_leaves": float(sum(s.num_side_leaves for g in result.groups for s in g.group.sessions)),
+        "ignored_request_fields": float(sum(sum(s.ignored_request_fields.values())
+                                           for g in result.groups for s in g.group.sessions)),
         "interrupted_groups": float(result.interrupted_groups),
         "filtered_groups": float(result.filtered_groups),
         "rollout_s": result.rollout_s,
