@@ -81,6 +81,9 @@ def add_common_flags(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--temperature", type=float, default=1.0, help="train and eval sampling")
     parser.add_argument("--out", type=Path, default=RESULTS)
     parser.add_argument("--eval-concurrency", type=int, default=32, help="eval Sessions at once")
+    parser.add_argument("--threads", type=int, default=1,
+                        help="torch threads per process (relaxtrio: engine and trainer each; TRL: its one process);"
+                             " 1 because torch's default spins badly on a shared, oversubscribed machine")
     parser.add_argument("--tag", default="", help="suffix of the result file names")
 
 
@@ -95,27 +98,55 @@ def _train_flags(args: argparse.Namespace, seed: int, attempts: int) -> list[str
         "--lr", str(args.lr), "--eps-clip", "0.2", "--eps-clip-high", "0.28",
         "--seed", str(seed), "--rollout-seed", str(seed), "--log-level", "WARNING",
         "--agentic-eval-concurrency", str(args.eval_concurrency),
+        "--engine-num-threads", str(args.threads), "--trainer-num-threads", str(args.threads),
         "--engine-max-running-requests", str(max(args.eval_concurrency, args.prompts_per_step * args.group_size)),
     ]
 
 
-def _run(flags: list[str], out_dir: Path, timeout_s: float) -> tuple[list[dict[str, Any]], float]:
-    """Runs ``python -m relaxtrio train`` and returns (metrics rows, elapsed s); raises on failure."""
+def _rows(path: Path) -> list[dict[str, Any]]:
+    if not path.exists():
+        return []
+    lines = path.read_text().splitlines()
+    return [json.loads(line) for line in lines if line.endswith("}")]
+
+
+def _run(flags: list[str], out_dir: Path, timeout_s: float, on_row: Any = None) -> tuple[list[dict[str, Any]], float]:
+    """Runs ``python -m relaxtrio train``, calling ``on_row(row)`` for each new metrics row as it is
+    written; returns (metrics rows, elapsed s). Exits on failure (the log's tail)."""
     start = time.monotonic()
-    proc = subprocess.run([sys.executable, "-m", "relaxtrio", "train", *flags, "--output-dir", str(out_dir)],
-                          cwd=REPO, capture_output=True, text=True, timeout=timeout_s)
-    elapsed = time.monotonic() - start
-    if proc.returncode != 0:
-        raise SystemExit(f"relaxtrio train failed ({proc.returncode}):\n{proc.stderr[-3000:]}")
-    rows = [json.loads(line) for line in (out_dir / "metrics.jsonl").read_text().splitlines() if line]
-    return rows, elapsed
+    out_dir.mkdir(parents=True, exist_ok=True)
+    log = (out_dir / "train.log").open("w")
+    proc = subprocess.Popen([sys.executable, "-m", "relaxtrio", "train", *flags, "--output-dir", str(out_dir)],
+                            cwd=REPO, stdout=log, stderr=subprocess.STDOUT, text=True)
+    seen = 0
+    while True:
+        try:
+            code = proc.wait(timeout=5)
+        except subprocess.TimeoutExpired:
+            code = None
+        rows = _rows(out_dir / "metrics.jsonl")
+        for row in rows[seen:]:
+            if on_row is not None:
+                on_row(row)
+        seen = len(rows)
+        if code is not None:
+            break
+        if time.monotonic() - start > timeout_s:
+            proc.terminate()
+            proc.wait()
+            raise SystemExit(f"relaxtrio train ran past {timeout_s:g} s; log: {out_dir / 'train.log'}")
+    log.close()
+    if code != 0:
+        tail = (out_dir / "train.log").read_text()[-3000:]
+        raise SystemExit(f"relaxtrio train failed ({code}):\n{tail}")
+    return rows, time.monotonic() - start
 
 
 def _check_no_drops(rows: list[dict[str, Any]]) -> None:
     for row in rows:
         lost = row.get("dropped_groups", 0) + row.get("eval/stock/dropped_groups", 0)
         if lost:
-            raise SystemExit(f"step {row.get('rollout_id')}: {lost:g} Group(s) dropped; the curve is not valid")
+            raise SystemExit(f"step {row.get('step')}: {lost:g} Group(s) dropped; the curve is not valid")
 
 
 def run_seed(args: argparse.Namespace, seed: int, sink: Path) -> None:
@@ -130,26 +161,28 @@ def run_seed(args: argparse.Namespace, seed: int, sink: Path) -> None:
     base = base_rows[-1]
     emit(eval_record(base["eval/stock/reward_mean"], int(base["eval/stock/num_samples"]), **common, step=0,
                      wall_s=0.0, samples=0, eval_s=round(base["eval_s"], 1)), sink)
-    rows, elapsed = _run(_train_flags(args, seed, attempts) + [
-        "--num-rollout", str(args.steps), "--eval-interval", str(args.eval_every)], work / "train", args.timeout_s)
-    _check_no_drops(rows)
-    startup_s = elapsed - sum(row["step_s"] for row in rows)
-    wall = samples = 0.0
-    since: list[dict[str, Any]] = []
-    for step, row in enumerate(rows, start=1):
-        wall += row["step_s"] - row.get("eval_s", 0.0)
-        samples += row["num_samples"]
-        since.append(row)
+    state: dict[str, Any] = {"wall": 0.0, "samples": 0.0, "since": [], "start": time.monotonic()}
+
+    def on_row(row: dict[str, Any]) -> None:
+        _check_no_drops([row])
+        state["wall"] += row["step_s"] - row.get("eval_s", 0.0)
+        state["samples"] += row["num_samples"]
+        state["since"].append(row)
         if "eval/stock/reward_mean" not in row:
-            continue
+            return
+        since, state["since"] = state["since"], []
         emit(eval_record(
-            row["eval/stock/reward_mean"], int(row["eval/stock/num_samples"]), **common, step=step,
-            wall_s=round(wall, 1), samples=int(samples), eval_s=round(row["eval_s"], 1),
-            startup_s=round(startup_s, 1), reward_mean=round(row["reward_mean"], 4),
+            row["eval/stock/reward_mean"], int(row["eval/stock/num_samples"]), **common,
+            step=int(row["step"]) + 1, wall_s=round(state["wall"], 1),
+            samples=int(state["samples"]), eval_s=round(row["eval_s"], 1),
+            elapsed_s=round(time.monotonic() - state["start"], 1), reward_mean=round(row["reward_mean"], 4),
             response_len=round(row["response_length_mean"], 2),
             logprob_abs_diff=_mean(r.get("rollout_logprob_abs_diff") for r in since),
             clip_fraction=_mean(r.get("clip_fraction") for r in since)), sink)
-        since = []
+
+    _run(_train_flags(args, seed, attempts) + [
+        "--num-rollout", str(args.steps), "--eval-interval", str(args.eval_every)], work / "train",
+        args.timeout_s, on_row)
 
 
 def _mean(values: Any) -> float | None:

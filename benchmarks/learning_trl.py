@@ -86,6 +86,7 @@ def run_seed(args: argparse.Namespace, seed: int, sink: Path) -> None:
     from relaxtrio.models import ensure_smollm2
 
     set_seed(seed)
+    torch.set_num_threads(args.threads)
     model_dir = ensure_smollm2()
     tokenizer = AutoTokenizer.from_pretrained(model_dir)
     model = AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.float32)
@@ -121,7 +122,6 @@ def run_seed(args: argparse.Namespace, seed: int, sink: Path) -> None:
             if state.global_step % args.eval_every == 0:
                 run_eval(state.global_step, self.last_reward)
 
-    run_eval(0)
     config = GRPOConfig(
         output_dir=str(args.work / f"trl_seed{seed}"), seed=seed, data_seed=seed, use_cpu=True, bf16=False,
         learning_rate=args.lr, lr_scheduler_type="constant", warmup_steps=0, weight_decay=0.0,
@@ -130,9 +130,11 @@ def run_seed(args: argparse.Namespace, seed: int, sink: Path) -> None:
         temperature=args.temperature, top_p=1.0, top_k=0, beta=0.0, epsilon=0.2, epsilon_high=0.28,
         loss_type="dapo", scale_rewards="group", num_iterations=1, logging_steps=1, save_strategy="no",
         report_to=[], disable_tqdm=True, dataloader_num_workers=0,
+        gradient_checkpointing=False,  # TRL turns it on by default to save memory; relaxtrio does not recompute
     )
     trainer = GRPOTrainer(model=model, processing_class=tokenizer, reward_funcs=[stock_reward],
                           args=config, train_dataset=Dataset.from_list(_rows("train")), callbacks=[EvalEvery()])
+    run_eval(0)  # after the trainer is built, so that a bad setting fails before the long eval
     trainer.train()
 
 
