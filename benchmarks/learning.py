@@ -220,13 +220,35 @@ def plot(results: Path) -> Path:
     return png
 
 
+def compare(results: Path) -> list[dict[str, Any]]:
+    """Per result file: the final eval's pass@1 and interval, whether the first and last intervals
+    are disjoint, and the training wall seconds of the first eval at or above TRL's final pass@1
+    of the same seed (None when never reached or no TRL run is there)."""
+    runs = {}
+    for path in sorted(results.glob("*.jsonl")):
+        recs = [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
+        if recs:
+            runs[path.stem] = recs
+    rows = []
+    for name, recs in runs.items():
+        first, last = recs[0], recs[-1]
+        trl = runs.get(f"trl_single_seed{last['seed']}")
+        target = trl[-1]["pass1"] if trl else None
+        reach = next((r["wall_s"] for r in recs if target is not None and r["pass1"] >= target), None)
+        rows.append({"run": name, "steps": last["step"], "pass1_first": first["pass1"], "pass1_final": last["pass1"],
+                     "ci95_final": last["ci95"], "gain_not_noise": first["ci95"][1] < last["ci95"][0],
+                     "wall_s_final": last["wall_s"], "trl_final_pass1": target,
+                     "wall_s_to_trl_final": reach})
+    return rows
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     add_common_flags(parser)
     parser.add_argument("--variant", choices=("multi", "single"), default="multi")
     parser.add_argument("--work", type=Path, default=Path("/tmp/relaxtrio-learning"))
     parser.add_argument("--timeout-s", type=float, default=3600.0)
-    parser.add_argument("--plot-only", action="store_true")
+    parser.add_argument("--plot-only", action="store_true", help="redraw the PNG and print the comparison")
     args = parser.parse_args()
     args.out.mkdir(parents=True, exist_ok=True)
     if not args.plot_only:
@@ -235,6 +257,8 @@ def main() -> None:
             sink = args.out / f"relaxtrio_{args.variant}_seed{seed}{args.tag}.jsonl"
             sink.write_text("")
             run_seed(args, seed, sink)
+    for row in compare(args.out):
+        print(json.dumps({"compare": row}, sort_keys=True))
     print(f"curve: {plot(args.out)}")
 
 
