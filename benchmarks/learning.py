@@ -9,7 +9,7 @@ Per seed: a rollout-only run measures the base model on the eval split (step 0),
      "response_len": 9.2, "logprob_abs_diff": 0.003, "clip_fraction": 0.01}
 
 ``wall_s`` is training time (rollout + update + weight push, summed over steps; eval time and
-start-up excluded, reported apart as ``eval_s`` and ``startup_s``). ``reward_mean`` and
+start-up excluded; ``eval_s`` is the eval's own time and ``elapsed_s`` the run's so far). ``reward_mean`` and
 ``response_len`` (sampled tokens per context) are the last train step's; ``logprob_abs_diff``
 (mean |rollout - trainer| logprob) and ``clip_fraction`` the mean over the steps since the last
 eval. The run fails (exit 1) when any step dropped a Group or an eval lost one.
@@ -18,7 +18,7 @@ eval. The run fails (exit 1) when any step dropped a Group or an eval lost one.
 variant that ``learning_trl.py`` trains with TRL. ``--plot-only`` redraws the PNG from the JSON
 lines under ``--out``.
 
-    python benchmarks/learning.py --seeds 1 2 --steps 24 --eval-every 8
+    python benchmarks/learning.py --seeds 1 2 --steps 16 --eval-every 8 --lr 2e-5
 """
 
 from __future__ import annotations
@@ -72,11 +72,11 @@ def settings(args: argparse.Namespace) -> dict[str, Any]:
 def add_common_flags(parser: argparse.ArgumentParser) -> None:
     """Flags shared with learning_trl.py, so that one set of values drives both systems."""
     parser.add_argument("--seeds", type=int, nargs="+", default=[1, 2])
-    parser.add_argument("--steps", type=int, default=24, help="optimizer steps (one per rollout)")
+    parser.add_argument("--steps", type=int, default=16, help="optimizer steps (one per rollout)")
     parser.add_argument("--eval-every", type=int, default=8)
     parser.add_argument("--prompts-per-step", type=int, default=4, help="Groups per step")
     parser.add_argument("--group-size", type=int, default=4, help="samples per prompt")
-    parser.add_argument("--lr", type=float, default=1e-5)
+    parser.add_argument("--lr", type=float, default=2e-5)
     parser.add_argument("--max-tokens", type=int, default=16, help="tokens per model turn")
     parser.add_argument("--temperature", type=float, default=1.0, help="train and eval sampling")
     parser.add_argument("--out", type=Path, default=RESULTS)

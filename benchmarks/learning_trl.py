@@ -19,7 +19,7 @@ sampled once at the training temperature with the same token limit, graded by th
 ``stock.is_correct``; pass@1 with its 95% Wilson interval. Eval and start-up time are excluded
 from ``wall_s``.
 
-    python benchmarks/learning_trl.py --seeds 1 --steps 24 --eval-every 8
+    python benchmarks/learning_trl.py --seeds 1 2 --steps 16 --eval-every 8 --lr 2e-5
 """
 
 from __future__ import annotations
@@ -33,10 +33,10 @@ from pathlib import Path
 from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from learning import TASK, add_common_flags, emit, eval_record, plot, settings  # noqa: E402
+from learning import TASK, add_common_flags, emit, eval_record, plot, settings
 
 sys.path.insert(0, str(TASK))
-from stock import is_correct  # noqa: E402
+from stock import is_correct
 
 
 def _rows(split: str) -> list[dict[str, Any]]:
@@ -80,7 +80,12 @@ def run_seed(args: argparse.Namespace, seed: int, sink: Path) -> None:
     ``args.eval_every``; one JSON line per eval into ``sink``."""
     import torch
     from datasets import Dataset
-    from transformers import AutoModelForCausalLM, AutoTokenizer, TrainerCallback, set_seed
+    from transformers import (
+        AutoModelForCausalLM,
+        AutoTokenizer,
+        TrainerCallback,
+        set_seed,
+    )
     from trl import GRPOConfig, GRPOTrainer
 
     from relaxtrio.models import ensure_smollm2

@@ -12,8 +12,8 @@ import pytest
 
 TASK = Path(__file__).resolve().parents[2] / "examples" / "stock_lookup"
 sys.path.insert(0, str(TASK))
-import make_data  # noqa: E402
-import stock  # noqa: E402
+import make_data
+import stock
 
 
 def _rows(name: str) -> list[dict]:
