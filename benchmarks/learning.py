@@ -119,22 +119,27 @@ def _run(flags: list[str], out_dir: Path, timeout_s: float, on_row: Any = None) 
     proc = subprocess.Popen([sys.executable, "-m", "relaxtrio", "train", *flags, "--output-dir", str(out_dir)],
                             cwd=REPO, stdout=log, stderr=subprocess.STDOUT, text=True)
     seen = 0
-    while True:
-        try:
-            code = proc.wait(timeout=5)
-        except subprocess.TimeoutExpired:
-            code = None
-        rows = _rows(out_dir / "metrics.jsonl")
-        for row in rows[seen:]:
-            if on_row is not None:
-                on_row(row)
-        seen = len(rows)
-        if code is not None:
-            break
-        if time.monotonic() - start > timeout_s:
-            proc.terminate()
-            proc.wait()
-            raise SystemExit(f"relaxtrio train ran past {timeout_s:g} s; log: {out_dir / 'train.log'}")
+    try:
+        while True:
+            try:
+                code = proc.wait(timeout=5)
+            except subprocess.TimeoutExpired:
+                code = None
+            rows = _rows(out_dir / "metrics.jsonl")
+            for row in rows[seen:]:
+                if on_row is not None:
+                    on_row(row)
+            seen = len(rows)
+            if code is not None:
+                break
+            if time.monotonic() - start > timeout_s:
+                proc.terminate()
+                proc.wait()
+                raise SystemExit(f"relaxtrio train ran past {timeout_s:g} s; log: {out_dir / 'train.log'}")
+    except BaseException:  # a dropped Group or Ctrl-C: stop the run (it stops its agents and engine)
+        proc.terminate()
+        proc.wait()
+        raise
     log.close()
     if code != 0:
         tail = (out_dir / "train.log").read_text()[-3000:]
