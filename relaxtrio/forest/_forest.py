@@ -46,6 +46,16 @@ def context_length_message(max_context_tokens: int, prompt_tokens: int) -> str:
     )
 
 
+def _extended_hash(parent: ObservationNode | ResponseNode, message: dict[str, Any]) -> tuple[Any, str]:
+    """The running SHA-256 state of ``parent``'s messages plus ``message`` (canonical), and the
+    state hash it closes to with the subtree's tools and template kwargs: one message of work, not
+    a re-hash of the lineage (DESIGN.md decision 2)."""
+    hasher = parent._hasher.copy()
+    hasher.update(b",")
+    hasher.update(dumps(message).encode("utf-8"))
+    return hasher, finish_hash(hasher, parent._subtree.suffix)
+
+
 class SessionForest:
     """The tree of committed conversation states of one Session (pure, synchronous).
 
@@ -248,10 +258,7 @@ class SessionForest:
         canonical = canonical_message(message, param="message")
         if canonical["role"] != "assistant":
             raise ValueError(f"a response message must have role assistant, got {canonical['role']!r}")
-        hasher = parent._hasher.copy()
-        hasher.update(b",")
-        hasher.update(dumps(canonical).encode("utf-8"))
-        state_hash = finish_hash(hasher, parent._subtree.suffix)
+        hasher, state_hash = _extended_hash(parent, canonical)
         existing = self._existing(state_hash, ResponseNode)
         if existing is not None:
             self._note_answer(existing)

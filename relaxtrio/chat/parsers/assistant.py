@@ -96,6 +96,34 @@ def effective_finish_type(
     return finish_type  # type: ignore[return-value]
 
 
+def _resolved_parser(tool_call_parser: str | None, compiler: TokenDecoder) -> str | None:
+    """``tool_call_parser`` with ``auto`` resolved from the compiler's chat template.
+
+    Raises:
+        ValueError: ``auto`` with a decoder that knows no template, or a template it cannot resolve.
+    """
+    if tool_call_parser != AUTO:
+        return tool_call_parser
+    resolve = getattr(compiler, "resolve_tool_call_parser", None)
+    if resolve is None:
+        raise ValueError("tool-call parser 'auto' needs a decoder that knows the chat template")
+    resolved: str | None = resolve(tool_call_parser)
+    return resolved
+
+
+def _reply_text(ids: tuple[int, ...], compiler: TokenDecoder, stop_token_ids: Sequence[int],
+                matched_stop: int | str | None) -> str:
+    """The generated text without its closing stop token or matched stop string (the agent never
+    sees them; the token ids keep the stop token)."""
+    stops = set(stop_token_ids)
+    if is_int(matched_stop):
+        stops.add(matched_stop)
+    text = compiler.decode(ids[:-1] if ids[-1] in stops else ids)
+    if isinstance(matched_stop, str) and matched_stop and text.endswith(matched_stop):
+        text = text[: -len(matched_stop)]
+    return text
+
+
 def decode_assistant(
     output_ids: Sequence[int],
     finish_type: str,
@@ -133,24 +161,14 @@ def decode_assistant(
             committed).
         ValueError: unknown parser name or finish type; ``auto`` that the template cannot resolve.
     """
-    if tool_call_parser == AUTO:
-        resolve = getattr(compiler, "resolve_tool_call_parser", None)
-        if resolve is None:
-            raise ValueError("tool-call parser 'auto' needs a decoder that knows the chat template")
-        tool_call_parser = resolve(tool_call_parser)
+    tool_call_parser = _resolved_parser(tool_call_parser, compiler)
     ids = tuple(int(i) for i in output_ids)
     if not ids:
         raise BackendError("Generation backend returned a terminal response without output tokens")
     finish = effective_finish_type(ids, finish_type, stop_token_ids)
     if finish == "abort":
         raise InternalError("an aborted generation cannot be turned into an assistant message; resume it first")
-
-    stops = set(stop_token_ids)
-    if is_int(matched_stop):
-        stops.add(matched_stop)
-    text = compiler.decode(ids[:-1] if ids[-1] in stops else ids)
-    if isinstance(matched_stop, str) and matched_stop and text.endswith(matched_stop):
-        text = text[: -len(matched_stop)]
+    text = _reply_text(ids, compiler, stop_token_ids, matched_stop)
 
     reasoning, rest = parse_reasoning(
         text,
