@@ -274,3 +274,32 @@ def test_package_map_in_architecture_doc_matches_the_import_graph() -> None:
             clash = {_unit(b) for b in banned if b.count(".") == 1 and b.startswith("relaxtrio.")}
             problems += [f"row {unit}: `{c}` is in FORBIDDEN[{name!r}]" for c in sorted(clash & documented[unit])]
     assert not problems, "docs/architecture.md#packages is out of date:\n" + "\n".join(problems)
+
+
+MAX_MODULE_LINES = 500
+MAX_FUNCTION_LINES = 80
+MAX_LOOSE_MODULES = 8  # besides __init__.py and __main__.py: the basement (errors, validation, ...)
+
+
+def test_modules_and_functions_stay_small() -> None:
+    """A module past 500 lines or a function past 80 owns two things (DESIGN.md); at most eight
+    loose modules sit beside the packages, none of them a command."""
+    problems = []
+    for path in sorted(PACKAGE_DIR.rglob("*.py")):
+        text = path.read_text(encoding="utf-8")
+        name = path.relative_to(PACKAGE_DIR.parent).as_posix()
+        if (num_lines := text.count("\n")) > MAX_MODULE_LINES:
+            problems.append(f"{name}: {num_lines} lines")
+        for node in ast.walk(ast.parse(text)):
+            if isinstance(node, ast.FunctionDef | ast.AsyncFunctionDef):
+                length = (node.end_lineno or node.lineno) - node.lineno + 1
+                if length > MAX_FUNCTION_LINES:
+                    problems.append(f"{name}:{node.lineno} {node.name}: {length} lines")
+    loose = sorted(p.name for p in PACKAGE_DIR.glob("*.py") if p.name not in ("__init__.py", "__main__.py"))
+    if len(loose) > MAX_LOOSE_MODULES:
+        problems.append(f"{len(loose)} loose modules in relaxtrio/: {loose}")
+    # _reaper.py is the shim every launched process runs under (python -S -P, no package
+    # imports), so it has a main(); it is no command a user runs.
+    problems += [f"relaxtrio/{p}: a loose module with a main()" for p in loose
+                 if p != "_reaper.py" and "\ndef main(" in (PACKAGE_DIR / p).read_text(encoding="utf-8")]
+    assert not problems, "\n".join(problems)
