@@ -1,4 +1,4 @@
-"""The fleet behind the real SGLang Model Gateway (``sglang-router``) on embedded engines."""
+"""The fleet behind the real gateway (PyPI ``smg``, the Shepherd Model Gateway) on embedded engines."""
 
 from __future__ import annotations
 
@@ -19,12 +19,13 @@ from relaxtrio._errors import BackendError
 from relaxtrio.config import FleetConfig
 from relaxtrio.models import load_model
 from relaxtrio.fleet.fleet import EngineFleet, open_engine_fleet
+from relaxtrio.fleet.gateway_metrics import parse_prometheus_text, worker_counters
 from relaxtrio.fleet.launch_fleet import open_gateway
 from relaxtrio.sglang.wire import SamplingParams
 from relaxtrio.train.checkpoint import save_weights_dir
 from relaxtrio.train.ranks import free_port
 
-pytest.importorskip("sglang_router")
+pytest.importorskip("smg")
 
 pytestmark = [pytest.mark.slow, *IGNORE_DROPPED_BODY]
 
@@ -69,6 +70,46 @@ async def test_every_turn_of_a_session_goes_to_one_worker(start_engines, tmp_pat
                     nursery.start_soon(session, f"s{s}")
             await keys_per_worker(fleet, engines.labels)
     assert all(len(labels) == 1 for labels in served.values()), served
+
+
+async def test_the_gateway_only_routes_and_counts_per_worker(start_engines, tmp_path: Path) -> None:
+    """The launched gateway pins keys (manual policy) with its own retries, circuit breaker and
+    rerouting off, and the fleet reads its per-worker counters as each step's change."""
+    engines = await start_engines(2)
+    with trio.fail_after(120):
+        async with (
+            open_gateway(CONFIG, engines.urls, log_dir=tmp_path) as launched,
+            open_engine_fleet(CONFIG, gateway_url=launched.gateway_url,
+                              expect_urls=engines.urls) as fleet,
+            httpx.AsyncClient() as http,
+        ):
+            cmd = launched.handles()["gateway"].cmd
+            launched.attach(fleet)
+            keys = await keys_per_worker(fleet, engines.labels)
+            await fleet.gateway_metrics()  # what routing the probes cost
+            for label, count in (("w0", 3), ("w1", 2)):
+                for turn in range(count):
+                    await fleet.generate(PROMPT, SHORT, rid=f"{keys[label]}:m{turn}#",
+                                         routing_key=keys[label])
+            step = await fleet.gateway_metrics()
+            assert launched.gateway_metrics_url is not None
+            text = (await http.get(launched.gateway_metrics_url + "/metrics")).text
+    assert cmd[cmd.index("--policy") + 1] == "manual"
+    assert cmd[cmd.index("--routing-key-headers") + 1] == "x-smg-routing-key"
+    assert {"--disable-retries", "--disable-circuit-breaker", "--no-remove-unhealthy-workers",
+            "--disable-worker-overload-protection"} <= set(cmd)
+    w0, w1 = (u.removeprefix("http://") for u in engines.urls)
+    assert step == {"gateway/requests": 5.0, "gateway/errors": 0.0,
+                    f"gateway/requests/{w0}": 3.0, f"gateway/errors/{w0}": 0.0,
+                    f"gateway/requests/{w1}": 2.0, f"gateway/errors/{w1}": 0.0}
+    # The real exposition: one requests series per worker, labelled with its base URL.
+    samples = parse_prometheus_text(text)
+    requests = {s.labels["worker"]: s.value for s in samples
+                if s.name == "smg_worker_requests_total"}
+    assert sorted(requests) == sorted(engines.urls)
+    counters = worker_counters(samples)
+    assert {u: c["requests"] for u, c in counters.items()} == requests
+    assert sum(requests.values()) >= 5 + len(engines.urls)
 
 
 async def test_a_launched_worker_the_gateway_never_lists_is_waited_for_then_warned(
@@ -159,7 +200,8 @@ async def test_open_gateway_fails_when_the_gateway_dies_during_registration(
         # workers, and waits for ``nobody`` forever): killed sooner, it died during startup.
         async with httpx.AsyncClient() as http:
             while True:
-                found = await trio.run_process(["pgrep", "-af", f"sglang_router.*{nobody}"],
+                # The gateway renames itself; its reaper shim keeps the command line.
+                found = await trio.run_process(["pgrep", "-af", f"smg launch.*{nobody}"],
                                                capture_stdout=True, check=False)
                 words = found.stdout.decode().split()
                 if "--port" in words:
@@ -169,7 +211,7 @@ async def test_open_gateway_fails_when_the_gateway_dies_during_registration(
                     except httpx.TransportError:
                         answered = None
                     if answered == 200:
-                        os.kill(int(words[0]), signal.SIGKILL)
+                        os.killpg(os.getpgid(int(words[0])), signal.SIGKILL)
                         return
                 await trio.sleep(0.1)
 
