@@ -1,14 +1,17 @@
 """The gateway's per-worker counters, read into each step's metrics row.
 
-The launched gateway (PyPI ``smg``) serves Prometheus text on its metrics port
-(``--prometheus-port``, :func:`relaxtrio.fleet.launch_fleet.gateway_command`). Per worker it
-counts the requests it sent there (``smg_worker_requests_total``) and the errors they met
-(``smg_worker_errors_total``, one series per error type); both are labelled
-``worker="<base URL>"``. :class:`GatewayMetrics` reads them once per step and reports what
-changed since the previous reading, as ``gateway/requests/<host:port>`` and
-``gateway/errors/<host:port>`` (plus the fleet's totals ``gateway/requests`` and
-``gateway/errors``). A counter that went down means the gateway restarted: its new value is
-the change. An unreachable metrics port costs the step nothing but a warning.
+The launched gateway (PyPI ``smg`` 1.13) serves Prometheus text on its metrics port
+(``--prometheus-port``, :func:`relaxtrio.fleet.launch_fleet.gateway_command`). Per worker
+(label ``worker="<base URL>"``) it counts the requests it sent there
+(``smg_worker_requests_total``) and those that failed there
+(``smg_worker_cb_outcomes_total{outcome="failure"}``: the circuit breaker's bookkeeping, kept
+with the breaker itself off); across workers, the errors by type (``smg_worker_errors_total``,
+which carries no worker label). A worker deleted from the gateway loses its series, so its last
+failures show only in the total. :class:`GatewayMetrics` reads them once per step and reports
+what changed since the previous reading: ``gateway/requests/<host:port>``,
+``gateway/failures/<host:port>``, their sums ``gateway/requests`` and ``gateway/failures``, and
+``gateway/errors``. A counter that went down means the gateway restarted: its new value is the
+change. An unreachable metrics port costs the step nothing but a warning.
 """
 
 from __future__ import annotations
@@ -21,15 +24,18 @@ from typing import Final
 import attrs
 import httpx
 
-__all__ = ["FIGURES", "GatewayMetrics", "Sample", "parse_prometheus_text", "worker_counters"]
+__all__ = ["FIGURES", "TOTALS", "GatewayMetrics", "Sample", "parse_prometheus_text",
+           "worker_counters"]
 
 log = logging.getLogger("relaxtrio.fleet.fleet")
 
-FIGURES: Final[Mapping[str, str]] = {
-    "smg_worker_requests_total": "requests",
-    "smg_worker_errors_total": "errors",
+FIGURES: Final[Mapping[str, tuple[str, Mapping[str, str]]]] = {
+    "requests": ("smg_worker_requests_total", {}),
+    "failures": ("smg_worker_cb_outcomes_total", {"outcome": "failure"}),
 }
-"""Counter name → the figure it gives in the row (summed over its other labels)."""
+"""Per-worker figure → (counter name, labels a series must have); summed over its series."""
+TOTALS: Final[Mapping[str, str]] = {"errors": "smg_worker_errors_total"}
+"""Fleet-wide figure → counter name (summed over all its series)."""
 
 
 @attrs.frozen
@@ -100,19 +106,24 @@ def parse_prometheus_text(text: str) -> list[Sample]:
 
 def worker_counters(samples: Iterable[Sample]) -> dict[str, dict[str, float]]:
     """Per worker base URL, each figure of :data:`FIGURES` summed over its series (a worker that
-    has no series of a figure gets 0 for it).
+    has no series of a figure gets 0 for it), and under ``""`` the totals of :data:`TOTALS`.
 
     Returns:
-        ``{worker URL: {"requests": n, "errors": n}}`` for every worker named by a figure.
+        ``{worker URL: {"requests": n, "failures": n}, "": {"errors": n}}``.
     """
-    out: dict[str, dict[str, float]] = {}
+    out: dict[str, dict[str, float]] = {"": dict.fromkeys(TOTALS, 0.0)}
     for sample in samples:
-        figure = FIGURES.get(sample.name)
-        worker = sample.labels.get("worker")
-        if figure is None or worker is None or not math.isfinite(sample.value):
+        if not math.isfinite(sample.value):
             continue
-        counts = out.setdefault(worker.rstrip("/"), dict.fromkeys(FIGURES.values(), 0.0))
-        counts[figure] += sample.value
+        for total, name in TOTALS.items():
+            if sample.name == name:
+                out[""][total] += sample.value
+        worker = sample.labels.get("worker")
+        for figure, (name, wanted) in FIGURES.items():
+            if (sample.name == name and worker is not None
+                    and all(sample.labels.get(k) == v for k, v in wanted.items())):
+                counts = out.setdefault(worker.rstrip("/"), dict.fromkeys(FIGURES, 0.0))
+                counts[figure] += sample.value
     return out
 
 
@@ -138,7 +149,8 @@ class GatewayMetrics:
 
     async def read(self) -> dict[str, float]:
         """What the counters did since the previous call (since the gateway started, the first
-        time): ``gateway/<figure>/<host:port>`` per worker and ``gateway/<figure>`` in all.
+        time): ``gateway/<figure>/<host:port>`` per worker, ``gateway/<figure>`` in all, and
+        ``gateway/errors``.
 
         Returns:
             The figures; empty when the metrics could not be read (warned once).
@@ -156,14 +168,18 @@ class GatewayMetrics:
                             self.url, exc)
                 self._warned = True
             return {}
-        row: dict[str, float] = dict.fromkeys(
-            (f"gateway/{figure}" for figure in FIGURES.values()), 0.0)
+        row: dict[str, float] = {}
         for worker, counts in sorted(counters.items()):
             before = self._last.get(worker, {})
             for figure, value in counts.items():
                 change = value - before.get(figure, 0.0)
                 change = value if change < 0 else change  # the gateway restarted
-                row[f"gateway/{figure}/{_short(worker)}"] = change
-                row[f"gateway/{figure}"] += change
+                if worker:
+                    row[f"gateway/{figure}/{_short(worker)}"] = change
+                    row[f"gateway/{figure}"] = row.get(f"gateway/{figure}", 0.0) + change
+                else:
+                    row[f"gateway/{figure}"] = change
+        for figure in FIGURES:
+            row.setdefault(f"gateway/{figure}", 0.0)
         self._last = counters
         return row

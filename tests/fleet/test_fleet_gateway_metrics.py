@@ -12,8 +12,10 @@ TEXT = r'''# HELP smg_worker_requests_total Requests sent to a worker
 smg_worker_requests_total{worker="http://127.0.0.1:1001",model="/m"} 4
 smg_worker_requests_total{worker="http://127.0.0.1:1002",model="/m"} 2 1733000000000
 
-smg_worker_errors_total{worker="http://127.0.0.1:1002",error_type="connection"} 1
-smg_worker_errors_total{worker="http://127.0.0.1:1002",error_type="http_5xx"} 2
+smg_worker_cb_outcomes_total{worker="http://127.0.0.1:1002",outcome="failure"} 3
+smg_worker_cb_outcomes_total{worker="http://127.0.0.1:1002",outcome="success"} 2
+smg_worker_errors_total{worker_type="regular",error_type="backend_error"} 1
+smg_worker_errors_total{worker_type="regular",error_type="upstream_timeout"} 2
 smg_tokio_workers 2
 smg_http_responses_total{path="/generate",status_code="200",error_code=""} 6
 odd{note="a \"quoted\", comma\\ and\nnewline",worker="http://x:1"} 1e3
@@ -22,19 +24,20 @@ odd{note="a \"quoted\", comma\\ and\nnewline",worker="http://x:1"} 1e3
 
 def test_samples_labels_and_escapes() -> None:
     samples = parse_prometheus_text(TEXT)
-    assert len(samples) == 7
+    assert len(samples) == 9
     assert samples[1] == Sample("smg_worker_requests_total",
                                 {"worker": "http://127.0.0.1:1002", "model": "/m"}, 2.0)
     assert Sample("smg_tokio_workers", {}, 2.0) in samples
-    assert samples[5].labels["error_code"] == ""
-    assert samples[6].labels == {"note": 'a "quoted", comma\\ and\nnewline', "worker": "http://x:1"}
-    assert samples[6].value == 1000.0
+    assert samples[7].labels["error_code"] == ""
+    assert samples[8].labels == {"note": 'a "quoted", comma\\ and\nnewline', "worker": "http://x:1"}
+    assert samples[8].value == 1000.0
 
 
 def test_worker_counters_sum_each_figure_over_its_series() -> None:
     assert worker_counters(parse_prometheus_text(TEXT)) == {
-        "http://127.0.0.1:1001": {"requests": 4.0, "errors": 0.0},
-        "http://127.0.0.1:1002": {"requests": 2.0, "errors": 3.0},
+        "http://127.0.0.1:1001": {"requests": 4.0, "failures": 0.0},
+        "http://127.0.0.1:1002": {"requests": 2.0, "failures": 3.0},
+        "": {"errors": 3.0},
     }
 
 
