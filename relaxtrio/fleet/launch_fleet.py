@@ -77,6 +77,9 @@ EngineKind = Literal["sglang", "embedded"]
 KILL_GRACE_S: Final = 2.0
 MAX_GATEWAY_RESTARTS: Final = 5  # within any hour
 WEDGE_OFF_S: Final = 86400  # the gateway's stalled-worker rerouting, in effect off
+GATEWAY_KINDS: Final = frozenset({"sglang", "embedded"})
+"""Engine kinds behind the gateway: those serving SGLang's ``/generate`` (smg answers 404 for
+vLLM's token API, so the fleet routes other kinds' Sessions itself)."""
 
 
 def _free_port() -> int:
@@ -318,8 +321,9 @@ async def open_launched_fleet(
     procs = _engine_procs(config, engine_kind, model_dir, log_dir, engine_args, starter)
     launched = LaunchedFleet(kind=engine_kind, worker_urls=(), gateway_url=None, log_dir=log_dir,
                              procs=procs)
-    use_gateway = config.num_engines > 1 and importlib.util.find_spec("smg") is not None
-    if config.num_engines > 1 and not use_gateway:
+    routed = config.num_engines > 1 and engine_kind in GATEWAY_KINDS
+    use_gateway = routed and importlib.util.find_spec("smg") is not None
+    if routed and not use_gateway:
         log.warning("smg is not installed: routing Sessions over the %d engines without "
                     "a gateway (pip install smg==1.13.0 for the gateway)", config.num_engines)
     log.info("starting %d %s engine(s)%s (logs in %s)", config.num_engines, engine_kind,
