@@ -229,7 +229,7 @@ class EngineFleet:
         )
 
     async def gateway_metrics(self) -> dict[str, float]:
-        """The gateway's requests and errors per worker since the last call
+        """The gateway's requests and failures per worker, and its errors, since the last call
         (:mod:`relaxtrio.fleet.gateway_metrics`); empty without a gateway or its metrics port."""
         return await self.gateway.step_metrics() if self.gateway is not None else {}
 

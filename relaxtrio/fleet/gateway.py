@@ -85,7 +85,7 @@ class Gateway:
                                       timeout_s=self._client_config.control_timeout_s)
 
     async def step_metrics(self) -> dict[str, float]:
-        """The per-worker request and error counts since the last call
+        """The per-worker request and failure counts, and the errors, since the last call
         (:meth:`GatewayMetrics.read`); empty when no metrics URL is known."""
         return await self.metrics.read() if self.metrics is not None else {}
 
