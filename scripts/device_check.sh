@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # Device check of the inference fleet on a GPU machine with SGLang installed:
-# 2 SGLang servers + the SGLang Model Gateway on SmolLM2-135M-Instruct (the PyPI model package,
+# 2 SGLang servers + the gateway (smg) on SmolLM2-135M-Instruct (the PyPI model package,
 # converted once as relaxtrio.models.ensure_smollm2 does), one training step of the example agent,
 # then prints rollout tokens/s, the per-step weight-sync seconds and the rollout/trainer logprob
 # difference. Skips (exit 0) with a message where SGLang or a GPU is missing.
@@ -19,8 +19,8 @@ if ! command -v nvidia-smi >/dev/null 2>&1 || ! nvidia-smi -L 2>/dev/null | grep
   echo "device_check: SKIP: no GPU visible (nvidia-smi lists none)"
   exit 0
 fi
-if ! "$PY" -c "import sglang_router" >/dev/null 2>&1; then
-  echo "device_check: SKIP: the gateway package is missing (pip install sglang-router==0.3.2)"
+if ! "$PY" -c "import smg" >/dev/null 2>&1; then
+  echo "device_check: SKIP: the gateway package is missing (pip install smg==1.13.0)"
   exit 0
 fi
 
@@ -47,6 +47,7 @@ print(json.dumps({
     "rollout_logprob_abs_diff": row.get("rollout_logprob_abs_diff"),
     "num_samples": row.get("num_samples"),
     "dropped_groups": row.get("dropped_groups"),
+    "gateway": {k: v for k, v in row.items() if k.startswith("gateway/")},
     "wall_s": int(sys.argv[2]),
 }))
 EOF

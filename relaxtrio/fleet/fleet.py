@@ -228,6 +228,11 @@ class EngineFleet:
             in_flight=len(self.generations.flights), weight_version=self.members.version,
         )
 
+    async def gateway_metrics(self) -> dict[str, float]:
+        """The gateway's requests and failures per worker, and its errors, since the last call
+        (:mod:`relaxtrio.fleet.gateway_metrics`); empty without a gateway or its metrics port."""
+        return await self.gateway.step_metrics() if self.gateway is not None else {}
+
     # ------------------------------------------------------------------ generation
     async def generate(
         self,

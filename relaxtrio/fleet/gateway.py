@@ -2,13 +2,15 @@
 
 Generations go through the gateway with the header ``X-SMG-Routing-Key: <session id>``; with
 its ``manual`` policy that key is pinned to one worker until the worker leaves. The gateway
-(sglang-router 0.3.2) has no abort, pause, continue or weight-update route
+(``smg`` 1.13, launched as ``smg launch``) has no abort, pause, continue or weight-update route
 (docs/client-quirks.md#no-abort-through-the-router), so the fleet sends control calls to every
 worker of the gateway's ``GET /workers`` listing, which :class:`Gateway` follows: new URLs join
 the fleet, URLs it stops listing leave it, removed workers are deleted from it
 (``DELETE /workers/<id>``, so their keys are pinned elsewhere), readmitted workers are
 registered with it (``POST /workers``). An unreachable gateway is waited for up to
-``gateway_wait_s`` (a restart is survived); longer, and the fleet fails.
+``gateway_wait_s`` (a restart is survived); longer, and the fleet fails. Its per-worker
+counters are read per step where its metrics port is known (:meth:`Gateway.watch_metrics`,
+:mod:`relaxtrio.fleet.gateway_metrics`).
 
 Launching the gateway process is :mod:`relaxtrio.fleet.launch_fleet`'s.
 """
@@ -29,6 +31,7 @@ from ..config import FleetConfig
 from ..sglang._http import json_object, send_with_retries
 from ..sglang._pool import PoolResponse
 from .engine_api import EngineClientConfig
+from .gateway_metrics import GatewayMetrics
 from .members import JOIN_GRACE_S, Membership
 
 __all__ = ["GATEWAY_POLL_S", "LISTING_MAX_AGE_S", "ROUTING_KEY_HEADER", "UNLISTED_GRACE_S",
@@ -37,7 +40,8 @@ __all__ = ["GATEWAY_POLL_S", "LISTING_MAX_AGE_S", "ROUTING_KEY_HEADER", "UNLISTE
 log = logging.getLogger("relaxtrio.fleet.fleet")
 
 ROUTING_KEY_HEADER: Final = "X-SMG-Routing-Key"
-"""The gateway's routing-key header (sglang-router 0.3.2; ``--policy manual`` pins keys)."""
+"""The gateway's routing-key header (``smg``'s default, also passed to it as
+``--routing-key-headers``; ``--policy manual`` pins each key to one worker)."""
 LISTING_MAX_AGE_S: Final = 1.0
 """A control call re-reads the listing first when the last reading is older than this."""
 UNLISTED_GRACE_S: Final = 10.0
@@ -72,6 +76,18 @@ class Gateway:
         self.down_since: float | None = None
         self._unlisted: dict[str, float] = {}  # live URL -> since when the listing lacks it
         self._forgetting: set[str] = set()
+        self.metrics: GatewayMetrics | None = None
+
+    def watch_metrics(self, metrics_url: str) -> None:
+        """Read the gateway's per-worker counters from ``metrics_url`` (its Prometheus
+        listener) in :meth:`step_metrics`."""
+        self.metrics = GatewayMetrics(metrics_url, http=self._http,
+                                      timeout_s=self._client_config.control_timeout_s)
+
+    async def step_metrics(self) -> dict[str, float]:
+        """The per-worker request and failure counts, and the errors, since the last call
+        (:meth:`GatewayMetrics.read`); empty when no metrics URL is known."""
+        return await self.metrics.read() if self.metrics is not None else {}
 
     async def _call(self, method: str, path: str, body: dict[str, Any] | None = None
                     ) -> httpx.Response | PoolResponse:

@@ -5,9 +5,10 @@ installed and a GPU is present (engine ``i`` sees GPUs ``i*g .. i*g+g-1`` of the
 may use, ``g = num_gpus_per_engine`` is its tensor-parallel size; with fewer GPUs than engines
 need, the engines share them round robin; the ``--sglang-*`` flags are passed on without the
 ``sglang-`` part), the embedded CPU engine (``python -m
-relaxtrio.engine``) otherwise. With N > 1 the gateway (``python -m
-sglang_router.launch_router``, package ``sglang-router``) runs in front with the ``manual``
-policy (``min_group`` assignment: a new Session key goes to the worker with the fewest keys).
+relaxtrio.engine``) otherwise. With N > 1 the gateway (``python -m smg launch``, PyPI ``smg``, the
+Shepherd Model Gateway) runs in front with the ``manual`` policy (``min_group`` assignment: a new
+Session key goes to the worker with the fewest keys) and its own retries, circuit breaker and
+rerouting off (:func:`gateway_command`: relaxtrio owns health and removal).
 Each process is started only after the previous ones answered ``/health``.
 
 Ownership: every process runs under :mod:`relaxtrio._reaper` as the leader of its own
@@ -56,17 +57,29 @@ import trio
 from .._errors import BackendError
 from ..config import FleetConfig
 from .fleet import EngineFleet
+from .gateway import ROUTING_KEY_HEADER
 from .processes import LaunchedProcess, Supervisors, boot, poll_while_alive, stop_all, supervise
-from .starter import STOP_GRACE_S, EngineProcess, EngineStarter, LocalStarter, ProcessSpec
+from .starter import (
+    STOP_GRACE_S,
+    EngineProcess,
+    EngineStarter,
+    LocalStarter,
+    ProcessSpec,
+    flag_value,
+)
 
-__all__ = ["STOP_GRACE_S", "EngineKind", "LaunchedFleet", "detect_engine_kind", "open_gateway",
-           "open_launched_fleet"]
+__all__ = ["GATEWAY_COMMAND", "STOP_GRACE_S", "EngineKind", "LaunchedFleet", "detect_engine_kind",
+           "gateway_command", "gateway_metrics_url", "open_gateway", "open_launched_fleet"]
 
 log = logging.getLogger(__name__)
 
 EngineKind = Literal["sglang", "embedded"]
 KILL_GRACE_S: Final = 2.0
 MAX_GATEWAY_RESTARTS: Final = 5  # within any hour
+WEDGE_OFF_S: Final = 86400  # the gateway's stalled-worker rerouting, in effect off
+GATEWAY_KINDS: Final = frozenset({"sglang", "embedded"})
+"""Engine kinds behind the gateway: those serving SGLang's ``/generate`` (smg answers 404 for
+vLLM's token API, so the fleet routes other kinds' Sessions itself)."""
 
 
 def _free_port() -> int:
@@ -104,6 +117,7 @@ class LaunchedFleet:
         kind: the engines' kind.
         worker_urls: the engines' base URLs.
         gateway_url: the gateway's base URL, or None (one engine, or no gateway package).
+        gateway_metrics_url: where the gateway serves its Prometheus metrics, or None.
         log_dir: where the logs are.
         fleet: the :class:`~relaxtrio.fleet.fleet.EngineFleet` told about deaths and restarts
             (set with :meth:`attach`).
@@ -113,6 +127,7 @@ class LaunchedFleet:
     worker_urls: tuple[str, ...]
     gateway_url: str | None
     log_dir: Path
+    gateway_metrics_url: str | None = None
     fleet: EngineFleet | None = None
     _procs: list[LaunchedProcess] = attrs.field(factory=list)
     _nursery: trio.Nursery | None = None
@@ -120,8 +135,11 @@ class LaunchedFleet:
     def attach(self, fleet: EngineFleet) -> None:
         """Route later deaths and restarts to ``fleet`` (``remove`` / ``readmit``), and let the
         fleet's removals reach the processes: a removed engine that still runs (it stopped
-        answering) is killed, so that it is restarted like one that died."""
+        answering) is killed, so that it is restarted like one that died; the fleet reads the
+        gateway's per-worker metrics (:meth:`EngineFleet.gateway_metrics`)."""
         self.fleet = fleet
+        if fleet.gateway is not None and self.gateway_metrics_url is not None:
+            fleet.gateway.watch_metrics(self.gateway_metrics_url)
         for proc in self._procs:
             if proc.url is not None and proc.name != "gateway":
                 fleet.members.set_restartable(proc.url, proc.supervised)
@@ -220,15 +238,45 @@ def _engine_procs(config: FleetConfig, kind: EngineKind, model_dir: Path, log_di
     return procs
 
 
+GATEWAY_COMMAND: Final = ("-m", "smg", "launch")
+"""How the gateway is started, after relaxtrio's own interpreter (PyPI ``smg``, the Shepherd
+Model Gateway; its process then renames itself ``smg::router``)."""
+
+
+def gateway_command(urls: Sequence[str], *, port: int, metrics_port: int) -> list[str]:
+    """The gateway's command line: a router over ``urls`` and nothing more.
+
+    relaxtrio owns health and removal (:mod:`relaxtrio.fleet.health`,
+    :class:`~relaxtrio.fleet.gateway.Gateway`), so the gateway's own fault handling is off: no
+    retries (a generation that failed on its worker is the fleet's to resume: a retry on another
+    worker would run it twice, once unseen), no circuit breaker, no overload or wedge rerouting
+    (they would move a pinned Session off its worker's prefix cache), and it never drops a worker
+    from its listing by itself. Its health probes stay on: they only keep an unhealthy worker out
+    of routing until the fleet removes it. ``--policy manual`` pins each routing key (the Session
+    id, :data:`~relaxtrio.fleet.gateway.ROUTING_KEY_HEADER`) to one worker; ``min_group`` gives a
+    new key the worker with the fewest keys. Per-worker counters are served in Prometheus text on
+    ``metrics_port`` (:mod:`relaxtrio.fleet.gateway_metrics`).
+    """
+    return [sys.executable, *GATEWAY_COMMAND, "--host", "127.0.0.1", "--port", str(port),
+            "--worker-urls", *urls, "--policy", "manual", "--assignment-mode", "min_group",
+            "--routing-key-headers", ROUTING_KEY_HEADER.lower(),
+            "--disable-retries", "--disable-circuit-breaker",
+            "--disable-worker-overload-protection", "--worker-wedge-secs", str(WEDGE_OFF_S),
+            "--no-remove-unhealthy-workers", "--health-check-interval-secs", "5",
+            "--prometheus-host", "127.0.0.1", "--prometheus-port", str(metrics_port),
+            "--log-level", "warn"]
+
+
 def _gateway_proc(urls: Sequence[str], log_dir: Path) -> LaunchedProcess:
-    port = _free_port()
-    cmd = [sys.executable, "-m", "sglang_router.launch_router", "--host", "127.0.0.1",
-           "--port", str(port), "--worker-urls", *urls, "--policy", "manual",
-           "--assignment-mode", "min_group", "--prometheus-host", "127.0.0.1",
-           "--prometheus-port", str(_free_port()), "--health-check-interval-secs", "5",
-           "--log-level", "warn"]
+    cmd = gateway_command(urls, port=_free_port(), metrics_port=_free_port())
     spec = ProcessSpec(name="gateway", cmd=cmd, log_path=log_dir / "gateway.log")
     return LaunchedProcess(spec=spec, starter=LocalStarter(), max_restarts=MAX_GATEWAY_RESTARTS)
+
+
+def gateway_metrics_url(proc: LaunchedProcess) -> str:
+    """Where the launched gateway ``proc`` serves its Prometheus metrics (``/metrics``)."""
+    cmd = proc.spec.cmd
+    return f"http://{flag_value(cmd, '--prometheus-host')}:{flag_value(cmd, '--prometheus-port')}"
 
 
 @asynccontextmanager
@@ -273,11 +321,11 @@ async def open_launched_fleet(
     procs = _engine_procs(config, engine_kind, model_dir, log_dir, engine_args, starter)
     launched = LaunchedFleet(kind=engine_kind, worker_urls=(), gateway_url=None, log_dir=log_dir,
                              procs=procs)
-    use_gateway = config.num_engines > 1 and importlib.util.find_spec("sglang_router") is not None
-    if config.num_engines > 1 and not use_gateway:
-        log.warning("sglang-router is not installed: routing Sessions over the %d engines without "
-                    "a gateway (pip install sglang-router==0.3.2 for the gateway)",
-                    config.num_engines)
+    routed = config.num_engines > 1 and engine_kind in GATEWAY_KINDS
+    use_gateway = routed and importlib.util.find_spec("smg") is not None
+    if routed and not use_gateway:
+        log.warning("smg is not installed: routing Sessions over the %d engines without "
+                    "a gateway (pip install smg==1.13.0 for the gateway)", config.num_engines)
     log.info("starting %d %s engine(s)%s (logs in %s)", config.num_engines, engine_kind,
              " and the gateway" if use_gateway else "", log_dir)
     supervisors = Supervisors()
@@ -293,6 +341,7 @@ async def open_launched_fleet(
                 procs.append(gateway)
                 await boot(gateway, config.startup_timeout_s, client, nursery)
                 launched.gateway_url = gateway.url
+                launched.gateway_metrics_url = gateway_metrics_url(gateway)
             for proc in procs:
                 nursery.start_soon(supervisors.run, functools.partial(
                     supervise, proc, config=config, client=client, nursery=nursery,
@@ -375,6 +424,7 @@ async def open_gateway(
         try:
             await boot(gateway, config.startup_timeout_s, client, nursery)
             launched.gateway_url = gateway.url
+            launched.gateway_metrics_url = gateway_metrics_url(gateway)
             await _await_registered(gateway, worker_urls, config.startup_timeout_s, client)
             nursery.start_soon(functools.partial(
                 supervise, gateway, config=config, client=client, nursery=nursery,

@@ -146,6 +146,7 @@ async def train_step(
         eval_start = time.monotonic()
         row.update(await run_eval(pipeline, eval_sets))
         row["eval_s"] = time.monotonic() - eval_start
+    row.update(await inference.fleet.gateway_metrics())  # the gateway's counts per worker
     row["step_s"] = time.monotonic() - step_start
     view.note_step(result, step_s=row["step_s"])
     return row

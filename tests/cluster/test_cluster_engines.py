@@ -25,7 +25,7 @@ from relaxtrio.fleet.launch_fleet import open_launched_fleet
 from relaxtrio.sglang.wire import SamplingParams
 
 pytest.importorskip("ray")
-pytest.importorskip("sglang_router")
+pytest.importorskip("smg")
 pytestmark = [
     pytest.mark.slow,
     # A worker killed under a request leaves httpx's request body generator unfinished.
@@ -38,6 +38,11 @@ pytestmark = [
 
 PROMPT = [1, 87, 555, 201, 57, 74, 271, 321]
 SHORT = SamplingParams(max_new_tokens=3, temperature=0.0)
+
+
+def _is_gateway(cmdline: bytes) -> bool:
+    """The gateway (it renames itself ``smg::router``) or its reaper shim (``-m smg launch``)."""
+    return b"smg::router" in cmdline or b"\0smg\0launch\0" in cmdline
 
 
 def _engine_pids(root: int) -> list[int]:
@@ -131,5 +136,5 @@ async def test_ray_engines_serve_restart_and_leave_nothing(
     assert not set(_engine_pids(root)) - others
     assert not live_actors("_EngineActor")
     gateways = [p for p in descendants(root) if alive(p)
-                and b"sglang_router" in Path(f"/proc/{p}/cmdline").read_bytes()]
+                and _is_gateway(Path(f"/proc/{p}/cmdline").read_bytes())]
     assert not gateways

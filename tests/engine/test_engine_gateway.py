@@ -1,7 +1,8 @@
-"""The real SGLang Model Gateway (``sglang-router``, a test dependency) in front of the embedded
-engine, across gateway restarts and under concurrent ``/generate`` load.
+"""The real gateway (PyPI ``smg``, the Shepherd Model Gateway; a test dependency) in front of the
+embedded engine, across gateway restarts and under concurrent ``/generate`` load.
 
-The gateway talks HTTP/2 to its workers. Before :mod:`relaxtrio._serving`, a gateway killed with
+Here the gateway talks HTTP/2 to its worker (``--upstream-http2``; sglang-router, its predecessor,
+always did). Before :mod:`relaxtrio._serving`, a gateway killed with
 requests in flight made hypercorn's h2 send path raise ``trio.BusyResourceError`` out of
 ``hypercorn.trio.serve`` within two restarts, and the engine died. Here the engine serves in the
 test's own trio loop (the ``engine_url`` fixture), so its death would fail the test directly.
@@ -47,12 +48,13 @@ def _free_port() -> int:
 
 @asynccontextmanager
 async def open_gateway(worker_url: str, log_path: Path) -> AsyncIterator[tuple[str, trio.Process]]:
-    """Starts ``python -m sglang_router.launch_router`` for one worker and yields its URL and
+    """Starts ``python -m smg launch`` for one worker over HTTP/2 and yields its URL and
     process once a ``/generate`` succeeds through it; SIGKILLs its whole process group on exit
     (no leftovers, also when the body already killed it)."""
     port = _free_port()
-    cmd = [sys.executable, "-m", "sglang_router.launch_router", "--worker-urls", worker_url,
-           "--host", "127.0.0.1", "--port", str(port), "--log-level", "warn"]
+    cmd = [sys.executable, "-m", "smg", "launch", "--worker-urls", worker_url, "--upstream-http2",
+           "--host", "127.0.0.1", "--port", str(port), "--prometheus-host", "127.0.0.1",
+           "--prometheus-port", str(_free_port()), "--log-level", "warn"]
     with log_path.open("ab") as log:
         process = await trio.lowlevel.open_process(cmd, stdout=log, stderr=log, start_new_session=True)
     try:

@@ -1,4 +1,4 @@
-"""The fleet behind the real SGLang Model Gateway (``sglang-router``) on embedded engines."""
+"""The fleet behind the real gateway (PyPI ``smg``, the Shepherd Model Gateway) on embedded engines."""
 
 from __future__ import annotations
 
@@ -19,12 +19,13 @@ from relaxtrio._errors import BackendError
 from relaxtrio.config import FleetConfig
 from relaxtrio.models import load_model
 from relaxtrio.fleet.fleet import EngineFleet, open_engine_fleet
+from relaxtrio.fleet.gateway_metrics import parse_prometheus_text, worker_counters
 from relaxtrio.fleet.launch_fleet import open_gateway
 from relaxtrio.sglang.wire import SamplingParams
 from relaxtrio.train.checkpoint import save_weights_dir
 from relaxtrio.train.ranks import free_port
 
-pytest.importorskip("sglang_router")
+pytest.importorskip("smg")
 
 pytestmark = [pytest.mark.slow, *IGNORE_DROPPED_BODY]
 
@@ -69,6 +70,46 @@ async def test_every_turn_of_a_session_goes_to_one_worker(start_engines, tmp_pat
                     nursery.start_soon(session, f"s{s}")
             await keys_per_worker(fleet, engines.labels)
     assert all(len(labels) == 1 for labels in served.values()), served
+
+
+async def test_the_gateway_only_routes_and_counts_per_worker(start_engines, tmp_path: Path) -> None:
+    """The launched gateway pins keys (manual policy) with its own retries, circuit breaker and
+    rerouting off, and the fleet reads its per-worker counters as each step's change."""
+    engines = await start_engines(2)
+    with trio.fail_after(120):
+        async with (
+            open_gateway(CONFIG, engines.urls, log_dir=tmp_path) as launched,
+            open_engine_fleet(CONFIG, gateway_url=launched.gateway_url,
+                              expect_urls=engines.urls) as fleet,
+            httpx.AsyncClient() as http,
+        ):
+            cmd = launched.handles()["gateway"].cmd
+            launched.attach(fleet)
+            keys = await keys_per_worker(fleet, engines.labels)
+            await fleet.gateway_metrics()  # what routing the probes cost
+            for label, count in (("w0", 3), ("w1", 2)):
+                for turn in range(count):
+                    await fleet.generate(PROMPT, SHORT, rid=f"{keys[label]}:m{turn}#",
+                                         routing_key=keys[label])
+            step = await fleet.gateway_metrics()
+            assert launched.gateway_metrics_url is not None
+            text = (await http.get(launched.gateway_metrics_url + "/metrics")).text
+    assert cmd[cmd.index("--policy") + 1] == "manual"
+    assert cmd[cmd.index("--routing-key-headers") + 1] == "x-smg-routing-key"
+    assert {"--disable-retries", "--disable-circuit-breaker", "--no-remove-unhealthy-workers",
+            "--disable-worker-overload-protection"} <= set(cmd)
+    w0, w1 = (u.removeprefix("http://") for u in engines.urls)
+    assert step == {"gateway/requests": 5.0, "gateway/failures": 0.0, "gateway/errors": 0.0,
+                    f"gateway/requests/{w0}": 3.0, f"gateway/failures/{w0}": 0.0,
+                    f"gateway/requests/{w1}": 2.0, f"gateway/failures/{w1}": 0.0}
+    # The real exposition: one requests series per worker, labelled with its base URL.
+    samples = parse_prometheus_text(text)
+    requests = {s.labels["worker"]: s.value for s in samples
+                if s.name == "smg_worker_requests_total"}
+    assert sorted(requests) == sorted(engines.urls)
+    counters = worker_counters(samples)
+    assert {u: c["requests"] for u, c in counters.items() if u} == requests
+    assert sum(requests.values()) >= 5 + len(engines.urls)
 
 
 async def test_a_launched_worker_the_gateway_never_lists_is_waited_for_then_warned(
@@ -155,21 +196,24 @@ async def test_open_gateway_fails_when_the_gateway_dies_during_registration(
     nobody = f"http://127.0.0.1:{free_port()}"
 
     async def kill_gateway() -> None:
-        # The gateway launched for ``nobody``, once it answers /health (it then registers its
-        # workers, and waits for ``nobody`` forever): killed sooner, it died during startup.
+        # The gateway launched for ``nobody``, once open_gateway reads its listing (it answered
+        # /health, and now waits for ``nobody`` forever): its own metrics count that read.
+        # Killed sooner, it died during startup.
         async with httpx.AsyncClient() as http:
             while True:
-                found = await trio.run_process(["pgrep", "-af", f"sglang_router.*{nobody}"],
+                # The gateway renames itself; its reaper shim keeps the command line.
+                found = await trio.run_process(["pgrep", "-af", f"smg launch.*{nobody}"],
                                                capture_stdout=True, check=False)
                 words = found.stdout.decode().split()
-                if "--port" in words:
-                    port = words[words.index("--port") + 1]
+                if "--prometheus-port" in words:
+                    port = words[words.index("--prometheus-port") + 1]
                     try:
-                        answered = (await http.get(f"http://127.0.0.1:{port}/health")).status_code
+                        text = (await http.get(f"http://127.0.0.1:{port}/metrics")).text
                     except httpx.TransportError:
-                        answered = None
-                    if answered == 200:
-                        os.kill(int(words[0]), signal.SIGKILL)
+                        text = ""
+                    if any(s.name == "smg_http_requests_total" and s.labels.get("path") == "/workers"
+                           and s.value > 0 for s in parse_prometheus_text(text)):
+                        os.killpg(os.getpgid(int(words[0])), signal.SIGKILL)
                         return
                 await trio.sleep(0.1)
 
@@ -215,8 +259,10 @@ async def test_a_lost_worker_behind_the_gateway(start_engines, tmp_path: Path,
             open_gateway(CONFIG, engines.urls, log_dir=tmp_path) as launched,
             open_engine_fleet(CONFIG, gateway_url=launched.gateway_url) as fleet,
         ):
+            launched.attach(fleet)
             keys = await keys_per_worker(fleet, engines.labels)
             key = keys["w0"]
+            await fleet.gateway_metrics()
 
             async def run() -> None:
                 lost["result"] = await fleet.generate(PROMPT, long_sampling(), rid=f"{key}:t1#",
@@ -233,16 +279,17 @@ async def test_a_lost_worker_behind_the_gateway(start_engines, tmp_path: Path,
 
             await wait_until(removed, timeout_s=60, what="the fleet to drop the stopped worker")
             stats = fleet.statistics()
-    # Either the fleet saw the loss (an abort with no output, resumed by the caller) or the
-    # gateway's own retry (sglang-router retries 5 times by default) ran the request again on
-    # the other worker: to its end, or until the fleet's abort of every in-flight request after
-    # the removal (an abort with the retry's partial output).
+            step = await fleet.gateway_metrics()
+    # The gateway does not retry (--disable-retries): the fleet saw the loss and ended the
+    # generation as lost, an abort with no output that the caller resumes on the other worker.
     result = lost["result"]
-    assert result.finish_type in ("abort", "length"), result
-    if result.output_ids:
-        assert result.weight_version == "w1"
-    assert result.finish_type == "abort" or len(result.output_ids) == 3000
+    assert result.finish_type == "abort" and not result.output_ids, result
     assert resumed.weight_version == "w1"
+    # The failure is in the gateway's error count, and in w0's own failures unless its series
+    # already left with it (deleted from the gateway); none on w1.
+    w1 = engines.urls[1].removeprefix("http://")
+    assert step["gateway/errors"] >= 1
+    assert step[f"gateway/requests/{w1}"] >= 1 and step[f"gateway/failures/{w1}"] == 0
     assert stats.workers == (engines.urls[1],)
     assert any(f"worker {engines.urls[0]} removed" in r.getMessage() for r in caplog.records)
 

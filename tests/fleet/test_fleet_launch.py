@@ -162,7 +162,7 @@ async def test_generations_wait_while_every_engine_behind_the_gateway_restarts(
     """Both engines killed at once: the gateway answers 503 (no worker) until they are back.
     A generation then waits for the restarts instead of failing fast, once per try, until the
     turn gives up (MAX_EMPTY_ABORTS tries without progress: an HTTP 500 for the agent)."""
-    pytest.importorskip("sglang_router")
+    pytest.importorskip("smg")
     config = FleetConfig(num_engines=2, health_interval_s=1.0, engine_restarts=3)
     pgids: list[int] = []
     results = []

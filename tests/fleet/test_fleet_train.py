@@ -30,7 +30,7 @@ from relaxtrio.rollout.dumps import load_dump
 from relaxtrio.fleet.launch_fleet import open_gateway
 from relaxtrio.train import TrainConfig
 
-pytest.importorskip("sglang_router")
+pytest.importorskip("smg")
 
 pytestmark = [pytest.mark.slow, *IGNORE_DROPPED_BODY]
 

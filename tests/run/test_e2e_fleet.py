@@ -29,7 +29,9 @@ from relaxtrio.run.driver import _warn_lost_engines, run_training
 from relaxtrio.fleet.fleet import FleetStatistics
 from relaxtrio.train import TrainConfig
 
-pytest.importorskip("sglang_router")
+pytest.importorskip("smg")
+
+GATEWAY_TITLE = "smg::router"  # the gateway's process names itself so (its shim keeps the argv)
 
 # A peer that dies while httpx sends leaves httpx's request-body generator unfinished (GC warns).
 pytestmark = [
@@ -182,7 +184,7 @@ def test_cli_trains_a_step_on_two_engines_and_leaves_no_process(tiny_model_dir: 
     cmd = write_httpx_agent(agent_dir)
     data = tmp_path / "prompts.jsonl"
     data.write_text("".join(json.dumps({"input": f"q{i}"}) + "\n" for i in range(2)))
-    gateways_before = set(_processes("sglang_router.launch_router"))
+    gateways_before = set(_processes(GATEWAY_TITLE))
     argv = [sys.executable, "-m", "relaxtrio", "train", "--rollout-num-engines", "2",
             "--num-rollout", "1", "--hf-checkpoint", str(tiny_model_dir),
             "--prompt-data", str(data), "--agent-cwd", str(agent_dir),
@@ -197,11 +199,15 @@ def test_cli_trains_a_step_on_two_engines_and_leaves_no_process(tiny_model_dir: 
     assert "fleet: 2 worker(s) at weight version step-1" in done.stderr
     [row] = [json.loads(line) for line in (tmp_path / "run" / "metrics.jsonl").read_text().splitlines()]
     assert row["loss"] is not None and row["dropped_groups"] == 0 and row["weight_sync_s"] > 0
+    # The gateway's per-worker counters: every generation of the step went to one of the two.
+    per_worker = {k: v for k, v in row.items() if k.startswith("gateway/requests/")}
+    assert len(per_worker) == 2 and row["gateway/requests"] == sum(per_worker.values()) > 0
+    assert row["gateway/errors"] == 0
     logs = tmp_path / "run" / "engines"
     assert {p.name for p in logs.iterdir()} == {"engine-0.log", "engine-1.log", "gateway.log"}
     assert not (tmp_path / "run" / "weights").exists()  # old versions and the last one cleaned up
     assert not _processes("relaxtrio.engine", str(tiny_model_dir))
-    assert not set(_processes("sglang_router.launch_router")) - gateways_before
+    assert not set(_processes(GATEWAY_TITLE)) - gateways_before
 
 
 def _argv(pid: int) -> list[str]:
@@ -268,7 +274,7 @@ async def test_a_sigkilled_driver_leaves_no_engine_gateway_or_agent(tiny_model_d
             await wait_until(all_started, timeout_s=300, what="5 shims, their commands and 2 sleeps")
             assert set(agents) <= set(tree)
             kinds = sorted("engine" if "relaxtrio.engine" in a else
-                           "gateway" if "sglang_router.launch_router" in a else
+                           "gateway" if "smg" in a and "launch" in a else
                            "agent" if "bash" in a else "?" for a in shims.values())
             assert kinds == ["agent", "agent", "engine", "engine", "gateway"]
             driver.kill()
