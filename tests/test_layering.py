@@ -282,7 +282,7 @@ MAX_LOOSE_MODULES = 8  # besides __init__.py and __main__.py: the basement (erro
 
 
 def test_modules_and_functions_stay_small() -> None:
-    """A module past 500 lines or a function past 80 owns two things (DESIGN.md); at most eight
+    """A module past 500 lines or a function past 80 owns two things (docs/architecture.md#packages); at most eight
     loose modules sit beside the packages, none of them a command."""
     problems = []
     for path in sorted(PACKAGE_DIR.rglob("*.py")):

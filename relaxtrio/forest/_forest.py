@@ -49,7 +49,7 @@ def context_length_message(max_context_tokens: int, prompt_tokens: int) -> str:
 def _extended_hash(parent: ObservationNode | ResponseNode, message: dict[str, Any]) -> tuple[Any, str]:
     """The running SHA-256 state of ``parent``'s messages plus ``message`` (canonical), and the
     state hash it closes to with the subtree's tools and template kwargs: one message of work, not
-    a re-hash of the lineage (DESIGN.md decision 2)."""
+    a re-hash of the lineage (docs/canonical-contract.md#prefix-matching)."""
     hasher = parent._hasher.copy()
     hasher.update(b",")
     hasher.update(dumps(message).encode("utf-8"))
