@@ -20,26 +20,16 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Final
 
-import attrs
 import httpx
 import pytest
+from vllm_helpers import CONTEXT_TOKENS, VllmServer
 
 from relaxtrio.models import ensure_smollm2
 
 REPO: Final = Path(__file__).resolve().parents[2]
 DEFAULT_PYTHON: Final = REPO / ".engines" / "vllm" / "bin" / "python"
-CONTEXT_TOKENS: Final = 2048
 START_TIMEOUT_S: Final = 900.0  # a cold torch.compile on 2 busy cores took 3-5 minutes
 STOP_TIMEOUT_S: Final = 30.0
-
-
-@attrs.frozen
-class VllmServer:
-    """A running vLLM server: its base URL, model directory and log file."""
-
-    url: str
-    model_dir: Path
-    log_path: Path
 
 
 def vllm_python() -> Path | None:

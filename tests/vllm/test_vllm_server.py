@@ -15,6 +15,7 @@ import httpx
 import pytest
 import torch
 import trio
+from vllm_helpers import CONTEXT_TOKENS, VllmServer
 
 from relaxtrio import ContextLengthExceededError, EngineRejectedError
 from relaxtrio.forest import WeightSpan
@@ -23,8 +24,6 @@ from relaxtrio.sglang._replies import GenerateResult
 from relaxtrio.train.weight_store import DiskWeightStore
 from relaxtrio.vllm.client import SamplingParams, VllmEngineClient, open_vllm_client
 from relaxtrio.vllm.info import context_token_limit, logprobs_mode_problem
-
-from .conftest import CONTEXT_TOKENS, VllmServer
 
 pytestmark = pytest.mark.slow
 
