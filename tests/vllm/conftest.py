@@ -3,7 +3,8 @@
 The venv is ``$RELAXTRIO_VLLM_PYTHON`` (an interpreter) or the one ``scripts/setup_vllm.sh``
 builds (``<repo>/.engines/vllm/bin/python``); without either, the tests that need the server skip
 and say how to get one. The server runs with the flags training needs (``--enable-scale-out``,
-``--logprobs-mode processed_logprobs``, prefix caching, fp32) and a 2048-token context, so a
+``--logprobs-mode processed_logprobs``, prefix caching with per-request hit counts, fp32) and
+a 2048-token context, so a
 too-long prompt is cheap to build. Its torch.compile cache is the user's ``~/.cache/vllm``
 (the suite gives tests a throw-away HOME; a cold cache costs minutes per start).
 """
@@ -102,6 +103,7 @@ def vllm_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[VllmServer
     cmd = [str(python), "-m", "vllm.entrypoints.openai.api_server", "--model", str(model_dir),
            "--dtype", "float32", "--enable-prefix-caching", "--enable-scale-out",
            "--logprobs-mode", "processed_logprobs", "--max-model-len", str(CONTEXT_TOKENS),
+           "--enable-prompt-tokens-details",
            "--host", "127.0.0.1", "--port", str(port)]
     with open(log_path, "wb") as log:
         process = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, env=_server_env(),

@@ -78,6 +78,16 @@ async def test_generate_token_ids_with_rollout_logprobs(vllm_server: VllmServer)
     assert logprobs_mode_problem(info) is None
 
 
+async def test_prefix_cache_hits_are_reported(vllm_server: VllmServer):
+    prompt = [100 + (i * 7919) % 40000 for i in range(400)]  # in no other test
+    with trio.fail_after(120):
+        async with open_vllm_client(vllm_server.url) as client:
+            first = await client.generate(prompt, greedy(2), rid="cache-first")
+            second = await client.generate(prompt, greedy(2), rid="cache-second")
+    assert first.cached_tokens == 0
+    assert 0 < second.cached_tokens < len(prompt)  # whole blocks of the prompt
+
+
 @pytest.mark.parametrize("temperature", [1.0, 0.7])
 async def test_rollout_logprobs_match_the_trainer_at_the_sampling_temperature(
         vllm_server: VllmServer, temperature: float):
