@@ -12,7 +12,9 @@ training uses, driven by :class:`relaxtrio.vllm.client.VllmEngineClient`. Prints
      "ratio": ...}, ...], "vllm_start_s": ..., ...}
 
 ``tok_s`` = generated tokens / wall seconds of the cell (prefill included); ``ratio`` = vLLM /
-embedded. One run per cell: on a shared machine, read the load average next to it.
+embedded. One run per cell: on a shared machine, read the load average next to it. On cores
+that other processes also keep busy, ``--threads 1`` measures the engines rather than OpenMP's
+spin-waiting (with 2 threads at load 9-13 on 2 cores the embedded engine fell to 0.6-4.6 tok/s).
 Usage: ``python benchmarks/engines.py [--threads 2] [--new-tokens 64] [--streams 1 4 16]``.
 """
 
