@@ -23,7 +23,7 @@ from typing import Final
 
 import httpx
 import pytest
-from vllm_helpers import CONTEXT_TOKENS, VllmServer
+from tests.vllm.vllm_helpers import CONTEXT_TOKENS, VllmServer
 
 from relaxtrio.models import ensure_smollm2
 

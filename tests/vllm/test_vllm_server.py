@@ -15,7 +15,7 @@ import httpx
 import pytest
 import torch
 import trio
-from vllm_helpers import CONTEXT_TOKENS, VllmServer
+from tests.vllm.vllm_helpers import CONTEXT_TOKENS, VllmServer
 
 from relaxtrio import ContextLengthExceededError, EngineRejectedError
 from relaxtrio.forest import WeightSpan
