@@ -8,6 +8,10 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
+
+pytestmark = pytest.mark.slow  # runs python -m venv and bash
+
 SCRIPT = Path(__file__).resolve().parents[2] / "scripts" / "setup_vllm.sh"
 
 
