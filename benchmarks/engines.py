@@ -36,7 +36,7 @@ from _bench import Child, emit, load_average
 
 from relaxtrio.models import ensure_smollm2, load_tokenizer
 from relaxtrio.sglang.client import SamplingParams, open_engine_client
-from relaxtrio.vllm.client import open_vllm_client
+from relaxtrio.vllm.connections import open_vllm_client
 
 REPO: Final = Path(__file__).resolve().parents[1]
 _TOPICS: Final = ("rivers", "mountains", "deserts", "forests", "oceans", "glaciers", "volcanoes",

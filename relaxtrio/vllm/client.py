@@ -55,8 +55,7 @@ length is :class:`~relaxtrio.ContextLengthExceededError`, any other 4xx
 
 from __future__ import annotations
 
-from collections.abc import AsyncIterator, Mapping, Sequence
-from contextlib import asynccontextmanager
+from collections.abc import Mapping, MutableMapping, Sequence
 from typing import Any, Final, Literal
 
 import attrs
@@ -88,7 +87,6 @@ __all__ = [
     "PauseMode",
     "SamplingParams",
     "VllmEngineClient",
-    "open_vllm_client",
 ]
 
 PauseMode = Literal["abort", "keep", "wait", "retract", "in_place"]
@@ -109,7 +107,8 @@ def _without_request_id(headers: Mapping[str, str] | None) -> dict[str, str] | N
 
 
 class VllmEngineClient:
-    """Client of one vLLM server; build it with :func:`open_vllm_client`.
+    """Client of one vLLM server; build it with :func:`relaxtrio.vllm.connections.open_vllm_client`
+    or :meth:`relaxtrio.vllm.connections.VllmConnections.client`.
 
     Args:
         url: the server's base URL (``http://host:port``).
@@ -117,19 +116,31 @@ class VllmEngineClient:
             ConnectionPool`, or an ``httpx.AsyncClient`` with a custom transport).
         control: the ``httpx.AsyncClient`` of control traffic.
         config: limits and timeouts (:class:`~relaxtrio.sglang.client.EngineClientConfig`).
+        versions: the weight label last set or read per engine URL, shared by the clients of
+            one pool (a fleet holds several clients per engine); it labels answers without
+            tokens.
     """
 
     context_token_limit = staticmethod(context_token_limit)
 
     def __init__(self, url: str, *, generation: httpx.AsyncClient | ConnectionPool,
-                 control: httpx.AsyncClient, config: EngineClientConfig):
+                 control: httpx.AsyncClient, config: EngineClientConfig,
+                 versions: MutableMapping[str, str] | None = None):
         self.url = url.rstrip("/")
         self.config = config
         self._generation = generation
         self._control = control
         self._ids_json = IdsJsonEncoder()
         self._generate_timeout = httpx.Timeout(None, connect=config.connect_timeout_s)
-        self._weight_version = _INITIAL_VERSION
+        self._versions: MutableMapping[str, str] = {} if versions is None else versions
+
+    @property
+    def _weight_version(self) -> str:
+        return self._versions.get(self.url, _INITIAL_VERSION)
+
+    @_weight_version.setter
+    def _weight_version(self, label: str) -> None:
+        self._versions[self.url] = label
 
     @property
     def urls(self) -> tuple[str, ...]:
@@ -405,18 +416,43 @@ class VllmEngineClient:
                 engine_url=self.url, status_code=response.status_code)
 
     # ------------------------------------------------------------------ health / info
-    async def health(self) -> bool:
-        """True when the engine answers ``GET /health`` with 200 (also while paused); never
-        raises.
+    async def health_status(self) -> int:
+        """``GET /health`` (with the config's retries): the HTTP status of the last answer
+        (200 also while paused).
+
+        Raises:
+            EngineUnavailableError: the engine could not be reached (``__cause__``: the
+                ``httpx.TransportError``); BackendTimeoutError when no attempt was answered.
 
         Cancellation:
             A checkpoint.
         """
+        timeout = httpx.Timeout(self.config.control_timeout_s, connect=self.config.connect_timeout_s)
+        response = await send_with_retries(self._control, "GET", self.url, "/health", None,
+                                           httpx_timeout=timeout, config=self.config)
+        return response.status_code
+
+    async def weight_version(self) -> str | None:
+        """The label of the weights the engine serves now (``GET /weight_info``).
+
+        Raises:
+            BackendError: HTTP error, a malformed answer, or an unreachable engine.
+
+        Cancellation:
+            A checkpoint.
+        """
+        version = json_object(await self._call("/weight_info", method="GET"), self.url).get("weight_version")
+        if not isinstance(version, str):
+            return None
+        self._weight_version = version
+        return version
+
+    async def health(self) -> bool:
+        """Whether :meth:`health_status` is 200 (also while paused); never raises. A checkpoint."""
         try:
-            response = await self._call("/health", method="GET")
+            return await self.health_status() == 200
         except RelaxError:
             return False
-        return response.status_code == 200
 
     async def model_info(self) -> dict[str, Any]:
         """What the engine serves, in the keys relaxtrio reads from SGLang's ``/model_info``.
@@ -458,40 +494,3 @@ class VllmEngineClient:
         raw = json_object(await self._call("/server_info?config_format=json", method="GET"), self.url)
         version = json_object(await self._call("/version", method="GET"), self.url)
         return server_info_from(raw, version, engine_url=self.url)
-
-
-@asynccontextmanager
-async def open_vllm_client(
-    url: str,
-    *,
-    config: EngineClientConfig | None = None,
-    transport: httpx.AsyncBaseTransport | None = None,
-) -> AsyncIterator[VllmEngineClient]:
-    """Open a :class:`VllmEngineClient` with separate generation and control connection pools
-    (docs/client-quirks.md#control-calls-behind-generations).
-
-    Args:
-        url: the vLLM server's base URL.
-        config: limits, timeouts and retry policy; defaults as in :class:`EngineClientConfig`.
-        transport: a custom transport for both pools (then both are ``httpx.AsyncClient`` s);
-            without one, generation goes through a :class:`~relaxtrio.sglang._pool.ConnectionPool`.
-
-    Yields:
-        The client; both pools are closed on exit.
-
-    Cancellation:
-        Exiting closes the pools; in-flight calls must have finished or been cancelled.
-    """
-    cfg = config or EngineClientConfig()
-    control_limits = httpx.Limits(max_connections=cfg.max_control_connections,
-                                  max_keepalive_connections=cfg.max_control_connections)
-    generation_pool: httpx.AsyncClient | ConnectionPool = (
-        ConnectionPool(max_connections=cfg.max_generation_connections) if transport is None
-        else httpx.AsyncClient(transport=transport)
-    )
-    async with (
-        generation_pool as generation,
-        httpx.AsyncClient(limits=control_limits, transport=transport) as control,
-    ):
-        yield VllmEngineClient(url, generation=generation, control=control, config=cfg)
-

@@ -22,7 +22,8 @@ from relaxtrio.forest import WeightSpan
 from relaxtrio.models import load_model
 from relaxtrio.sglang._replies import GenerateResult
 from relaxtrio.train.weight_store import DiskWeightStore
-from relaxtrio.vllm.client import SamplingParams, VllmEngineClient, open_vllm_client
+from relaxtrio.vllm.client import SamplingParams, VllmEngineClient
+from relaxtrio.vllm.connections import open_vllm_client
 from relaxtrio.vllm.info import context_token_limit, logprobs_mode_problem
 
 pytestmark = pytest.mark.slow

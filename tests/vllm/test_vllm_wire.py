@@ -19,7 +19,8 @@ from relaxtrio import (
 )
 from relaxtrio.forest import WeightSpan
 from relaxtrio.sglang._http import EngineClientConfig
-from relaxtrio.vllm.client import SamplingParams, open_vllm_client
+from relaxtrio.vllm.client import SamplingParams
+from relaxtrio.vllm.connections import open_vllm_client
 from relaxtrio.vllm.info import context_token_limit, logprobs_mode_problem
 from relaxtrio.vllm.wire import (
     DEFAULT_MAX_NEW_TOKENS,
