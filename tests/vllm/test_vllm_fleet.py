@@ -1,6 +1,7 @@
 """Training against real vLLM servers (``--engine-url``) through the example agent
-(examples/quiz_feedback): one step on two servers with nothing dropped, and a server SIGKILLed
-in the middle of a step whose Sessions finish on the other. Both print their figures (step
+(examples/quiz_feedback): one step on two servers with nothing dropped; generations kept
+across, or aborted before, a weight push through the fleet; and a server SIGKILLed in the middle
+of a step whose Sessions finish on the other. Both print their figures (step
 time, weight push, rollout/trainer logprob gap, prefix-cache hits).
 
 The killing test runs last in this file and kills the second server of ``vllm_pair`` (the
@@ -25,8 +26,10 @@ from tests.vllm.vllm_helpers import VllmServer
 from relaxtrio._errors import BackendError
 from relaxtrio.cli.train_config import train_config
 from relaxtrio.cli.train_flags import add_train_parser
-from relaxtrio.config import TrainRunConfig
+from relaxtrio.config import FleetConfig, TrainRunConfig
+from relaxtrio.fleet.connect import open_fleet
 from relaxtrio.run.driver import run_training
+from relaxtrio.sglang.wire import SamplingParams
 from relaxtrio.vllm.connections import open_vllm_client
 
 pytestmark = pytest.mark.slow  # real vLLM servers, training
@@ -85,6 +88,56 @@ async def test_one_training_step_on_two_vllm_servers(
     for server in vllm_pair:  # the push reached both
         async with open_vllm_client(server.url) as client:
             assert await client.weight_version() not in (None, "default")
+
+
+PROMPT: Final = (1, 9690, 198, 2683, 359, 253, 5356, 11173, 30, 2, 198, 1, 520, 9531, 198)
+
+
+async def _generating(url: str, since: float) -> None:
+    # Another process's progress shows only in its counters: no event to wait on.
+    while await counter(url, "vllm:generation_tokens_total") < since + 4:  # noqa: ASYNC110
+        await trio.sleep(0.2)
+
+
+async def test_weight_pushes_keep_or_abort_generations_and_label_their_tokens(
+        vllm_pair: tuple[VllmServer, VllmServer], tmp_path: Path, initial_weights: None):
+    """Through the fleet: a generation kept across a push carries both versions; one aborted
+    before a push returns its partial output, and its continuation is sampled on the new
+    version (what partial rollout does with a Session's parked turn)."""
+    server = vllm_pair[0]
+    long = SamplingParams(max_new_tokens=400, temperature=0.0, ignore_eos=True)
+    config = FleetConfig(engine_urls=(server.url,), backend="vllm")
+    async with open_fleet(config, model_dir=server.model_dir, log_dir=tmp_path) as opened:
+        fleet = opened.fleet
+        results: dict[str, Any] = {}
+
+        async def generate(rid: str, prompt: tuple[int, ...]) -> None:
+            results[rid] = await fleet.generate(prompt, long, rid=rid, routing_key="s")
+
+        with trio.fail_after(600):
+            async with trio.open_nursery() as nursery:
+                nursery.start_soon(generate, "kept#", PROMPT)
+                await _generating(server.url, await counter(server.url, "vllm:generation_tokens_total"))
+                await fleet.update_weights(str(server.model_dir), "v1")
+            kept = results["kept#"]
+            async with trio.open_nursery() as nursery:
+                nursery.start_soon(generate, "parked#", PROMPT)
+                await _generating(server.url, await counter(server.url, "vllm:generation_tokens_total"))
+                await fleet.abort("parked#")
+            parked = results["parked#"]
+            await fleet.update_weights(str(server.model_dir), "v2")
+            resumed = await fleet.generate((*PROMPT, *parked.output_ids), SamplingParams(
+                max_new_tokens=16, temperature=0.0, ignore_eos=True), rid="resumed#", routing_key="s")
+    kept_versions = [span.version for span in kept.weight_versions]
+    print(f"\nkept across a push: {[(w.version, w.start, w.end) for w in kept.weight_versions]}; "
+          f"parked after {len(parked.output_ids)} tokens "
+          f"{[(w.version, w.start, w.end) for w in parked.weight_versions]}, resumed on "
+          f"{[(w.version, w.start, w.end) for w in resumed.weight_versions]}")
+    assert kept.finish_type == "length" and len(kept.output_ids) == 400
+    assert kept_versions[0] != "v1" and kept_versions[-1] == "v1", kept.weight_versions
+    assert parked.finish_type == "abort" and 0 < len(parked.output_ids) < 400
+    assert {span.version for span in parked.weight_versions} == {"v1"}
+    assert [span.version for span in resumed.weight_versions] == ["v2"]
 
 
 async def test_a_server_killed_mid_step_loses_no_group(
