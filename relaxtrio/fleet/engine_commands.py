@@ -102,7 +102,8 @@ def vllm_command(config: FleetConfig, model_dir: Path, engine_args: Sequence[str
     return cmd
 
 
-def vllm_env(index: int, num_engines: int, engine_args: Sequence[str]) -> dict[str, str]:
+def vllm_env(index: int, num_engines: int, engine_args: Sequence[str], *,
+             local: bool = True) -> dict[str, str]:
     """Environment of vLLM engine ``index`` of ``num_engines`` on this machine's CPUs.
 
     The RL routes (``VLLM_SERVER_DEV_MODE``), a small KV cache, no model hub, the user's
@@ -114,13 +115,14 @@ def vllm_env(index: int, num_engines: int, engine_args: Sequence[str]) -> dict[s
     threads = int(flag_value(list(engine_args), "--num-threads") or 0) or max(1, cores // num_engines)
     first = (index * threads) % cores
     last = min(first + threads, cores) - 1
-    home = pwd.getpwuid(os.getuid()).pw_dir
     wanted = {
         "VLLM_SERVER_DEV_MODE": "1",
         "VLLM_CPU_KVCACHE_SPACE": VLLM_KV_CACHE_GIB,
         "HF_HUB_OFFLINE": "1",
-        "VLLM_CACHE_ROOT": os.path.join(home, ".cache", "vllm"),
-        "OMP_NUM_THREADS": str(threads),
-        "VLLM_CPU_OMP_THREADS_BIND": f"{first}-{last}",
     }
-    return {k: v for k, v in wanted.items() if k not in os.environ}
+    if local:
+        home = pwd.getpwuid(os.getuid()).pw_dir
+        wanted.update(VLLM_CACHE_ROOT=os.path.join(home, ".cache", "vllm"), OMP_NUM_THREADS=str(threads),
+                      VLLM_CPU_OMP_THREADS_BIND=f"{first}-{last}")
+        return {k: v for k, v in wanted.items() if k not in os.environ}
+    return wanted

@@ -220,7 +220,7 @@ def _engine_procs(config: FleetConfig, kind: EngineKind, model_dir: Path, log_di
             # A failed weight reload leaves a vLLM engine unusable: it is restarted like a crash.
             spec = ProcessSpec(name=f"engine {i}", cmd=vllm_command(config, model_dir, engine_args),
                                log_path=log_path,
-                               env=vllm_env(i, config.num_engines, engine_args) if local else {})
+                               env=vllm_env(i, config.num_engines, engine_args, local=local))
         else:
             env = _cpu_share_env(config.num_engines) if local else {}
             spec = ProcessSpec(name=f"engine {i}", cmd=embedded_command(model_dir, engine_args),

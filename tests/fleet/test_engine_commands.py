@@ -104,6 +104,8 @@ def test_vllm_engines_get_the_rl_routes_and_their_own_cores(monkeypatch: pytest.
     assert vllm_env(0, 2, ("--num-threads", "1"))["OMP_NUM_THREADS"] == "1"
     monkeypatch.setenv("VLLM_CPU_KVCACHE_SPACE", "4")
     assert "VLLM_CPU_KVCACHE_SPACE" not in vllm_env(0, 1, ())  # the user's setting stands
+    elsewhere = vllm_env(0, 2, (), local=False)  # a Ray actor's node: its own cores and cache
+    assert elsewhere["VLLM_SERVER_DEV_MODE"] == "1" and "OMP_NUM_THREADS" not in elsewhere
 
 
 def test_vllm_needs_disk_weight_sync():

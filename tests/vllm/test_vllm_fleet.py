@@ -14,6 +14,7 @@ import json
 import os
 import re
 import signal
+import sys
 from collections.abc import AsyncIterator
 from pathlib import Path
 from typing import Any, Final
@@ -26,10 +27,11 @@ from tests.vllm.vllm_helpers import VllmServer
 from relaxtrio._errors import BackendError
 from relaxtrio.cli.train_config import train_config
 from relaxtrio.cli.train_flags import add_train_parser
-from relaxtrio.config import FleetConfig, TrainRunConfig
+from relaxtrio.config import AgentConfig, FleetConfig, GenerationConfig, TrainRunConfig
 from relaxtrio.fleet.connect import open_fleet
 from relaxtrio.run.driver import run_training
 from relaxtrio.sglang.wire import SamplingParams
+from relaxtrio.tools.doctor import DoctorConfig, run_doctor
 from relaxtrio.vllm.connections import open_vllm_client
 
 pytestmark = pytest.mark.slow  # real vLLM servers, training
@@ -138,6 +140,19 @@ async def test_weight_pushes_keep_or_abort_generations_and_label_their_tokens(
     assert parked.finish_type == "abort" and 0 < len(parked.output_ids) < 400
     assert {span.version for span in parked.weight_versions} == {"v1"}
     assert [span.version for span in resumed.weight_versions] == ["v2"]
+
+
+async def test_doctor_passes_the_example_agent_on_a_vllm_server(vllm_server: VllmServer, tmp_path: Path):
+    example = Path(__file__).resolve().parents[2] / "examples" / "quiz_feedback"
+    cfg = DoctorConfig(
+        agent=AgentConfig(command=f"{sys.executable} agent.py", cwd=example, timeout_s=300.0,
+                          env={"QUIZ_MAX_TOKENS": "8"}),
+        generation=GenerationConfig(max_response_tokens=8, tool_call_parser=None),
+        hf_checkpoint=vllm_server.model_dir, output_dir=tmp_path / "doctor",
+        engine_urls=(vllm_server.url,), backend="vllm", first_request_s=120.0)
+    with trio.fail_after(600):
+        report = await run_doctor(cfg)
+    assert report.ok, "\n".join(report.lines())
 
 
 async def test_a_server_killed_mid_step_loses_no_group(
