@@ -108,13 +108,14 @@ def vllm_env(index: int, num_engines: int, engine_args: Sequence[str], *,
 
     The RL routes (``VLLM_SERVER_DEV_MODE``), a small KV cache, no model hub, the user's
     compile cache (a cold one costs minutes per start), and each engine its own cores: the
-    engine flags' ``--num-threads`` (the run's split) or an equal share, bound from core
-    ``index * threads`` on. A variable set in the environment already is kept.
+    engine flags' ``--num-threads`` (the run's split) or an equal share, bound to the cores this
+    process may use from the ``index * threads``-th on. A variable set in the environment
+    already is kept.
     """
-    cores = os.cpu_count() or 1
-    threads = int(flag_value(list(engine_args), "--num-threads") or 0) or max(1, cores // num_engines)
-    first = (index * threads) % cores
-    last = min(first + threads, cores) - 1
+    cores = sorted(os.sched_getaffinity(0))
+    threads = int(flag_value(list(engine_args), "--num-threads") or 0) or max(1, len(cores) // num_engines)
+    first = (index * threads) % len(cores)
+    bound = cores[first:first + threads]
     wanted = {
         "VLLM_SERVER_DEV_MODE": "1",
         "VLLM_CPU_KVCACHE_SPACE": VLLM_KV_CACHE_GIB,
@@ -123,6 +124,6 @@ def vllm_env(index: int, num_engines: int, engine_args: Sequence[str], *,
     if local:
         home = pwd.getpwuid(os.getuid()).pw_dir
         wanted.update(VLLM_CACHE_ROOT=os.path.join(home, ".cache", "vllm"), OMP_NUM_THREADS=str(threads),
-                      VLLM_CPU_OMP_THREADS_BIND=f"{first}-{last}")
+                      VLLM_CPU_OMP_THREADS_BIND=",".join(map(str, bound)))
         return {k: v for k, v in wanted.items() if k not in os.environ}
     return wanted

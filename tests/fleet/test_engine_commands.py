@@ -96,11 +96,11 @@ def test_vllm_engines_get_the_rl_routes_and_their_own_cores(monkeypatch: pytest.
     for name in ("VLLM_SERVER_DEV_MODE", "OMP_NUM_THREADS", "VLLM_CPU_OMP_THREADS_BIND",
                  "VLLM_CPU_KVCACHE_SPACE"):
         monkeypatch.delenv(name, raising=False)
-    monkeypatch.setattr(engine_commands.os, "cpu_count", lambda: 4)
+    monkeypatch.setattr(engine_commands.os, "sched_getaffinity", lambda pid: {2, 3, 5, 7})
     first, second = (vllm_env(i, 2, ()) for i in range(2))
     assert first["VLLM_SERVER_DEV_MODE"] == "1" and first["HF_HUB_OFFLINE"] == "1"
-    assert (first["OMP_NUM_THREADS"], first["VLLM_CPU_OMP_THREADS_BIND"]) == ("2", "0-1")
-    assert second["VLLM_CPU_OMP_THREADS_BIND"] == "2-3"
+    assert (first["OMP_NUM_THREADS"], first["VLLM_CPU_OMP_THREADS_BIND"]) == ("2", "2,3")
+    assert second["VLLM_CPU_OMP_THREADS_BIND"] == "5,7"  # the cores this process may use
     assert vllm_env(0, 2, ("--num-threads", "1"))["OMP_NUM_THREADS"] == "1"
     monkeypatch.setenv("VLLM_CPU_KVCACHE_SPACE", "4")
     assert "VLLM_CPU_KVCACHE_SPACE" not in vllm_env(0, 1, ())  # the user's setting stands
