@@ -31,7 +31,7 @@ NUM_GPUS=$(nvidia-smi -L | grep -c '^GPU ')
 MEM_FRACTION=$([ "$NUM_GPUS" -ge 2 ] && echo 0.7 || echo 0.35)
 echo "device_check: $NUM_GPUS GPU(s); run directory $OUT"
 start=$(date +%s)
-"$PY" -m relaxtrio train --rollout-num-engines 2 --num-rollout 1 \
+"$PY" -m relaxtrio train --rollout-num-engines 2 --num-rollout 1 --engine-python "$PY" \
   --sglang-mem-fraction-static "$MEM_FRACTION" --sglang-dtype float32 \
   --output-dir "$OUT" "$@"
 end=$(date +%s)

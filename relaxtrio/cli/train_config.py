@@ -140,6 +140,8 @@ def _fleet_section(args: argparse.Namespace) -> FleetConfig:
         weights_dir=args.weights_dir,
         weight_sync=args.weight_sync,
         session_lifecycle=args.agentic_session_lifecycle,
+        backend=args.rollout_backend,
+        engine_python=args.engine_python,
     )
 
 

@@ -17,6 +17,7 @@ from pathlib import Path
 from typing import Any, Final
 
 from ..chat.parsers import REASONING_PARSERS, TOOL_CALL_PARSERS
+from ..config import BACKENDS
 from .algorithm_flags import add_algorithm_flags, add_training_flags
 from .cluster_flags import add_cluster_flags
 from .tool_flags import DefaultsHelpFormatter
@@ -174,7 +175,16 @@ def _add_engine_flags(p: argparse.ArgumentParser) -> None:
                    help="an SGLang Model Gateway: generation through it (Session id as "
                         "routing key), control calls to every worker it lists")
     g.add_argument("--engine-url", dest="engine_urls", nargs="+", default=[], metavar="URL",
-                   help="SGLang-API workers without a gateway (Sessions spread sticky over them)")
+                   help="SGLang-API or vLLM workers without a gateway (Sessions spread sticky "
+                        "over them)")
+    g.add_argument("--rollout-backend", choices=BACKENDS, default=None,
+                   help="the engines: embedded (relaxtrio's CPU engine), sglang or vllm (unset: "
+                        "launched engines are SGLang where it and a GPU are present, else embedded; "
+                        "connected ones are told apart by their answers)")
+    g.add_argument("--engine-python", type=Path, default=None, metavar="PATH",
+                   help="the python of the launched SGLang / vLLM engines' own environment "
+                        "(unset: .engines/<backend>/bin/python in the repo, which "
+                        "scripts/setup_vllm.sh builds for vllm)")
     g.add_argument("--rollout-num-engines", type=int, default=None,
                    help="engines to launch when no URL is given (unset: 1, or "
                         "--rollout-num-gpus / --rollout-num-gpus-per-engine); more than one "

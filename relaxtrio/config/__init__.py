@@ -31,6 +31,8 @@ from .api import DEFAULT_MAX_BODY_BYTES as DEFAULT_MAX_BODY_BYTES
 from .api import ApiConfig as ApiConfig
 from .distributed import WILDCARD_HOSTS as WILDCARD_HOSTS
 from .distributed import DistributedConfig as DistributedConfig
+from .fleet import BACKENDS as BACKENDS
+from .fleet import Backend as Backend
 from .fleet import FleetConfig as FleetConfig
 from .fleet import WeightSync as WeightSync
 from .generation import GenerationConfig as GenerationConfig
@@ -66,6 +68,8 @@ __all__ = [
     "DistributedConfig",
     "EvalConfig",
     "ExportPolicyName",
+    "BACKENDS",
+    "Backend",
     "FleetConfig",
     "GenerationConfig",
     "KlLossType",

@@ -11,16 +11,26 @@ from .._errors import ConfigError
 from .._validate import optional_positive_int, positive_int, positive_number
 
 __all__ = [
+    "BACKENDS",
+    "Backend",
     "FleetConfig",
     "WeightSync",
 ]
 
 
 WeightSync = Literal["auto", "disk", "shm"]
+Backend = Literal["embedded", "sglang", "vllm"]
+BACKENDS: tuple[Backend, ...] = ("embedded", "sglang", "vllm")
 
 
 def _absolute_or_none(value: Path | str | None) -> Path | None:
     return None if value is None else Path(value).expanduser().resolve()
+
+
+def _interpreter_or_none(value: Path | str | None) -> Path | None:
+    # Not resolved: a venv's python is a symlink to the base interpreter, and running the
+    # target would lose the venv.
+    return None if value is None else Path(value).expanduser().absolute()
 
 
 @attrs.frozen(kw_only=True)
@@ -60,6 +70,13 @@ class FleetConfig:
             ``min_healthy_engines``).
         engine_restart_window_s: seconds of that window.
         startup_timeout_s: seconds a launched engine or gateway may take to answer ``/health``.
+        backend: the engines' kind (``--rollout-backend``): ``embedded`` (relaxtrio's CPU
+            engine), ``sglang`` or ``vllm``; None: launched engines are SGLang where it and a GPU
+            are present, else embedded, and connected ones are told apart by their answers.
+        engine_python: the interpreter of the launched engines' own environment
+            (``--engine-python``; SGLang and vLLM pin their own torch), or None for the default:
+            ``<repo>/.engines/<backend>/bin/python`` when present. The embedded engine always
+            runs on relaxtrio's own interpreter.
     """
 
     router_url: str | None = None
@@ -80,6 +97,8 @@ class FleetConfig:
         default=3, validator=[attrs.validators.instance_of(int), attrs.validators.ge(0)])
     engine_restart_window_s: float = attrs.field(default=3600.0, validator=positive_number)
     startup_timeout_s: float = attrs.field(default=600.0, validator=positive_number)
+    backend: Backend | None = None
+    engine_python: Path | None = attrs.field(default=None, converter=_interpreter_or_none)
 
     def __attrs_post_init__(self) -> None:
         if self.router_url is not None and self.engine_urls:
@@ -87,6 +106,12 @@ class FleetConfig:
                                  "(engine_urls), not both")
         if self.weight_sync not in ("auto", "disk", "shm"):
             raise ConfigError.at("weight_sync", f"must be auto, disk or shm, got {self.weight_sync!r}")
+        if self.backend is not None and self.backend not in BACKENDS:
+            raise ConfigError.at("backend", f"must be one of {', '.join(BACKENDS)}, got {self.backend!r}")
+        if self.backend == "vllm" and self.weight_sync == "shm":
+            # vLLM loads weights only from a checkpoint directory (collective_rpc reload_weights).
+            raise ConfigError.at("weight_sync", "a vLLM engine reads new weights from disk only: "
+                                 "use --weight-sync disk (or auto)")
 
     @property
     def launches(self) -> bool:

@@ -10,6 +10,13 @@ fleet of one where there is one engine):
 - otherwise ``num_engines`` engines (and the gateway when more than one) are launched and
   supervised (:func:`~relaxtrio.fleet.launch_fleet.open_launched_fleet`), and the fleet is told
   about their deaths and restarts.
+
+The backend (``config.backend``, ``--rollout-backend``) picks the workers' wire protocol here and
+nowhere else: vLLM's (:func:`relaxtrio.vllm.connections.open_connections`) or SGLang's native API
+(SGLang servers and the embedded engine). Without it, launched engines are of the detected kind
+and connected workers that say they are vLLM (``/v1/models`` ``owned_by``) are spoken to as such.
+A connected vLLM server must report processed logprobs (``--logprobs-mode processed_logprobs``),
+or the trainer would compare its own logprobs at the sampling temperature with raw ones.
 """
 
 from __future__ import annotations
@@ -20,15 +27,20 @@ from pathlib import Path
 
 import attrs
 
-from ..config import FleetConfig
+import httpx
+
+from .._errors import ConfigError
+from ..config import Backend, FleetConfig
 from ..models import refuse_other_served_models
 from ..sglang.client import open_connections as open_sglang_connections
+from ..vllm.connections import open_connections as open_vllm_connections
+from ..vllm.info import logprobs_mode_problem
 from .engine_api import OpenConnections
 from .fleet import EngineFleet, open_engine_fleet
 from .launch_fleet import EngineKind, LaunchedFleet, open_launched_fleet
 from .starter import EngineStarter
 
-__all__ = ["OpenedFleet", "open_fleet"]
+__all__ = ["OpenedFleet", "detect_backend", "open_fleet"]
 
 
 @attrs.frozen
@@ -53,7 +65,7 @@ async def open_fleet(
     engine_args: Sequence[str] = (),
     kind: EngineKind | None = None,
     starter: EngineStarter | None = None,
-    open_connections: OpenConnections = open_sglang_connections,
+    open_connections: OpenConnections | None = None,
 ) -> AsyncIterator[OpenedFleet]:
     """Launch or connect the engines of ``config`` and open the fleet over them.
 
@@ -63,10 +75,12 @@ async def open_fleet(
         log_dir: where launched engines and the gateway log (``engine-<i>.log``,
             ``gateway.log``).
         engine_args: extra flags of launched embedded engines.
-        kind: the kind of launched engines (default: SGLang where it and a GPU are present,
-            else embedded; :func:`~relaxtrio.fleet.launch_fleet.detect_engine_kind`).
+        kind: the kind of launched engines (default: ``config.backend``, else SGLang where it
+            and a GPU are present, else embedded;
+            :func:`~relaxtrio.fleet.launch_fleet.detect_engine_kind`).
         starter: where launched engines run (default: processes on this machine).
-        open_connections: the workers' wire protocol (default: SGLang's native API).
+        open_connections: the workers' wire protocol (default: the backend's, see the module
+            docstring).
 
     Yields:
         The fleet, and what was launched.
@@ -74,7 +88,9 @@ async def open_fleet(
     Raises:
         BackendError: an engine or the gateway failed to start, no worker is reachable, or
             (cancelling the body) the fleet can no longer serve.
-        ConfigError: a connected engine serves another model than ``model_dir``.
+        ConfigError: a connected engine serves another model than ``model_dir``, a connected
+            vLLM server reports raw logprobs, or a launched SGLang / vLLM engine has no
+            environment (``--engine-python``).
 
     Cancellation:
         Leaving stops the monitor and every launched process (shielded).
@@ -82,12 +98,18 @@ async def open_fleet(
     async with AsyncExitStack() as stack:
         launched = None
         gateway_url, worker_urls = config.router_url, config.engine_urls
+        backend: Backend | None = kind or config.backend
         if config.launches:
             launched = await stack.enter_async_context(open_launched_fleet(
                 config, model_dir=model_dir, log_dir=log_dir, engine_args=engine_args, kind=kind,
                 starter=starter))
             gateway_url = launched.gateway_url
             worker_urls = () if gateway_url else launched.worker_urls
+            backend = launched.kind
+        elif backend is None and worker_urls:
+            backend = await detect_backend(worker_urls[0])
+        if open_connections is None:
+            open_connections = open_vllm_connections if backend == "vllm" else open_sglang_connections
         fleet = await stack.enter_async_context(open_engine_fleet(
             config, worker_urls=worker_urls, gateway_url=gateway_url,
             expect_urls=launched.worker_urls if launched else (),
@@ -96,4 +118,28 @@ async def open_fleet(
             launched.attach(fleet)
         else:
             await refuse_other_served_models(fleet.model_info, fleet.urls, model_dir)
+            if backend == "vllm":
+                await _refuse_raw_logprobs(fleet)
         yield OpenedFleet(fleet=fleet, launched=launched)
+
+
+async def detect_backend(url: str) -> Backend:
+    """``vllm`` when the server at ``url`` lists its model as owned by vLLM (``GET
+    /v1/models``), else ``sglang`` (SGLang's native API; also an unreachable server, whose
+    failure the fleet reports). A checkpoint."""
+    try:
+        async with httpx.AsyncClient(timeout=10.0) as client:
+            models = (await client.get(url.rstrip("/") + "/v1/models")).json()
+        owners = {m.get("owned_by") for m in models.get("data", ()) if isinstance(m, dict)}
+    except (httpx.HTTPError, ValueError, AttributeError, TypeError):
+        return "sglang"
+    return "vllm" if "vllm" in owners else "sglang"
+
+
+async def _refuse_raw_logprobs(fleet: EngineFleet) -> None:
+    """Raises ConfigError naming the first connected vLLM server whose logprobs are not those
+    the trainer compares with (:func:`relaxtrio.vllm.info.logprobs_mode_problem`)."""
+    for url in fleet.urls:
+        problem = logprobs_mode_problem(await fleet.server_info(url))
+        if problem is not None:
+            raise ConfigError(f"the vLLM server at {url} cannot train: {problem}", param="--engine-url")

