@@ -25,7 +25,8 @@ from relaxtrio.api.app import create_app
 from relaxtrio.chat.compiler import ChatCompiler
 from relaxtrio.config import AgentConfig
 from relaxtrio.nursery.agent import AgentRun
-from relaxtrio.nursery.session import Session, SessionRegistry, run_session
+from relaxtrio.nursery.session import Session, SessionRegistry
+from relaxtrio.nursery.session_task import run_session
 from relaxtrio.testing.scripted_engine import Reply, ScriptedEngine
 
 pytestmark = pytest.mark.filterwarnings(
