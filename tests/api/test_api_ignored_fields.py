@@ -180,7 +180,8 @@ async def test_count_tokens_leaves_server_tools_out_like_a_model_request(registr
 
 def test_the_flag_reaches_the_api_config(tmp_path: Path) -> None:
     """``--agentic-strict-request-fields`` → ``TrainRunConfig.api``, which the driver's app serves with."""
-    from relaxtrio.cli.train_args import add_train_parser, train_config
+    from relaxtrio.cli.train_config import train_config
+    from relaxtrio.cli.train_flags import add_train_parser
 
     data = tmp_path / "tasks.jsonl"
     data.write_text('{"input": [{"role": "user", "content": "x"}]}\n')

@@ -67,7 +67,10 @@ async def _label_and_generate(fleet: EngineFleet, urls: tuple[str, ...], tag: st
                                          json={"new_version": f"{tag}{i}"})
             assert response.status_code == 200, response.text
     seen: set[str] = set()
-    for i in range(40):
+    # smg's manual policy gives a new key to the worker holding the fewest keys: a worker that
+    # kept its URL through a restart (and its keys of the first round) gets new keys only once
+    # the other has caught up, so allow for a whole first round's worth of keys.
+    for i in range(200):
         key = f"{tag}-k{i}"
         result = await fleet.generate(PROMPT, SHORT, rid=f"{key}:t0#", routing_key=key)
         assert result.finish_type == "length"
