@@ -7,6 +7,8 @@ between tries; any other status is returned to the caller at once.
 
 from __future__ import annotations
 
+from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
 from typing import Any, Final
 
 import attrs
@@ -137,3 +139,31 @@ def json_object(response: httpx.Response | PoolResponse, url: str) -> dict[str, 
         raise EngineUnavailableError(f"engine {url} sent {type(payload).__name__}, expected an object",
                                      engine_url=url)
     return payload
+
+
+@asynccontextmanager
+async def open_pools(
+    cfg: EngineClientConfig, transport: httpx.AsyncBaseTransport | None = None
+) -> AsyncIterator[tuple[httpx.AsyncClient | ConnectionPool, httpx.AsyncClient]]:
+    """The generation and control pools every engine protocol's clients share, sized by ``cfg``.
+
+    Without ``transport`` generation goes through a :class:`~._pool.ConnectionPool` (a small
+    fraction of httpx's CPU per call); with one (tests: ``httpx.MockTransport``) both pools are
+    ``httpx.AsyncClient`` s on it.
+
+    Yields:
+        ``(generation, control)``; both are closed on exit.
+    """
+    generation_limits = httpx.Limits(max_connections=cfg.max_generation_connections,
+                                     max_keepalive_connections=cfg.max_generation_connections)
+    control_limits = httpx.Limits(max_connections=cfg.max_control_connections,
+                                  max_keepalive_connections=cfg.max_control_connections)
+    generation_pool: httpx.AsyncClient | ConnectionPool = (
+        ConnectionPool(max_connections=cfg.max_generation_connections) if transport is None
+        else httpx.AsyncClient(limits=generation_limits, transport=transport)
+    )
+    async with (
+        generation_pool as generation,
+        httpx.AsyncClient(limits=control_limits, transport=transport) as control,
+    ):
+        yield generation, control

@@ -40,7 +40,7 @@ import attrs
 import httpx
 
 from .._errors import EngineRejectedError, EngineUnavailableError, RelaxError
-from ._http import EngineClientConfig, json_object, send_with_retries
+from ._http import EngineClientConfig, json_object, open_pools, send_with_retries
 from ._ids_json import IdsJsonEncoder
 from ._pool import ConnectionPool
 from ._replies import (
@@ -447,22 +447,7 @@ async def open_connections(
         Exiting closes the pools; in-flight calls must have finished or been cancelled.
     """
     cfg = config or EngineClientConfig()
-    generation_limits = httpx.Limits(
-        max_connections=cfg.max_generation_connections,
-        max_keepalive_connections=cfg.max_generation_connections,
-    )
-    control_limits = httpx.Limits(
-        max_connections=cfg.max_control_connections,
-        max_keepalive_connections=cfg.max_control_connections,
-    )
-    generation_pool: httpx.AsyncClient | ConnectionPool = (
-        ConnectionPool(max_connections=cfg.max_generation_connections) if transport is None
-        else httpx.AsyncClient(limits=generation_limits, transport=transport)
-    )
-    async with (
-        generation_pool as generation,
-        httpx.AsyncClient(limits=control_limits, transport=transport) as control,
-    ):
+    async with open_pools(cfg, transport) as (generation, control):
         yield SGLangConnections(generation=generation, control=control, config=cfg)
 
 

@@ -14,7 +14,7 @@ from contextlib import asynccontextmanager
 import attrs
 import httpx
 
-from ..sglang._http import EngineClientConfig
+from ..sglang._http import EngineClientConfig, open_pools
 from ..sglang._pool import ConnectionPool
 from .client import VllmEngineClient
 
@@ -65,16 +65,7 @@ async def open_connections(
         Exiting closes the pools; in-flight calls must have finished or been cancelled.
     """
     cfg = config or EngineClientConfig()
-    control_limits = httpx.Limits(max_connections=cfg.max_control_connections,
-                                  max_keepalive_connections=cfg.max_control_connections)
-    generation_pool: httpx.AsyncClient | ConnectionPool = (
-        ConnectionPool(max_connections=cfg.max_generation_connections) if transport is None
-        else httpx.AsyncClient(transport=transport)
-    )
-    async with (
-        generation_pool as generation,
-        httpx.AsyncClient(limits=control_limits, transport=transport) as control,
-    ):
+    async with open_pools(cfg, transport) as (generation, control):
         yield VllmConnections(generation=generation, control=control, config=cfg)
 
 
