@@ -17,7 +17,7 @@ hash closes however long the history is.
 from __future__ import annotations
 
 from itertools import chain
-from typing import Any, Final, TypeVar
+from typing import Any, Final
 
 from .._errors import ContextLengthExceededError, InternalError
 from ._canonical import Conversation, canonical_message, finish_hash
@@ -25,8 +25,6 @@ from ._ids import LineageIds
 from ._json import dumps
 from ._nodes import AnyNode, FinishReason, Match, Node, ObservationNode, ResponseNode, RootNode, _Subtree
 
-
-_N = TypeVar("_N", ObservationNode, ResponseNode)
 
 _LINEAGE_CACHE_SIZE: Final = 16  # lineages kept per forest (the turns in flight of one Session)
 # Rollout id sequences kept per forest: a Session's next prompt extends its last one, so a few
@@ -61,8 +59,9 @@ class SessionForest:
 
     Subtrees under the technical root differ by initial history, tools or template kwargs;
     branches inside a subtree differ by history. Registering a state that already exists returns
-    the existing node (its tokens and metadata win); the same hash with a different node kind is
-    an error.
+    the existing node (its tokens and metadata win), whichever its kind: a sampled reply that
+    recreates a state a client sent as an observation (a request ending in that same assistant
+    message) collapses into that observation node, like a duplicated response.
 
     Args:
         session_id: the Session's id.
@@ -90,6 +89,8 @@ class SessionForest:
         self._rollout_ids: dict[str, LineageIds] = {}  # recent rollout id sequences, oldest first
         self.num_multimodal_observations = 0
         """Committed observation nodes with a media payload (none: no lineage has images)."""
+        self.num_responses_into_observations = 0
+        """Sampled replies that recreated a committed observation state (see :meth:`add_response`)."""
         self._response_order: dict[str, int] = {}  # response hash → when it was last answered
         self._answers = 0
 
@@ -138,11 +139,13 @@ class SessionForest:
         token_ids: Any,
         rollout_token_ids: Any = None,
         multimodal: Any = None,
-    ) -> ObservationNode:
+    ) -> ObservationNode | ResponseNode:
         """Commits the unmatched suffix of a match as an observation node.
 
         The context limit is checked on training ids before anything is committed. An identical
-        state that is already committed (e.g. by a concurrent request) is returned unchanged.
+        state that is already committed since the match (by a concurrent request: an observation,
+        or a response that ended in this same assistant message) is returned unchanged; the
+        request generates from it.
 
         Args:
             match: a non-full match from :meth:`match` on this forest.
@@ -151,13 +154,13 @@ class SessionForest:
             multimodal: the delta's media payload (opaque), or None.
 
         Returns:
-            The committed (or already existing) observation node.
+            The committed observation node, or the already committed node of that state.
 
         Raises:
             ContextLengthExceededError: ``train_token_count(parent) + t >= max_context_tokens``;
                 nothing is committed. ``param`` is ``messages``.
-            InternalError: the state exists as a response node, or the parent's subtree has other
-                tools or template kwargs than the request.
+            InternalError: the parent's subtree has other tools or template kwargs than the
+                request.
             ValueError: an empty delta or a match from another forest.
         """
         if not match.delta:
@@ -166,7 +169,7 @@ class SessionForest:
             )
         parent = self._own(match.parent)
         conv = match.conversation
-        existing = self._existing(match.state_hash, ObservationNode)
+        existing = self._nodes.get(match.state_hash)
         if existing is not None:
             return existing
         tools: tuple[dict[str, Any], ...] | None = None
@@ -223,11 +226,15 @@ class SessionForest:
         rollout_id: int | None = None,
         wall_s: float = 0.0,
         generation_s: float = 0.0,
-    ) -> ResponseNode:
+    ) -> ResponseNode | ObservationNode:
         """Commits a sampled assistant message as a response node under ``parent``.
 
-        An identical state that is already committed (a duplicated identical response) is
-        returned unchanged, so duplicates collapse into one leaf.
+        An identical state that is already committed is returned unchanged and the sampled tokens
+        are not kept: a duplicated identical response collapses into one leaf, and a reply that
+        recreates a state a client sent as an observation (another branch's request that ended
+        in this same assistant message) collapses into that observation node, counted in
+        :attr:`num_responses_into_observations`. Either way later requests continue the one
+        committed state.
 
         Args:
             parent: the observation or response node the generation continued.
@@ -243,12 +250,11 @@ class SessionForest:
             generation_s: seconds inside engine calls.
 
         Returns:
-            The committed (or already existing) response node.
+            The committed response node, or the already committed node of that state.
 
         Raises:
             InvalidRequestError: ``message`` is not a valid assistant message (``param``
                 starts with ``message``).
-            InternalError: the state exists as an observation node.
             ValueError: a broken invariant (lengths, finish reason, spans, foreign parent).
         """
         owned = self._own(parent)
@@ -259,7 +265,10 @@ class SessionForest:
         if canonical["role"] != "assistant":
             raise ValueError(f"a response message must have role assistant, got {canonical['role']!r}")
         hasher, state_hash = _extended_hash(parent, canonical)
-        existing = self._existing(state_hash, ResponseNode)
+        existing = self._nodes.get(state_hash)
+        if isinstance(existing, ObservationNode):
+            self.num_responses_into_observations += 1
+            return existing
         if existing is not None:
             self._note_answer(existing)
             return existing
@@ -310,17 +319,6 @@ class SessionForest:
         raise ValueError(
             f"node {getattr(node, 'state_hash', node)!r} does not belong to session {self.session_id}"
         )
-
-    def _existing(self, state_hash: str, kind: type[_N]) -> _N | None:
-        existing = self._nodes.get(state_hash)
-        if existing is None:
-            return None
-        if not isinstance(existing, kind):
-            raise InternalError(
-                f"State hash collision with mismatched kinds: {existing.kind} vs {kind.kind} ({state_hash})",
-                session_id=self.session_id,
-            )
-        return existing
 
     def _register(self, node: Node) -> None:
         self._nodes[node.state_hash] = node

@@ -380,13 +380,16 @@ class EngineTurnHandler:
             wall_s=trio.current_time() - wall_start,
             generation_s=sampled.generation_s,
         )
+        # A reply that recreates a state a client sent (a request ending in this assistant
+        # message) is that observation node; its last message is the canonical reply.
+        message = node.message if isinstance(node, ResponseNode) else node.messages[-1]
         token_logprobs = None
         if request.logprobs:
             token_logprobs = content_logprobs(self.compiler, list(sampled.token_ids),
                                               list(sampled.rollout_logprobs),
-                                              node.message.get("content") or "")
+                                              message.get("content") or "")
         return TurnResult(
-            message=node.message,
+            message=message,
             finish_reason=decoded.finish_reason,
             prompt_tokens=forest.train_token_count(parent),
             completion_tokens=len(sampled.token_ids),

@@ -7,7 +7,7 @@ from typing import Any
 
 import pytest
 from tests.forest.forest_testlib import Driver, forest_settings, reference_match
-from hypothesis import given
+from hypothesis import example, given
 from hypothesis import strategies as st
 
 from relaxtrio import InvalidRequestError
@@ -215,6 +215,8 @@ _edit = st.sampled_from(["extend", "extend", "extend", "edit", "remove", "role",
 
 @forest_settings()
 @given(st.lists(st.tuples(_edit, st.integers(0, 50)), min_size=1, max_size=12))
+# A reply that recreates a state an earlier request sent as an observation ([e0, a1]).
+@example(steps=[("extend", 0), ("edit", 0), ("remove", 44), ("remove", 1)])
 def test_any_session_through_the_memo_matches_like_from_wire(steps: list[tuple[str, int]]) -> None:
     forest = SessionForest("p")
     memo, drive = ConversationMemo(), Driver(forest)

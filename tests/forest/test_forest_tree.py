@@ -8,7 +8,7 @@ import pytest
 from tests.forest.forest_testlib import SEARCH_TOOL, Driver, assistant, reference_match, tool_call, tool_result, user
 from tests.support.lineage import train_token_ids
 
-from relaxtrio import ContextLengthExceededError, InternalError, InvalidRequestError
+from relaxtrio import ContextLengthExceededError, InvalidRequestError
 from relaxtrio.forest import (
     Conversation,
     ObservationNode,
@@ -164,21 +164,22 @@ def test_full_match_branches_and_identical_commits_are_idempotent() -> None:
     assert full.parent is sibling and full.is_full_match
 
 
-def test_kind_collisions_are_errors() -> None:
+def test_a_state_committed_as_the_other_kind_is_the_one_node_of_that_state() -> None:
+    """A client can send a request ending in an assistant message that a reply later recreates
+    (and the other way round under concurrency): one node per state, never a 5xx."""
     forest = SessionForest("s")
     drive = Driver(forest)
     obs = drive.observe([user("q")])
     stale = forest.match(_conv([user("q"), assistant("X")]))
-    drive.observe([user("q"), assistant("Y")])  # an observation whose last message is an assistant
-    with pytest.raises(
-        InternalError, match=r"^State hash collision with mismatched kinds: observation vs response"
-    ):
-        drive.respond(obs, assistant("Y"))
-    drive.respond(obs, assistant("X"))
-    with pytest.raises(
-        InternalError, match=r"^State hash collision with mismatched kinds: response vs observation"
-    ):
-        forest.add_observation(stale, token_ids=[1])
+    sent = drive.observe([user("q"), assistant("Y")])  # an observation whose last message is an assistant
+    assert drive.respond(obs, assistant("Y")) is sent
+    assert forest.num_responses_into_observations == 1
+    assert forest.responses_in_answer_order() == ()
+    reply = drive.respond(obs, assistant("X"))
+    assert forest.add_observation(stale, token_ids=[1]) is reply  # committed since the match
+    assert len(forest) == 3 and forest.num_responses_into_observations == 1
+    # The next turn continues the one committed state.
+    assert forest.match(_conv([user("q"), assistant("Y"), user("more")])).parent is sent
 
 
 def test_tool_arguments_are_matched_after_reserialization() -> None:
