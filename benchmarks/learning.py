@@ -15,10 +15,13 @@ start-up excluded; ``eval_s`` is the eval's own time and ``elapsed_s`` the run's
 eval. The run fails (exit 1) when any step dropped a Group or an eval lost one.
 
 ``--variant multi`` trains the two-turn agent (answer, feedback, retry); ``single`` the one-turn
-variant that ``learning_trl.py`` trains with TRL. ``--plot-only`` redraws the PNG from the JSON
-lines under ``--out``.
+variant that ``learning_trl.py`` trains with TRL. ``--backend vllm`` generates on a vLLM server
+(``scripts/setup_vllm.sh``; ``--engine-python`` or ``RELAXTRIO_VLLM_PYTHON`` names its
+interpreter) and tags the result files ``-vllm``. ``--with-trl`` runs ``learning_trl.py`` with the
+same shared flags afterwards, so one invocation measures both systems. ``--plot-only`` redraws the
+PNG from the JSON lines under ``--out``.
 
-    python benchmarks/learning.py --seeds 1 2 --steps 16 --eval-every 8 --lr 2e-5
+    python benchmarks/learning.py --variant single --seeds 1 2 --eval-every 4 --with-trl
 """
 
 from __future__ import annotations
@@ -88,7 +91,11 @@ def add_common_flags(parser: argparse.ArgumentParser) -> None:
 
 
 def _train_flags(args: argparse.Namespace, seed: int, attempts: int) -> list[str]:
+    backend = [] if args.backend == "embedded" else ["--rollout-backend", args.backend]
+    if args.engine_python is not None:
+        backend += ["--engine-python", str(args.engine_python)]
     return [
+        *backend,
         "--agent-cwd", str(TASK), "--agent-command", f"{sys.executable} agent.py",
         "--agent-env", f"STOCK_ATTEMPTS={attempts}",
         "--prompt-data", str(TASK / "data" / "train.jsonl"),
@@ -157,8 +164,8 @@ def _check_no_drops(rows: list[dict[str, Any]]) -> None:
 def run_seed(args: argparse.Namespace, seed: int, sink: Path) -> None:
     """The base eval, then the training run; one JSON line per eval into ``sink``."""
     attempts = 2 if args.variant == "multi" else 1
-    common = {"system": "relaxtrio", "variant": args.variant, "seed": seed}
-    work = args.work / f"relaxtrio_{args.variant}_seed{seed}"
+    common = {"system": _system(args), "variant": args.variant, "seed": seed}
+    work = args.work / f"{_system(args)}_{args.variant}_seed{seed}"
     base_rows, _ = _run(_train_flags(args, seed, attempts) + [
         "--debug-rollout-only", "--num-rollout", "1", "--rollout-batch-size", "1", "--eval-interval", "1"],
         work / "base", args.timeout_s)
@@ -188,6 +195,10 @@ def run_seed(args: argparse.Namespace, seed: int, sink: Path) -> None:
     _run(_train_flags(args, seed, attempts) + [
         "--num-rollout", str(args.steps), "--eval-interval", str(args.eval_every)], work / "train",
         args.timeout_s, on_row)
+
+
+def _system(args: argparse.Namespace) -> str:
+    return "relaxtrio" if args.backend == "embedded" else f"relaxtrio-{args.backend}"
 
 
 def _mean(values: Any) -> float | None:
@@ -247,6 +258,22 @@ def compare(results: Path) -> list[dict[str, Any]]:
     return rows
 
 
+def _trl_flags(argv: list[str]) -> list[str]:
+    """``argv`` without the flags only this script takes (``learning_trl.py`` takes the shared ones)."""
+    own = {"--variant": 1, "--backend": 1, "--engine-python": 1, "--timeout-s": 1, "--plot-only": 0}
+    out, skip = [], 0
+    for arg in argv:
+        if skip:
+            skip -= 1
+            continue
+        name = arg.split("=", 1)[0]
+        if name in own:
+            skip = own[name] if "=" not in arg else 0
+            continue
+        out.append(arg)
+    return out
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     add_common_flags(parser)
@@ -254,14 +281,26 @@ def main() -> None:
     parser.add_argument("--work", type=Path, default=Path("/tmp/relaxtrio-learning"))
     parser.add_argument("--timeout-s", type=float, default=3600.0)
     parser.add_argument("--plot-only", action="store_true", help="redraw the PNG and print the comparison")
+    parser.add_argument("--backend", choices=("embedded", "vllm"), default="embedded",
+                        help="relaxtrio's rollout engine (vllm: the CPU build from scripts/setup_vllm.sh)")
+    parser.add_argument("--engine-python", type=Path, default=None,
+                        help="the engine environment's interpreter (default: relaxtrio's lookup)")
+    parser.add_argument("--with-trl", action="store_true",
+                        help="then run learning_trl.py with the same shared flags (needs the bench extra)")
     args = parser.parse_args()
     args.out.mkdir(parents=True, exist_ok=True)
     if not args.plot_only:
         print(json.dumps({"settings": settings(args), "variant": args.variant}), flush=True)
+        start = time.monotonic()
         for seed in args.seeds:
-            sink = args.out / f"relaxtrio_{args.variant}_seed{seed}{args.tag}.jsonl"
+            sink = args.out / f"{_system(args)}_{args.variant}_seed{seed}{args.tag}.jsonl"
             sink.write_text("")
             run_seed(args, seed, sink)
+        if args.with_trl:
+            shared = [a for a in sys.argv[1:] if a not in ("--with-trl",)]
+            subprocess.run([sys.executable, str(Path(__file__).with_name("learning_trl.py")),
+                            *_trl_flags(shared)], check=True)
+        print(json.dumps({"elapsed_s": round(time.monotonic() - start, 1)}), flush=True)
     for row in compare(args.out):
         print(json.dumps({"compare": row}, sort_keys=True))
     print(f"curve: {plot(args.out)}")
