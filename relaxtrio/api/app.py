@@ -177,6 +177,8 @@ async def _model_response(state: _ApiState, adapter: ProtocolAdapter, call: Mode
     except RecursionError:
         raise InvalidRequestError("Invalid request body: nested too deeply", param="body") from None
     report_ignored(session, parsed.ignored, protocol=adapter.name, strict=state.config.strict_request_fields)
+    if parsed.model is None:  # every protocol's answer names a model: the one /v1/models lists
+        parsed = attrs.evolve(parsed, model=state.listed_model)
     if parsed.stream:
         pending = session.start_turn(state.handler, parsed.turn)
         # Errors known before generation (context length, a message the template cannot
