@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import importlib.util
 import json
+import os
 import subprocess
 import sys
 from collections.abc import AsyncIterator
@@ -18,9 +19,10 @@ from types import ModuleType
 import httpx
 import pytest
 import trio
-from tests.support.examples import EXAMPLES, assert_response_masks, run_example
+from tests.support.examples import EXAMPLES, REPO, assert_response_masks, run_example
 
-from relaxtrio.testing.scripted_server import Rule
+from relaxtrio.models import load_tokenizer
+from relaxtrio.testing.scripted_server import Rule, rules_engine, serve_scripted_engine
 
 HERE = EXAMPLES / "search_r1"
 _END = r"<\|im_end\|>\n<\|im_start\|>assistant\n$"
@@ -89,6 +91,48 @@ async def test_text_mode_two_sessions_share_the_one_retriever(tiny_model_dir: Pa
     assert assert_response_masks(sydney) == 3 and assert_response_masks(hubble) == 3
     assert served == 3  # one retriever answered both Sessions' searches
     assert run.engine is not None and len(run.engine.calls) == 6
+    metrics = [json.loads(line) for line in (run.output_dir / "metrics.jsonl").read_text().splitlines()]
+    assert metrics[-1]["rollout/pass@1"] == 0.5
+
+
+def _retriever_pids() -> set[int]:
+    needle = str(HERE / "retriever.py").encode()
+    found = set()
+    for entry in Path("/proc").iterdir():
+        try:
+            if entry.name.isdigit() and needle in (entry / "cmdline").read_bytes():
+                found.add(int(entry.name))
+        except OSError:
+            continue
+    return found
+
+
+@pytest.mark.slow  # starts real processes
+async def test_launch_script_starts_the_retriever_for_the_run_and_stops_it(tiny_model_dir: Path,
+                                                                          tmp_path: Path) -> None:
+    before = _retriever_pids()
+    tokenizer = load_tokenizer(tiny_model_dir)
+    engine = rules_engine(tokenizer, tokenizer.eos_token_id, TEXT_RULES)
+    out = tmp_path / "run"
+    venv_bin = str(Path(sys.executable).parent)
+    env = dict(os.environ, PYTHONPATH=str(REPO), TOKENIZERS_PARALLELISM="false", VIRTUAL_ENV=sys.prefix,
+               PATH=f"{venv_bin}:{os.environ.get('PATH', '')}", RETRIEVER_PORT="0", SEARCH_R1_TOPK="1")
+    with trio.fail_after(300):
+        async with trio.open_nursery() as nursery:
+            url = await nursery.start(serve_scripted_engine, engine)
+            done = await trio.run_process(
+                ["bash", str(HERE / "launch.sh"), "rollout", "--prompt-data", str(HERE / "data" / "train.jsonl"),
+                 "--hf-checkpoint", str(tiny_model_dir), "--engine-url", url, "--output-dir", str(out),
+                 "--num-rollout", "1", "--n-samples-per-prompt", "1", "--rollout-batch-size", "1",
+                 "--no-rollout-shuffle", "--rollout-max-response-len", "512",
+                 "--save-debug-rollout-data", str(out / "dump_{rollout_id}.json")],
+                env=env, cwd=tmp_path, check=False, capture_stdout=True, stderr=subprocess.STDOUT)
+            nursery.cancel_scope.cancel()
+    output = done.stdout.decode(errors="replace")
+    assert done.returncode == 0, output[-3000:]
+    [sample] = json.loads((out / "dump_0.json").read_text())["samples"]
+    assert sample["reward"] == 1.0 and sample["metadata"]["searches"] == 2
+    assert _retriever_pids() <= before  # the retriever ended with the run
 
 
 # Multi-agent mode, one Session: main -> searcher_0 (rewrite, note without the answer) -> main ->
