@@ -229,12 +229,9 @@ class SessionForest:
     ) -> ResponseNode | ObservationNode:
         """Commits a sampled assistant message as a response node under ``parent``.
 
-        An identical state that is already committed is returned unchanged and the sampled tokens
-        are not kept: a duplicated identical response collapses into one leaf, and a reply that
-        recreates a state a client sent as an observation (another branch's request that ended
-        in this same assistant message) collapses into that observation node, counted in
-        :attr:`num_responses_into_observations`. Either way later requests continue the one
-        committed state.
+        An identical committed state is returned unchanged (the sampled tokens are not kept): a
+        duplicated response, or an observation a client sent ending in this same assistant
+        message (counted in :attr:`num_responses_into_observations`).
 
         Args:
             parent: the observation or response node the generation continued.
