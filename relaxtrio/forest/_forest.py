@@ -263,12 +263,8 @@ class SessionForest:
             raise ValueError(f"a response message must have role assistant, got {canonical['role']!r}")
         hasher, state_hash = _extended_hash(parent, canonical)
         existing = self._nodes.get(state_hash)
-        if isinstance(existing, ObservationNode):
-            self.num_responses_into_observations += 1
-            return existing
         if existing is not None:
-            self._note_answer(existing)
-            return existing
+            return self._collapse(existing)
         token_ids = tuple(token_ids)
         node = ResponseNode(
             state_hash=state_hash,
@@ -293,6 +289,14 @@ class SessionForest:
         self._register(node)
         self._note_answer(node)
         return node
+
+    def _collapse(self, existing: Node) -> ResponseNode | ObservationNode:
+        """A sampled reply whose state is already committed: that node (see :meth:`add_response`)."""
+        if isinstance(existing, ObservationNode):
+            self.num_responses_into_observations += 1
+        else:
+            self._note_answer(existing)
+        return existing
 
     def _note_answer(self, node: ResponseNode) -> None:
         self._answers += 1
