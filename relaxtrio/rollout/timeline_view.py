@@ -39,6 +39,9 @@ POINT_EVENTS: Final = {
 }
 """Events drawn as marks on the Session's own row, with the names of their fields."""
 
+MIN_QUEUED_S: Final = 1e-3
+"""A wait at the generation gate shorter than this is not drawn as a ``queued`` span."""
+
 
 def _versions(spans: Iterable[Any]) -> list[Any]:
     return list(dict.fromkeys(s.version for s in spans))
@@ -59,7 +62,7 @@ def _request(requests: dict[str, dict[str, Any]], request_id: str) -> dict[str, 
 def _add_attempt(record: dict[str, Any], event: tuple[Any, ...], rel: Any) -> None:
     t, _, _, gate_t, start_t, output_tokens, spans, finish = event
     versions = _versions(spans)
-    if start_t > gate_t:
+    if start_t - gate_t >= MIN_QUEUED_S:
         record["spans"].append({"kind": "queued", "start_s": rel(gate_t), "end_s": rel(start_t)})
     record["spans"].append({"kind": "engine", "start_s": rel(start_t), "end_s": rel(t),
                             "output_tokens": output_tokens, "weight_versions": versions,

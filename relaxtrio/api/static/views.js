@@ -3,7 +3,7 @@
 // every refresh. Text from agents goes in as text nodes only (el/svg set textContent).
 "use strict";
 
-const TL = { W: 1100, LEFT: 90, ROW_H: 26, TOP: 22 };
+const TL = { W: 1100, LEFT: 90, ROW_H: 26, TOP: 48, LABEL_W: 80 };
 
 function fmt(value, digits) {
   if (value === null || value === undefined) return "—";
@@ -69,13 +69,19 @@ function renderTimeline(timeline) {
     root.append(svg("rect", { class: "row-bg", x: TL.LEFT, y, width: TL.W - TL.LEFT - 20, height: TL.ROW_H }));
     root.append(svg("text", { x: 4, y: y + TL.ROW_H / 2 + 4 }, `branch ${i + 1}`));
   }
+  const lastX = [-Infinity, -Infinity, -Infinity];  // labels of close events go on three lines
   for (const e of timeline.events) {
     const ex = x(e.t_s);
+    let level = lastX.findIndex((lx) => ex - lx >= TL.LABEL_W);
+    if (level < 0) level = lastX.indexOf(Math.min(...lastX));
+    lastX[level] = ex;
     const fields = Object.entries(e).filter(([k]) => k !== "t_s" && k !== "kind").map(([k, v]) => `${k}=${fmt(v)}`);
     const g = svg("g", { class: "event " + e.kind, "data-kind": e.kind });
     g.append(svg("title", {}, `${e.kind} at ${fmt(e.t_s)} s ${fields.join(" ")}`));
     g.append(svg("line", { x1: ex, x2: ex, y1: TL.TOP, y2: H - 24 }));
-    g.append(svg("text", { x: ex + 2, y: TL.TOP - 6 }, e.kind + (e.rollout_id !== undefined ? ` ${e.rollout_id}` : "")));
+    const label = e.kind + (e.rollout_id !== undefined ? ` ${e.rollout_id}` : "") +
+      (e.kind === "scored" ? ` r=${fmt(e.reward, 3)}` : "");
+    g.append(svg("text", { x: ex + 2, y: 12 + level * 13 }, label));
     root.append(g);
   }
   for (const r of timeline.requests) drawRequest(root, r, x, TL.TOP + (r.row + 1) * TL.ROW_H);
@@ -177,5 +183,19 @@ function renderStepView(metrics) {
     if (row[key] === undefined) continue;
     figures.append(el("dt", {}, key), el("dd", { "data-key": key, "data-value": JSON.stringify(row[key]) }, fmt(row[key])));
   }
-  box.replaceChildren(bars, figures, el("h3", {}, "per engine"), engineTable(row));
+  box.replaceChildren(bars, figures, el("h3", {}, "per engine"), engineTable(row),
+    el("h3", {}, "wall seconds per step"), stepHistory(metrics));
+}
+
+function stepHistory(metrics) {  // the kept rows, newest first, as written in metrics.jsonl
+  const table = el("table", { class: "history" });
+  const head = el("tr", {});
+  head.append(el("th", {}, "step"), ...STEP_PARTS.map(([, label]) => el("th", {}, label)));
+  table.append(head);
+  for (const row of metrics.slice(-20).reverse()) {
+    const tr = el("tr", { "data-step": row.step });
+    tr.append(el("td", {}, row.step), ...STEP_PARTS.map(([key]) => el("td", { class: "num" }, fmt(row[key]))));
+    table.append(tr);
+  }
+  return table;
 }
