@@ -39,7 +39,7 @@ from relaxtrio.rollout.step import group_metrics
 
 pytestmark = [pytest.mark.slow, needs_browser]
 
-LONG = 300
+LONG = 400
 
 PAGE = """
 const q = (s) => [...document.querySelectorAll(s)];
