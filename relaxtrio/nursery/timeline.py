@@ -80,13 +80,19 @@ class Timeline:
         return 0 if self._events is None else self._events.maxlen or 0
 
     def add(self, kind: str, *fields: Any) -> None:
-        """Records ``(now, kind, *fields)``; a full buffer forgets its oldest event."""
+        """Records ``(now, kind, *fields)``; a full buffer forgets its oldest event. Outside a
+        trio run (a synchronous caller, e.g. a test scoring Groups) there is no trio clock and
+        nothing is recorded."""
         events = self._events
         if events is None:
             return
+        try:
+            now = trio.current_time()
+        except RuntimeError:
+            return
         if len(events) == events.maxlen:
             self.dropped += 1
-        events.append((trio.current_time(), kind, *fields))
+        events.append((now, kind, *fields))
 
     def events(self) -> tuple[tuple[Any, ...], ...]:
         """The kept events, oldest first."""

@@ -128,7 +128,11 @@ def session_timeline(session: Session) -> dict[str, Any]:
     """
     timeline = session.timeline
     events = timeline.events()
-    origin = events[0][0] if events else trio.current_time()
+    try:
+        now = trio.current_time()
+    except RuntimeError:  # read outside a trio run: the last event is "now"
+        now = events[-1][0] if events else 0.0
+    origin = events[0][0] if events else now
 
     def rel(t: float) -> float:
         return t - origin
@@ -148,4 +152,4 @@ def session_timeline(session: Session) -> dict[str, Any]:
     rows = _branch_rows(session.forest, ordered)
     _gaps(ordered)
     return {"capacity": timeline.capacity, "dropped": timeline.dropped,
-            "now_s": rel(trio.current_time()), "events": points, "rows": rows, "requests": ordered}
+            "now_s": rel(now), "events": points, "rows": rows, "requests": ordered}

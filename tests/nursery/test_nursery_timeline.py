@@ -53,3 +53,9 @@ async def test_the_group_records_lease_barrier_pause_and_resume_on_every_session
     for session in group.sessions:
         assert [e[1:] for e in session.timeline.events()] == [
             ("lease", 0), ("barrier",), ("pause", 0), ("resume", 1)]
+
+
+def test_outside_a_trio_run_nothing_is_recorded() -> None:
+    timeline = Timeline(4)
+    timeline.add("lease", 0)  # no trio clock: a synchronous caller records nothing, raises nothing
+    assert timeline.events() == ()
