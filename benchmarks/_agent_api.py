@@ -78,9 +78,13 @@ async def start_instant_engine(cpu: int | None) -> _bench.Child:
 
 
 async def start_server(kind: str, *, cpu: int | None, engine_url: str | None = None,
-                       num_sessions: int = 0, env: dict[str, str] | None = None) -> _bench.Child:
-    """A server process of this module (see the module docstring); ``value`` is its JSON line."""
+                       num_sessions: int = 0, env: dict[str, str] | None = None,
+                       timeline_events: int | None = None) -> _bench.Child:
+    """A server process of this module (see the module docstring); ``value`` is its JSON line.
+    ``timeline_events``: each Session's timeline bound (0: recording off; None: the default)."""
     cmd = [_bench.python(), __file__, "--serve", kind, "--sessions", str(num_sessions)]
+    if timeline_events is not None:
+        cmd += ["--timeline-events", str(timeline_events)]
     if cpu is not None:
         cmd += ["--server-cpu", str(cpu)]
     if engine_url is not None:
@@ -205,8 +209,14 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--engine-url")
     parser.add_argument("--sessions", type=int, default=0)
     parser.add_argument("--server-cpu", type=int, default=None)
+    parser.add_argument("--timeline-events", type=int, default=None,
+                        help="each Session's timeline bound (0: recording off)")
     args = parser.parse_args(argv)
     _bench.pin(args.server_cpu)
+    if args.timeline_events is not None:
+        from relaxtrio.nursery.timeline import set_default_capacity
+
+        set_default_capacity(args.timeline_events)
     logging.basicConfig(level=logging.ERROR)
     with contextlib.suppress(KeyboardInterrupt):
         trio.run(functools.partial(_serve, args.serve, args.engine_url, args.sessions))

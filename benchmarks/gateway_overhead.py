@@ -10,6 +10,9 @@ a fixed 12-token reply, no model), the server under test pinned to one CPU, and 
 * ``full``: the agent API (``create_app``): bearer auth to a Session, projection to canonical
   messages, forest match, render of the new observation (SmolLM2's chat template and tokenizer),
   ``/generate`` on the instant engine through ``EngineClient``, parse, commit, render;
+* ``full_timeline_off`` (with ``--timeline-off``): the full path with every Session's timeline
+  off (``relaxtrio.nursery.timeline``, bound 0): ``full``/``full_timeline_off`` is what the
+  dashboard's recording costs;
 * ``bare_hop`` (with ``--bare-hop``): the bare route plus one ``/generate`` call on the instant
   engine before its fixed answer, the ceiling of a gateway that forwards every request to an
   engine: ``bare_hop``/``bare`` is what the engine hop alone costs, and ``full``/``bare_hop``
@@ -185,11 +188,17 @@ async def _drive(args: argparse.Namespace) -> int:
             env = {**os.environ, "PYTHONPATH": args.baseline_src}
             servers["full_baseline"] = await full(env=env)
             targets.append("full_baseline")
+        if args.timeline_off:
+            # The same full path with every Session's timeline off (nursery/timeline.py): what
+            # the dashboard's recording costs, measured in this run.
+            servers["full_timeline_off"] = await full(timeline_events=0)
+            targets.append("full_timeline_off")
         _bench.pin(driver_cpu)
         for mix_index, mix in enumerate(args.mixes):
             ratios: dict[str, float] = {}
             cpu_ratios: dict[str, float] = {}
             baseline_ratios: dict[str, float] = {}
+            timeline_ratios: dict[str, float] = {}
             hop_ratios: dict[str, dict[str, float]] = {"bare_hop_over_bare": {}, "full_over_bare_hop": {}}
             for num_clients in args.clients:
                 # Sessions [0, max) serve new_observation, [max, 2 max) growing: each mix gets
@@ -201,6 +210,9 @@ async def _drive(args: argparse.Namespace) -> int:
                 if "full_baseline" in cells:
                     baseline_ratios[str(num_clients)] = round(
                         cells["full_baseline"]["req_s"] / cells["bare"]["req_s"], 3)
+                if "full_timeline_off" in cells:
+                    timeline_ratios[str(num_clients)] = round(
+                        cells["full"]["req_s"] / cells["full_timeline_off"]["req_s"], 4)
                 if "bare_hop" in cells:
                     hop = cells["bare_hop"]["req_s"]
                     hop_ratios["bare_hop_over_bare"][str(num_clients)] = round(hop / cells["bare"]["req_s"], 3)
@@ -213,6 +225,7 @@ async def _drive(args: argparse.Namespace) -> int:
                 "meets_target": all(r >= TARGET_RATIO for r in ratios.values()),
                 "server_cpu_ratio_full_over_bare": cpu_ratios,
                 **({"throughput_ratio_baseline_over_bare": baseline_ratios} if baseline_ratios else {}),
+                **({"throughput_ratio_timeline_on_over_off": timeline_ratios} if timeline_ratios else {}),
                 **({f"throughput_ratio_{k}": v for k, v in hop_ratios.items()} if args.bare_hop else {}),
                 "server_cpu": server_cpu, "driver_and_engine_cpu": driver_cpu,
                 "load_average": _bench.load_average(),
@@ -239,6 +252,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--driver-cpu", type=int, default=cpus[-1])
     parser.add_argument("--bare-hop", action="store_true",
                         help="also serve the bare route plus one /generate call per request")
+    parser.add_argument("--timeline-off", action="store_true",
+                        help="also serve the full path with Session timelines off (full_timeline_off)")
     parser.add_argument("--baseline-src", help="also serve the full path from this source tree "
                         "(PYTHONPATH of another checkout) and report it as full_baseline")
     args = parser.parse_args(argv)

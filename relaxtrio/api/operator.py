@@ -11,8 +11,10 @@ reach any loopback port, so the port alone would not keep them out (docs/dashboa
 Routes (all ``GET``, JSON unless noted):
 
 * ``/debug_state``: the job's state (:meth:`OperatorSource.debug_state`);
-* ``/debug_state/sessions/<session_id>``: one Session's record with its forest;
-* ``/debug_state/steps``: the per-step series the dashboard plots;
+* ``/debug_state/sessions/<session_id>``: one Session's record with its forest and timeline;
+* ``/debug_state/groups/<group_id>``: one Group's Sessions side by side (Group comparison);
+* ``/debug_state/steps``: the per-step series the dashboard plots and the ``metrics.jsonl``
+  rows the step view shows;
 * ``/dashboard``: the dashboard page (HTML); ``/dashboard/static/<name>``: its script and
   style sheet, shipped in the package (no CDN). These two serve only the static files, which
   hold no data, so a browser can load them without a header; the page reads the token from the
@@ -51,7 +53,8 @@ REFRESH_MS: Final = 2000
 """Milliseconds between the dashboard's refreshes."""
 
 _STATE_KEY: Final = "relaxtrio.operator"
-_ASSETS: Final = {"dashboard.js": "text/javascript", "dashboard.css": "text/css"}
+_ASSETS: Final = {"dashboard.js": "text/javascript", "views.js": "text/javascript",
+                  "dashboard.css": "text/css"}
 
 
 class OperatorSource(Protocol):
@@ -65,8 +68,16 @@ class OperatorSource(Protocol):
         """One Session's record (its forest included), or None when it is not shown."""
         ...
 
+    def group_detail(self, group_id: str) -> Mapping[str, Any] | None:
+        """One Group's Sessions side by side, or None when it is not shown."""
+        ...
+
     def steps(self) -> Sequence[Mapping[str, Any]]:
         """Per finished step: ``step``, ``reward_mean``, ``step_s``, ``tokens_per_s``, ..."""
+        ...
+
+    def metrics(self) -> Sequence[Mapping[str, Any]]:
+        """The finished steps' ``metrics.jsonl`` rows as written."""
         ...
 
 
@@ -128,8 +139,16 @@ async def _session(session_id: str) -> Response:
     return json_response(detail)
 
 
+async def _group(group_id: str) -> Response:
+    detail = _state().source.group_detail(group_id)
+    if detail is None:
+        raise NotFoundError(f"No Group {group_id!r} is shown")
+    return json_response(detail)
+
+
 async def _steps() -> Response:
-    return json_response({"steps": list(_state().source.steps())})
+    source = _state().source
+    return json_response({"steps": list(source.steps()), "metrics": list(source.metrics())})
 
 
 def _asset(name: str) -> str:
@@ -172,6 +191,7 @@ def create_operator_app(source: OperatorSource, *, token: str) -> QuartTrio:
     app.add_url_rule("/debug_state/steps", "steps", _guarded(_steps), methods=["GET"])
     app.add_url_rule("/debug_state/sessions/<session_id>", "session", _guarded(_session),
                      methods=["GET"])
+    app.add_url_rule("/debug_state/groups/<group_id>", "group", _guarded(_group), methods=["GET"])
     app.add_url_rule("/dashboard", "dashboard", _dashboard, methods=["GET"])
     app.add_url_rule("/dashboard/static/<name>", "dashboard_static", _static, methods=["GET"])
     app.register_error_handler(HTTPException, _http_error)

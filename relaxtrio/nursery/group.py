@@ -205,8 +205,9 @@ class Group:
         The request that completes the barrier of a leased Group starts the agent budgets.
         """
         self._requested.setdefault(session.session_id, trio.current_time())
-        if self.barrier_passed:
+        if self.barrier_passed and not self._barrier.is_set():
             self._barrier.set()
+            self._record("barrier")
         self._start_budgets()
         self._update_gate()
 
@@ -231,8 +232,14 @@ class Group:
         self.leased = True
         if rollout_id is not None:
             self.rollout_id = rollout_id
+        self._record("lease", self.rollout_id)
         self._start_budgets()
         self._update_gate()
+
+    def _record(self, kind: str, *fields: object) -> None:
+        """Adds one event to every Session's timeline (:mod:`relaxtrio.nursery.timeline`)."""
+        for session in self.sessions:
+            session.timeline.add(kind, *fields)
 
     def _start_budgets(self) -> None:
         """Starts every budget once the Group is in Runtime and not paused (idempotent)."""
@@ -246,6 +253,7 @@ class Group:
         for session in self.sessions:
             if session.partial.pause():
                 session.budget.pause()
+                session.timeline.add("pause", self.rollout_id)
         self._update_gate()
 
     def resume(self, rollout_id: int | None = None) -> None:
@@ -256,6 +264,8 @@ class Group:
         if rollout_id is not None:
             self.rollout_id = rollout_id
         for session in self.sessions:
+            if session.partial.paused:
+                session.timeline.add("resume", self.rollout_id)
             session.partial.resume()
         self.paused = False
         self._start_budgets()

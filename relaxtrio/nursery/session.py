@@ -35,6 +35,7 @@ from .agent import ActiveBudget, RolloutMode
 from .partial import PartialRollout
 from .pending_turn import PendingTurn, TurnCell
 from .retries import RetryKey, RetryLedger
+from .timeline import Timeline
 from .turns import TurnHandler, TurnRequest, TurnResult
 
 log = logging.getLogger(__name__)
@@ -112,6 +113,7 @@ class Session:
         agent_active_s: active seconds the agent's budget consumed, once it exited.
         agent_log: the kept log file of a failed Session's agent
             (``AgentConfig.failed_log_dir``), else None.
+        timeline: its recent events for the operator dashboard (bounded ring buffer).
     """
 
     session_id: str
@@ -134,6 +136,7 @@ class Session:
     agent_return_code: int | None = None
     agent_active_s: float | None = None
     agent_log: str | None = None
+    timeline: Timeline = attrs.field(factory=Timeline)
     _turns: trio.Nursery | None = None
     _closed: bool = False
     _ended: trio.Event = attrs.field(factory=trio.Event)
@@ -172,6 +175,7 @@ class Session:
         """Records the running agent's process-group id (its placement, e.g. on a Ray node, is
         over: the first-request clock starts)."""
         self.agent_pgid = pgid
+        self.timeline.add("agent_start", pgid)
         self._agent_started.set()
 
     async def wait_agent_started(self) -> None:
@@ -328,6 +332,10 @@ class SessionTurn:
     def note_aborted(self, *, protect: bool) -> None:
         """Records an aborted generation (:meth:`PartialRollout.note_aborted`)."""
         self._session.partial.note_aborted(protect=protect)
+
+    def record(self, kind: str, *fields: Any) -> None:
+        """Adds an event to the Session's timeline (:meth:`Timeline.add`)."""
+        self._session.timeline.add(kind, *fields)
 
     async def join_undelivered(self, parent_hash: str, sampling_digest: str) -> TurnResult | None:
         """An orphaned generation's answer, or None after registering this turn as the

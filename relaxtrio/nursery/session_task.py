@@ -183,6 +183,7 @@ async def _run_session(
         session.group.session_failed(session)
         return
     session.agent_return_code, session.agent_active_s = run.return_code, run.active_s
+    session.timeline.add("agent_exit", run.return_code)
     try:
         output = parse_session_output(run.output_text)
     except ExportError as exc:
@@ -198,6 +199,7 @@ async def _run_session(
             policy=agent.export_policy,
             undelivered=(undelivered := session.retries.undelivered_states()),
         )
+        session.timeline.add("export", len(session.samples))
         if output.is_implicit:
             _note_unexported(session, select_leaves(session.forest, agent.export_policy, undelivered),
                              agent.export_policy)

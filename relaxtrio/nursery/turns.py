@@ -144,6 +144,11 @@ class TurnContext(Protocol):
         from pauses at the next resume (the request reached the abort limit)."""
         ...
 
+    def record(self, kind: str, *fields: Any) -> None:
+        """Adds ``(now, kind, *fields)`` to the Session's timeline (``attempt`` and ``turn``
+        events, :mod:`relaxtrio.nursery.timeline`); cheap, never formats."""
+        ...
+
     async def join_undelivered(self, parent_hash: str, sampling_digest: str) -> TurnResult | None:
         """The answer of an earlier generation from the same state with the same sampling
         inputs that no client received (an SDK retry), or None: then this turn samples.

@@ -9,9 +9,13 @@ changes a Group or a Session) and returns JSON-ready dicts:
   state, turn, request and abort counts, in-flight engine requests, agent process), the in-flight
   requests and the live agent processes;
 * :meth:`RunView.session_detail`: one Session's dump record (:func:`~relaxtrio.rollout.dumps.session_record`:
-  metadata and the whole forest, exported leaves and weight versions included);
+  metadata and the whole forest, exported leaves and weight versions included) and its
+  timeline (:func:`~relaxtrio.rollout.timeline_view.session_timeline`);
+* :meth:`RunView.group_detail`: one Group's Sessions side by side
+  (:func:`~relaxtrio.rollout.group_view.group_comparison`);
 * :meth:`RunView.steps`: per finished step, the reward mean, step seconds and generated tokens
-  per second, the series the dashboard plots.
+  per second, the series the dashboard plots; :meth:`RunView.metrics`: the steps'
+  ``metrics.jsonl`` rows as written (the step view reads them, never recomputes).
 
 The view lists Session ids: it is served only on the operator listener, behind the operator
 token, never where agents can reach it (docs/dashboard.md#access).
@@ -29,8 +33,10 @@ from ..nursery.group import Group
 from ..nursery.session import Session
 from .accounting import GroupStages
 from .dumps import jsonable, session_record
+from .group_view import group_comparison
 from .pipeline import RolloutPipeline
-from .step import StepResult
+from .step import ScoredGroup, StepResult
+from .timeline_view import session_timeline
 
 SNAPSHOT_KEYS: Final = (
     "active_rollout_id",
@@ -149,6 +155,8 @@ class RunView:
     pipeline: RolloutPipeline | None = None
     _watched: list[Group] = attrs.field(factory=list)
     _last_accepted: list[Group] = attrs.field(factory=list)
+    _last_scored: dict[int, ScoredGroup] = attrs.field(factory=dict)
+    _metrics: list[dict[str, Any]] = attrs.field(factory=list)
     _last_dropped: list[Group] = attrs.field(factory=list)
     _steps: list[dict[str, Any]] = attrs.field(factory=list)
     _finalized: int = 0
@@ -170,6 +178,7 @@ class RunView:
             step_s: wall seconds of the whole step (rollout, update, weight push).
         """
         self._last_accepted = [g.group for g in result.groups]
+        self._last_scored = {id(g.group): g for g in result.groups}
         self._last_dropped = list(result.dropped)
         self._finalized += len(result.groups)
         rewards = [s.reward for s in result.scored if s.reward is not None and math.isfinite(s.reward)]
@@ -185,6 +194,11 @@ class RunView:
             "dropped_groups": len(result.dropped),
         })
         del self._steps[:-MAX_STEPS_KEPT]
+
+    def note_metrics(self, row: Mapping[str, Any]) -> None:
+        """Keeps a step's ``metrics.jsonl`` row exactly as written (the step view shows it)."""
+        self._metrics.append(dict(row))
+        del self._metrics[:-MAX_STEPS_KEPT]
 
     def _groups(self) -> list[tuple[Group, bool]]:
         """Every Group to show, once each, with whether its step accepted it."""
@@ -225,12 +239,24 @@ class RunView:
         })
 
     def session_detail(self, session_id: str) -> dict[str, Any] | None:
-        """One shown Session's dump record (forest included), or None if no shown Group has it."""
+        """One shown Session's dump record (forest included) with its ``timeline``, or None if
+        no shown Group has it."""
         for group, _ in self._groups():
             for session in group.sessions:
                 if session.session_id == session_id:
-                    return jsonable(session_record(session))
+                    return jsonable({**session_record(session), "timeline": session_timeline(session)})
         return None
+
+    def group_detail(self, group_id: str) -> dict[str, Any] | None:
+        """One shown Group's comparison (:func:`group_comparison`), or None if not shown."""
+        for group, _ in self._groups():
+            if group.group_id == group_id:
+                return jsonable(group_comparison(group, self._last_scored.get(id(group))))
+        return None
+
+    def metrics(self) -> list[Mapping[str, Any]]:
+        """The steps' ``metrics.jsonl`` rows, oldest first (see :meth:`note_metrics`)."""
+        return jsonable(self._metrics)
 
     def steps(self) -> list[Mapping[str, Any]]:
         """The finished steps' plotted rows, oldest first (see :meth:`note_step`)."""

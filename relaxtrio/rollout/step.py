@@ -198,6 +198,9 @@ class StepResult:
             sampling filter (each replaced by new demand) or by the custom advantage function
             (those are in ``dropped`` as well).
         interrupted_groups: resident Groups paused at step close (partial rollout).
+        slowest_group_wait_s: wall seconds between the acceptance of the step's second-to-last
+            Group and its last one: the rollout waiting on its slowest Group alone (0.0 with
+            fewer than two accepted Groups).
     """
 
     rollout_id: int
@@ -209,6 +212,7 @@ class StepResult:
     barrier_warnings: int = 0
     filtered: tuple[FilterVerdict, ...] = ()
     interrupted_groups: int = 0
+    slowest_group_wait_s: float = 0.0
 
     @property
     def filtered_groups(self) -> int:
@@ -340,6 +344,7 @@ def _base_metrics(result: StepResult) -> Mapping[str, Any]:
         "interrupted_groups": float(result.interrupted_groups),
         "filtered_groups": float(result.filtered_groups),
         "rollout_s": result.rollout_s,
+        "rollout_slowest_group_wait_s": result.slowest_group_wait_s,
         "rollout_tokens_per_s": (sum(sum(s.loss_mask) for s in samples) / result.rollout_s
                                  if result.rollout_s > 0 else float("nan")),
         "prompt_indices": [g.group.prompt_index for g in result.groups],

@@ -47,6 +47,7 @@ class StepBook:
         dropped: Groups dropped during the step (those the custom advantage function filtered
             included).
         filtered: every Group filtered during the step, with the verdict.
+        accepted_at: ``time.monotonic()`` of each acceptance, in acceptance order.
     """
 
     rollout_id: int
@@ -58,6 +59,7 @@ class StepBook:
     accepted: list[ScoredGroup] = attrs.field(factory=list)
     dropped: list[Group] = attrs.field(factory=list)
     filtered: list[FilterVerdict] = attrs.field(factory=list)
+    accepted_at: list[float] = attrs.field(factory=list)
 
     @classmethod
     def open(cls, rollout_id: int, config: RolloutConfig, stages: GroupStages, *,
@@ -106,6 +108,8 @@ class StepBook:
                 log.warning("Dropped group %s: %s", group.group_id, exc)
         if isinstance(outcome, ScoredGroup):
             self.accepted.append(outcome)
+            self.accepted_at.append(time.monotonic())
+            _record_scores(outcome)
             self.bar.update(len(group.sessions))
             return outcome
         if isinstance(outcome, FilterVerdict):
@@ -134,6 +138,8 @@ class StepBook:
             rollout_s=time.monotonic() - self.started, aborted_requests=aborted,
             resident_groups=stages.resident, barrier_warnings=barrier_warnings - self.warnings_before,
             filtered=tuple(self.filtered), interrupted_groups=stages.interrupted,
+            slowest_group_wait_s=(self.accepted_at[-1] - self.accepted_at[-2]
+                                  if len(self.accepted_at) > 1 else 0.0),
         )
         log.info(agentic_event(
             "rollout", "accounting_end", rollout=self.rollout_id, groups=len(result.groups),
@@ -142,3 +148,12 @@ class StepBook:
             dropped_groups=len(self.dropped), filtered_groups=result.filtered_groups,
             aborted_requests=aborted))
         return result
+
+
+def _record_scores(scored: ScoredGroup) -> None:
+    """Adds a ``scored`` event (reward, advantage) per context to its Session's timeline."""
+    sessions = {s.session_id: s for s in scored.group.sessions}
+    for item in scored.scored:
+        session = sessions.get(item.sample.session_id)
+        if session is not None:
+            session.timeline.add("scored", item.reward, item.advantage)

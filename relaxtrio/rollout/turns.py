@@ -193,7 +193,10 @@ class EngineTurnHandler:
         self._seq += 1
         request_id = f"{turn.session_id}:t{self._seq:05d}"
         sampled = await self._sample(turn, request, request_id, prompt_ids, images, budget)
-        return self._commit(turn, request, conv, parent, prompt_ids, sampled, wall_start)
+        done = self._commit(turn, request, conv, parent, prompt_ids, sampled, wall_start)
+        turn.record("turn", request_id, wall_start, parent.state_hash, done.state_hash,
+                    done.prompt_tokens, done.completion_tokens, done.finish_reason)
+        return done
 
     async def _attach(self, turn: TurnContext, conv: Conversation) -> _Node:
         """Matches ``conv`` against the forest and commits its unmatched suffix as an observation.
@@ -302,6 +305,7 @@ class EngineTurnHandler:
                                abort_count=abort_count, generation_s=generation_s)
 
         while True:
+            gate_t = trio.current_time()
             await turn.wait_generation_allowed()
             remaining = budget - len(token_ids)
             if remaining <= 0:
@@ -324,6 +328,8 @@ class EngineTurnHandler:
                 for s in result.weight_versions
             )
             finish = effective_finish_type(token_ids, result.finish_type, stop_ids)
+            turn.record("attempt", request_id, gate_t, attempt_start, len(result.output_ids),
+                        result.weight_versions, finish)
             if finish != "abort":
                 matched = result.finish_matched
                 return sampled(finish, matched if isinstance(matched, str) else None)

@@ -278,6 +278,7 @@ async def _run_loaded(
                                            eval_sets, outputs, view, split)
                     checkpointer.note_step(rollout_id, row)
                     written = metrics.append(rollout_id, row)
+                    view.note_metrics(written)  # the dashboard's step view shows this very row
                     await trio.to_thread.run_sync(trackers.log, rollout_id, written)
                     log.info("step %d metrics %s", rollout_id,
                              json.dumps(metrics.rows[-1], sort_keys=True))

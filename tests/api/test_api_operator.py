@@ -117,7 +117,8 @@ async def test_the_operator_app_needs_its_token_and_then_shows_every_session_and
         view.watch([attacker.group, victim.group])  # type: ignore[list-item]
         token = new_operator_token()
         app = create_operator_app(view, token=token)
-        for path in ("/debug_state", "/debug_state/steps", f"/debug_state/sessions/{victim.session_id}"):
+        for path in ("/debug_state", "/debug_state/steps", f"/debug_state/sessions/{victim.session_id}",
+                     "/debug_state/groups/train:group_victim"):
             for wrong in (None, attacker.session_id, victim.session_id, token[:-1]):
                 status, body, _ = await _get(app, path, wrong)
                 assert status in (401, 404) and status != 200, (path, wrong)
@@ -135,10 +136,18 @@ async def test_the_operator_app_needs_its_token_and_then_shows_every_session_and
         assert status == 200 and detail["forest"]["num_nodes"] == 2
         assert [n["kind"] for n in detail["forest"]["nodes"]] == ["observation", "response"]
         assert SECRET in json.dumps(detail["forest"]["nodes"][0]["messages"])
+        [turn] = detail["timeline"]["requests"]  # the one request, answered from the scripted engine
+        assert turn["state_hash"] == detail["forest"]["nodes"][1]["state_hash"]
+        assert [s["kind"] for s in turn["spans"]] == ["engine"] and turn["completion_tokens"] > 0
+        status, group, _ = await _get(app, "/debug_state/groups/train:group_victim", token)
+        assert status == 200 and [s["session_id"] for s in group["sessions"]] == [victim.session_id]
+        assert group["sessions"][0]["turns"] == 1 and group["first_divergence"]["message"] is None
+        status, _, _ = await _get(app, "/debug_state/groups/train:nope", token)
+        assert status == 404
         status, missing, _ = await _get(app, "/debug_state/sessions/session-nope", token)
         assert status == 404 and missing["error"]["type"] == "not_found_error"
         status, steps, _ = await _get(app, "/debug_state/steps", token)
-        assert status == 200 and steps == {"steps": []}
+        assert status == 200 and steps == {"steps": [], "metrics": []}
 
 
 async def test_the_dashboard_page_and_assets_ship_in_the_package_without_a_cdn() -> None:
@@ -146,7 +155,8 @@ async def test_the_dashboard_page_and_assets_ship_in_the_package_without_a_cdn()
     status, page, content_type = await _get(app, "/dashboard", None)
     assert status == 200 and content_type.startswith("text/html")
     assert 'data-refresh-ms="2000"' in page and "/dashboard/static/dashboard.js" in page
-    for name, kind in (("dashboard.js", "text/javascript"), ("dashboard.css", "text/css")):
+    for name, kind in (("dashboard.js", "text/javascript"), ("views.js", "text/javascript"),
+                       ("dashboard.css", "text/css")):
         status, asset, content_type = await _get(app, f"/dashboard/static/{name}", None)
         assert status == 200 and content_type.startswith(kind) and len(asset) > 500
         assert not re.search(r"https?://(?!www\.w3\.org/2000/svg)", asset), name  # no CDN, no remote

@@ -8,6 +8,7 @@ const SVG_NS = "http://www.w3.org/2000/svg";
 const params = new URLSearchParams(location.hash.slice(1));
 const token = params.get("token") || "";
 let selected = params.get("session");
+let selectedGroup = params.get("group");
 const refreshMs = Number(document.body.dataset.refreshMs) || 2000;
 
 function el(tag, attrs, text) {
@@ -53,6 +54,8 @@ function renderState(state) {
   body.replaceChildren();
   for (const group of state.groups) {
     const row = el("tr", { class: "group", "data-group-id": group.group_id });
+    if (group.group_id === selectedGroup) row.classList.add("selected");
+    row.addEventListener("click", () => { selectedGroup = group.group_id; refresh(); });
     const sum = (key) => group.sessions.reduce((total, s) => total + s[key], 0);
     row.append(el("td", { class: "id", title: group.dropped_reason || "" }, group.group_id),
       el("td", {}, group.state), el("td", {}, group.rollout_id), el("td", {}, sum("turn_count")),
@@ -69,13 +72,17 @@ function renderState(state) {
         el("td", {}, s.status), el("td", {}, ""), el("td", {}, s.turn_count),
         el("td", {}, s.num_requests), el("td", {}, s.num_aborted), el("td", {}, s.inflight_rids.length),
         el("td", {}, s.forest_nodes), el("td", {}, agent));
-      srow.addEventListener("click", () => { selected = s.session_id; refresh(); });
+      srow.addEventListener("click", () => { selected = s.session_id; selectedGroup = group.group_id; refresh(); });
       body.append(srow);
     }
   }
   if (!selected) {  // show the first Session with a forest until the operator picks one
     const first = state.groups.flatMap((g) => g.sessions).find((s) => s.forest_nodes > 0);
     if (first) selected = first.session_id;
+  }
+  if (!selectedGroup || !state.groups.some((g) => g.group_id === selectedGroup)) {
+    const owner = state.groups.find((g) => g.sessions.some((s) => s.session_id === selected));
+    selectedGroup = owner ? owner.group_id : (state.groups[0] || {}).group_id;
   }
 }
 
@@ -179,12 +186,23 @@ async function refresh() {
   const status = document.getElementById("status");
   try {
     renderState(await getJSON("/debug_state"));
-    renderSteps((await getJSON("/debug_state/steps")).steps);
+    const steps = await getJSON("/debug_state/steps");
+    renderSteps(steps.steps);
+    renderStepView(steps.metrics);
     if (selected) {
       try {
-        renderForest(await getJSON("/debug_state/sessions/" + encodeURIComponent(selected)));
+        const record = await getJSON("/debug_state/sessions/" + encodeURIComponent(selected));
+        renderForest(record);
+        renderTimeline(record.timeline);
       } catch (err) {  // e.g. a Session no longer shown: keep the rest of the page live
         document.getElementById("forest").textContent = "forest unavailable: " + err.message;
+      }
+    }
+    if (selectedGroup) {
+      try {
+        renderGroup(await getJSON("/debug_state/groups/" + encodeURIComponent(selectedGroup)));
+      } catch (err) {
+        document.getElementById("group-view").textContent = "group unavailable: " + err.message;
       }
     }
     status.textContent = "updated " + new Date().toLocaleTimeString();
