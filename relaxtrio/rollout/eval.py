@@ -86,10 +86,18 @@ async def _run_dataset(pipeline: RolloutPipeline, dataset: EvalDataset) -> list[
 
 
 async def _run_group(pipeline: RolloutPipeline, group: Group, limit: trio.Semaphore) -> None:
+    released = False
+
+    def release() -> None:  # once: when the Sessions ended (reward work is outside C_d), or on failure
+        nonlocal released
+        if not released:
+            released = True
+            limit.release()
+
     try:
-        await pipeline.run_group(group)
+        await pipeline.run_group(group, sessions_ended=release)
     finally:
-        limit.release()
+        release()
 
 
 def _dataset_metrics(name: str, groups: Sequence[Group], config: RolloutConfig) -> dict[str, float]:

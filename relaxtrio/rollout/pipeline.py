@@ -38,7 +38,7 @@ from __future__ import annotations
 
 import functools
 import logging
-from collections.abc import AsyncIterator, Sequence
+from collections.abc import AsyncIterator, Callable, Sequence
 from contextlib import asynccontextmanager
 from typing import Any
 
@@ -92,6 +92,8 @@ class RolloutPipeline:
     watchdog: BarrierWatchdog = attrs.field(init=False)
     _permits: trio.Semaphore = attrs.field(init=False)
     _resident: list[Group] = attrs.field(factory=list)
+    _rewarding: list[Group] = attrs.field(factory=list)
+    _reward_scopes: dict[Group, trio.CancelScope] = attrs.field(factory=dict)
     _finished: list[Group] = attrs.field(factory=list)
     _changes: ChangeSignal = attrs.field(factory=ChangeSignal)
     _group_seq: int = 0
@@ -123,8 +125,9 @@ class RolloutPipeline:
     @property
     def held_groups(self) -> tuple[Group, ...]:
         """Train Groups holding a prompt no step has accounted for yet: finished after their step
-        closed (fully async), then resident; what a run checkpoint cannot save."""
-        return (*self._finished, *self._resident)
+        closed (fully async), then scoring their rewards, then resident; what a run checkpoint
+        cannot save."""
+        return (*self._finished, *self._rewarding, *self._resident)
 
     @property
     def run_end_groups(self) -> tuple[Group, ...]:
@@ -146,7 +149,7 @@ class RolloutPipeline:
 
     def group_stages(self) -> GroupStages:
         """The train Groups counted by stage (the one source of both snapshots of the pipeline)."""
-        return group_stages(self._resident, self._finished)
+        return group_stages(self._resident, [*self._rewarding, *self._finished])
 
     @property
     def barrier_warnings(self) -> int:
@@ -175,8 +178,15 @@ class RolloutPipeline:
             dataset_metadata=prompt.metadata, max_context_tokens=self.max_context_tokens,
         )
 
-    async def run_group(self, group: Group) -> None:
-        """Runs a Group's Sessions to their end under the barrier watchdog (the caller leases).
+    async def run_group(self, group: Group, *, sessions_ended: Callable[[], None] | None = None) -> None:
+        """Runs a Group's Sessions to their end under the barrier watchdog (the caller leases),
+        then its reward work.
+
+        Args:
+            group: the Group to run.
+            sessions_ended: called once every Session ended, before the reward work: reward
+                work is outside the resident capacity (docs/scheduling.md), so the caller gives
+                the Group's permit back there.
 
         Cancellation:
             Cancelling terminates every agent of the Group (shielded, bounded) before returning.
@@ -184,15 +194,30 @@ class RolloutPipeline:
         self.nursery.start_soon(self.watchdog.watch, group)
         await run_group_sessions(group, agent=self.agent, base_url=self.base_url, registry=self.registry,
                                  server_template_kwargs=self.server_template_kwargs, lease=False)
-        await score_rewards(group, self.config)
+        if sessions_ended is not None:
+            sessions_ended()
+        with trio.CancelScope() as scope:
+            self._reward_scopes[group] = scope
+            try:
+                await score_rewards(group, self.config)
+            finally:
+                del self._reward_scopes[group]
+
+    def _end_residence(self, group: Group) -> None:
+        """Gives a train Group's permit back (once): its Sessions ended, or it was cancelled."""
+        if group in self._resident:
+            self._resident.remove(group)
+            self._rewarding.append(group)
+            self._permits.release()
+            self._notify()
 
     async def _group_task(self, group: Group) -> None:
         try:
-            await self.run_group(group)
+            await self.run_group(group, sessions_ended=functools.partial(self._end_residence, group))
         finally:
-            self._permits.release()
-            if group in self._resident:
-                self._resident.remove(group)
+            self._end_residence(group)
+            if group in self._rewarding:
+                self._rewarding.remove(group)
                 self._finished.append(group)
             self._notify()
 
@@ -240,7 +265,7 @@ class RolloutPipeline:
             Groups leased or started.
         """
         leased = sum(1 for g in self._resident if g.leased)
-        gap = self.config.demand - leased - len(self._finished)
+        gap = self.config.demand - leased - len(self._rewarding) - len(self._finished)
         done = 0
         for group in [g for g in self._resident if not g.leased][:max(gap, 0)]:
             group.lease(rollout_id)
@@ -310,7 +335,7 @@ class RolloutPipeline:
                 self._update_bar(step)
             if self._finished:
                 continue  # Groups dropped at creation: account for them at once
-            if not any(g.leased for g in self._resident):
+            if not self._rewarding and not any(g.leased for g in self._resident):
                 log.warning("rollout %d ends with %d of %d groups: refill budget exhausted",
                             step.rollout_id, len(step.accepted), step.target)
                 return
@@ -343,7 +368,8 @@ class RolloutPipeline:
     def _lease_or_start(self, step: StepBook) -> None:
         """Leases prelaunched Groups, then starts new ones, up to the step's open demand."""
         leased = [g for g in self._resident if g.leased]
-        gap = self.config.demand - len(step.accepted) - len(leased) - len(self._finished)
+        gap = (self.config.demand - len(step.accepted) - len(leased) - len(self._rewarding)
+               - len(self._finished))
         for group in [g for g in self._resident if not g.leased]:
             if gap <= 0 or step.starts_left <= 0:
                 break
@@ -401,7 +427,12 @@ class RolloutPipeline:
         tail = [g for g in self._resident if g.leased or last]
         for group in tail:
             group.drop("step closed before the group finished (not needed this step)")
-        while any(not g.finished for g in tail):
+        for group in self._rewarding:  # finished, but not needed: stop its reward work
+            group.drop(f"step {step.rollout_id} closed before the group's reward work finished")
+            self._reward_scopes[group].cancel()
+            log.warning("Dropped group %s: %s", group.group_id, group.dropped_reason)
+        tail += self._rewarding
+        while any(not g.finished for g in tail) or self._rewarding:
             await self._changes.wait_past(self._changes.version)
         for group in self._finished:  # finished after the step had its target: not trained
             if not group.dropped:
