@@ -216,6 +216,11 @@ class StepResult:
         return len(self.filtered)
 
     @property
+    def contexts_per_session(self) -> int:
+        """The most contexts one Session of an accepted Group exported (0 without Groups)."""
+        return max((len(s.samples) for g in self.groups for s in g.group.sessions), default=0)
+
+    @property
     def scored(self) -> list[ScoredSample]:
         """Every scored context, Group by Group: what the trainer trains on, in its order."""
         return [s for g in self.groups for s in g.scored]

@@ -121,6 +121,7 @@ async def train_step(
     row: dict[str, Any] = dict(group_metrics(result, cfg.rollout))
     stats = None
     if result.samples and trainer is not None:
+        cfg.train.refuse_multi_context(result.contexts_per_session, rollout_id)
         train_start = time.monotonic()
         if isinstance(trainer, Trainer):
             threads = split.update_threads(busy=lambda: pipeline.groups_use_cpu)

@@ -103,15 +103,21 @@ def test_bad_combinations_are_refused_at_startup(flags, message) -> None:
         _config(*flags)
 
 
-def test_multi_context_export_without_dynamic_batching_is_refused_with_the_spec_reason() -> None:
+def test_custom_advantage_starts_without_dynamic_batching() -> None:
+    """Issue 34, contradiction 4: a single-context recipe with custom advantage needs no dynamic
+    batching, so start-up accepts it; the refusal waits for the first multi-context export."""
     path = "tests.support.credit.outcome_times_usefulness"
+    cfg = _config("--agentic-custom-advantage-path", path)
+    assert cfg.rollout.custom_advantage is not None and not cfg.train.use_dynamic_batch_size
+    cfg.train.refuse_multi_context(1, rollout_id=0)  # one context per Session: trains
     with pytest.raises(RelaxError, match="must also enable dynamic batching") as info:
-        _config("--agentic-custom-advantage-path", path)
+        cfg.train.refuse_multi_context(3, rollout_id=2)
+    assert "rollout 2: a Session exported 3 contexts" in str(info.value)
     assert "docs/export-and-credit.md#multi-context-dynamic-batching" in str(info.value)
     assert "--use-dynamic-batch-size --max-tokens-per-gpu N" in str(info.value)
     cfg = _config("--agentic-custom-advantage-path", path, "--use-dynamic-batch-size",
                   "--max-tokens-per-gpu", "8192")
-    assert cfg.rollout.custom_advantage is not None and cfg.train.use_dynamic_batch_size
+    cfg.train.refuse_multi_context(3, rollout_id=0)
 
 
 def test_reward_and_filter_flags_reach_the_rollout_config() -> None:
