@@ -57,7 +57,7 @@ async def run_eval(pipeline: RolloutPipeline, datasets: Sequence[EvalDataset]) -
     for dataset in datasets:
         groups = await _run_dataset(pipeline, dataset)
         pipeline.raise_if_engine_failed()
-        metrics.update(_dataset_metrics(dataset.name, groups, pipeline.config))
+        metrics.update(await _dataset_metrics(dataset.name, groups, pipeline.config))
     return metrics
 
 
@@ -100,13 +100,13 @@ async def _run_group(pipeline: RolloutPipeline, group: Group, limit: trio.Semaph
         release()
 
 
-def _dataset_metrics(name: str, groups: Sequence[Group], config: RolloutConfig) -> dict[str, float]:
+async def _dataset_metrics(name: str, groups: Sequence[Group], config: RolloutConfig) -> dict[str, float]:
     rewards: list[float] = []
     dropped = 0
     for group in groups:
         try:
             if not group.dropped:
-                scored = score_group(group, config)
+                scored = await score_group(group, config)
                 assert isinstance(scored, ScoredGroup)  # eval Groups are never filtered
                 rewards.extend(s.reward for s in scored.scored if s.reward is not None)
             dropped += group.dropped

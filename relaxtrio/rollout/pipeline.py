@@ -326,7 +326,7 @@ class RolloutPipeline:
         """
         while True:
             seen = self._changes.version  # a change from here on ends the wait below at once
-            self._score_finished(step)
+            await self._score_finished(step)
             if step.full:
                 return
             self._lease_or_start(step)
@@ -359,10 +359,10 @@ class RolloutPipeline:
             scored_sessions=len(step.accepted) * n, prelaunch=self.config.prelaunch,
             prepared_sessions=sum(len(g.sessions) for g in self._resident if not g.leased)))
 
-    def _score_finished(self, step: StepBook) -> None:
+    async def _score_finished(self, step: StepBook) -> None:
         """Scores and files finished Groups in finishing order until the target is reached."""
         while self._finished and not step.full:
-            if step.file(self._finished.pop(0), self.config) is not None:
+            if await step.file(self._finished.pop(0), self.config) is not None:
                 self._update_bar(step)
 
     def _lease_or_start(self, step: StepBook) -> None:

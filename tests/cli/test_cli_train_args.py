@@ -184,3 +184,12 @@ def test_stop_token_ids_outside_the_vocabulary_are_refused_at_startup(tiny_model
         _config("--hf-checkpoint", str(tiny_model_dir), "--rollout-stop-token-ids", "7", "1536", "99999")
     config = _config("--hf-checkpoint", str(tiny_model_dir), "--rollout-stop-token-ids", "7", "1535")
     assert config.generation.stop_token_ids == (7, 1535)
+
+
+def test_a_hook_with_a_wrong_signature_stops_startup_and_relax_hooks_get_the_command_line() -> None:
+    with pytest.raises(RelaxError, match=r"--dynamic-sampling-filter-path: three_arguments\(a, b, c\) does not "
+                                         r"fit the dynamic filter hook; expected fn\(samples, rewards\) or "
+                                         r"fn\(args, samples\) \(Relax\)"):
+        _config("--dynamic-sampling-filter-path", "tests.support.rewards.three_arguments")
+    cfg = _config("--custom-rm-path", "tests.support.rewards.relax_reward", "--reward-key", "score")
+    assert cfg.rollout.hook_args.reward_key == "score"  # Relax's `args`: the parsed command line
