@@ -60,7 +60,8 @@ def train_config(args: argparse.Namespace) -> TrainRunConfig:
         num_rollout=args.num_rollout, multimodal_keys=args.multimodal_keys,
         rollout=_rollout_section(args),
         eval=EvalConfig(datasets=eval_sets, interval=args.eval_interval,
-                        agentic_eval_concurrency=args.agentic_eval_concurrency),
+                        agentic_eval_concurrency=args.agentic_eval_concurrency,
+                        max_context_tokens=args.eval_max_context_len),
         agent_external_slots=args.agent_external_slots,
         skip_capacity_check=args.skip_capacity_check,
         generation=_generation_section(args),
@@ -214,7 +215,8 @@ def _check_flags(args: argparse.Namespace) -> None:
                  "engine_max_running_requests"):
         _need(getattr(args, flag) >= 1, f"--{flag.replace('_', '-')} must be >= 1")
     for flag in ("agentic_concurrency", "agentic_eval_concurrency", "over_sampling_batch_size",
-                 "partial_rollout_max_aborted_count", "rollout_max_context_len", "agent_external_slots"):
+                 "partial_rollout_max_aborted_count", "rollout_max_context_len", "eval_max_context_len",
+                 "agent_external_slots"):
         value = getattr(args, flag)
         _need(value is None or value >= 1, f"--{flag.replace('_', '-')} must be >= 1")
     for flag in ("engine_num_threads", "trainer_num_threads"):

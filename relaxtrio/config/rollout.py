@@ -29,11 +29,14 @@ class EvalConfig:
             eval. Datasets run serially.
         interval: evaluate after every ``interval`` steps (and never when 0).
         agentic_eval_concurrency: eval Groups at once (default: ceil(T / G_d)).
+        max_context_tokens: training-token limit of each eval Session's lineages
+            (``--eval-max-context-len``); None: the train limit.
     """
 
     datasets: tuple[tuple[str, Path, int], ...] = ()
     interval: int = 0
     agentic_eval_concurrency: int | None = None
+    max_context_tokens: int | None = None
 
 
 @attrs.frozen(kw_only=True)

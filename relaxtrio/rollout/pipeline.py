@@ -159,8 +159,10 @@ class RolloutPipeline:
     def _notify(self) -> None:
         self._changes.notify()
 
-    def make_group(self, prompt: Prompt, mode: RolloutMode = "train", n: int | None = None) -> Group:
-        """Builds the Group (n Sessions) for one prompt.
+    def make_group(self, prompt: Prompt, mode: RolloutMode = "train", n: int | None = None, *,
+                   max_context_tokens: int | None = None) -> Group:
+        """Builds the Group (n Sessions) for one prompt; ``max_context_tokens`` replaces the
+        pipeline's limit when given (eval's ``--eval-max-context-len``).
 
         A prompt whose input cannot be built (e.g. an image file that disappeared) gives a Group
         that is already dropped, with the reason; the caller does not run it.
@@ -175,7 +177,8 @@ class RolloutPipeline:
         return Group.create(
             group_id, num_sessions=n or self.config.n_samples_per_prompt, input_payload=payload,
             timeout_s=self.agent.timeout_s, mode=mode, prompt_index=prompt.index,
-            dataset_metadata=prompt.metadata, max_context_tokens=self.max_context_tokens,
+            dataset_metadata=prompt.metadata,
+            max_context_tokens=max_context_tokens or self.max_context_tokens,
         )
 
     async def run_group(self, group: Group, *, sessions_ended: Callable[[], None] | None = None) -> None:

@@ -174,12 +174,14 @@ def _collect(records: Iterable[Mapping[str, Any]], skip: Callable[[str], bool]) 
     return fields
 
 
-def reward_metrics(samples: Sequence[TrainingSample], reward_key: str | None) -> dict[str, float]:
+def reward_metrics(samples: Sequence[TrainingSample], reward_key: str | None, *,
+                   prefix: str = "rollout/") -> dict[str, float]:
     """``rollout/raw_reward`` and ``rollout/<field>/mean|median|max|min`` of reward objects.
 
     Args:
         samples: the step's samples (contexts without a reward are skipped).
         reward_key: the primary key of object rewards.
+        prefix: replaces ``rollout/`` (eval: ``eval/<dataset>/``).
 
     Returns:
         ``rollout/raw_reward``: the mean primary reward (omitted when no sample has one); one
@@ -193,10 +195,10 @@ def reward_metrics(samples: Sequence[TrainingSample], reward_key: str | None) ->
             raw.append(scalar_reward(sample.reward, reward_key))
         except ExportError:
             continue  # an object without the primary key: still its helper fields below
-    out = {"rollout/raw_reward": math.fsum(raw) / len(raw)} if raw else {}
+    out = {f"{prefix}raw_reward": math.fsum(raw) / len(raw)} if raw else {}
     objects = [s.reward for s in samples if isinstance(s.reward, Mapping)]
     for field, values in sorted(_collect(objects, lambda key: False).items()):
-        out.update(summary_metrics(f"rollout/{field}", values))
+        out.update(summary_metrics(f"{prefix}{field}", values))
     return out
 
 

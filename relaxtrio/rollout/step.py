@@ -96,11 +96,14 @@ def _score_eval(group: Group, config: RolloutConfig) -> ScoredGroup:
     """An eval Group's rewards: never custom advantage, never a filter.
 
     Only contexts with a reward are scored (evaluation often exports only ``main``); the
-    primary value uses ``eval_reward_key`` (else ``reward_key``). Advantages are all 0.0.
+    primary value uses ``eval_reward_key`` (else ``reward_key``). Advantages are all 0.0. A
+    Session that failed or was cancelled is skipped (eval counts it; its siblings still count).
     """
     key = config.eval_reward_key if config.eval_reward_key is not None else config.reward_key
     scored: list[ScoredSample] = []
     for session in group.sessions:
+        if session.status in ("failed", "cancelled"):
+            continue
         num_rewarded = 0
         for sample in session.samples:
             reward = sample.reward
