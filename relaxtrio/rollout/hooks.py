@@ -95,7 +95,8 @@ def hook_style(fn: Callable[..., Any], kind: HookKind, *, flag: str) -> HookStyl
     except (TypeError, ValueError):  # a builtin without introspection: trust relaxtrio's shape
         return "relaxtrio"
     params = list(signature.parameters.values())
-    first = params[0].name if params else None
+    positional = (inspect.Parameter.POSITIONAL_ONLY, inspect.Parameter.POSITIONAL_OR_KEYWORD)
+    first = params[0].name if params and params[0].kind in positional else None
     ours, theirs = HOOK_SHAPES[kind]
     fits = {n: _binds(signature, n) for n in (1, 2)}
     relax_arity, our_arity = 2, (2 if kind == "dynamic_filter" else 1)

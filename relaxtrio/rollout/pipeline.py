@@ -2,7 +2,7 @@
 
 * **Capacity.** ``agentic_concurrency`` resident Group permits, shared by Prepare (agents started,
   waiting for the lease) and Runtime (leased). A permit is taken when a Group starts and given
-  back when its last Session ended (completed or dropped).
+  back when its last Session ended (completed or dropped), before its reward work.
 * **Steps.** :meth:`RolloutPipeline.run_step` starts (or leases) Groups until
   ``rollout_batch_size`` of them completed and were scored; a dropped Group is logged, counted and
   replaced while the refill budget lasts. A Group the dynamic sampling filter drops is
