@@ -31,7 +31,7 @@ from ..config import (
 from ..cpu_threads import MAX_THREADS
 from ..nursery.agent import parse_agent_env
 from ..rollout.dumps import check_dump_template
-from ..rollout.hooks import load_function
+from ..rollout.hooks import HookKind, load_hook
 from ..run.trackers import check_trackers_installed
 from .algorithm_flags import train_section
 from .cluster_flags import with_cluster_flags
@@ -60,7 +60,8 @@ def train_config(args: argparse.Namespace) -> TrainRunConfig:
         num_rollout=args.num_rollout, multimodal_keys=args.multimodal_keys,
         rollout=_rollout_section(args),
         eval=EvalConfig(datasets=eval_sets, interval=args.eval_interval,
-                        agentic_eval_concurrency=args.agentic_eval_concurrency),
+                        agentic_eval_concurrency=args.agentic_eval_concurrency,
+                        max_context_tokens=args.eval_max_context_len),
         agent_external_slots=args.agent_external_slots,
         skip_capacity_check=args.skip_capacity_check,
         generation=_generation_section(args),
@@ -84,8 +85,8 @@ def train_config(args: argparse.Namespace) -> TrainRunConfig:
     return with_cluster_flags(_with_checkpoint_flags(config, args), args)
 
 
-def _hook(path: str | None, flag: str) -> Callable[..., Any] | None:
-    return load_function(path, flag=flag) if path else None
+def _hook(path: str | None, flag: str, kind: HookKind) -> Callable[..., Any] | None:
+    return load_hook(path, flag=flag, kind=kind) if path else None
 
 
 def _rollout_section(args: argparse.Namespace) -> RolloutConfig:
@@ -102,11 +103,15 @@ def _rollout_section(args: argparse.Namespace) -> RolloutConfig:
         eval_reward_key=args.eval_reward_key,
         group_rm=args.group_rm,
         log_passrate=args.log_passrate,
-        dynamic_filter=_hook(args.dynamic_sampling_filter_path, "--dynamic-sampling-filter-path"),
+        dynamic_filter=_hook(args.dynamic_sampling_filter_path, "--dynamic-sampling-filter-path",
+                             "dynamic_filter"),
         advantage_estimator=args.advantage_estimator,
         grpo_std_normalization=not args.disable_grpo_std_normalization,
-        custom_rm=_hook(args.custom_rm_path, "--custom-rm-path"),
-        custom_advantage=_hook(args.agentic_custom_advantage_path, "--agentic-custom-advantage-path"),
+        custom_rm=_hook(args.custom_rm_path, "--custom-rm-path",
+                        "group_reward" if args.group_rm else "reward"),
+        custom_advantage=_hook(args.agentic_custom_advantage_path, "--agentic-custom-advantage-path",
+                               "custom_advantage"),
+        hook_args=args,
     )
 
 
@@ -210,7 +215,8 @@ def _check_flags(args: argparse.Namespace) -> None:
                  "engine_max_running_requests"):
         _need(getattr(args, flag) >= 1, f"--{flag.replace('_', '-')} must be >= 1")
     for flag in ("agentic_concurrency", "agentic_eval_concurrency", "over_sampling_batch_size",
-                 "partial_rollout_max_aborted_count", "rollout_max_context_len", "agent_external_slots"):
+                 "partial_rollout_max_aborted_count", "rollout_max_context_len", "eval_max_context_len",
+                 "agent_external_slots"):
         value = getattr(args, flag)
         _need(value is None or value >= 1, f"--{flag.replace('_', '-')} must be >= 1")
     for flag in ("engine_num_threads", "trainer_num_threads"):

@@ -91,6 +91,8 @@ def _add_data_flags(p: argparse.ArgumentParser) -> None:
     g.add_argument("--n-samples-per-eval-prompt", type=int, nargs="+", default=[1],
                    help="Sessions per eval Group: one value for every dataset, or one per dataset")
     g.add_argument("--eval-interval", type=int, default=0, help="evaluate every N steps (0: never)")
+    g.add_argument("--eval-max-context-len", type=int, default=None,
+                   help="training tokens per context of eval Sessions (unset: as in training)")
 
 
 def _add_agent_flags(p: argparse.ArgumentParser) -> None:
@@ -104,7 +106,7 @@ def _add_agent_flags(p: argparse.ArgumentParser) -> None:
                    help="shell command run as `bash -lc` per Session")
     g.add_argument("--agent-env", nargs="+", default=[], metavar="KEY=VALUE",
                    help="extra environment for agents (RELAX_ keys are reserved)")
-    g.add_argument("--agent-timeout", type=float, default=600.0,
+    g.add_argument("--agent-timeout", type=float, default=1800.0,
                    help="active-time budget per Session, seconds")
     g.add_argument("--agent-first-request-timeout", type=float, default=600.0, metavar="S",
                    help="seconds an agent may run before its first model request; then it is "

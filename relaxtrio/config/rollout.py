@@ -29,11 +29,14 @@ class EvalConfig:
             eval. Datasets run serially.
         interval: evaluate after every ``interval`` steps (and never when 0).
         agentic_eval_concurrency: eval Groups at once (default: ceil(T / G_d)).
+        max_context_tokens: training-token limit of each eval Session's lineages
+            (``--eval-max-context-len``); None: the train limit.
     """
 
     datasets: tuple[tuple[str, Path, int], ...] = ()
     interval: int = 0
     agentic_eval_concurrency: int | None = None
+    max_context_tokens: int | None = None
 
 
 @attrs.frozen(kw_only=True)
@@ -76,6 +79,8 @@ class RolloutConfig:
             ``8 * rollout_batch_size``), so a filter that rejects everything cannot spin forever.
         custom_advantage: per-context credit function (see :mod:`relaxtrio.rollout.hooks`);
             required when a Session exports more than one context.
+        hook_args: what a hook with Relax's signature gets as its first argument, ``args``
+            (the parsed command line; see :mod:`relaxtrio.rollout.hooks`).
         show_progress: whether to draw the tqdm progress bar.
         advantage_estimator: how a Group's rewards become each context's base credit
             (``--advantage-estimator``, see :mod:`relaxtrio.rollout.advantages`); bypassed by
@@ -107,6 +112,7 @@ class RolloutConfig:
     dynamic_filter: Callable[..., Any] | None = None
     max_filtered_groups: int | None = attrs.field(default=None, validator=optional_non_negative_int)
     custom_advantage: Callable[..., Any] | None = None
+    hook_args: Any = attrs.field(default=None, eq=False, repr=False)
     show_progress: bool = True
     advantage_estimator: AdvantageEstimator = attrs.field(
         default="grpo", validator=one_of(ADVANTAGE_ESTIMATORS)

@@ -17,7 +17,7 @@ from .fleet import FleetConfig
 from .generation import GenerationConfig
 from .rollout import EvalConfig, RolloutConfig
 from .trackers import TrackerConfig
-from .trainer import ESTIMATORS_WITH_KL_SHAPING, MULTI_CONTEXT_NEEDS_DYNAMIC_BATCHING, TrainConfig
+from .trainer import ESTIMATORS_WITH_KL_SHAPING, TrainConfig
 
 __all__ = [
     "TrainRunConfig",
@@ -117,8 +117,6 @@ class TrainRunConfig:
 
     def __attrs_post_init__(self) -> None:
         estimator = self.rollout.advantage_estimator
-        if self.rollout.custom_advantage is not None and not self.train.use_dynamic_batch_size:
-            raise ConfigError(MULTI_CONTEXT_NEEDS_DYNAMIC_BATCHING, param="use_dynamic_batch_size")
         if self.train.lora_rank > 0 and (self.save_dir is not None or self.load_dir is not None):
             raise ConfigError(
                 "--lora-rank cannot be combined with --save / --load yet: a run checkpoint holds "

@@ -60,12 +60,12 @@ KlLossType = Literal["k1", "k2", "k3", "low_var_kl"]
 
 
 MULTI_CONTEXT_NEEDS_DYNAMIC_BATCHING: Final = (
-    "--agentic-custom-advantage-path means a Session may export more than one context, and a "
-    "recipe that may export several contexts from a Session must also enable dynamic batching "
+    "a recipe that exports several contexts from a Session must also enable dynamic batching "
     "(--use-dynamic-batch-size --max-tokens-per-gpu N): the number of training rows, and their "
     "lengths, then vary from Session to Session and step to step, so micro-batches are packed by "
     "a token budget rather than a fixed sample count (docs/export-and-credit.md#multi-context-dynamic-batching)."
 )
+"""Why :meth:`TrainConfig.refuse_multi_context` refuses (the first multi-context export)."""
 
 
 def _non_negative_int(instance: Any, attribute: attrs.Attribute, value: int) -> None:
@@ -275,6 +275,24 @@ class TrainConfig:
         refuse(not self.lora_target_modules or not all(isinstance(m, str) and m for m in self.lora_target_modules),
                "--lora-target-modules needs at least one module name (or all-linear).",
                "lora_target_modules")
+
+    def refuse_multi_context(self, contexts_per_session: int, rollout_id: int) -> None:
+        """Refuses to train a step in which a Session exported several contexts, unless dynamic
+        batching is on. Checked on each step's samples rather than at start-up, so a
+        single-context recipe with custom advantage needs no dynamic batching.
+
+        Args:
+            contexts_per_session: the most contexts one Session of the step exported.
+            rollout_id: the step (named in the message).
+
+        Raises:
+            ConfigError: ``param="use_dynamic_batch_size"``, with
+                :data:`MULTI_CONTEXT_NEEDS_DYNAMIC_BATCHING` as the reason.
+        """
+        if contexts_per_session > 1 and not self.use_dynamic_batch_size:
+            raise ConfigError(f"rollout {rollout_id}: a Session exported {contexts_per_session} "
+                              f"contexts; {MULTI_CONTEXT_NEEDS_DYNAMIC_BATCHING}",
+                              param="use_dynamic_batch_size")
 
     @property
     def needs_reference_model(self) -> bool:

@@ -308,8 +308,13 @@ class Group:
         await self._finished.wait()
 
     def session_failed(self, session: Session) -> None:
-        """Drops the Group because ``session`` failed, cancelling every sibling."""
-        self.drop(f"session {session.index} ({session.session_id}) failed: {session.error}")
+        """Drops the Group because ``session`` failed, cancelling every sibling. An eval Group
+        is not trained on as a whole: it keeps its other Sessions (the failed one counts as past
+        the first-request barrier), and the failed one is counted where the Group is scored."""
+        if self.mode != "eval":
+            self.drop(f"session {session.index} ({session.session_id}) failed: {session.error}")
+        else:  # it will send no (more) requests: the barrier must not wait for it
+            self.note_request(session)
 
     def drop(self, reason: str) -> None:
         """Drops the Group (first reason wins) and cancels every Session still running."""
@@ -365,7 +370,7 @@ async def run_group(
                     await nursery.start(start, session)
                 if lease:
                     group.lease()
-        if group.dropped_reason is None:
+        if group.dropped_reason is None and group.mode != "eval":
             incomplete = [s for s in group.sessions if s.status != "completed"]
             if incomplete:
                 group.dropped_reason = f"session {incomplete[0].index} ended as {incomplete[0].status}"

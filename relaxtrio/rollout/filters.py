@@ -2,8 +2,10 @@
 
 ``--dynamic-sampling-filter-path pkg.mod.fn`` names ``fn(samples, rewards)``: the Group's
 samples (Session order, then export order, reward-model rewards applied) and their primary
-rewards (None for a context without reward). It returns ``True`` (keep), ``False`` (drop), or a
-:class:`DynamicFilterOutput` with a reason. Scoring returns a drop as a :class:`FilterVerdict`
+rewards (None for a context without reward); or Relax's ``fn(args, samples)``; sync or async
+(:mod:`relaxtrio.rollout.hooks`). It returns ``True`` (keep), ``False`` (drop), or a
+:class:`DynamicFilterOutput` with a reason (any object with ``keep`` and ``reason``, such as
+Relax's, is read the same way). Scoring returns a drop as a :class:`FilterVerdict`
 (as it does the custom advantage function's None). A dropped Group is *filtered*, not dropped:
 it is logged (``Filtered 1 group``), counted as ``rollout/dynamic_filter/drop_<reason>``, and it
 is new demand: the step starts another Group in its place. Filters run for train Groups only.
@@ -20,8 +22,8 @@ from typing import TYPE_CHECKING, Any, Literal
 
 import attrs
 
-from .._errors import ExportError
 from ..forest import TrainingSample
+from .hooks import HookError, call_hook
 
 if TYPE_CHECKING:
     from ..nursery.group import Group
@@ -108,29 +110,33 @@ def check_reward_nonzero_std(
     return DynamicFilterOutput(keep=False, reason="zero_std")
 
 
-def run_dynamic_filter(
-    fn: DynamicFilter, samples: Sequence[TrainingSample], rewards: Sequence[float | None]
+async def run_dynamic_filter(
+    fn: DynamicFilter, samples: Sequence[TrainingSample], rewards: Sequence[float | None],
+    *, hook_args: Any = None,
 ) -> DynamicFilterOutput:
-    """Runs a filter on a scored Group.
+    """Runs a filter on a scored Group (:func:`~relaxtrio.rollout.hooks.call_hook`).
+
+    Args:
+        fn: the filter, in either shape.
+        samples: the Group's samples.
+        rewards: their primary rewards.
+        hook_args: ``args`` of a Relax-shaped filter.
 
     Returns:
         The verdict, its reason made metric-safe (characters outside ``[A-Za-z0-9_]`` become
         ``_``; an empty reason becomes None, and a kept Group has none).
 
     Raises:
-        ExportError: the filter raised, or returned something other than a bool or a
-            :class:`DynamicFilterOutput`.
+        HookError: the filter raised, or returned something other than a bool or a verdict.
     """
-    try:
-        verdict = fn(list(samples), list(rewards))
-    except Exception as exc:  # the user's filter: its bug drops this Group, not the run
-        raise ExportError(f"dynamic sampling filter raised {type(exc).__name__}: {exc}") from exc
+    verdict = await call_hook(fn, "dynamic_filter", list(samples), list(rewards), hook_args=hook_args)
     if isinstance(verdict, bool):
         verdict = DynamicFilterOutput(keep=verdict)
-    if not isinstance(verdict, DynamicFilterOutput):
-        raise ExportError("dynamic sampling filter must return a bool or a DynamicFilterOutput, "
-                          f"got {type(verdict).__name__}")
-    if verdict.keep:
+    keep, reason = getattr(verdict, "keep", None), getattr(verdict, "reason", None)
+    if not isinstance(keep, bool) or not (reason is None or isinstance(reason, str)):
+        raise HookError("dynamic_filter", "the dynamic sampling filter must return a bool or a "
+                        f"DynamicFilterOutput(keep, reason), got {type(verdict).__name__}")
+    if keep:
         return DynamicFilterOutput(keep=True)
-    reason = None if verdict.reason is None else re.sub(r"[^A-Za-z0-9_]", "_", verdict.reason) or None
+    reason = None if reason is None else re.sub(r"[^A-Za-z0-9_]", "_", reason) or None
     return DynamicFilterOutput(keep=False, reason=reason)

@@ -2,7 +2,7 @@
 
 * **Capacity.** ``agentic_concurrency`` resident Group permits, shared by Prepare (agents started,
   waiting for the lease) and Runtime (leased). A permit is taken when a Group starts and given
-  back when its last Session ended (completed or dropped).
+  back when its last Session ended (completed or dropped), before its reward work.
 * **Steps.** :meth:`RolloutPipeline.run_step` starts (or leases) Groups until
   ``rollout_batch_size`` of them completed and were scored; a dropped Group is logged, counted and
   replaced while the refill budget lasts. A Group the dynamic sampling filter drops is
@@ -38,7 +38,7 @@ from __future__ import annotations
 
 import functools
 import logging
-from collections.abc import AsyncIterator, Sequence
+from collections.abc import AsyncIterator, Callable, Sequence
 from contextlib import asynccontextmanager
 from typing import Any
 
@@ -92,6 +92,8 @@ class RolloutPipeline:
     watchdog: BarrierWatchdog = attrs.field(init=False)
     _permits: trio.Semaphore = attrs.field(init=False)
     _resident: list[Group] = attrs.field(factory=list)
+    _rewarding: list[Group] = attrs.field(factory=list)
+    _reward_scopes: dict[Group, trio.CancelScope] = attrs.field(factory=dict)
     _finished: list[Group] = attrs.field(factory=list)
     _changes: ChangeSignal = attrs.field(factory=ChangeSignal)
     _group_seq: int = 0
@@ -123,8 +125,9 @@ class RolloutPipeline:
     @property
     def held_groups(self) -> tuple[Group, ...]:
         """Train Groups holding a prompt no step has accounted for yet: finished after their step
-        closed (fully async), then resident; what a run checkpoint cannot save."""
-        return (*self._finished, *self._resident)
+        closed (fully async), then scoring their rewards, then resident; what a run checkpoint
+        cannot save."""
+        return (*self._finished, *self._rewarding, *self._resident)
 
     @property
     def run_end_groups(self) -> tuple[Group, ...]:
@@ -146,7 +149,7 @@ class RolloutPipeline:
 
     def group_stages(self) -> GroupStages:
         """The train Groups counted by stage (the one source of both snapshots of the pipeline)."""
-        return group_stages(self._resident, self._finished)
+        return group_stages(self._resident, [*self._rewarding, *self._finished])
 
     @property
     def barrier_warnings(self) -> int:
@@ -156,8 +159,10 @@ class RolloutPipeline:
     def _notify(self) -> None:
         self._changes.notify()
 
-    def make_group(self, prompt: Prompt, mode: RolloutMode = "train", n: int | None = None) -> Group:
-        """Builds the Group (n Sessions) for one prompt.
+    def make_group(self, prompt: Prompt, mode: RolloutMode = "train", n: int | None = None, *,
+                   max_context_tokens: int | None = None) -> Group:
+        """Builds the Group (n Sessions) for one prompt; ``max_context_tokens`` replaces the
+        pipeline's limit when given (eval's ``--eval-max-context-len``).
 
         A prompt whose input cannot be built (e.g. an image file that disappeared) gives a Group
         that is already dropped, with the reason; the caller does not run it.
@@ -172,11 +177,19 @@ class RolloutPipeline:
         return Group.create(
             group_id, num_sessions=n or self.config.n_samples_per_prompt, input_payload=payload,
             timeout_s=self.agent.timeout_s, mode=mode, prompt_index=prompt.index,
-            dataset_metadata=prompt.metadata, max_context_tokens=self.max_context_tokens,
+            dataset_metadata=prompt.metadata,
+            max_context_tokens=max_context_tokens or self.max_context_tokens,
         )
 
-    async def run_group(self, group: Group) -> None:
-        """Runs a Group's Sessions to their end under the barrier watchdog (the caller leases).
+    async def run_group(self, group: Group, *, sessions_ended: Callable[[], None] | None = None) -> None:
+        """Runs a Group's Sessions to their end under the barrier watchdog (the caller leases),
+        then its reward work.
+
+        Args:
+            group: the Group to run.
+            sessions_ended: called once every Session ended, before the reward work: reward
+                work is outside the resident capacity (docs/scheduling.md), so the caller gives
+                the Group's permit back there.
 
         Cancellation:
             Cancelling terminates every agent of the Group (shielded, bounded) before returning.
@@ -184,15 +197,30 @@ class RolloutPipeline:
         self.nursery.start_soon(self.watchdog.watch, group)
         await run_group_sessions(group, agent=self.agent, base_url=self.base_url, registry=self.registry,
                                  server_template_kwargs=self.server_template_kwargs, lease=False)
-        await score_rewards(group, self.config)
+        if sessions_ended is not None:
+            sessions_ended()
+        with trio.CancelScope() as scope:
+            self._reward_scopes[group] = scope
+            try:
+                await score_rewards(group, self.config)
+            finally:
+                del self._reward_scopes[group]
+
+    def _end_residence(self, group: Group) -> None:
+        """Gives a train Group's permit back (once): its Sessions ended, or it was cancelled."""
+        if group in self._resident:
+            self._resident.remove(group)
+            self._rewarding.append(group)
+            self._permits.release()
+            self._notify()
 
     async def _group_task(self, group: Group) -> None:
         try:
-            await self.run_group(group)
+            await self.run_group(group, sessions_ended=functools.partial(self._end_residence, group))
         finally:
-            self._permits.release()
-            if group in self._resident:
-                self._resident.remove(group)
+            self._end_residence(group)
+            if group in self._rewarding:
+                self._rewarding.remove(group)
                 self._finished.append(group)
             self._notify()
 
@@ -240,7 +268,7 @@ class RolloutPipeline:
             Groups leased or started.
         """
         leased = sum(1 for g in self._resident if g.leased)
-        gap = self.config.demand - leased - len(self._finished)
+        gap = self.config.demand - leased - len(self._rewarding) - len(self._finished)
         done = 0
         for group in [g for g in self._resident if not g.leased][:max(gap, 0)]:
             group.lease(rollout_id)
@@ -301,7 +329,7 @@ class RolloutPipeline:
         """
         while True:
             seen = self._changes.version  # a change from here on ends the wait below at once
-            self._score_finished(step)
+            await self._score_finished(step)
             if step.full:
                 return
             self._lease_or_start(step)
@@ -310,7 +338,7 @@ class RolloutPipeline:
                 self._update_bar(step)
             if self._finished:
                 continue  # Groups dropped at creation: account for them at once
-            if not any(g.leased for g in self._resident):
+            if not self._rewarding and not any(g.leased for g in self._resident):
                 log.warning("rollout %d ends with %d of %d groups: refill budget exhausted",
                             step.rollout_id, len(step.accepted), step.target)
                 return
@@ -334,16 +362,17 @@ class RolloutPipeline:
             scored_sessions=len(step.accepted) * n, prelaunch=self.config.prelaunch,
             prepared_sessions=sum(len(g.sessions) for g in self._resident if not g.leased)))
 
-    def _score_finished(self, step: StepBook) -> None:
+    async def _score_finished(self, step: StepBook) -> None:
         """Scores and files finished Groups in finishing order until the target is reached."""
         while self._finished and not step.full:
-            if step.file(self._finished.pop(0), self.config) is not None:
+            if await step.file(self._finished.pop(0), self.config) is not None:
                 self._update_bar(step)
 
     def _lease_or_start(self, step: StepBook) -> None:
         """Leases prelaunched Groups, then starts new ones, up to the step's open demand."""
         leased = [g for g in self._resident if g.leased]
-        gap = self.config.demand - len(step.accepted) - len(leased) - len(self._finished)
+        gap = (self.config.demand - len(step.accepted) - len(leased) - len(self._rewarding)
+               - len(self._finished))
         for group in [g for g in self._resident if not g.leased]:
             if gap <= 0 or step.starts_left <= 0:
                 break
@@ -401,7 +430,12 @@ class RolloutPipeline:
         tail = [g for g in self._resident if g.leased or last]
         for group in tail:
             group.drop("step closed before the group finished (not needed this step)")
-        while any(not g.finished for g in tail):
+        for group in self._rewarding:  # finished, but not needed: stop its reward work
+            group.drop(f"step {step.rollout_id} closed before the group's reward work finished")
+            self._reward_scopes[group].cancel()
+            log.warning("Dropped group %s: %s", group.group_id, group.dropped_reason)
+        tail += self._rewarding
+        while any(not g.finished for g in tail) or self._rewarding:
             await self._changes.wait_past(self._changes.version)
         for group in self._finished:  # finished after the step had its target: not trained
             if not group.dropped:

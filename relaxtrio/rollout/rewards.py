@@ -10,15 +10,16 @@ Reward model (``--custom-rm-path``; docs/export-and-credit.md#reward-models):
   flattened samples in Session order, then export order; it writes every sample's reward.
 
 A reward is a finite number or an object (a mapping with the ``--reward-key`` primary value and
-numeric helper fields). Either hook may be a plain function (run in a worker thread, so a slow
+numeric helper fields). Either hook may have relaxtrio's or Relax's signature (``fn(args,
+sample)``, ``fn(args, samples)``), and be a plain function (run in a worker thread, so a slow
 scorer never blocks the trio loop) or an ``async def`` (awaited; ordinary RM calls of one Group
-then run concurrently). A hook that raises, or answers in the wrong shape, drops the Group with
-the reason (the Group's agents did their work; the user's scorer did not).
+then run concurrently); see :mod:`relaxtrio.rollout.hooks`. A hook that raises, or answers in
+the wrong shape, drops the Group with the reason (the Group's agents did their work; the user's
+scorer did not).
 """
 
 from __future__ import annotations
 
-import inspect
 import logging
 import math
 import statistics
@@ -33,6 +34,7 @@ from ..config import RolloutConfig
 from ..forest import TrainingSample
 from ..nursery.group import Group
 from .advantages import scalar_reward
+from .hooks import HookError, HookKind, call_hook, is_async_hook
 
 __all__ = [
     "METADATA_METRIC_SKIP",
@@ -51,22 +53,12 @@ METADATA_METRIC_SKIP: Final = frozenset({
 """Top-level export metadata fields that are identifiers or bookkeeping, never metrics."""
 
 
-async def _call(fn: Callable[..., Any], arg: Any) -> Any:
-    """``fn(arg)``: awaited when async, else in a worker thread (awaiting what it returns)."""
-    if inspect.iscoroutinefunction(fn):
-        return await fn(arg)
-    result = await trio.to_thread.run_sync(fn, arg)
-    if inspect.isawaitable(result):
-        result = await result
-    return result
-
-
-def _check_reward(value: Any, where: str) -> Any:
+def _check_reward(value: Any, where: str, kind: HookKind) -> Any:
     """A reward model's answer: a finite number or an object (mapping with string keys)."""
     if isinstance(value, Mapping) and all(isinstance(k, str) for k in value):
         return dict(value)
     if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value):
-        raise ExportError(f"{where} must return a finite number or a reward object, got {value!r}")
+        raise HookError(kind, f"{where} must return a finite number or a reward object, got {value!r}")
     return float(value)
 
 
@@ -90,40 +82,38 @@ async def score_rewards(group: Group, config: RolloutConfig) -> None:
         return
     try:
         if config.group_rm:
-            await _score_group_rm(group, fn)
+            await _score_group_rm(group, fn, config.hook_args)
         elif not (group.mode == "train" and config.custom_advantage is not None):
-            await _score_each(group, fn)
-    except ExportError as exc:
-        group.drop(f"reward model: {exc}")
-        log.warning("Dropped group %s: %s", group.group_id, group.dropped_reason)
-    except Exception as exc:  # the user's scorer: its bug drops this Group, not the run
-        group.drop(f"reward model raised {type(exc).__name__}: {exc}")
-        log.warning("Dropped group %s: %s", group.group_id, group.dropped_reason, exc_info=True)
+            await _score_each(group, fn, config.hook_args)
+    except HookError as exc:
+        group.drop(str(exc))
+        log.warning("Dropped group %s: %s", group.group_id, group.dropped_reason,
+                    exc_info=exc.__cause__ is not None)
 
 
-async def _score_group_rm(group: Group, fn: Callable[..., Any]) -> None:
+async def _score_group_rm(group: Group, fn: Callable[..., Any], hook_args: Any) -> None:
     slots = [(session, i) for session in group.sessions for i in range(len(session.samples))]
     samples = [session.samples[i] for session, i in slots]
-    rewards = await _call(fn, samples)
+    rewards = await call_hook(fn, "group_reward", samples, hook_args=hook_args)
     if not isinstance(rewards, (list, tuple)) or len(rewards) != len(samples):
         got = f"{type(rewards).__name__}" + (f" of {len(rewards)}" if isinstance(rewards, (list, tuple)) else "")
-        raise ExportError(f"the group reward model must return a list of {len(samples)} rewards "
-                          f"(one per exported sample, Session order then export order), got {got}")
+        raise HookError("group_reward", f"the group reward model must return a list of {len(samples)} "
+                        f"rewards (one per exported sample, Session order then export order), got {got}")
     for k, ((session, i), value) in enumerate(zip(slots, rewards, strict=True)):
-        reward = _check_reward(value, f"the group reward model (item {k})")
+        reward = _check_reward(value, f"the group reward model (item {k})", "group_reward")
         session.samples[i] = attrs.evolve(session.samples[i], reward=reward)
 
 
-async def _score_each(group: Group, fn: Callable[..., Any]) -> None:
+async def _score_each(group: Group, fn: Callable[..., Any], hook_args: Any) -> None:
     todo = [(session, i) for session in group.sessions
             for i, sample in enumerate(session.samples) if sample.reward is None]
 
     async def one(session: Any, i: int) -> None:
-        value = await _call(fn, session.samples[i])
-        reward = _check_reward(value, f"the reward model (session {session.index})")
+        value = await call_hook(fn, "reward", session.samples[i], hook_args=hook_args)
+        reward = _check_reward(value, f"the reward model (session {session.index})", "reward")
         session.samples[i] = attrs.evolve(session.samples[i], reward=reward)
 
-    if inspect.iscoroutinefunction(fn):
+    if is_async_hook(fn):
         errors: list[Exception] = []
 
         async def guarded(session: Any, i: int) -> None:
@@ -184,12 +174,14 @@ def _collect(records: Iterable[Mapping[str, Any]], skip: Callable[[str], bool]) 
     return fields
 
 
-def reward_metrics(samples: Sequence[TrainingSample], reward_key: str | None) -> dict[str, float]:
+def reward_metrics(samples: Sequence[TrainingSample], reward_key: str | None, *,
+                   prefix: str = "rollout/") -> dict[str, float]:
     """``rollout/raw_reward`` and ``rollout/<field>/mean|median|max|min`` of reward objects.
 
     Args:
         samples: the step's samples (contexts without a reward are skipped).
         reward_key: the primary key of object rewards.
+        prefix: replaces ``rollout/`` (eval: ``eval/<dataset>/``).
 
     Returns:
         ``rollout/raw_reward``: the mean primary reward (omitted when no sample has one); one
@@ -203,10 +195,10 @@ def reward_metrics(samples: Sequence[TrainingSample], reward_key: str | None) ->
             raw.append(scalar_reward(sample.reward, reward_key))
         except ExportError:
             continue  # an object without the primary key: still its helper fields below
-    out = {"rollout/raw_reward": math.fsum(raw) / len(raw)} if raw else {}
+    out = {f"{prefix}raw_reward": math.fsum(raw) / len(raw)} if raw else {}
     objects = [s.reward for s in samples if isinstance(s.reward, Mapping)]
     for field, values in sorted(_collect(objects, lambda key: False).items()):
-        out.update(summary_metrics(f"rollout/{field}", values))
+        out.update(summary_metrics(f"{prefix}{field}", values))
     return out
 
 

@@ -16,7 +16,7 @@ from ..forest import TRACE_KEY, TrainingSample
 from ..nursery.group import Group
 from .advantages import group_advantages, scalar_reward
 from .filters import FilterVerdict, run_dynamic_filter
-from .hooks import custom_advantages
+from .hooks import custom_advantages, hook_arguments
 from .rewards import metadata_metrics, passrate_metrics, reward_metrics, summary_metrics
 from .scored import ScoredSample
 
@@ -56,12 +56,12 @@ def _reward_of(sample: TrainingSample, session_index: int, reward_key: str | Non
     return value
 
 
-def _score_custom(group: Group, config: RolloutConfig) -> ScoredGroup | FilterVerdict:
+async def _score_custom(group: Group, config: RolloutConfig) -> ScoredGroup | FilterVerdict:
     assert config.custom_advantage is not None
     # Only each export's own metadata (docs/export-and-credit.md#custom-advantage): no dataset
     # metadata, tools, template kwargs or trace fields.
     exports = [[(s.name, s.export_metadata) for s in session.samples] for session in group.sessions]
-    credits = custom_advantages(config.custom_advantage, exports)
+    credits = await custom_advantages(config.custom_advantage, exports, hook_args=config.hook_args)
     if credits is None:
         return FilterVerdict(group=group, source="custom_advantage")
     scored = [
@@ -82,7 +82,7 @@ def _unrewarded(session: Any) -> ExportError:
 def _fallback_rm(sample: TrainingSample, config: RolloutConfig) -> Any:
     """The synchronous reward model inline, for a Group no :func:`score_rewards` ran on."""
     assert config.custom_rm is not None and not config.group_rm
-    value = config.custom_rm(sample)
+    value = config.custom_rm(*hook_arguments(config.custom_rm, "reward", (sample,), config.hook_args))
     if inspect.isawaitable(value):
         close = getattr(value, "close", None)
         if close is not None:
@@ -96,11 +96,14 @@ def _score_eval(group: Group, config: RolloutConfig) -> ScoredGroup:
     """An eval Group's rewards: never custom advantage, never a filter.
 
     Only contexts with a reward are scored (evaluation often exports only ``main``); the
-    primary value uses ``eval_reward_key`` (else ``reward_key``). Advantages are all 0.0.
+    primary value uses ``eval_reward_key`` (else ``reward_key``). Advantages are all 0.0. A
+    Session that failed or was cancelled is skipped (eval counts it; its siblings still count).
     """
     key = config.eval_reward_key if config.eval_reward_key is not None else config.reward_key
     scored: list[ScoredSample] = []
     for session in group.sessions:
+        if session.status in ("failed", "cancelled"):
+            continue
         num_rewarded = 0
         for sample in session.samples:
             reward = sample.reward
@@ -116,7 +119,7 @@ def _score_eval(group: Group, config: RolloutConfig) -> ScoredGroup:
     return ScoredGroup(group=group, scored=tuple(scored))
 
 
-def score_group(group: Group, config: RolloutConfig) -> ScoredGroup | FilterVerdict:
+async def score_group(group: Group, config: RolloutConfig) -> ScoredGroup | FilterVerdict:
     """Scalar rewards and advantages for a completed Group, or why it is filtered.
 
     Eval Groups (``group.mode == "eval"``) are only scored for their rewards: custom advantage
@@ -135,19 +138,24 @@ def score_group(group: Group, config: RolloutConfig) -> ScoredGroup | FilterVerd
 
     Raises:
         ExportError: a Session exported several contexts without custom advantage, a sample has
-            no reward and no custom RM is configured, a reward is not a finite number, the custom
-            advantage answer is invalid, or the filter failed.
+            no reward and no custom RM is configured, or a reward is not a finite number.
+        HookError: the custom advantage function or the filter raised or answered in the
+            wrong shape (an :class:`ExportError` too).
+
+    Cancellation:
+        A checkpoint when a hook runs (:func:`~relaxtrio.rollout.hooks.call_hook`).
     """
     if group.mode == "eval":
         return _score_eval(group, config)
     if config.custom_advantage is not None:
-        scored = _score_custom(group, config)
+        scored = await _score_custom(group, config)
         if isinstance(scored, FilterVerdict):
             return scored
     else:
         scored = _score_rewards_only(group, config)
     if config.dynamic_filter is not None:
-        verdict = run_dynamic_filter(config.dynamic_filter, scored.samples, [s.reward for s in scored.scored])
+        verdict = await run_dynamic_filter(config.dynamic_filter, scored.samples,
+                                           [s.reward for s in scored.scored], hook_args=config.hook_args)
         if not verdict.keep:
             return FilterVerdict(group=group, source="dynamic_filter", reason=verdict.reason)
     return scored
@@ -201,6 +209,9 @@ class StepResult:
         slowest_group_wait_s: wall seconds between the acceptance of the step's second-to-last
             Group and its last one: the rollout waiting on its slowest Group alone (0.0 with
             fewer than two accepted Groups).
+        hook_failures: Groups dropped because a user hook failed, per hook kind (``reward``,
+            ``group_reward``, ``dynamic_filter``, ``custom_advantage``); they are in
+            ``dropped`` too.
     """
 
     rollout_id: int
@@ -213,11 +224,17 @@ class StepResult:
     filtered: tuple[FilterVerdict, ...] = ()
     interrupted_groups: int = 0
     slowest_group_wait_s: float = 0.0
+    hook_failures: Mapping[str, int] = attrs.field(factory=dict)
 
     @property
     def filtered_groups(self) -> int:
         """Filtered Groups: by the dynamic sampling filter and by the custom advantage function."""
         return len(self.filtered)
+
+    @property
+    def contexts_per_session(self) -> int:
+        """The most contexts one Session of an accepted Group exported (0 without Groups)."""
+        return max((len(s.samples) for g in self.groups for s in g.group.sessions), default=0)
 
     @property
     def scored(self) -> list[ScoredSample]:
@@ -284,9 +301,12 @@ def group_metrics(result: StepResult, config: RolloutConfig | None = None) -> Ma
     ``<field>/mean|median|max|min`` of numeric export metadata, ``rollout/pass@k`` with
     ``log_passrate``, ``credit/<context name>/mean|median|max|min`` of the base credit of every
     named (explicitly exported) context, and ``filtered_groups`` with
-    ``rollout/dynamic_filter/drop_<reason>``.
+    ``rollout/dynamic_filter/drop_<reason>``. Always: ``rollout/hook_failures/<hook>`` for each
+    hook that failed a Group this step.
     """
     out = dict(_base_metrics(result))
+    for kind, count in sorted(result.hook_failures.items()):
+        out[f"rollout/hook_failures/{kind}"] = float(count)
     if config is None:
         return out
     samples = result.samples

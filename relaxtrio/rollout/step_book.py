@@ -6,6 +6,10 @@ finished Group and files it (accepted, filtered, or dropped with its reason logg
 :meth:`StepBook.result` closes it into the step's
 :class:`~relaxtrio.rollout.step.StepResult` and logs ``event=accounting_end``.
 
+Hooks: a Group a user hook failed (:class:`~relaxtrio.rollout.hooks.HookError`) is dropped with
+the exception in its reason and counted per hook; the run goes on, unless no Group of the step
+was accepted and every one it dropped failed in a hook (a hook that fails every Group).
+
 Budgets: a Group the dynamic sampling filter drops is new demand, replaced within the config's
 ``filter_budget`` (each one gives the step one more start); a Group the custom advantage
 function filters, or one whose scoring fails, is dropped and replaced within the refill budget
@@ -16,6 +20,7 @@ from __future__ import annotations
 
 import logging
 import time
+from collections import Counter
 
 import attrs
 from tqdm import tqdm
@@ -25,6 +30,7 @@ from ..config import RolloutConfig
 from ..nursery.group import Group
 from .accounting import GroupStages
 from .filters import FilterVerdict
+from .hooks import HookError, hook_failure_kind
 from .step import ScoredGroup, StepResult, agentic_event, score_group
 
 __all__ = ["StepBook"]
@@ -48,6 +54,7 @@ class StepBook:
             included).
         filtered: every Group filtered during the step, with the verdict.
         accepted_at: ``time.monotonic()`` of each acceptance, in acceptance order.
+        hook_failures: Groups dropped because a hook failed, per hook kind.
     """
 
     rollout_id: int
@@ -60,6 +67,7 @@ class StepBook:
     dropped: list[Group] = attrs.field(factory=list)
     filtered: list[FilterVerdict] = attrs.field(factory=list)
     accepted_at: list[float] = attrs.field(factory=list)
+    hook_failures: Counter[str] = attrs.field(factory=Counter)
 
     @classmethod
     def open(cls, rollout_id: int, config: RolloutConfig, stages: GroupStages, *,
@@ -90,22 +98,27 @@ class StepBook:
         """Whether the step accepted its target of Groups."""
         return len(self.accepted) >= self.target
 
-    def file(self, group: Group, config: RolloutConfig) -> ScoredGroup | None:
+    async def file(self, group: Group, config: RolloutConfig) -> ScoredGroup | None:
         """Scores a finished Group and files it: accepted, filtered, or dropped.
 
         A Group dropped before it finished is filed as dropped without scoring. A Group the
-        scoring refuses (:class:`ExportError`) is dropped with the error as its reason.
+        scoring refuses (:class:`ExportError`, a failed hook included) is dropped with the error
+        as its reason.
 
         Returns:
             The accepted Group, or None when it was filtered or dropped.
+
+        Cancellation:
+            A checkpoint while a hook runs; the Group is then not filed.
         """
         outcome: ScoredGroup | FilterVerdict | None = None
         if not group.dropped:
             try:
-                outcome = score_group(group, config)
+                outcome = await score_group(group, config)
             except ExportError as exc:
                 group.dropped_reason = str(exc)
-                log.warning("Dropped group %s: %s", group.group_id, exc)
+                log.warning("Dropped group %s: %s", group.group_id, exc,
+                            exc_info=isinstance(exc, HookError) and exc.__cause__ is not None)
         if isinstance(outcome, ScoredGroup):
             self.accepted.append(outcome)
             self.accepted_at.append(time.monotonic())
@@ -122,6 +135,9 @@ class StepBook:
             group.dropped_reason = outcome.message
             log.warning("Filtered group %s: %s", group.group_id, outcome.message)
         self.dropped.append(group)
+        kind = hook_failure_kind(group.dropped_reason)
+        if kind is not None:
+            self.hook_failures[kind] += 1
         return None
 
     def result(self, *, aborted: int, stages: GroupStages, barrier_warnings: int) -> StepResult:
@@ -132,7 +148,15 @@ class StepBook:
             stages: the pipeline's Groups by stage after the close.
             barrier_warnings: barrier warnings logged so far (the step's are those past
                 :attr:`warnings_before`).
+
+        Raises:
+            HookError: the step accepted no Group, and every Group it dropped failed in a hook.
         """
+        failed = sum(self.hook_failures.values())
+        if not self.accepted and failed and failed == len(self.dropped):
+            kind = next(iter(self.hook_failures))
+            raise HookError(kind, f"every Group of rollout {self.rollout_id} failed in a hook "  # type: ignore[arg-type]
+                            f"({failed}); the first: {self.dropped[0].dropped_reason}")
         result = StepResult(
             rollout_id=self.rollout_id, groups=tuple(self.accepted), dropped=tuple(self.dropped),
             rollout_s=time.monotonic() - self.started, aborted_requests=aborted,
@@ -140,6 +164,7 @@ class StepBook:
             filtered=tuple(self.filtered), interrupted_groups=stages.interrupted,
             slowest_group_wait_s=(self.accepted_at[-1] - self.accepted_at[-2]
                                   if len(self.accepted_at) > 1 else 0.0),
+            hook_failures=dict(self.hook_failures),
         )
         log.info(agentic_event(
             "rollout", "accounting_end", rollout=self.rollout_id, groups=len(result.groups),

@@ -355,7 +355,8 @@ def _load_datasets(cfg: TrainRunConfig) -> tuple[PromptStream, tuple[EvalDataset
         seed=cfg.seed,
     )
     eval_sets = tuple(
-        EvalDataset(name=name, n_samples_per_prompt=size, prompts=tuple(load_prompts(path, **keys)))
+        EvalDataset(name=name, n_samples_per_prompt=size, prompts=tuple(load_prompts(path, **keys)),
+                    max_context_tokens=cfg.eval.max_context_tokens)
         for name, path, size in cfg.eval.datasets
     )
     return prompts, eval_sets

@@ -69,6 +69,10 @@ class StepOutputs:
             samples_path.write_text("", encoding="utf-8")
         return cls(model_dir=model_dir, samples_path=samples_path, dump_template=cfg.debug_rollout_data)
 
+    def eval_dump_path(self, rollout_id: int) -> Path | None:
+        """Where the eval after step ``rollout_id`` writes its dump (``eval_<id>``), or None."""
+        return None if self.dump_template is None else dump_path(self.dump_template, f"eval_{rollout_id}")
+
     def write(self, cfg: TrainRunConfig, result: StepResult, trainer: Trainer | RankGroup | None,
               stats: Any) -> None:
         """Appends the rollout-only samples and writes the step's debug dump (blocking I/O)."""
@@ -121,6 +125,7 @@ async def train_step(
     row: dict[str, Any] = dict(group_metrics(result, cfg.rollout))
     stats = None
     if result.samples and trainer is not None:
+        cfg.train.refuse_multi_context(result.contexts_per_session, rollout_id)
         train_start = time.monotonic()
         if isinstance(trainer, Trainer):
             threads = split.update_threads(busy=lambda: pipeline.groups_use_cpu)
@@ -144,7 +149,7 @@ async def train_step(
     await trio.to_thread.run_sync(outputs.write, cfg, result, trainer, stats)
     if eval_sets and cfg.eval.interval and (rollout_id + 1) % cfg.eval.interval == 0:
         eval_start = time.monotonic()
-        row.update(await run_eval(pipeline, eval_sets))
+        row.update(await run_eval(pipeline, eval_sets, dump_path=outputs.eval_dump_path(rollout_id)))
         row["eval_s"] = time.monotonic() - eval_start
     row.update(await inference.fleet.gateway_metrics())  # the gateway's counts per worker
     row["step_s"] = time.monotonic() - step_start

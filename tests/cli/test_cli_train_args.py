@@ -103,15 +103,21 @@ def test_bad_combinations_are_refused_at_startup(flags, message) -> None:
         _config(*flags)
 
 
-def test_multi_context_export_without_dynamic_batching_is_refused_with_the_spec_reason() -> None:
+def test_custom_advantage_starts_without_dynamic_batching() -> None:
+    """Issue 34, contradiction 4: a single-context recipe with custom advantage needs no dynamic
+    batching, so start-up accepts it; the refusal waits for the first multi-context export."""
     path = "tests.support.credit.outcome_times_usefulness"
+    cfg = _config("--agentic-custom-advantage-path", path)
+    assert cfg.rollout.custom_advantage is not None and not cfg.train.use_dynamic_batch_size
+    cfg.train.refuse_multi_context(1, rollout_id=0)  # one context per Session: trains
     with pytest.raises(RelaxError, match="must also enable dynamic batching") as info:
-        _config("--agentic-custom-advantage-path", path)
+        cfg.train.refuse_multi_context(3, rollout_id=2)
+    assert "rollout 2: a Session exported 3 contexts" in str(info.value)
     assert "docs/export-and-credit.md#multi-context-dynamic-batching" in str(info.value)
     assert "--use-dynamic-batch-size --max-tokens-per-gpu N" in str(info.value)
     cfg = _config("--agentic-custom-advantage-path", path, "--use-dynamic-batch-size",
                   "--max-tokens-per-gpu", "8192")
-    assert cfg.rollout.custom_advantage is not None and cfg.train.use_dynamic_batch_size
+    cfg.train.refuse_multi_context(3, rollout_id=0)
 
 
 def test_reward_and_filter_flags_reach_the_rollout_config() -> None:
@@ -178,3 +184,12 @@ def test_stop_token_ids_outside_the_vocabulary_are_refused_at_startup(tiny_model
         _config("--hf-checkpoint", str(tiny_model_dir), "--rollout-stop-token-ids", "7", "1536", "99999")
     config = _config("--hf-checkpoint", str(tiny_model_dir), "--rollout-stop-token-ids", "7", "1535")
     assert config.generation.stop_token_ids == (7, 1535)
+
+
+def test_a_hook_with_a_wrong_signature_stops_startup_and_relax_hooks_get_the_command_line() -> None:
+    with pytest.raises(RelaxError, match=r"--dynamic-sampling-filter-path: three_arguments\(a, b, c\) does not "
+                                         r"fit the dynamic filter hook; expected fn\(samples, rewards\) or "
+                                         r"fn\(args, samples\) \(Relax\)"):
+        _config("--dynamic-sampling-filter-path", "tests.support.rewards.three_arguments")
+    cfg = _config("--custom-rm-path", "tests.support.rewards.relax_reward", "--reward-key", "score")
+    assert cfg.rollout.hook_args.reward_key == "score"  # Relax's `args`: the parsed command line

@@ -12,7 +12,7 @@ from tests.support.pipeline import open_test_pipeline, prompts
 from relaxtrio import ConfigError
 from relaxtrio.config import RolloutConfig
 from relaxtrio.models import load_tokenizer
-from relaxtrio.rollout.hooks import load_function
+from relaxtrio.rollout.hooks import HookError, load_function
 from relaxtrio.testing.scripted_engine import Reply, ScriptedEngine
 
 pytestmark = pytest.mark.slow  # starts real processes
@@ -47,8 +47,6 @@ async def test_three_contexts_per_session_get_custom_credit(tiny_model_dir: Path
     [
         (None, "more than one context per session requires --agentic-custom-advantage-path"),
         ("filter_all", "Filtered 1 group"),
-        ("missing_name", "session 0 has no value for context 'searcher_0'"),
-        ("not_finite", "session 0 context 'main' must be a finite number"),
     ],
 )
 async def test_invalid_credit_drops_the_group_with_a_clear_reason(
@@ -57,6 +55,23 @@ async def test_invalid_credit_drops_the_group_with_a_clear_reason(
     result = await _run(tiny_model_dir, tmp_path, fn_name)
     assert result.groups == () and len(result.dropped) == 1
     assert reason in result.dropped[0].dropped_reason
+
+
+@pytest.mark.parametrize(
+    ("fn_name", "reason"),
+    [
+        ("missing_name", "session 0 has no value for context 'searcher_0'"),
+        ("not_finite", "session 0 context 'main' must be a finite number"),
+    ],
+)
+async def test_invalid_credit_in_every_group_stops_the_run_with_the_reason(
+    fn_name, reason, tiny_model_dir: Path, tmp_path: Path
+) -> None:
+    # The step's one Group fails in the custom advantage hook: no Group of the step succeeded.
+    with pytest.RaisesGroup(pytest.RaisesExc(HookError, match=f"failed in a hook \\(1\\); the first: "
+                                                              f"custom_advantage hook failed: .*{reason}"),
+                            allow_unwrapped=True, flatten_subgroups=True):
+        await _run(tiny_model_dir, tmp_path, fn_name)
 
 
 def test_load_function_errors() -> None:

@@ -28,20 +28,20 @@ def test_builtin_filter_drops_groups_whose_rewards_are_all_equal() -> None:
     [(False, None), (DynamicFilterOutput(False, "too easy!"), "too_easy_"),
      (DynamicFilterOutput(False, ""), None)],
 )
-def test_a_dropping_verdict_is_returned_with_a_metric_safe_reason(verdict, reason) -> None:
-    assert run_dynamic_filter(lambda samples, rewards: verdict, [], []) == DynamicFilterOutput(False, reason)
+async def test_a_dropping_verdict_is_returned_with_a_metric_safe_reason(verdict, reason) -> None:
+    assert await run_dynamic_filter(lambda samples, rewards: verdict, [], []) == DynamicFilterOutput(False, reason)
 
 
-def test_keeping_verdicts_and_bad_filters() -> None:
-    assert run_dynamic_filter(lambda s, r: True, [], []) == DynamicFilterOutput(True)
-    assert run_dynamic_filter(lambda s, r: DynamicFilterOutput(True, "kept"), [], []) == DynamicFilterOutput(True)
-    with pytest.raises(ExportError, match="must return a bool or a DynamicFilterOutput, got int"):
-        run_dynamic_filter(lambda s, r: 1, [], [])
-    with pytest.raises(ExportError, match="dynamic sampling filter raised KeyError"):
-        run_dynamic_filter(lambda s, r: {}["x"], [], [])
+async def test_keeping_verdicts_and_bad_filters() -> None:
+    assert await run_dynamic_filter(lambda s, r: True, [], []) == DynamicFilterOutput(True)
+    assert await run_dynamic_filter(lambda s, r: DynamicFilterOutput(True, "kept"), [], []) == DynamicFilterOutput(True)
+    with pytest.raises(ExportError, match=r"must return a bool or a DynamicFilterOutput\(keep, reason\), got int"):
+        await run_dynamic_filter(lambda s, r: 1, [], [])
+    with pytest.raises(ExportError, match="dynamic_filter hook failed: KeyError"):
+        await run_dynamic_filter(lambda s, r: {}["x"], [], [])
 
 
-def test_score_group_runs_the_filter_on_train_groups_with_their_rewards() -> None:
+async def test_score_group_runs_the_filter_on_train_groups_with_their_rewards() -> None:
     seen = []
 
     def spy(samples, rewards):
@@ -49,38 +49,38 @@ def test_score_group_runs_the_filter_on_train_groups_with_their_rewards() -> Non
         return check_reward_nonzero_std(samples, rewards)
 
     config = RolloutConfig(dynamic_filter=spy)
-    assert [s.reward for s in score_group(group_of([[0.0], [1.0]]), config).scored] == [0.0, 1.0]
+    assert [s.reward for s in (await score_group(group_of([[0.0], [1.0]]), config)).scored] == [0.0, 1.0]
     group = group_of([[1.0], [1.0]])
-    verdict = score_group(group, config)
+    verdict = await score_group(group, config)
     assert verdict == FilterVerdict(group=group, source="dynamic_filter", reason="zero_std")
     assert verdict.message == "Filtered 1 group: dynamic sampling filter: zero_std"
     assert verdict.metric == "rollout/dynamic_filter/drop_zero_std"
     assert seen == [(2, [0.0, 1.0]), (2, [1.0, 1.0])]
 
 
-def test_custom_advantage_returning_none_filters_the_group_without_a_metric() -> None:
+async def test_custom_advantage_returning_none_filters_the_group_without_a_metric() -> None:
     group = group_of([[1.0], [0.0]])
-    verdict = score_group(group, RolloutConfig(custom_advantage=lambda exports: None,
+    verdict = await score_group(group, RolloutConfig(custom_advantage=lambda exports: None,
                                                dynamic_filter=check_reward_nonzero_std))
     assert verdict == FilterVerdict(group=group, source="custom_advantage")
     assert verdict.message == "Filtered 1 group: the custom advantage function returned None"
     assert verdict.metric is None
 
 
-def test_eval_groups_are_never_filtered() -> None:
+async def test_eval_groups_are_never_filtered() -> None:
     config = RolloutConfig(dynamic_filter=lambda s, r: False)
-    scored = score_group(group_of([[1.0], [1.0]], mode="eval"), config)
+    scored = await score_group(group_of([[1.0], [1.0]], mode="eval"), config)
     assert isinstance(scored, ScoredGroup)
     assert [s.reward for s in scored.scored] == [1.0, 1.0]
 
 
-def test_eval_reward_key_overrides_reward_key_in_eval_only() -> None:
+async def test_eval_reward_key_overrides_reward_key_in_eval_only() -> None:
     config = RolloutConfig(reward_key="train_score", eval_reward_key="accuracy")
     rewards = [[{"train_score": 0.2, "accuracy": 1.0}], [{"train_score": 0.4, "accuracy": 0.0}]]
-    assert [s.reward for s in score_group(group_of(rewards, mode="eval"), config).scored] == [1.0, 0.0]
-    assert [s.reward for s in score_group(group_of(rewards), config).scored] == [0.2, 0.4]
+    assert [s.reward for s in (await score_group(group_of(rewards, mode="eval"), config)).scored] == [1.0, 0.0]
+    assert [s.reward for s in (await score_group(group_of(rewards), config)).scored] == [0.2, 0.4]
 
 
-def test_an_eval_session_without_any_reward_is_an_error() -> None:
+async def test_an_eval_session_without_any_reward_is_an_error() -> None:
     with pytest.raises(ExportError, match="session 1 wrote no reward"):
-        score_group(group_of([[1.0], [None]], mode="eval"), RolloutConfig())
+        await score_group(group_of([[1.0], [None]], mode="eval"), RolloutConfig())

@@ -14,6 +14,7 @@ from tests.support.pipeline import open_test_pipeline, prompts
 from tests.support.procs import alive, group_alive
 
 from relaxtrio.config import GenerationConfig, RolloutConfig
+from relaxtrio.rollout.dumps import load_dump
 from relaxtrio.rollout.eval import EvalDataset, run_eval
 from relaxtrio.testing.scripted_engine import Reply, ScriptedEngine
 
@@ -306,9 +307,13 @@ async def test_eval_runs_datasets_serially_in_eval_mode(tokenizer, tmp_path: Pat
         async with open_test_pipeline(tmp_path, tokenizer, engine, prompts([{}] * 3), config=config,
                                       env={"AGENT_REWARD": "0.5"},
                                       eval_concurrency=2) as (pipeline, registry):
-            metrics = await run_eval(pipeline, datasets)
+            metrics = await run_eval(pipeline, datasets, dump_path=tmp_path / "eval_0.json")
     assert metrics["eval/a/num_samples"] == 9 and metrics["eval/a/reward_mean"] == 0.5
     assert metrics["eval/b/num_samples"] == 1 and metrics["eval/b/dropped_groups"] == 0
+    # Each agent process wrote the RELAX_ROLLOUT_MODE it saw into its export metadata.
+    dumped = load_dump(tmp_path / "eval_0.json").samples
+    assert len(dumped) == 10
+    assert {d.sample.export_metadata["rollout_mode"] for d in dumped} == {"eval"}
 
 
 async def test_barrier_watchdog_names_sessions_without_first_request(

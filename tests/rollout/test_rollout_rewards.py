@@ -96,7 +96,7 @@ async def test_ordinary_rm_is_skipped_with_custom_advantage_but_not_in_eval() ->
     [
         (lambda s: float("nan"), False, "must return a finite number or a reward object"),
         (lambda s: "good", False, "must return a finite number or a reward object"),
-        (lambda s: 1 / 0, False, "reward model raised ZeroDivisionError"),
+        (lambda s: 1 / 0, False, "reward hook failed: ZeroDivisionError"),
         (lambda samples: [1.0], True, "must return a list of 2 rewards"),
         (lambda samples: None, True, "got NoneType"),
     ],
@@ -113,7 +113,7 @@ async def test_async_rm_error_is_reported_unwrapped() -> None:
 
     group = group_of([[None], [None]])
     await score_rewards(group, RolloutConfig(custom_rm=rm))
-    assert group.dropped_reason == "reward model raised RuntimeError: scorer down"
+    assert group.dropped_reason == "reward hook failed: RuntimeError: scorer down"
 
 
 async def test_scored_object_rewards_reach_the_estimator() -> None:
@@ -124,7 +124,7 @@ async def test_scored_object_rewards_reach_the_estimator() -> None:
 
     config = RolloutConfig(custom_rm=rm, reward_key="score")
     await score_rewards(group, config)
-    scored = score_group(group, config)
+    scored = await score_group(group, config)
     assert [s.reward for s in scored.scored] == [0.0, 1.0]
     assert [s.advantage for s in scored.scored] == pytest.approx([-1.0, 1.0], abs=1e-5)
 
@@ -188,14 +188,14 @@ def test_passrate_skips_groups_that_break_the_rules(bad) -> None:
     assert got["rollout/pass@1"] == 1.0  # the valid Group only
 
 
-def test_group_metrics_carry_the_reward_metrics() -> None:
+async def test_group_metrics_carry_the_reward_metrics() -> None:
     from relaxtrio.rollout.filters import FilterVerdict
     from relaxtrio.rollout.step import StepResult, group_metrics
 
     config = RolloutConfig(reward_key="acc", log_passrate=True)
     groups = [group_of([[{"acc": 1.0, "len": 4}], [{"acc": 0.0, "len": 2}]],
                        metadata=[[{"steps": 3}], [{"steps": 5}]])]
-    result = StepResult(rollout_id=0, groups=tuple(score_group(g, config) for g in groups), dropped=(),
+    result = StepResult(rollout_id=0, groups=tuple([await score_group(g, config) for g in groups]), dropped=(),
                         rollout_s=1.0, filtered=(
                             FilterVerdict(group=group_of([[1.0]]), source="dynamic_filter", reason="zero_std"),
                             FilterVerdict(group=group_of([[1.0]]), source="dynamic_filter"),

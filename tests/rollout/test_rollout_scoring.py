@@ -26,17 +26,17 @@ def _group(rewards: list[float]) -> Group:
         ("reinforce_plus_plus_baseline", True, [-1.0, -1.0, 1.0, 1.0]),
     ],
 )
-def test_score_group_uses_the_configured_estimator(estimator, std, expected) -> None:
+async def test_score_group_uses_the_configured_estimator(estimator, std, expected) -> None:
     config = RolloutConfig(advantage_estimator=estimator, grpo_std_normalization=std)
-    scored = score_group(_group([0.0, 0.0, 2.0, 2.0]), config)
+    scored = await score_group(_group([0.0, 0.0, 2.0, 2.0]), config)
     assert [s.advantage for s in scored.scored] == pytest.approx(expected, abs=1e-5)
     assert [s.reward for s in scored.scored] == [0.0, 0.0, 2.0, 2.0]
 
 
-def test_grpo_std_normalization_switch_changes_the_scale() -> None:
+async def test_grpo_std_normalization_switch_changes_the_scale() -> None:
     rewards = [0.0, 4.0]  # centered (-2, 2), std 2
-    on = score_group(_group(rewards), RolloutConfig())
-    off = score_group(_group(rewards), RolloutConfig(grpo_std_normalization=False))
+    on = await score_group(_group(rewards), RolloutConfig())
+    off = await score_group(_group(rewards), RolloutConfig(grpo_std_normalization=False))
     assert [s.advantage for s in on.scored] == pytest.approx([-1.0, 1.0], abs=1e-5)
     assert [s.advantage for s in off.scored] == [-2.0, 2.0]
 
@@ -58,7 +58,7 @@ def test_unknown_estimator_is_a_config_error() -> None:
         RolloutConfig(advantage_estimator="ppo")  # type: ignore[arg-type]
 
 
-def test_custom_advantage_receives_only_export_metadata() -> None:
+async def test_custom_advantage_receives_only_export_metadata() -> None:
     seen = []
 
     def record_input(metadata_by_slot):
@@ -71,7 +71,7 @@ def test_custom_advantage_receives_only_export_metadata() -> None:
         [{"name": "main", "metadata": {"outcome": 0.0}, "reward": 0.0},
          {"name": "searcher_0", "metadata": {"usefulness": 0.2}}],
     ])
-    score_group(group, RolloutConfig(custom_advantage=record_input))
+    await score_group(group, RolloutConfig(custom_advantage=record_input))
     # The documented example input, exactly: no dataset metadata, tools, template kwargs or trace.
     assert seen == [[
         {"main": {"outcome": 1.0}, "searcher_0": {"usefulness": 0.6}},
@@ -79,7 +79,7 @@ def test_custom_advantage_receives_only_export_metadata() -> None:
     ]]
 
 
-def test_implicit_export_reaches_custom_advantage_under_the_key_none() -> None:
+async def test_implicit_export_reaches_custom_advantage_under_the_key_none() -> None:
     from relaxtrio.forest import Conversation, SessionOutput, export_samples
 
     seen = []
@@ -97,12 +97,12 @@ def test_implicit_export_reaches_custom_advantage_under_the_key_none() -> None:
                         finish_reason="stop", request_id="q", rollout_id=0)
     session.samples.extend(export_samples(forest, SessionOutput(metadata={"score": 3}, reward=1.0),
                                           dataset_metadata={"id": 1}))
-    scored = score_group(group, RolloutConfig(custom_advantage=record_input))
+    scored = await score_group(group, RolloutConfig(custom_advantage=record_input))
     assert seen == [[{None: {"score": 3}}]]
     assert [s.advantage for s in scored.scored] == [0.5]
 
 
-def test_eval_never_calls_custom_advantage() -> None:
+async def test_eval_never_calls_custom_advantage() -> None:
     # Evaluation never calls the hook: a hook error there would end the run.
     def hook(metadata_by_slot):
         raise AssertionError("custom advantage called during eval")
@@ -113,7 +113,7 @@ def test_eval_never_calls_custom_advantage() -> None:
          {"name": "searcher_0", "metadata": {"usefulness": 0.6}}],
         [{"name": "main", "metadata": {"outcome": 0.0}, "reward": {"score": 0.0}}],
     ], mode="eval")
-    scored = score_group(group, config)
+    scored = await score_group(group, config)
     # Only rewarded contexts are scored in eval; siblings without a reward are not.
     assert [s.name for s in scored.samples] == ["main", "main"]
     assert [s.reward for s in scored.scored] == [1.0, 0.0]

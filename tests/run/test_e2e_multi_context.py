@@ -14,6 +14,7 @@ from pathlib import Path
 import trio
 
 from examples.multi_context.advantage import credit
+from relaxtrio._errors import ConfigError
 from relaxtrio.config import (
     AgentConfig,
     GenerationConfig,
@@ -67,3 +68,25 @@ async def test_one_step_trains_every_context_with_its_own_credit(tiny_model_dir:
     # main's reward is the Session's outcome; searchers carry none
     assert row["rollout/raw_reward"] in (0.0, 0.5, 1.0)
     assert "usefulness/mean" in row and "outcome/mean" in row
+
+
+async def test_first_multi_context_export_without_dynamic_batching_stops_the_run(
+        tiny_model_dir: Path, tmp_path: Path) -> None:
+    """Issue 34, contradiction 4: start-up accepts custom advantage without dynamic batching; the
+    first step whose Sessions export several contexts stops the run before its update."""
+    fn = load_function("examples.multi_context.advantage.credit", flag="--agentic-custom-advantage-path")
+    config = TrainRunConfig(
+        prompt_data=EXAMPLE / "data" / "train.jsonl",
+        num_rollout=2,
+        rollout=RolloutConfig(n_samples_per_prompt=2, rollout_batch_size=1, custom_advantage=fn,
+                              show_progress=False),
+        generation=GenerationConfig(max_response_tokens=16, seed=3),
+        agent=AgentConfig(command=f"{shlex.quote(sys.executable)} agent.py", cwd=EXAMPLE, timeout_s=120),
+        train=TrainConfig(lr=1e-2),
+        hf_checkpoint=tiny_model_dir,
+        output_dir=tmp_path / "run",
+    )
+    with trio.fail_after(300), pytest.RaisesGroup(pytest.RaisesExc(
+            ConfigError, match=r"rollout 0: a Session exported 3 contexts; .*--use-dynamic-batch-size"),
+            allow_unwrapped=True, flatten_subgroups=True):
+        await run_training(config)

@@ -26,3 +26,26 @@ def group_rank_reward(samples):
 
 def keep_none(samples, rewards):
     return False
+
+
+# Hooks with Relax's signatures (``args`` first), as a user porting from Relax writes them.
+
+def relax_reward(args, sample):
+    """Relax's ordinary RM shape: ``fn(args, sample)``; reads a flag from ``args``."""
+    return {"score": 1.0, "key_seen": float(args.reward_key == "score")}
+
+
+async def relax_group_reward(args, samples):
+    """Relax's group RM shape, async: ``fn(args, samples)``."""
+    await trio.lowlevel.checkpoint()
+    return [float(i) for i in range(len(samples))]
+
+
+def relax_filter(args, samples, **kwargs):
+    """Relax's dynamic filter shape: ``fn(args, samples, **kwargs)``; keeps nothing."""
+    return False
+
+
+def three_arguments(a, b, c):
+    """Fits no hook shape."""
+    return 0.0
