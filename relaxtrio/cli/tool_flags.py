@@ -204,6 +204,23 @@ def add_replay_parser(sub: argparse._SubParsersAction) -> argparse.ArgumentParse
     return p
 
 
+def add_compare_parser(sub: argparse._SubParsersAction) -> argparse.ArgumentParser:
+    """Adds the ``compare`` sub-command (:mod:`relaxtrio.tools.compare`)."""
+    p = sub.add_parser(
+        "compare", help="overlay two or more runs' reward, eval and step-time curves",
+        formatter_class=DefaultsHelpFormatter,
+        description="Read each run directory's metrics.jsonl, print a table (steps, first, last "
+                    "and best mean reward, mean step time, last eval rewards) and write one PNG "
+                    "overlaying the runs' reward, eval reward and step time per step. Exit 0: "
+                    "written; 2: a run is missing or has no metrics.")
+    p.add_argument("runs", type=Path, nargs="+", metavar="RUN_DIR",
+                   help="run directories (or their metrics.jsonl), two or more")
+    p.add_argument("--out", type=Path, default=Path("compare.png"), help="the PNG to write")
+    p.add_argument("--log-level", default="WARNING", type=str.upper,
+                   choices=["DEBUG", "INFO", "WARNING", "ERROR"], help="console log level")
+    return p
+
+
 def check_replay_args(args: argparse.Namespace) -> None:
     """Checks the ``replay`` paths before anything is loaded.
 
