@@ -52,6 +52,7 @@ from ..nursery.group import Group
 from ..nursery.group import run_group as run_group_sessions
 from ..nursery.partial import PartialRollout
 from ..nursery.session import SessionRegistry
+from ..tracing import current_tracing
 from .accounting import (
     ChangeSignal,
     GroupStages,
@@ -182,9 +183,10 @@ class RolloutPipeline:
             Cancelling terminates every agent of the Group (shielded, bounded) before returning.
         """
         self.nursery.start_soon(self.watchdog.watch, group)
-        await run_group_sessions(group, agent=self.agent, base_url=self.base_url, registry=self.registry,
-                                 server_template_kwargs=self.server_template_kwargs, lease=False)
-        await score_rewards(group, self.config)
+        with current_tracing().group_span(group.group_id, mode=group.mode, num_sessions=len(group.sessions)):
+            await run_group_sessions(group, agent=self.agent, base_url=self.base_url, registry=self.registry,
+                                     server_template_kwargs=self.server_template_kwargs, lease=False)
+            await score_rewards(group, self.config)
 
     async def _group_task(self, group: Group) -> None:
         try:
