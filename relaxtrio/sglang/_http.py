@@ -87,7 +87,11 @@ async def send_with_retries(
     Cancellation:
         A checkpoint; cancelling drops the request in flight (the engine sees a disconnect).
     """
-    with current_tracing().engine_call(method, url, path) as trace_headers:
+    tracing = current_tracing()
+    if not tracing.enabled:  # the hot path: one context-variable read
+        return await _send(client, method, url, path, body, httpx_timeout=httpx_timeout,
+                           config=config, headers=headers)
+    with tracing.engine_call(method, url, path) as trace_headers:
         if trace_headers is not None:
             headers = {**(headers or {}), **trace_headers}
         return await _send(client, method, url, path, body, httpx_timeout=httpx_timeout,

@@ -127,3 +127,26 @@ print(sorted(m for m in sys.modules if m.split(".")[0] == "opentelemetry"))
 def test_nothing_imports_opentelemetry_without_a_flag() -> None:
     done = subprocess.run([sys.executable, "-c", _PROBE], capture_output=True, text=True, timeout=120, check=True)
     assert done.stdout.strip().splitlines()[-1] == "[]"
+
+
+def test_otel_flags_of_train_rollout_and_serve(tmp_path: Path) -> None:
+    import argparse
+
+    from relaxtrio.cli.tool_flags import add_serve_parser, serve_config
+    from relaxtrio.cli.train_config import train_config
+    from relaxtrio.cli.train_flags import add_train_parser
+    from relaxtrio.config import TracingConfig
+
+    parser = argparse.ArgumentParser()
+    sub = parser.add_subparsers(dest="command")
+    add_train_parser(sub)
+    add_train_parser(sub, name="rollout")
+    add_serve_parser(sub)
+    url, path = "http://127.0.0.1:4318/v1/traces", tmp_path / "spans.jsonl"
+    train = train_config(parser.parse_args(["train", "--otel-endpoint", url]))
+    assert train.tracing == TracingConfig(endpoint=url)
+    rollout = train_config(parser.parse_args(["rollout", "--otel-file", str(path)]))
+    assert rollout.tracing == TracingConfig(file=path) and rollout.tracing.enabled
+    serve = serve_config(parser.parse_args(["serve", "--otel-file", str(path), "--otel-endpoint", url]))
+    assert serve.tracing == TracingConfig(endpoint=url, file=path)
+    assert not train_config(parser.parse_args(["train"])).tracing.enabled
