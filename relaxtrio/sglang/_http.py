@@ -64,6 +64,9 @@ async def send_with_retries(
 ) -> httpx.Response | PoolResponse:
     """One call with bounded retries; returns the final response (any status).
 
+    Inside a traced request or step (:mod:`relaxtrio.tracing`), the call is a
+    ``relaxtrio.engine_call`` span and sends its W3C ``traceparent`` header.
+
     Args:
         client: the pool to use: the generation pool (:class:`~._pool.ConnectionPool`) or an
             ``httpx.AsyncClient`` (control calls, custom transports); both raise httpx's
@@ -80,9 +83,6 @@ async def send_with_retries(
         BackendTimeoutError: every attempt timed out (the last one is the ``__cause__``).
         EngineUnavailableError: every attempt failed at the transport level, or ``client`` (an
             ``httpx.AsyncClient``) was closed before an attempt.
-
-    Inside a traced request or step (:mod:`relaxtrio.tracing`), the call is a
-    ``relaxtrio.engine_call`` span and sends its W3C ``traceparent`` header.
 
     Cancellation:
         A checkpoint; cancelling drops the request in flight (the engine sees a disconnect).
