@@ -16,8 +16,9 @@ from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanE
 from tests.support.fleets import open_fleet_of_one
 from tests.support.pipeline import open_test_pipeline, prompts
 
-from relaxtrio.config import RolloutConfig
+from relaxtrio.config import GenerationConfig, RolloutConfig
 from relaxtrio.sglang._http import EngineClientConfig, send_with_retries
+from relaxtrio.testing.scripted_engine import Reply, ScriptedEngine
 from relaxtrio.tracing import current_tracing, session_hash, trace_run
 
 TREE = ["relaxtrio.run", "relaxtrio.step", "relaxtrio.group", "relaxtrio.session", "relaxtrio.request",
@@ -58,6 +59,49 @@ async def test_one_step_span_tree_and_no_session_id_in_any_span(tokenizer, engin
         text = json.dumps({"name": span.name, "attributes": dict(span.attributes or {}),
                            "events": [dict(e.attributes or {}) for e in span.events]}, default=str)
         assert not any(sid in text for sid in sessions), span.name
+
+
+@pytest.mark.slow  # the agents are real processes
+async def test_a_session_parked_across_steps_keeps_one_span_under_the_step_that_started_it(
+        tokenizer, tmp_path: Path) -> None:
+    never, long_started = trio.Event(), trio.Event()
+    partial_ids = tokenizer.encode("the first part", add_special_tokens=False)
+
+    def replies(ids):
+        task = int(tokenizer.decode(list(ids)).rsplit("task ", 1)[1].split("<", 1)[0].split()[0])
+        if task != 1:
+            return Reply(text="fine", gate=long_started)  # step 0 closes while task 1 generates
+        if tuple(ids[-len(partial_ids):]) == tuple(partial_ids):
+            return Reply(text=" and the rest")  # the resumed attempt
+        long_started.set()
+        return Reply(ids=partial_ids + [5, 6, 7], finish="length", gate=never, partial=len(partial_ids))
+
+    engine = ScriptedEngine(tokenizer=tokenizer, eos_id=tokenizer.eos_token_id, replies=replies)
+    config = RolloutConfig(n_samples_per_prompt=1, rollout_batch_size=1, over_sampling_batch_size=2,
+                           partial_rollout=True, show_progress=False)
+    exporter = InMemorySpanExporter()
+    with trio.fail_after(60):
+        async with trace_run("train", exporter=exporter), open_test_pipeline(
+                tmp_path, tokenizer, engine, prompts([{}, {}, {}]), config=config,
+                generation=GenerationConfig(max_response_tokens=40)) as (pipeline, _):
+            with current_tracing().step_span(0):
+                await pipeline.run_step(0)
+            [parked] = pipeline.resident_groups
+            with current_tracing().step_span(1):
+                await pipeline.run_step(1)
+    spans = exporter.get_finished_spans()
+    steps = {s.attributes["relaxtrio.rollout_id"]: s for s in spans if s.name == "relaxtrio.step"}
+    [group] = [s for s in spans if s.name == "relaxtrio.group" and s.attributes["relaxtrio.group.id"] == parked.group_id]
+    assert group.parent.span_id == steps[0].get_span_context().span_id  # started in step 0
+    assert group.end_time > steps[1].start_time  # finished in step 1
+    key = session_hash(parked.sessions[0].session_id)
+    [session] = [s for s in spans if s.name == "relaxtrio.session" and s.attributes["relaxtrio.session.hash"] == key]
+    [request] = [s for s in spans if s.name == "relaxtrio.request" and s.parent.span_id == session.get_span_context().span_id]
+    # The agent's one request stayed open across the abort: one span through both steps.
+    assert request.start_time < steps[0].end_time < steps[1].start_time < request.end_time
+    assert request.attributes["relaxtrio.request.finish_reason"] == "stop"
+    sessions = [s for s in spans if s.name == "relaxtrio.session"]
+    assert len(sessions) == 3 and all(s.end_time is not None for s in sessions)
 
 
 class _RecordingTransport(httpx.AsyncHTTPTransport):
