@@ -80,6 +80,9 @@ FORBIDDEN: dict[str, tuple[str, ...]] = {
     "relaxtrio.fleet.starter": ("ray", "relaxtrio.cluster"),
     "relaxtrio.run.inference": ("ray", "relaxtrio.cluster"),
     "relaxtrio.run.checkpoint": ("ray", "relaxtrio.cluster"),
+    # Spans are optional (``relaxtrio[otel]``): the SDK loads only when a flag asks for it.
+    "relaxtrio.tracing": ("opentelemetry", "torch", "transformers", *WEB, "httpx", "relaxtrio.forest",
+                          "relaxtrio.nursery", "relaxtrio.sglang", *UPPER),
     "relaxtrio.run.summary": (*HEAVY, "relaxtrio.forest", "relaxtrio.nursery", *UPPER),
     "relaxtrio.run.driver": ("ray", "relaxtrio.cluster"),
     # The directory checks run in the CLI before a run starts: no event loop, web or engine stack.

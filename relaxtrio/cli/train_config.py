@@ -35,7 +35,7 @@ from ..rollout.hooks import HookKind, load_hook
 from ..run.trackers import check_trackers_installed
 from .algorithm_flags import train_section
 from .cluster_flags import with_cluster_flags
-from .tool_flags import check_model_dir
+from .tool_flags import check_model_dir, tracing_config
 
 __all__ = ["train_config"]
 
@@ -195,7 +195,7 @@ def _with_checkpoint_flags(config: TrainRunConfig, args: argparse.Namespace) -> 
         generation = attrs.evolve(generation, seed=args.rollout_seed, seed_per_sample=True)
     return attrs.evolve(config, save_dir=args.save, save_interval=args.save_interval,
                         load_dir=args.load, output_dir=output_dir, generation=generation,
-                        trackers=_tracker_section(args, output_dir))
+                        trackers=_tracker_section(args, output_dir), tracing=tracing_config(args))
 
 
 def _need(condition: bool, message: str) -> None:

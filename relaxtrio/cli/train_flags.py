@@ -20,7 +20,7 @@ from ..chat.parsers import REASONING_PARSERS, TOOL_CALL_PARSERS
 from ..config import BACKENDS
 from .algorithm_flags import add_algorithm_flags, add_training_flags
 from .cluster_flags import add_cluster_flags
-from .tool_flags import DefaultsHelpFormatter
+from .tool_flags import DefaultsHelpFormatter, add_otel_flags
 
 __all__ = ["EXAMPLE_DIR", "TRAIN_FLAG_GROUPS", "add_train_parser", "split_sglang_args"]
 
@@ -261,6 +261,7 @@ def _add_observability_flags(p: argparse.ArgumentParser, *, rollout_only: bool) 
                    help="serve /debug_state and the live /dashboard on 127.0.0.1:PORT (0: a "
                         "free port) behind a token printed at start-up; unset: not served "
                         "(docs/dashboard.md)")
+    add_otel_flags(g)
 
 
 def split_sglang_args(rest: list[str]) -> tuple[list[str], list[str]]:

@@ -40,6 +40,7 @@ from .rollout import EvalConfig as EvalConfig
 from .rollout import RolloutConfig as RolloutConfig
 from .run import TrainRunConfig as TrainRunConfig
 from .trackers import TrackerConfig as TrackerConfig
+from .trackers import TracingConfig as TracingConfig
 from .trackers import WandbMode as WandbMode
 from .trainer import ADVANTAGE_ESTIMATORS as ADVANTAGE_ESTIMATORS
 from .trainer import ESTIMATORS_REJECTING_CUSTOM_ADVANTAGE as ESTIMATORS_REJECTING_CUSTOM_ADVANTAGE
@@ -77,6 +78,7 @@ __all__ = [
     "PolicyRatio",
     "RolloutConfig",
     "TrackerConfig",
+    "TracingConfig",
     "TrainConfig",
     "TrainRunConfig",
     "WandbMode",

@@ -16,7 +16,7 @@ from .distributed import DistributedConfig
 from .fleet import FleetConfig
 from .generation import GenerationConfig
 from .rollout import EvalConfig, RolloutConfig
-from .trackers import TrackerConfig
+from .trackers import TrackerConfig, TracingConfig
 from .trainer import ESTIMATORS_WITH_KL_SHAPING, TrainConfig
 
 __all__ = [
@@ -76,6 +76,7 @@ class TrainRunConfig:
             (docs/dashboard.md); None: no operator listener.
         distributed: trainer ranks and Ray placement (one process by default).
         trackers: TensorBoard / W&B beside ``metrics.jsonl`` (:mod:`relaxtrio.run.trackers`).
+        tracing: where OpenTelemetry spans go (:mod:`relaxtrio.tracing`); none by default.
     """
 
     prompt_data: Path
@@ -109,6 +110,7 @@ class TrainRunConfig:
     operator_port: int | None = None
     distributed: DistributedConfig = attrs.field(factory=DistributedConfig)
     trackers: TrackerConfig = attrs.field(factory=lambda: TrackerConfig())
+    tracing: TracingConfig = attrs.field(factory=lambda: TracingConfig())
 
     @property
     def rollout_samples_path(self) -> Path:

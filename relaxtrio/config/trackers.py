@@ -1,4 +1,5 @@
-"""Which experiment trackers a run writes to: :class:`TrackerConfig`."""
+"""Which experiment trackers a run writes to (:class:`TrackerConfig`) and where its spans go
+(:class:`TracingConfig`)."""
 
 from __future__ import annotations
 
@@ -9,6 +10,7 @@ import attrs
 
 __all__ = [
     "TrackerConfig",
+    "TracingConfig",
     "WandbMode",
 ]
 
@@ -40,3 +42,22 @@ class TrackerConfig:
     def enabled(self) -> bool:
         """Whether any tracker is configured."""
         return self.tensorboard_dir is not None or self.wandb_dir is not None
+
+
+@attrs.frozen(kw_only=True)
+class TracingConfig:
+    """Where a run's OpenTelemetry spans go (:mod:`relaxtrio.tracing`, docs/observability.md).
+
+    Attributes:
+        endpoint: an OTLP/HTTP traces endpoint (``--otel-endpoint``, e.g.
+            ``http://127.0.0.1:4318/v1/traces``), or None.
+        file: a file the spans are appended to as JSON lines (``--otel-file``), or None.
+    """
+
+    endpoint: str | None = None
+    file: Path | None = None
+
+    @property
+    def enabled(self) -> bool:
+        """Whether spans are recorded at all (without it, the SDK is never imported)."""
+        return self.endpoint is not None or self.file is not None

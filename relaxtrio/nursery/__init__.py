@@ -8,6 +8,7 @@ aborts, pause, protection: :mod:`relaxtrio.nursery.partial`), and the turn proto
 
 Imports inside point one way: ``group`` → ``session`` → ``agent``, ``partial``, ``turns``.
 
-May import: :mod:`relaxtrio.forest`, :mod:`relaxtrio._errors`, trio, attrs. Never quart, httpx,
-torch, or the api/rollout/train/engine/sglang packages.
+May import: :mod:`relaxtrio.forest`, :mod:`relaxtrio.tracing` (Session and request spans),
+:mod:`relaxtrio._errors`, trio, attrs. Never quart, httpx, torch, or the
+api/rollout/train/engine/sglang packages.
 """

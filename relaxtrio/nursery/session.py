@@ -31,6 +31,7 @@ from .._errors import (
     UnknownSessionError,
 )
 from ..forest import SessionForest, TrainingSample
+from ..tracing import current_tracing, set_attributes
 from .agent import ActiveBudget, RolloutMode
 from .partial import PartialRollout
 from .pending_turn import PendingTurn, TurnCell
@@ -237,7 +238,12 @@ class Session:
 
     async def _turn_task(self, handler: TurnHandler, request: TurnRequest, cell: TurnCell) -> None:
         try:
-            cell.result = await handler.complete(self.turn_context(cell), request)
+            attributes = {"relaxtrio.session.index": self.index, "relaxtrio.rollout_id": self.group.rollout_id}
+            with current_tracing().request_span(self.session_id, attributes) as span:
+                cell.result = result = await handler.complete(self.turn_context(cell), request)
+                set_attributes(span, {"relaxtrio.request.prompt_tokens": result.prompt_tokens,
+                                      "relaxtrio.request.completion_tokens": result.completion_tokens,
+                                      "relaxtrio.request.finish_reason": result.finish_reason})
         except RelaxError as exc:
             exc.session_id = exc.session_id or self.session_id
             cell.error = exc

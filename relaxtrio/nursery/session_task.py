@@ -19,6 +19,7 @@ import trio
 from .._errors import AgentExecutionError, ExportError
 from ..config import AgentConfig
 from ..forest import LeafSelection, export_samples, parse_session_output, select_leaves
+from ..tracing import current_tracing
 from .agent import SessionEnv, run_agent
 from .session import Session, SessionRegistry
 
@@ -77,12 +78,15 @@ async def run_session(
         Cancelling terminates the agent's process group (shielded), aborts in-flight turns and
         unregisters the Session; ``status`` becomes ``cancelled``.
     """
+    tracing = current_tracing()  # a relaxtrio.session span, ended with the Session's status
+    tracing.start_session(session.session_id, group_id=session.group.group_id, index=session.index)
     try:
         await _run_session(session, agent=agent, base_url=base_url, registry=registry,
                            server_template_kwargs=server_template_kwargs, task_status=task_status)
     finally:
         _settle_agent_log(agent_log_path(agent, session), session)
         session.mark_ended()
+        tracing.end_session(session.session_id, status=session.status)
 
 
 def agent_log_path(agent: AgentConfig, session: Session) -> Path | None:
@@ -229,6 +233,8 @@ async def serve_external_session(
     """
     registry.add(session)
     session.status = "running"
+    tracing = current_tracing()
+    tracing.start_session(session.session_id, group_id=session.group.group_id, index=session.index)
     try:
         async with session.serving():
             task_status.started()
@@ -236,3 +242,4 @@ async def serve_external_session(
     finally:
         registry.discard(session)
         session.mark_ended()
+        tracing.end_session(session.session_id, status=session.status)

@@ -7,6 +7,6 @@ custom-advantage hooks, capacity planning, metrics, and the debug dumps and roll
 files (:mod:`relaxtrio.rollout.dumps`).
 
 May import: :mod:`relaxtrio.forest`, :mod:`relaxtrio.nursery`, :mod:`relaxtrio.chat`,
-:mod:`relaxtrio.media`, :mod:`relaxtrio.sglang`, trio. Never quart, torch, or the api/train/engine
-packages.
+:mod:`relaxtrio.media`, :mod:`relaxtrio.sglang`, :mod:`relaxtrio.tracing` (Group spans), trio.
+Never quart, torch, or the api/train/engine packages.
 """

@@ -52,6 +52,7 @@ from ..nursery.group import Group
 from ..nursery.group import run_group as run_group_sessions
 from ..nursery.partial import PartialRollout
 from ..nursery.session import SessionRegistry
+from ..tracing import current_tracing
 from .accounting import (
     ChangeSignal,
     GroupStages,
@@ -195,16 +196,17 @@ class RolloutPipeline:
             Cancelling terminates every agent of the Group (shielded, bounded) before returning.
         """
         self.nursery.start_soon(self.watchdog.watch, group)
-        await run_group_sessions(group, agent=self.agent, base_url=self.base_url, registry=self.registry,
-                                 server_template_kwargs=self.server_template_kwargs, lease=False)
-        if sessions_ended is not None:
-            sessions_ended()
-        with trio.CancelScope() as scope:
-            self._reward_scopes[group] = scope
-            try:
-                await score_rewards(group, self.config)
-            finally:
-                del self._reward_scopes[group]
+        with current_tracing().group_span(group.group_id, mode=group.mode, num_sessions=len(group.sessions)):
+            await run_group_sessions(group, agent=self.agent, base_url=self.base_url, registry=self.registry,
+                                     server_template_kwargs=self.server_template_kwargs, lease=False)
+            if sessions_ended is not None:
+                sessions_ended()
+            with trio.CancelScope() as scope:
+                self._reward_scopes[group] = scope
+                try:
+                    await score_rewards(group, self.config)
+                finally:
+                    del self._reward_scopes[group]
 
     def _end_residence(self, group: Group) -> None:
         """Gives a train Group's permit back (once): its Sessions ended, or it was cancelled."""

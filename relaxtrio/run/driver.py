@@ -23,7 +23,8 @@ removed), and with ``--use-tensorboard`` / ``--use-wandb`` the trackers' files
 ``debug_rollout_data`` every step also writes a debug dump (:mod:`relaxtrio.rollout.dumps`,
 docs/dumps.md) after its update, so the dump holds the trainer's statistics next to the samples
 it trained on. With ``operator_port`` the operator listener (``/debug_state``, ``/dashboard``,
-docs/dashboard.md) shows the run's Groups, Sessions, forests and per-step plots live.
+docs/dashboard.md) shows the run's Groups, Sessions, forests and per-step plots live. With
+``--otel-endpoint`` / ``--otel-file`` the run records OpenTelemetry spans (:mod:`relaxtrio.tracing`).
 """
 
 from __future__ import annotations
@@ -55,6 +56,7 @@ from ..rollout.operator_view import RunView
 from ..rollout.pipeline import open_rollout_pipeline
 from ..rollout.turns import EngineTurnHandler
 from ..sglang.client import context_token_limit
+from ..tracing import current_tracing, trace_run
 from ..train import Trainer
 from ..train.ranks import RankGroup
 from .checkpoint import RunCheckpointer
@@ -164,7 +166,9 @@ async def run_training(cfg: TrainRunConfig) -> TrainSummary:
         _log_capacity(cfg, plan)
         trackers = await trio.to_thread.run_sync(Trackers.open, cfg.trackers, _tracker_run_config(cfg))
         try:
-            return await _run_training(cfg, trackers)
+            async with trace_run("rollout" if cfg.rollout_only else "train",
+                                 endpoint=cfg.tracing.endpoint, file=cfg.tracing.file):
+                return await _run_training(cfg, trackers)
         finally:
             with trio.CancelScope(shield=True):
                 await trio.to_thread.run_sync(trackers.close)
@@ -274,8 +278,9 @@ async def _run_loaded(
                     # A stop (Ctrl-C, SIGTERM) that came during the shielded checkpoint write
                     # takes effect here, before the next step starts any agent.
                     await trio.lowlevel.checkpoint()
-                    row = await train_step(cfg, pipeline, trainer, inference, rollout_id,
-                                           eval_sets, outputs, view, split)
+                    with current_tracing().step_span(rollout_id):
+                        row = await train_step(cfg, pipeline, trainer, inference, rollout_id,
+                                               eval_sets, outputs, view, split)
                     checkpointer.note_step(rollout_id, row)
                     written = metrics.append(rollout_id, row)
                     view.note_metrics(written)  # the dashboard's step view shows this very row

@@ -27,6 +27,7 @@ from ..train import Trainer, TrainStats
 from ..train.ranks import RankGroup
 from .checkpoint import weight_version_name
 from .inference import Inference
+from .learning_signal import check_learning_signal
 
 log = logging.getLogger(__name__)
 
@@ -113,7 +114,8 @@ async def train_step(
     Timings in the row (wall seconds): ``rollout_s``; ``train_s`` from the update's start to the
     engines running the new weights, split into ``update_s`` (``Trainer.train_step``) and
     ``weight_sync_s`` (writing the weights, then pause, reload and continue on every worker);
-    ``eval_s``; ``step_s`` for all of it. A CPU trainer in this process trains with its share of
+    ``eval_s``; ``step_s`` for all of it. A trained step also gets ``step_cannot_teach`` (and one
+    WARNING when its update had no learning signal: :mod:`relaxtrio.run.learning_signal`). A CPU trainer in this process trains with its share of
     the cores while train Groups use the CPU, and with ``split.trainer_solo_threads`` once none
     does (none resident, or only prelaunched ones whose agents all wait for their lease:
     ``RolloutPipeline.groups_use_cpu``; :mod:`relaxtrio.cpu_threads`)."""
@@ -144,6 +146,7 @@ async def train_step(
             update_s=push_start - train_start,
         )
         row.update(optional_train_metrics(stats))
+        row.update(check_learning_signal(result, stats))
     elif not result.samples:
         log.warning("rollout %d produced no samples; skipping the update", rollout_id)
     await trio.to_thread.run_sync(outputs.write, cfg, result, trainer, stats)

@@ -9,6 +9,7 @@ in :mod:`._http`); the sampling-parameter wire model shared with the embedded en
 (:mod:`relaxtrio.sglang.wire`); generate-reply parsing (:mod:`._replies`). Nothing about fleets:
 routing, fan-out, failover and launching engines are :mod:`relaxtrio.fleet`'s.
 
-May import: :mod:`relaxtrio._errors`, :mod:`relaxtrio.forest` (weight spans), trio, httpx. Never
+May import: :mod:`relaxtrio._errors`, :mod:`relaxtrio.forest` (weight spans),
+:mod:`relaxtrio.tracing` (engine-call spans and their traceparent header), trio, httpx. Never
 torch, quart, the fleet, or the nursery/api/rollout/train packages.
 """

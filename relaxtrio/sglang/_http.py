@@ -16,6 +16,7 @@ import httpx
 import trio
 
 from .._errors import BackendTimeoutError, EngineUnavailableError
+from ..tracing import current_tracing
 from ._pool import ConnectionPool, PoolResponse
 
 __all__ = ["EngineClientConfig", "json_object", "send_with_retries"]
@@ -63,6 +64,9 @@ async def send_with_retries(
 ) -> httpx.Response | PoolResponse:
     """One call with bounded retries; returns the final response (any status).
 
+    Inside a traced request or step (:mod:`relaxtrio.tracing`), the call is a
+    ``relaxtrio.engine_call`` span and sends its W3C ``traceparent`` header.
+
     Args:
         client: the pool to use: the generation pool (:class:`~._pool.ConnectionPool`) or an
             ``httpx.AsyncClient`` (control calls, custom transports); both raise httpx's
@@ -83,6 +87,29 @@ async def send_with_retries(
     Cancellation:
         A checkpoint; cancelling drops the request in flight (the engine sees a disconnect).
     """
+    tracing = current_tracing()
+    if not tracing.enabled:  # the hot path: one context-variable read
+        return await _send(client, method, url, path, body, httpx_timeout=httpx_timeout,
+                           config=config, headers=headers)
+    with tracing.engine_call(method, url, path) as trace_headers:
+        if trace_headers is not None:
+            headers = {**(headers or {}), **trace_headers}
+        return await _send(client, method, url, path, body, httpx_timeout=httpx_timeout,
+                           config=config, headers=headers)
+
+
+async def _send(
+    client: httpx.AsyncClient | ConnectionPool,
+    method: str,
+    url: str,
+    path: str,
+    body: dict[str, Any] | bytes | None,
+    *,
+    httpx_timeout: httpx.Timeout,
+    config: EngineClientConfig,
+    headers: dict[str, str] | None,
+) -> httpx.Response | PoolResponse:
+    """:func:`send_with_retries` without the span."""
     attempts = max(1, config.max_attempts)
     for attempt in range(1, attempts + 1):
         if isinstance(client, httpx.AsyncClient) and client.is_closed:

@@ -47,7 +47,7 @@ from .._serving import freeze_startup_heap
 from ..api.app import create_app, serve_api
 from ..api.operator import start_operator
 from ..chat.compiler import ChatCompiler
-from ..config import ApiConfig, GenerationConfig
+from ..config import ApiConfig, GenerationConfig, TracingConfig
 from ..forest import export_samples, parse_session_output
 from ..nursery.group import Group
 from ..nursery.session import Session, SessionRegistry
@@ -67,6 +67,7 @@ from ..config import Backend, FleetConfig
 from ..fleet.connect import open_fleet
 from ..fleet.fleet import EngineFleet
 from ..sglang.client import context_token_limit
+from ..tracing import trace_run
 
 log = logging.getLogger(__name__)
 
@@ -105,6 +106,7 @@ class ServeConfig:
         reward_key: primary key of object rewards (for the dump's ``scalar_reward``).
         export_policy: implicit-export policy of every Session (``--agentic-export-policy``;
             docs/export-and-credit.md#export-policies).
+        tracing: where OpenTelemetry spans go (``--otel-endpoint`` / ``--otel-file``).
     """
 
     num_sessions: int = attrs.field(default=1)
@@ -122,6 +124,7 @@ class ServeConfig:
     operator_port: int | None = None
     reward_key: str | None = None
     export_policy: Literal["strict", "final", "all-leaves"] = "strict"
+    tracing: TracingConfig = attrs.field(factory=TracingConfig)
 
     @num_sessions.validator
     def _check_sessions(self, attribute: attrs.Attribute, value: int) -> None:
@@ -317,8 +320,9 @@ async def run_serve(cfg: ServeConfig, *, announce: Callable[[str], None] = _anno
         model_dir = await trio.to_thread.run_sync(_resolve_model, cfg)
         compiler = await trio.to_thread.run_sync(ChatCompiler.from_pretrained, model_dir)
         try:
-            stopped_by = await _serve_until_stopped(cfg, model_dir, compiler, task, signals, served,
-                                                    announce)
+            async with trace_run("serve", endpoint=cfg.tracing.endpoint, file=cfg.tracing.file):
+                stopped_by = await _serve_until_stopped(cfg, model_dir, compiler, task, signals,
+                                                        served, announce)
         except* BackendError as failure:
             if not served.base_url:
                 raise  # the engine failed before anything was served
