@@ -26,9 +26,9 @@ def _stats(**fields: float) -> TrainStats:
     return TrainStats(**{**base, **fields})
 
 
-def _step(*rewards: list[list[float]]) -> StepResult:
+async def _step(*rewards: list[list[float]]) -> StepResult:
     config = RolloutConfig()
-    groups = tuple(score_group(group_of(r), config) for r in rewards)
+    groups = tuple([await score_group(group_of(r), config) for r in rewards])
     assert all(isinstance(g, ScoredGroup) for g in groups)
     return StepResult(rollout_id=3, groups=groups, dropped=(), rollout_s=1.0)  # type: ignore[arg-type]
 
@@ -37,8 +37,8 @@ def _warnings(caplog: pytest.LogCaptureFixture) -> list[str]:
     return [r.getMessage() for r in caplog.records if r.levelno == logging.WARNING]
 
 
-def test_identical_rewards_in_every_group_warn_once_with_the_dynamic_filter(caplog) -> None:
-    result = _step([[1.0], [1.0]], [[0.0], [0.0], [0.0]])
+async def test_identical_rewards_in_every_group_warn_once_with_the_dynamic_filter(caplog) -> None:
+    result = await _step([[1.0], [1.0]], [[0.0], [0.0], [0.0]])
     with caplog.at_level(logging.WARNING, logger="relaxtrio"):
         row = check_learning_signal(result, _stats(grad_norm=0.0))
     assert row == {"step_cannot_teach": 1.0, "step_cannot_teach_cause": "zero_advantage"}
@@ -47,15 +47,15 @@ def test_identical_rewards_in_every_group_warn_once_with_the_dynamic_filter(capl
     assert "--dynamic-sampling-filter-path relaxtrio.rollout.filters.check_reward_nonzero_std" in line
 
 
-def test_one_group_with_differing_rewards_teaches(caplog) -> None:
-    result = _step([[1.0], [1.0]], [[0.0], [1.0]])
+async def test_one_group_with_differing_rewards_teaches(caplog) -> None:
+    result = await _step([[1.0], [1.0]], [[0.0], [1.0]])
     with caplog.at_level(logging.WARNING, logger="relaxtrio"):
         assert check_learning_signal(result, _stats()) == {"step_cannot_teach": 0.0}
     assert _warnings(caplog) == []
 
 
-def test_every_token_masked_names_the_masking_option() -> None:
-    result = _step([[0.0], [1.0]])
+async def test_every_token_masked_names_the_masking_option() -> None:
+    result = await _step([[0.0], [1.0]])
     offpolicy = cannot_teach(result.groups, _stats(num_tokens=0, offpolicy_masked_tokens=4, grad_norm=0.0))
     assert offpolicy is not None and offpolicy.cause == "all_masked"
     assert "--mask-offpolicy-in-partial-rollout removed all 4" in offpolicy.detail
@@ -64,8 +64,8 @@ def test_every_token_masked_names_the_masking_option() -> None:
     assert cannot_teach(result.groups, _stats(icepop_masked_fraction=0.5)) is None
 
 
-def test_every_token_clipped_and_a_zero_gradient() -> None:
-    result = _step([[0.0], [1.0]])
+async def test_every_token_clipped_and_a_zero_gradient() -> None:
+    result = await _step([[0.0], [1.0]])
     clipped = cannot_teach(result.groups, _stats(clip_fraction=1.0))
     assert clipped is not None and clipped.cause == "all_clipped" and "--eps-clip" in clipped.remedy
     assert cannot_teach(result.groups, _stats(clip_fraction=0.99)) is None
@@ -73,16 +73,16 @@ def test_every_token_clipped_and_a_zero_gradient() -> None:
     assert zero is not None and zero.cause == "zero_gradient"
 
 
-def test_samples_without_sampled_tokens_come_first() -> None:
-    result = _step([[0.0], [1.0]])
+async def test_samples_without_sampled_tokens_come_first() -> None:
+    result = await _step([[0.0], [1.0]])
     masked = [attrs.evolve(s, sample=attrs.evolve(s.sample, loss_mask=(0, 0, 0))) for s in result.groups[0].scored]
     groups = (attrs.evolve(result.groups[0], scored=tuple(masked)),)
     verdict = cannot_teach(groups, _stats(grad_norm=0.0))
     assert verdict is not None and verdict.cause == "no_response_tokens"
 
 
-def test_no_update_checks_only_the_samples() -> None:
-    assert cannot_teach(_step([[0.0], [1.0]]).groups, None) is None
-    verdict = cannot_teach(_step([[2.0], [2.0]]).groups, None)
+async def test_no_update_checks_only_the_samples() -> None:
+    assert cannot_teach((await _step([[0.0], [1.0]])).groups, None) is None
+    verdict = cannot_teach((await _step([[2.0], [2.0]])).groups, None)
     assert verdict is not None and verdict.cause == "zero_advantage"
     assert cannot_teach((), None) is None
