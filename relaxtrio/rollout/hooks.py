@@ -141,7 +141,7 @@ def hook_arguments(fn: Callable[..., Any], kind: HookKind, values: tuple[Any, ..
 
 def is_async_hook(fn: Callable[..., Any]) -> bool:
     """Whether ``fn`` (a function, or an object with an async ``__call__``) is an ``async def``."""
-    return inspect.iscoroutinefunction(fn) or inspect.iscoroutinefunction(getattr(fn, "__call__", None))
+    return inspect.iscoroutinefunction(fn) or inspect.iscoroutinefunction(type(fn).__call__)
 
 
 async def call_hook(fn: Callable[..., Any], kind: HookKind, *values: Any, hook_args: Any = None) -> Any:
