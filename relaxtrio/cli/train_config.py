@@ -97,6 +97,7 @@ def _rollout_section(args: argparse.Namespace) -> RolloutConfig:
         prelaunch=args.agentic_prelaunch,
         partial_rollout=args.partial_rollout,
         fully_async=args.fully_async,
+        max_staleness=args.max_staleness,
         barrier_warn_s=args.barrier_warn_s,
         reward_key=args.reward_key,
         eval_reward_key=args.eval_reward_key,

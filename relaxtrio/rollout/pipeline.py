@@ -61,6 +61,7 @@ from .accounting import (
     wait_with_heartbeat,
 )
 from .dataset import Prompt, PromptStream
+from .fully_async import WeightWindow
 from .rewards import score_rewards
 from .step import StepResult, agentic_event
 from .step_book import StepBook
@@ -76,6 +77,8 @@ class RolloutPipeline:
 
     Attributes:
         watchdog: reports Groups stuck at the first-request barrier.
+        weights: the weight version the engines run and the staleness bound
+            (:mod:`relaxtrio.rollout.fully_async`).
     """
 
     config: RolloutConfig
@@ -90,6 +93,7 @@ class RolloutPipeline:
     eval_concurrency: int | None = None
     rollout_id: int = 0
     watchdog: BarrierWatchdog = attrs.field(init=False)
+    weights: WeightWindow = attrs.field(init=False)
     _permits: trio.Semaphore = attrs.field(init=False)
     _resident: list[Group] = attrs.field(factory=list)
     _finished: list[Group] = attrs.field(factory=list)
@@ -101,6 +105,7 @@ class RolloutPipeline:
     def __attrs_post_init__(self) -> None:
         self._permits = trio.Semaphore(self.config.concurrency)
         self.watchdog = BarrierWatchdog(warn_s=self.config.barrier_warn_s)
+        self.weights = WeightWindow(max_staleness=self.config.max_staleness)
 
     # ------------------------------------------------------------------ bookkeeping
     @property
@@ -337,7 +342,7 @@ class RolloutPipeline:
     def _score_finished(self, step: StepBook) -> None:
         """Scores and files finished Groups in finishing order until the target is reached."""
         while self._finished and not step.full:
-            if step.file(self._finished.pop(0), self.config) is not None:
+            if step.file(self._finished.pop(0), self.config, self.weights) is not None:
                 self._update_bar(step)
 
     def _lease_or_start(self, step: StepBook) -> None:

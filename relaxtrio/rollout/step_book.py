@@ -25,6 +25,7 @@ from ..config import RolloutConfig
 from ..nursery.group import Group
 from .accounting import GroupStages
 from .filters import FilterVerdict
+from .fully_async import WeightWindow
 from .step import ScoredGroup, StepResult, agentic_event, score_group
 
 __all__ = ["StepBook"]
@@ -47,6 +48,9 @@ class StepBook:
         dropped: Groups dropped during the step (those the custom advantage function filtered
             included).
         filtered: every Group filtered during the step, with the verdict.
+        stale_groups: Groups dropped for a sample staler than ``--max-staleness`` (also in
+            ``dropped``).
+        stale_samples: the samples those Groups held that were staler than the bound.
     """
 
     rollout_id: int
@@ -58,6 +62,8 @@ class StepBook:
     accepted: list[ScoredGroup] = attrs.field(factory=list)
     dropped: list[Group] = attrs.field(factory=list)
     filtered: list[FilterVerdict] = attrs.field(factory=list)
+    stale_groups: int = 0
+    stale_samples: int = 0
 
     @classmethod
     def open(cls, rollout_id: int, config: RolloutConfig, stages: GroupStages, *,
@@ -88,16 +94,21 @@ class StepBook:
         """Whether the step accepted its target of Groups."""
         return len(self.accepted) >= self.target
 
-    def file(self, group: Group, config: RolloutConfig) -> ScoredGroup | None:
+    def file(self, group: Group, config: RolloutConfig,
+             weights: WeightWindow | None = None) -> ScoredGroup | None:
         """Scores a finished Group and files it: accepted, filtered, or dropped.
 
-        A Group dropped before it finished is filed as dropped without scoring. A Group the
-        scoring refuses (:class:`ExportError`) is dropped with the error as its reason.
+        A Group dropped before it finished is filed as dropped without scoring. A Group with a
+        sample staler than ``weights.max_staleness`` is dropped and counted in
+        :attr:`stale_groups` / :attr:`stale_samples`. A Group the scoring refuses
+        (:class:`ExportError`) is dropped with the error as its reason.
 
         Returns:
             The accepted Group, or None when it was filtered or dropped.
         """
         outcome: ScoredGroup | FilterVerdict | None = None
+        if not group.dropped and weights is not None:
+            self._drop_if_stale(group, weights)
         if not group.dropped:
             try:
                 outcome = score_group(group, config)
@@ -120,6 +131,19 @@ class StepBook:
         self.dropped.append(group)
         return None
 
+    def _drop_if_stale(self, group: Group, weights: WeightWindow) -> None:
+        stale = weights.stale_samples(group)
+        if not stale:
+            return
+        oldest = min(v for s in stale if (v := weights.oldest_version(s)) is not None)
+        group.dropped_reason = (
+            f"stale: {len(stale)} sample(s) sampled by weight version {oldest}, "
+            f"{weights.loaded - oldest} versions behind the policy (--max-staleness "
+            f"{weights.max_staleness})")
+        log.warning("Dropped group %s: %s", group.group_id, group.dropped_reason)
+        self.stale_groups += 1
+        self.stale_samples += len(stale)
+
     def result(self, *, aborted: int, stages: GroupStages, barrier_warnings: int) -> StepResult:
         """Closes the book: the step's result, logged as ``event=accounting_end``.
 
@@ -134,11 +158,13 @@ class StepBook:
             rollout_s=time.monotonic() - self.started, aborted_requests=aborted,
             resident_groups=stages.resident, barrier_warnings=barrier_warnings - self.warnings_before,
             filtered=tuple(self.filtered), interrupted_groups=stages.interrupted,
+            stale_groups=self.stale_groups, stale_samples=self.stale_samples,
         )
         log.info(agentic_event(
             "rollout", "accounting_end", rollout=self.rollout_id, groups=len(result.groups),
             rows=sum(len(g.scored) for g in result.groups), debt=max(self.target - len(result.groups), 0),
             resident_groups=result.resident_groups, interrupted_groups=result.interrupted_groups,
             dropped_groups=len(self.dropped), filtered_groups=result.filtered_groups,
+            stale_groups=self.stale_groups or None,  # only under --max-staleness drops
             aborted_requests=aborted))
         return result
