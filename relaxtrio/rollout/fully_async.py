@@ -53,9 +53,12 @@ class WeightWindow:
         start: the version the engines started with (the run's first step: 0, or the step a
             resumed run starts at).
         loaded: the version the engines run now (moved by :meth:`loaded_version`).
+        gate: whether Groups wait for weights (``--fully-async``); otherwise only the
+            staleness drop applies (partial rollout carries tokens across versions too).
     """
 
     max_staleness: int | None = None
+    gate: bool = False
     start: int = 0
     loaded: int = 0
 
@@ -92,6 +95,8 @@ class WeightWindow:
             next_step: the first step not yet closed: a Group leased for an earlier step is
                 trained at this one at the earliest.
         """
+        if not self.gate:
+            return
         for group in groups:
             if not group.leased or group.finished:
                 continue

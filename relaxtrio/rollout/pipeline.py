@@ -105,7 +105,7 @@ class RolloutPipeline:
     def __attrs_post_init__(self) -> None:
         self._permits = trio.Semaphore(self.config.concurrency)
         self.watchdog = BarrierWatchdog(warn_s=self.config.barrier_warn_s)
-        self.weights = WeightWindow(max_staleness=self.config.max_staleness)
+        self.weights = WeightWindow(max_staleness=self.config.max_staleness, gate=self.config.fully_async)
 
     # ------------------------------------------------------------------ bookkeeping
     @property
@@ -258,6 +258,7 @@ class RolloutPipeline:
             self._start_train_group(leased=True, rollout_id=rollout_id)
             done += 1
         self._backfilled += done
+        self.weights.apply(self._resident, next_step=rollout_id)
         return done
 
     # ------------------------------------------------------------------ steps
@@ -286,6 +287,8 @@ class RolloutPipeline:
         for group in self._resident:  # carried into this step
             if group.leased:
                 group.enter_step(rollout_id)
+        if self.config.fully_async:  # carried Groups still beyond the staleness bound wait on
+            self.weights.apply(self._resident, next_step=rollout_id)
         try:
             await self._fill_step(step, last=last, steps_left=steps_left)
         finally:
@@ -393,7 +396,8 @@ class RolloutPipeline:
         cfg = self.config
         if last:
             self._run_end = self._carried_at_close()
-        if cfg.fully_async and not last:
+        if cfg.fully_async and not last:  # kept Groups sample for the next step from now on
+            self.weights.apply(self._resident, next_step=step.rollout_id + 1)
             return 0
         if cfg.partial_rollout and not last:
             # Protected Sessions are not interrupted: let them finish first (docs/scheduling.md#protection).

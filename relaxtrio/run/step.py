@@ -129,7 +129,9 @@ async def train_step(
             update = trainer.train_step
         stats = await trio.to_thread.run_sync(update, result.scored)
         push_start = time.monotonic()
-        row["weight_sync_s"] = await push_trainer_weights(inference, trainer, weight_version_name(rollout_id))
+        with pipeline.weights.pushing(pipeline.resident_groups):  # requests wait for the weights
+            row["weight_sync_s"] = await push_trainer_weights(
+                inference, trainer, weight_version_name(rollout_id))
         pipeline.weights.loaded_version(rollout_id + 1, pipeline.resident_groups, next_step=rollout_id + 1)
         push_end = time.monotonic()
         row.update(

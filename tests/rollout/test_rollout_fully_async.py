@@ -5,12 +5,15 @@ from __future__ import annotations
 
 import attrs
 import pytest
+import trio
 from tests.support.groups import group_of
+from tests.support.sessions import add_session
 
 from relaxtrio import ConfigError
 from relaxtrio.config import RolloutConfig
 from relaxtrio.forest import WeightSpan
 from relaxtrio.nursery.group import Group
+from relaxtrio.nursery.session import Session
 from relaxtrio.rollout.accounting import group_stages
 from relaxtrio.rollout.fully_async import WeightWindow, version_index
 from relaxtrio.rollout.step import group_metrics
@@ -60,3 +63,65 @@ def test_without_a_bound_no_sample_is_stale() -> None:
 def test_max_staleness_must_not_be_negative() -> None:
     with pytest.raises(ConfigError, match="max_staleness"):
         RolloutConfig(max_staleness=-1)
+
+
+def _in_runtime(budget_s: float, rollout_id: int) -> tuple[Group, Session]:
+    """A leased Group of one Session past its barrier: its budget is running."""
+    group = Group(group_id="train:group_w")
+    session = add_session(group, budget_s=budget_s)
+    group.lease(rollout_id)
+    group.note_request(session)
+    assert session.budget.running
+    return group, session
+
+
+async def _request_through_update(group: Group, session: Session, weights: WeightWindow, *,
+                                  update_s: float, push_s: float) -> float:
+    """Step ``group.rollout_id`` closes with the Session's next request at the gate; the trainer
+    trains for ``update_s``, then pushes for ``push_s``. Returns when the request may generate
+    (trio time). Run it inside the Session's budget scope, as the agent wait is."""
+    allowed_at: list[float] = []
+
+    async def request() -> None:
+        await group.wait_generation_allowed(session)
+        allowed_at.append(trio.current_time())
+
+    async with trio.open_nursery() as nursery:
+        weights.apply([group], next_step=group.rollout_id + 1)  # step close
+        nursery.start_soon(request)
+        await trio.sleep(update_s)
+        with weights.pushing([group]):
+            await trio.sleep(push_s)
+        weights.loaded_version(weights.loaded + 1, [group], next_step=group.rollout_id + 1)
+    return allowed_at[0] if allowed_at else float("nan")
+
+
+async def test_session_waiting_for_weights_across_a_step_does_not_time_out(autojump_clock) -> None:
+    # --max-staleness 0: a Group kept past step 0's close may not sample with version 0 again,
+    # so its request waits for version 1 through the update and the push, its budget paused.
+    group, session = _in_runtime(budget_s=10.0, rollout_id=0)
+    weights = WeightWindow(max_staleness=0, gate=True)
+    with session.budget.scope:
+        allowed = await _request_through_update(group, session, weights, update_s=100.0, push_s=30.0)
+    assert allowed == 130.0 > session.budget.total_s  # wall time past --agent-timeout
+    assert not session.budget.scope.cancelled_caught and session.budget.running
+    assert session.budget.remaining_s() == 10.0 and not group.paused
+
+
+async def test_budget_pauses_through_the_weight_push(autojump_clock) -> None:
+    # No bound: the kept Group samples during the update (its budget runs), and only the push,
+    # where the engines hold every request, is paused.
+    group, session = _in_runtime(budget_s=10.0, rollout_id=0)
+    weights = WeightWindow(gate=True)
+    with session.budget.scope:
+        allowed = await _request_through_update(group, session, weights, update_s=4.0, push_s=60.0)
+        assert allowed == 0.0 and trio.current_time() == 64.0
+        assert session.budget.remaining_s() == 6.0
+
+
+async def test_without_the_wait_the_budget_runs_out_during_the_update(autojump_clock) -> None:
+    # The control: a Session that keeps its budget running through a long update times out.
+    group, session = _in_runtime(budget_s=10.0, rollout_id=0)
+    with session.budget.scope:
+        await trio.sleep(100.0)
+    assert session.budget.scope.cancelled_caught and trio.current_time() == 10.0
