@@ -11,11 +11,16 @@ sampled by older weights than the policy that trains it. This module owns what b
   oldest version that sampled any of its tokens. With ``--max-staleness S`` a Group with a
   sample staler than ``S`` is dropped (it is new demand) and counted in the step's
   ``stale_groups`` and ``stale_samples``.
-* **Waiting for weights.** A leased Group will be trained at step ``d`` or later (``d``: the step
-  it was leased for, or the next step once its own has closed). Its tokens would be at least
-  ``d - v`` versions stale when sampled by version ``v``, so it generates only while
-  ``v >= d - S``; otherwise it is paused (:meth:`~relaxtrio.nursery.group.Group.pause`: its
-  gate closed, its Sessions' ``--agent-timeout`` budgets paused) until newer weights load.
+* **Waiting for weights.** Between steps (from a step's close, through the update and the
+  weight push, until the next step starts) a leased Group will be trained at step ``d`` or
+  later (``d``: the step it was leased for, or the next step once its own has closed). Its
+  tokens would be at least ``d - v`` versions stale when sampled by version ``v``, so it
+  generates only while ``v >= d - S``; otherwise it is paused
+  (:meth:`~relaxtrio.nursery.group.Group.pause`: its gate closed, its Sessions'
+  ``--agent-timeout`` budgets paused) until newer weights load or the next step starts.
+* **Running ahead.** :meth:`WeightWindow.steps_ahead`: after a step closes the rollout leases
+  the demand of up to ``S + 1`` further steps (one without a bound), so it runs more than one
+  step ahead of the trainer while Groups kept from earlier steps go on.
 * **The weight push.** While the engines load new weights every request waits for them, so
   :meth:`WeightWindow.pushing` pauses the budgets of every leased Group for the push.
 """
@@ -87,6 +92,14 @@ class WeightWindow:
         """Whether a Group to be trained at step ``due_step`` or later may sample now."""
         return self.max_staleness is None or self.loaded >= due_step - self.max_staleness
 
+    def steps_ahead(self, steps_left: int | None) -> int:
+        """How many steps past the one just closed the rollout leases Groups for: one more
+        than the staleness bound (Groups further ahead could only wait for weights), one
+        without a bound, never past the run's last step (``steps_left`` after the closed one;
+        None: unbounded)."""
+        ahead = 1 if self.max_staleness is None else self.max_staleness + 1
+        return ahead if steps_left is None else max(min(ahead, steps_left), 0)
+
     def apply(self, groups: Iterable[Group], *, next_step: int) -> None:
         """Pauses the leased Groups that must wait for newer weights and resumes the others.
 
@@ -104,6 +117,15 @@ class WeightWindow:
             if wait and not group.paused:
                 group.pause()
             elif not wait and group.paused:
+                group.resume()
+
+    def release(self, groups: Iterable[Group]) -> None:
+        """A step starts: every leased Group waiting for weights may generate again (a step's
+        rollout never waits; what it accepts is still checked against the bound)."""
+        if not self.gate:
+            return
+        for group in groups:
+            if group.leased and group.paused and not group.finished:
                 group.resume()
 
     @contextmanager

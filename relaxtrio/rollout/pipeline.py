@@ -99,7 +99,7 @@ class RolloutPipeline:
     _finished: list[Group] = attrs.field(factory=list)
     _changes: ChangeSignal = attrs.field(factory=ChangeSignal)
     _group_seq: int = 0
-    _backfilled: int = 0
+    _backfilled: dict[int, int] = attrs.field(factory=dict)
     _run_end: tuple[Group, ...] = ()
 
     def __attrs_post_init__(self) -> None:
@@ -231,21 +231,37 @@ class RolloutPipeline:
             started += 1
         return started
 
-    def backfill(self, rollout_id: int) -> int:
+    def backfill_ahead(self, closed_id: int, *, steps_left: int | None) -> int:
+        """Fully async: right after step ``closed_id`` closed, leases or starts the demand of
+        the next :meth:`WeightWindow.steps_ahead` steps (:meth:`backfill` for each, nearest
+        first), so the rollout runs that many steps ahead of the trainer.
+
+        Returns:
+            Groups leased or started.
+        """
+        ahead = self.weights.steps_ahead(steps_left)
+        return sum(self.backfill(closed_id + k, ahead=k) for k in range(1, ahead + 1))
+
+    def backfill(self, rollout_id: int, *, ahead: int = 1) -> int:
         """Fully async: leases or starts step ``rollout_id``'s demand now, before that step runs.
 
         Called between a step and its update, so the next step's Groups generate while the
         trainer trains and the new weights are loaded (docs/scheduling.md#fully-async). Without
         it a step whose demand equals its target (the default) closes with nothing resident and
         the engine idles through the update. Prelaunched Groups are leased first (oldest first),
-        then new Groups are started while permits are free, up to ``demand`` minus the Groups
-        already leased or finished; the leases count against step ``rollout_id``'s start budget.
+        then new Groups are started while permits are free, up to ``ahead`` steps' demand minus
+        the Groups already leased or finished (the steps before ``rollout_id`` come first); the
+        leases count against step ``rollout_id``'s start budget.
+
+        Args:
+            rollout_id: the step leased for (recorded on the Groups until they reach it).
+            ahead: steps from the last closed one to ``rollout_id``.
 
         Returns:
             Groups leased or started.
         """
         leased = sum(1 for g in self._resident if g.leased)
-        gap = self.config.demand - leased - len(self._finished)
+        gap = ahead * self.config.demand - leased - len(self._finished)
         done = 0
         for group in [g for g in self._resident if not g.leased][:max(gap, 0)]:
             group.lease(rollout_id)
@@ -257,8 +273,8 @@ class RolloutPipeline:
                 break
             self._start_train_group(leased=True, rollout_id=rollout_id)
             done += 1
-        self._backfilled += done
-        self.weights.apply(self._resident, next_step=rollout_id)
+        self._backfilled[rollout_id] = self._backfilled.get(rollout_id, 0) + done
+        self.weights.apply(self._resident, next_step=rollout_id - ahead + 1)
         return done
 
     # ------------------------------------------------------------------ steps
@@ -282,13 +298,12 @@ class RolloutPipeline:
         """
         self.rollout_id = rollout_id
         step = StepBook.open(rollout_id, self.config, self.group_stages(),
-                             warnings_before=self.barrier_warnings, backfilled=self._backfilled)
-        self._backfilled = 0
-        for group in self._resident:  # carried into this step
-            if group.leased:
+                             warnings_before=self.barrier_warnings,
+                             backfilled=self._backfilled.pop(rollout_id, 0))
+        for group in self._resident:  # carried into this step; those leased ahead keep their step
+            if group.leased and group.rollout_id <= rollout_id:
                 group.enter_step(rollout_id)
-        if self.config.fully_async:  # carried Groups still beyond the staleness bound wait on
-            self.weights.apply(self._resident, next_step=rollout_id)
+        self.weights.release(self._resident)  # fully async: waits for weights end with the step
         try:
             await self._fill_step(step, last=last, steps_left=steps_left)
         finally:

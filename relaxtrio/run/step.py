@@ -116,8 +116,8 @@ async def train_step(
     step_start = time.monotonic()
     last = rollout_id == cfg.num_rollout - 1
     result = await pipeline.run_step(rollout_id, last=last, steps_left=cfg.num_rollout - 1 - rollout_id)
-    if cfg.rollout.fully_async and not last:  # the next step generates while this one trains
-        pipeline.backfill(rollout_id + 1)
+    if cfg.rollout.fully_async and not last:  # the next steps generate while this one trains
+        pipeline.backfill_ahead(rollout_id, steps_left=cfg.num_rollout - 1 - rollout_id)
     row: dict[str, Any] = dict(group_metrics(result, cfg.rollout))
     stats = None
     if result.samples and trainer is not None:

@@ -7,6 +7,7 @@ import attrs
 import pytest
 import trio
 from tests.support.groups import group_of
+from tests.support.pipeline import open_test_pipeline, prompts
 from tests.support.sessions import add_session
 
 from relaxtrio import ConfigError
@@ -18,6 +19,7 @@ from relaxtrio.rollout.accounting import group_stages
 from relaxtrio.rollout.fully_async import WeightWindow, version_index
 from relaxtrio.rollout.step import group_metrics
 from relaxtrio.rollout.step_book import StepBook
+from relaxtrio.testing.scripted_engine import Reply, ScriptedEngine
 
 
 def _versioned(group: Group, *labels_per_session: tuple[str, ...]) -> Group:
@@ -125,3 +127,46 @@ async def test_without_the_wait_the_budget_runs_out_during_the_update(autojump_c
     with session.budget.scope:
         await trio.sleep(100.0)
     assert session.budget.scope.cancelled_caught and trio.current_time() == 10.0
+
+
+def _task_index(tokenizer, ids) -> int:
+    text = tokenizer.decode(list(ids))
+    return int(text.rsplit("task ", 1)[1].split("<", 1)[0].split()[0])
+
+
+def _engine(tokenizer, gated: dict[int, trio.Event]) -> ScriptedEngine:
+    """Answers ``fine``; the turns of the tasks in ``gated`` wait for their event."""
+    return ScriptedEngine(tokenizer=tokenizer, eos_id=tokenizer.eos_token_id,
+                          replies=lambda ids: Reply(text="fine", gate=gated.get(_task_index(tokenizer, ids))))
+
+
+@pytest.mark.slow  # starts agent processes
+async def test_rollout_runs_ahead_more_than_one_step_keeping_unfinished_sessions(
+        tokenizer, tmp_path) -> None:
+    # --max-staleness 1: after step 0 closes the rollout leases steps 1 and 2 (two steps ahead);
+    # step 2's Group waits for version 1 (it would sample tokens two versions stale), and task
+    # 1's Session is still unfinished when steps 1 and 2 open and close.
+    release = trio.Event()
+    engine = _engine(tokenizer, {1: release})
+    config = RolloutConfig(n_samples_per_prompt=1, rollout_batch_size=1, agentic_concurrency=3,
+                           fully_async=True, max_staleness=1, max_refills=0, show_progress=False)
+    with trio.fail_after(60):
+        async with open_test_pipeline(tmp_path, tokenizer, engine, prompts([{}] * 6),
+                                      config=config) as (pipeline, _):
+            first = await pipeline.run_step(0)
+            assert pipeline.backfill_ahead(0, steps_left=3) == 2
+            slow, ahead = pipeline.resident_groups
+            assert (slow.rollout_id, ahead.rollout_id) == (1, 2)
+            assert not slow.paused and ahead.paused  # version 0 loaded: step 2 waits for weights
+            engine.weight_version = "step-1"  # "the update and the push" of step 0
+            pipeline.weights.loaded_version(1, pipeline.resident_groups, next_step=1)
+            assert not ahead.paused
+            await ahead.wait_finished()
+            second = await pipeline.run_step(1)  # takes the Group leased two steps ahead
+            assert not slow.finished and slow in pipeline.resident_groups  # kept, not dropped
+            assert pipeline.backfill_ahead(1, steps_left=2) == 1  # step 3's Group
+            release.set()
+            third = await pipeline.run_step(2)
+    assert [g.group.prompt_index for g in (*first.groups, *second.groups, *third.groups)] == [0, 2, 1]
+    assert not first.dropped and not second.dropped and not third.dropped
+    assert second.groups[0].samples[0].metadata["start_rollout_id"] == 2  # leased for step 2
