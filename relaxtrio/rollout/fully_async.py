@@ -30,13 +30,14 @@ from __future__ import annotations
 import re
 from collections.abc import Iterable, Iterator, Sequence
 from contextlib import contextmanager
+from typing import Protocol
 
 import attrs
 
 from ..forest import TrainingSample
 from ..nursery.group import Group
 
-__all__ = ["WeightWindow", "version_index"]
+__all__ = ["WeightWindow", "backfill_ahead", "version_index"]
 
 _STEP_VERSION = re.compile(r"step-(\d+)")
 
@@ -149,3 +150,30 @@ class WeightWindow:
         """The engines now run ``version``: Groups it brings within the bound resume."""
         self.loaded = version
         self.apply(groups, next_step=next_step)
+
+
+class Backfills(Protocol):
+    """What :func:`backfill_ahead` needs of :class:`~relaxtrio.rollout.pipeline.RolloutPipeline`."""
+
+    weights: WeightWindow
+
+    def backfill(self, rollout_id: int, *, ahead: int = 1, final: bool = False) -> int: ...
+
+
+def backfill_ahead(pipeline: Backfills, closed_id: int, *, steps_left: int | None) -> int:
+    """Right after step ``closed_id`` closed, leases or starts the demand of the next
+    :meth:`WeightWindow.steps_ahead` steps (``pipeline.backfill`` for each, nearest
+    first; the run's last step as a final backfill), so the rollout runs that many steps ahead
+    of the trainer.
+
+    Args:
+        pipeline: the run's pipeline (``--fully-async``).
+        closed_id: the step that just closed.
+        steps_left: steps the run has after ``closed_id`` (None: unbounded).
+
+    Returns:
+        Groups leased or started.
+    """
+    ahead = pipeline.weights.steps_ahead(steps_left)
+    return sum(pipeline.backfill(closed_id + k, ahead=k, final=k == steps_left)
+               for k in range(1, ahead + 1))

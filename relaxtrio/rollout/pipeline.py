@@ -12,14 +12,14 @@
   dropped, and so are finished Groups the step did not need; both are counted in the step's
   ``dropped``. With ``partial_rollout`` resident Groups are paused: in-flight generations are aborted,
   their partial ids and logprobs parked, and they resume in the next step (protected Sessions
-  first run to completion). With ``fully_async`` Groups keep generating while the trainer trains.
-  The last step drops every resident Group (counted in ``dropped``); those a later step would
+  first run to completion). With ``fully_async`` Groups keep generating while the trainer trains
+  (:mod:`relaxtrio.rollout.fully_async`). The last step drops every resident Group (counted in ``dropped``); those a later step would
   have continued are :attr:`RolloutPipeline.run_end_groups`, whose prompts an end-of-run
   checkpoint requeues (:mod:`relaxtrio.rollout.resume`).
 * **Prelaunch.** Groups are started while permits are free; their first requests wait for the
   lease and their budgets do not run until then.
 * **Fully async backfill.** :meth:`RolloutPipeline.backfill` leases (prelaunched first) or starts
-  the next step's demand as soon as a step closed, so those Groups generate while the trainer
+  a coming step's demand as soon as a step closed, so those Groups generate while the trainer
   trains on the closed step (the driver calls it between the step and the update).
 * **Barrier watchdog.** Every Group the pipeline runs is watched by
   :class:`~relaxtrio.rollout.watchdog.BarrierWatchdog` (stuck first-request barriers are a log
@@ -231,18 +231,7 @@ class RolloutPipeline:
             started += 1
         return started
 
-    def backfill_ahead(self, closed_id: int, *, steps_left: int | None) -> int:
-        """Fully async: right after step ``closed_id`` closed, leases or starts the demand of
-        the next :meth:`WeightWindow.steps_ahead` steps (:meth:`backfill` for each, nearest
-        first), so the rollout runs that many steps ahead of the trainer.
-
-        Returns:
-            Groups leased or started.
-        """
-        ahead = self.weights.steps_ahead(steps_left)
-        return sum(self.backfill(closed_id + k, ahead=k) for k in range(1, ahead + 1))
-
-    def backfill(self, rollout_id: int, *, ahead: int = 1) -> int:
+    def backfill(self, rollout_id: int, *, ahead: int = 1, final: bool = False) -> int:
         """Fully async: leases or starts step ``rollout_id``'s demand now, before that step runs.
 
         Called between a step and its update, so the next step's Groups generate while the
@@ -256,12 +245,16 @@ class RolloutPipeline:
         Args:
             rollout_id: the step leased for (recorded on the Groups until they reach it).
             ahead: steps from the last closed one to ``rollout_id``.
+            final: ``rollout_id`` is the run's last step, a final backfill: its share is its
+                target, without the over-sampling surplus, so the Groups already held pay
+                for it instead of being outrun by new ones and dropped at the run's end.
 
         Returns:
             Groups leased or started.
         """
         leased = sum(1 for g in self._resident if g.leased)
-        gap = ahead * self.config.demand - leased - len(self._finished)
+        last_share = self.config.rollout_batch_size if final else self.config.demand
+        gap = (ahead - 1) * self.config.demand + last_share - leased - len(self._finished)
         done = 0
         for group in [g for g in self._resident if not g.leased][:max(gap, 0)]:
             group.lease(rollout_id)
@@ -299,7 +292,8 @@ class RolloutPipeline:
         self.rollout_id = rollout_id
         step = StepBook.open(rollout_id, self.config, self.group_stages(),
                              warnings_before=self.barrier_warnings,
-                             backfilled=self._backfilled.pop(rollout_id, 0))
+                             backfilled=self._backfilled.pop(rollout_id, 0),
+                             final_backfill=last and self.config.fully_async)
         for group in self._resident:  # carried into this step; those leased ahead keep their step
             if group.leased and group.rollout_id <= rollout_id:
                 group.enter_step(rollout_id)
@@ -366,7 +360,8 @@ class RolloutPipeline:
     def _lease_or_start(self, step: StepBook) -> None:
         """Leases prelaunched Groups, then starts new ones, up to the step's open demand."""
         leased = [g for g in self._resident if g.leased]
-        gap = self.config.demand - len(step.accepted) - len(leased) - len(self._finished)
+        demand = step.target if step.final_backfill else self.config.demand  # no surplus at the end
+        gap = demand - len(step.accepted) - len(leased) - len(self._finished)
         for group in [g for g in self._resident if not g.leased]:
             if gap <= 0 or step.starts_left <= 0:
                 break

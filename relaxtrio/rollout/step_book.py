@@ -48,6 +48,8 @@ class StepBook:
         dropped: Groups dropped during the step (those the custom advantage function filtered
             included).
         filtered: every Group filtered during the step, with the verdict.
+        final_backfill: the last step of a fully async run: it starts no over-sampling
+            surplus, so the Groups it already holds fill its target before any new one.
         stale_groups: Groups dropped for a sample staler than ``--max-staleness`` (also in
             ``dropped``).
         stale_samples: the samples those Groups held that were staler than the bound.
@@ -62,12 +64,13 @@ class StepBook:
     accepted: list[ScoredGroup] = attrs.field(factory=list)
     dropped: list[Group] = attrs.field(factory=list)
     filtered: list[FilterVerdict] = attrs.field(factory=list)
+    final_backfill: bool = False
     stale_groups: int = 0
     stale_samples: int = 0
 
     @classmethod
     def open(cls, rollout_id: int, config: RolloutConfig, stages: GroupStages, *,
-             warnings_before: int, backfilled: int) -> StepBook:
+             warnings_before: int, backfilled: int, final_backfill: bool = False) -> StepBook:
         """Opens the book of step ``rollout_id`` and logs ``event=accounting_start``.
 
         Args:
@@ -77,17 +80,19 @@ class StepBook:
             warnings_before: barrier warnings logged so far.
             backfilled: leases or starts already made for this step before it opened (fully
                 async backfill); they count against its start budget.
+            final_backfill: see the attribute.
         """
         started = time.monotonic()
         target, demand = config.rollout_batch_size, config.demand
         log.info(agentic_event("rollout", "accounting_start", rollout=rollout_id,
                                sessions=target * config.n_samples_per_prompt, groups=target, debt=target,
-                               resident_groups=stages.resident, interrupted_groups=stages.interrupted))
+                               resident_groups=stages.resident, interrupted_groups=stages.interrupted,
+                               final_backfill=final_backfill or None))
         bar = tqdm(total=target * config.n_samples_per_prompt, desc=f"Rollout {rollout_id} generation",
                    unit="session", disable=not config.show_progress, leave=False)
         starts = demand + (config.max_refills if config.max_refills is not None else demand)
         return cls(rollout_id=rollout_id, target=target, started=started, warnings_before=warnings_before,
-                   starts_left=max(starts - backfilled, 0), bar=bar)
+                   starts_left=max(starts - backfilled, 0), bar=bar, final_backfill=final_backfill)
 
     @property
     def full(self) -> bool:

@@ -20,6 +20,7 @@ from ..config import TrainRunConfig
 from ..cpu_threads import ThreadSplit
 from ..rollout.dumps import append_samples, dump_path, step_dump, step_samples, write_dump
 from ..rollout.eval import EvalDataset, run_eval
+from ..rollout.fully_async import backfill_ahead
 from ..rollout.operator_view import RunView
 from ..rollout.pipeline import RolloutPipeline
 from ..rollout.step import StepResult, group_metrics
@@ -117,7 +118,7 @@ async def train_step(
     last = rollout_id == cfg.num_rollout - 1
     result = await pipeline.run_step(rollout_id, last=last, steps_left=cfg.num_rollout - 1 - rollout_id)
     if cfg.rollout.fully_async and not last:  # the next steps generate while this one trains
-        pipeline.backfill_ahead(rollout_id, steps_left=cfg.num_rollout - 1 - rollout_id)
+        backfill_ahead(pipeline, rollout_id, steps_left=cfg.num_rollout - 1 - rollout_id)
     row: dict[str, Any] = dict(group_metrics(result, cfg.rollout))
     stats = None
     if result.samples and trainer is not None:

@@ -16,7 +16,7 @@ from relaxtrio.forest import WeightSpan
 from relaxtrio.nursery.group import Group
 from relaxtrio.nursery.session import Session
 from relaxtrio.rollout.accounting import group_stages
-from relaxtrio.rollout.fully_async import WeightWindow, version_index
+from relaxtrio.rollout.fully_async import WeightWindow, backfill_ahead, version_index
 from relaxtrio.rollout.step import group_metrics
 from relaxtrio.rollout.step_book import StepBook
 from relaxtrio.testing.scripted_engine import Reply, ScriptedEngine
@@ -154,7 +154,7 @@ async def test_rollout_runs_ahead_more_than_one_step_keeping_unfinished_sessions
         async with open_test_pipeline(tmp_path, tokenizer, engine, prompts([{}] * 6),
                                       config=config) as (pipeline, _):
             first = await pipeline.run_step(0)
-            assert pipeline.backfill_ahead(0, steps_left=3) == 2
+            assert backfill_ahead(pipeline, 0, steps_left=3) == 2
             slow, ahead = pipeline.resident_groups
             assert (slow.rollout_id, ahead.rollout_id) == (1, 2)
             assert not slow.paused and ahead.paused  # version 0 loaded: step 2 waits for weights
@@ -164,9 +164,47 @@ async def test_rollout_runs_ahead_more_than_one_step_keeping_unfinished_sessions
             await ahead.wait_finished()
             second = await pipeline.run_step(1)  # takes the Group leased two steps ahead
             assert not slow.finished and slow in pipeline.resident_groups  # kept, not dropped
-            assert pipeline.backfill_ahead(1, steps_left=2) == 1  # step 3's Group
+            assert backfill_ahead(pipeline, 1, steps_left=2) == 1  # step 3's Group
             release.set()
             third = await pipeline.run_step(2)
     assert [g.group.prompt_index for g in (*first.groups, *second.groups, *third.groups)] == [0, 2, 1]
     assert not first.dropped and not second.dropped and not third.dropped
     assert second.groups[0].samples[0].metadata["start_rollout_id"] == 2  # leased for step 2
+
+
+@pytest.mark.slow  # starts agent processes
+async def test_last_step_backfills_resident_groups_and_drops_none(tokenizer, tmp_path) -> None:
+    # Over-sampling keeps task 1's Group resident past step 0. The last step is a final
+    # backfill: its share is its target without the surplus, so the kept Group fills it. Before,
+    # the backfill started a surplus Group that finished first, and the kept one was dropped.
+    release = trio.Event()
+    engine = _engine(tokenizer, {1: release})
+    config = RolloutConfig(n_samples_per_prompt=1, rollout_batch_size=1, over_sampling_batch_size=2,
+                           fully_async=True, show_progress=False)
+    with trio.fail_after(60):
+        async with open_test_pipeline(tmp_path, tokenizer, engine, prompts([{}] * 6),
+                                      config=config) as (pipeline, _):
+            first = await pipeline.run_step(0)
+            [kept] = pipeline.resident_groups
+            assert backfill_ahead(pipeline, 0, steps_left=1) == 0  # the kept Group is the debt
+            release.set()
+            last = await pipeline.run_step(1, last=True, steps_left=0)
+            assert pipeline.resident_groups == () and pipeline.run_end_groups == ()
+    assert [g.group.prompt_index for g in first.groups] == [0]
+    assert [g.group for g in last.groups] == [kept]
+    assert not first.dropped and not last.dropped
+    assert len(engine.calls) == 2  # no surplus Group was started for the last step
+
+
+@pytest.mark.slow  # starts agent processes
+async def test_final_backfill_starts_no_surplus_to_drop(tokenizer, tmp_path) -> None:
+    # A one-step run: its only step is the last, so it starts its target and no surplus.
+    engine = _engine(tokenizer, {})
+    config = RolloutConfig(n_samples_per_prompt=1, rollout_batch_size=1, over_sampling_batch_size=3,
+                           fully_async=True, show_progress=False)
+    with trio.fail_after(60):
+        async with open_test_pipeline(tmp_path, tokenizer, engine, prompts([{}] * 6),
+                                      config=config) as (pipeline, _):
+            last = await pipeline.run_step(0, last=True, steps_left=0)
+    assert len(last.groups) == 1 and not last.dropped
+    assert len(engine.calls) == 1
