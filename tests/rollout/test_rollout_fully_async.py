@@ -6,6 +6,7 @@ from __future__ import annotations
 import attrs
 import pytest
 import trio
+from tests.support.clock import RealTimeLimit
 from tests.support.groups import group_of
 from tests.support.pipeline import open_test_pipeline, prompts
 from tests.support.sessions import add_session
@@ -134,10 +135,17 @@ def _task_index(tokenizer, ids) -> int:
     return int(text.rsplit("task ", 1)[1].split("<", 1)[0].split()[0])
 
 
-def _engine(tokenizer, gated: dict[int, trio.Event]) -> ScriptedEngine:
-    """Answers ``fine``; the turns of the tasks in ``gated`` wait for their event."""
-    return ScriptedEngine(tokenizer=tokenizer, eos_id=tokenizer.eos_token_id,
-                          replies=lambda ids: Reply(text="fine", gate=gated.get(_task_index(tokenizer, ids))))
+def _engine(tokenizer, gated: dict[int, trio.Event],
+            arrived: dict[int, trio.Event] | None = None) -> ScriptedEngine:
+    """Answers ``fine``; the turns of the tasks in ``gated`` wait for their event, and a request
+    of a task in ``arrived`` sets that task's event."""
+    def reply(ids) -> Reply:
+        task = _task_index(tokenizer, ids)
+        if arrived and task in arrived:
+            arrived[task].set()
+        return Reply(text="fine", gate=gated.get(task))
+
+    return ScriptedEngine(tokenizer=tokenizer, eos_id=tokenizer.eos_token_id, replies=reply)
 
 
 @pytest.mark.slow  # starts agent processes
@@ -208,3 +216,35 @@ async def test_final_backfill_starts_no_surplus_to_drop(tokenizer, tmp_path) -> 
             last = await pipeline.run_step(0, last=True, steps_left=0)
     assert len(last.groups) == 1 and not last.dropped
     assert len(engine.calls) == 1
+
+
+@pytest.mark.slow  # starts agent processes
+async def test_kept_session_waiting_for_weights_outlives_its_timeout_in_wall_time(
+        tokenizer, tmp_path, mock_clock) -> None:
+    # The trio clock moves only when this test jumps it (real agents rule out autojump). Task 1's
+    # request is at the engine when step 0 closes; under --max-staleness 0 its Group then waits
+    # for version 1, so 130 s of update and push spend none of its 10 s budget, and its answer,
+    # sampled by the new weights, is trained at step 1. Before, the budget ran on and the
+    # Session timed out during the update.
+    release, arrived = trio.Event(), {1: trio.Event()}
+    engine = _engine(tokenizer, {0: arrived[1], 1: release}, arrived)  # task 0 ends after 1 asked
+    config = RolloutConfig(n_samples_per_prompt=1, rollout_batch_size=1, over_sampling_batch_size=2,
+                           fully_async=True, max_staleness=0, show_progress=False)
+    async with RealTimeLimit(120):
+        async with open_test_pipeline(tmp_path, tokenizer, engine, prompts([{}] * 6),
+                                      config=config, timeout_s=10.0) as (pipeline, _):
+            first = await pipeline.run_step(0)
+            [kept] = pipeline.resident_groups
+            [session] = kept.sessions
+            assert kept.paused and not session.budget.running
+            mock_clock.jump(100.0)  # the update
+            with pipeline.weights.pushing(pipeline.resident_groups):
+                mock_clock.jump(30.0)  # the push
+            engine.weight_version = "step-1"  # the held request goes on with the new weights
+            pipeline.weights.loaded_version(1, pipeline.resident_groups, next_step=1)
+            assert not kept.paused and session.budget.remaining_s() == 10.0
+            release.set()
+            second = await pipeline.run_step(1, last=True, steps_left=0)
+    assert trio.current_time() == 130.0
+    assert session.status == "completed" and not first.dropped and not second.dropped
+    assert [g.group for g in second.groups] == [kept] and second.stale_groups == 0
