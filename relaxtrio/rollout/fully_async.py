@@ -131,20 +131,19 @@ class WeightWindow:
 
     @contextmanager
     def pushing(self, groups: Sequence[Group]) -> Iterator[None]:
-        """Pauses the budgets of the leased Groups' Sessions while new weights load (every
-        request waits for them then); budgets restart afterwards where the Group is in Runtime
-        and not paused. Gates are not touched: the engines hold the requests themselves."""
-        held = [g for g in groups if g.leased and not g.finished]
-        for group in held:
-            for session in group.sessions:
-                session.budget.pause()
+        """Pauses the running budgets of the leased Groups' Sessions while new weights load
+        (every request waits for them then) and restarts those afterwards unless their Group
+        was paused meanwhile. Gates are not touched: the engines hold the requests themselves."""
+        held = [(g, s) for g in groups if g.leased and not g.finished
+                for s in g.sessions if s.budget.running]
+        for _, session in held:
+            session.budget.pause()
         try:
             yield
         finally:
-            for group in held:
-                if group.in_runtime and not group.paused:
-                    for session in group.sessions:
-                        session.budget.resume()
+            for group, session in held:
+                if not group.paused or session.partial.protected:
+                    session.budget.resume()
 
     def loaded_version(self, version: int, groups: Iterable[Group], *, next_step: int) -> None:
         """The engines now run ``version``: Groups it brings within the bound resume."""

@@ -13,7 +13,8 @@
   ``dropped``. With ``partial_rollout`` resident Groups are paused: in-flight generations are aborted,
   their partial ids and logprobs parked, and they resume in the next step (protected Sessions
   first run to completion). With ``fully_async`` Groups keep generating while the trainer trains
-  (:mod:`relaxtrio.rollout.fully_async`). The last step drops every resident Group (counted in ``dropped``); those a later step would
+  (:mod:`relaxtrio.rollout.fully_async`), and the last step starts no over-sampling surplus.
+  The last step drops every resident Group (counted in ``dropped``); those a later step would
   have continued are :attr:`RolloutPipeline.run_end_groups`, whose prompts an end-of-run
   checkpoint requeues (:mod:`relaxtrio.rollout.resume`).
 * **Prelaunch.** Groups are started while permits are free; their first requests wait for the

@@ -248,3 +248,23 @@ async def test_kept_session_waiting_for_weights_outlives_its_timeout_in_wall_tim
     assert trio.current_time() == 130.0
     assert session.status == "completed" and not first.dropped and not second.dropped
     assert [g.group for g in second.groups] == [kept] and second.stale_groups == 0
+
+
+async def test_push_restarts_exactly_the_budgets_it_paused(autojump_clock) -> None:
+    # Partial rollout: a paused Group's protected Session keeps its budget running; the push
+    # pauses it and gives it back, and leaves the paused Session's budget paused.
+    group = Group(group_id="train:group_p")
+    protected, parked = add_session(group, budget_s=100.0), add_session(group, budget_s=100.0)
+    group.lease(0)
+    for session in group.sessions:
+        group.note_request(session)
+    protected.partial.note_aborted(protect=True)
+    group.pause()
+    group.resume()  # the pending protection takes effect
+    group.pause()
+    assert protected.budget.running and not parked.budget.running
+    with WeightWindow().pushing([group]):
+        await trio.sleep(30.0)
+        assert not protected.budget.running
+    assert protected.budget.running and not parked.budget.running
+    assert protected.budget.remaining_s() == 100.0
