@@ -214,6 +214,7 @@ def _check_flags(args: argparse.Namespace) -> None:
                  "partial_rollout_max_aborted_count", "rollout_max_context_len", "agent_external_slots"):
         value = getattr(args, flag)
         _need(value is None or value >= 1, f"--{flag.replace('_', '-')} must be >= 1")
+    _need(args.max_staleness is None or args.max_staleness >= 0, "--max-staleness must be >= 0")
     for flag in ("engine_num_threads", "trainer_num_threads"):
         value = getattr(args, flag)
         _need(value is None or 0 <= value <= MAX_THREADS,

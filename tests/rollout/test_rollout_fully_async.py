@@ -3,6 +3,8 @@ waiting for weights with their budgets paused, the rollout running ahead, the fi
 
 from __future__ import annotations
 
+import argparse
+
 import attrs
 import pytest
 import trio
@@ -12,6 +14,9 @@ from tests.support.pipeline import open_test_pipeline, prompts
 from tests.support.sessions import add_session
 
 from relaxtrio import ConfigError
+from relaxtrio._errors import RelaxError
+from relaxtrio.cli.train_config import train_config
+from relaxtrio.cli.train_flags import add_train_parser
 from relaxtrio.config import RolloutConfig
 from relaxtrio.forest import WeightSpan
 from relaxtrio.nursery.group import Group
@@ -268,3 +273,16 @@ async def test_push_restarts_exactly_the_budgets_it_paused(autojump_clock) -> No
         assert not protected.budget.running
     assert protected.budget.running and not parked.budget.running
     assert protected.budget.remaining_s() == 100.0
+
+
+def _train_config(*flags: str):
+    parser = argparse.ArgumentParser()
+    add_train_parser(parser.add_subparsers(dest="command"))
+    return train_config(parser.parse_args(["train", *flags]))
+
+
+def test_max_staleness_flag_reaches_the_rollout_config() -> None:
+    assert _train_config().rollout.max_staleness is None
+    assert _train_config("--fully-async", "--max-staleness", "2").rollout.max_staleness == 2
+    with pytest.raises(RelaxError, match="--max-staleness must be >= 0"):
+        _train_config("--max-staleness", "-1")
