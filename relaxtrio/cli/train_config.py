@@ -98,6 +98,7 @@ def _rollout_section(args: argparse.Namespace) -> RolloutConfig:
         prelaunch=args.agentic_prelaunch,
         partial_rollout=args.partial_rollout,
         fully_async=args.fully_async,
+        max_staleness=args.max_staleness,
         barrier_warn_s=args.barrier_warn_s,
         reward_key=args.reward_key,
         eval_reward_key=args.eval_reward_key,
@@ -219,6 +220,7 @@ def _check_flags(args: argparse.Namespace) -> None:
                  "agent_external_slots"):
         value = getattr(args, flag)
         _need(value is None or value >= 1, f"--{flag.replace('_', '-')} must be >= 1")
+    _need(args.max_staleness is None or args.max_staleness >= 0, "--max-staleness must be >= 0")
     for flag in ("engine_num_threads", "trainer_num_threads"):
         value = getattr(args, flag)
         _need(value is None or 0 <= value <= MAX_THREADS,

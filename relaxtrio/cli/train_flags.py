@@ -150,6 +150,10 @@ def _add_rollout_flags(p: argparse.ArgumentParser) -> None:
                    help="after this many aborts a Session is protected from later pauses")
     g.add_argument("--fully-async", action="store_true",
                    help="keep Groups generating across steps, also while training")
+    g.add_argument("--max-staleness", type=int, default=None,
+                   help="drop samples whose oldest token lags the trained policy by more than "
+                        "this many weight versions; with --fully-async Groups wait for newer "
+                        "weights instead (unset: no bound)")
     g.add_argument("--barrier-warn-s", type=float, default=120.0,
                    help="warn when a Group waits this long (s) for its Sessions' first requests")
     g.add_argument("--rollout-temperature", type=float, default=1.0, help="sampling temperature")

@@ -55,6 +55,10 @@ class RolloutConfig:
         partial_rollout: at step close, abort in-flight generations, keep the partial tokens and
             resume them in the next step (the agents' HTTP requests stay open).
         fully_async: Groups keep generating across steps, also while the trainer trains.
+        max_staleness: the most weight versions a trained sample's oldest token may lag the
+            policy (``--max-staleness``; None: no bound): staler Groups are dropped and counted,
+            and with ``fully_async`` Groups wait for newer weights instead of sampling such
+            tokens (docs/scheduling.md#fully-async).
         max_refills: Groups a step may start to replace dropped ones (default: the step's demand).
         barrier_warn_s: warn when a Group waits longer than this (seconds) at the first-request
             barrier, naming the Sessions that have not sent their first request.
@@ -100,6 +104,7 @@ class RolloutConfig:
     prelaunch: bool = False
     partial_rollout: bool = False
     fully_async: bool = False
+    max_staleness: int | None = attrs.field(default=None, validator=optional_non_negative_int)
     max_refills: int | None = None
     barrier_warn_s: float = 120.0
     abort_wait_s: float = 30.0

@@ -12,14 +12,15 @@
   dropped, and so are finished Groups the step did not need; both are counted in the step's
   ``dropped``. With ``partial_rollout`` resident Groups are paused: in-flight generations are aborted,
   their partial ids and logprobs parked, and they resume in the next step (protected Sessions
-  first run to completion). With ``fully_async`` Groups keep generating while the trainer trains.
+  first run to completion). With ``fully_async`` Groups keep generating while the trainer trains
+  (:mod:`relaxtrio.rollout.fully_async`), and the last step starts no over-sampling surplus.
   The last step drops every resident Group (counted in ``dropped``); those a later step would
   have continued are :attr:`RolloutPipeline.run_end_groups`, whose prompts an end-of-run
   checkpoint requeues (:mod:`relaxtrio.rollout.resume`).
 * **Prelaunch.** Groups are started while permits are free; their first requests wait for the
   lease and their budgets do not run until then.
 * **Fully async backfill.** :meth:`RolloutPipeline.backfill` leases (prelaunched first) or starts
-  the next step's demand as soon as a step closed, so those Groups generate while the trainer
+  a coming step's demand as soon as a step closed, so those Groups generate while the trainer
   trains on the closed step (the driver calls it between the step and the update).
 * **Barrier watchdog.** Every Group the pipeline runs is watched by
   :class:`~relaxtrio.rollout.watchdog.BarrierWatchdog` (stuck first-request barriers are a log
@@ -62,6 +63,7 @@ from .accounting import (
     wait_with_heartbeat,
 )
 from .dataset import Prompt, PromptStream
+from .fully_async import WeightWindow
 from .rewards import score_rewards
 from .step import StepResult, agentic_event
 from .step_book import StepBook
@@ -77,6 +79,8 @@ class RolloutPipeline:
 
     Attributes:
         watchdog: reports Groups stuck at the first-request barrier.
+        weights: the weight version the engines run and the staleness bound
+            (:mod:`relaxtrio.rollout.fully_async`).
     """
 
     config: RolloutConfig
@@ -91,6 +95,7 @@ class RolloutPipeline:
     eval_concurrency: int | None = None
     rollout_id: int = 0
     watchdog: BarrierWatchdog = attrs.field(init=False)
+    weights: WeightWindow = attrs.field(init=False)
     _permits: trio.Semaphore = attrs.field(init=False)
     _resident: list[Group] = attrs.field(factory=list)
     _rewarding: list[Group] = attrs.field(factory=list)
@@ -98,12 +103,13 @@ class RolloutPipeline:
     _finished: list[Group] = attrs.field(factory=list)
     _changes: ChangeSignal = attrs.field(factory=ChangeSignal)
     _group_seq: int = 0
-    _backfilled: int = 0
+    _backfilled: dict[int, int] = attrs.field(factory=dict)
     _run_end: tuple[Group, ...] = ()
 
     def __attrs_post_init__(self) -> None:
         self._permits = trio.Semaphore(self.config.concurrency)
         self.watchdog = BarrierWatchdog(warn_s=self.config.barrier_warn_s)
+        self.weights = WeightWindow(max_staleness=self.config.max_staleness, gate=self.config.fully_async)
 
     # ------------------------------------------------------------------ bookkeeping
     @property
@@ -256,21 +262,31 @@ class RolloutPipeline:
             started += 1
         return started
 
-    def backfill(self, rollout_id: int) -> int:
+    def backfill(self, rollout_id: int, *, ahead: int = 1, final: bool = False) -> int:
         """Fully async: leases or starts step ``rollout_id``'s demand now, before that step runs.
 
         Called between a step and its update, so the next step's Groups generate while the
         trainer trains and the new weights are loaded (docs/scheduling.md#fully-async). Without
         it a step whose demand equals its target (the default) closes with nothing resident and
         the engine idles through the update. Prelaunched Groups are leased first (oldest first),
-        then new Groups are started while permits are free, up to ``demand`` minus the Groups
-        already leased or finished; the leases count against step ``rollout_id``'s start budget.
+        then new Groups are started while permits are free, up to ``ahead`` steps' demand minus
+        the Groups already leased or finished (the steps before ``rollout_id`` come first); the
+        leases count against step ``rollout_id``'s start budget.
+
+        Args:
+            rollout_id: the step leased for (recorded on the Groups until they reach it).
+            ahead: steps from the last closed one to ``rollout_id``.
+            final: ``rollout_id`` is the run's last step, a final backfill: its share is its
+                target, without the over-sampling surplus, so the Groups already held pay
+                for it instead of being outrun by new ones and dropped at the run's end.
 
         Returns:
             Groups leased or started.
         """
         leased = sum(1 for g in self._resident if g.leased)
-        gap = self.config.demand - leased - len(self._rewarding) - len(self._finished)
+        last_share = self.config.rollout_batch_size if final else self.config.demand
+        gap = ((ahead - 1) * self.config.demand + last_share - leased - len(self._rewarding)
+               - len(self._finished))
         done = 0
         for group in [g for g in self._resident if not g.leased][:max(gap, 0)]:
             group.lease(rollout_id)
@@ -282,7 +298,8 @@ class RolloutPipeline:
                 break
             self._start_train_group(leased=True, rollout_id=rollout_id)
             done += 1
-        self._backfilled += done
+        self._backfilled[rollout_id] = self._backfilled.get(rollout_id, 0) + done
+        self.weights.apply(self._resident, next_step=rollout_id - ahead + 1)
         return done
 
     # ------------------------------------------------------------------ steps
@@ -306,11 +323,13 @@ class RolloutPipeline:
         """
         self.rollout_id = rollout_id
         step = StepBook.open(rollout_id, self.config, self.group_stages(),
-                             warnings_before=self.barrier_warnings, backfilled=self._backfilled)
-        self._backfilled = 0
-        for group in self._resident:  # carried into this step
-            if group.leased:
+                             warnings_before=self.barrier_warnings,
+                             backfilled=self._backfilled.pop(rollout_id, 0),
+                             final_backfill=last and self.config.fully_async)
+        for group in self._resident:  # carried into this step; those leased ahead keep their step
+            if group.leased and group.rollout_id <= rollout_id:
                 group.enter_step(rollout_id)
+        self.weights.release(self._resident)  # fully async: waits for weights end with the step
         try:
             await self._fill_step(step, last=last, steps_left=steps_left)
         finally:
@@ -367,14 +386,14 @@ class RolloutPipeline:
     async def _score_finished(self, step: StepBook) -> None:
         """Scores and files finished Groups in finishing order until the target is reached."""
         while self._finished and not step.full:
-            if await step.file(self._finished.pop(0), self.config) is not None:
+            if await step.file(self._finished.pop(0), self.config, self.weights) is not None:
                 self._update_bar(step)
 
     def _lease_or_start(self, step: StepBook) -> None:
         """Leases prelaunched Groups, then starts new ones, up to the step's open demand."""
         leased = [g for g in self._resident if g.leased]
-        gap = (self.config.demand - len(step.accepted) - len(leased) - len(self._rewarding)
-               - len(self._finished))
+        demand = step.target if step.final_backfill else self.config.demand  # no surplus at the end
+        gap = demand - len(step.accepted) - len(leased) - len(self._rewarding) - len(self._finished)
         for group in [g for g in self._resident if not g.leased]:
             if gap <= 0 or step.starts_left <= 0:
                 break
@@ -419,7 +438,8 @@ class RolloutPipeline:
         cfg = self.config
         if last:
             self._run_end = self._carried_at_close()
-        if cfg.fully_async and not last:
+        if cfg.fully_async and not last:  # kept Groups sample for the next step from now on
+            self.weights.apply(self._resident, next_step=step.rollout_id + 1)
             return 0
         if cfg.partial_rollout and not last:
             # Protected Sessions are not interrupted: let them finish first (docs/scheduling.md#protection).

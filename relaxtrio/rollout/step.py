@@ -205,7 +205,11 @@ class StepResult:
         filtered: every Group filtered during the step, in filtering order: by the dynamic
             sampling filter (each replaced by new demand) or by the custom advantage function
             (those are in ``dropped`` as well).
-        interrupted_groups: resident Groups paused at step close (partial rollout).
+        interrupted_groups: resident Groups paused at step close (partial rollout), or
+            waiting for newer weights (fully async with ``--max-staleness``).
+        stale_groups: Groups dropped for a sample staler than ``--max-staleness`` (also in
+            ``dropped``).
+        stale_samples: the samples of those Groups staler than the bound.
         slowest_group_wait_s: wall seconds between the acceptance of the step's second-to-last
             Group and its last one: the rollout waiting on its slowest Group alone (0.0 with
             fewer than two accepted Groups).
@@ -225,6 +229,8 @@ class StepResult:
     interrupted_groups: int = 0
     slowest_group_wait_s: float = 0.0
     hook_failures: Mapping[str, int] = attrs.field(factory=dict)
+    stale_groups: int = 0
+    stale_samples: int = 0
 
     @property
     def filtered_groups(self) -> int:
@@ -363,6 +369,8 @@ def _base_metrics(result: StepResult) -> Mapping[str, Any]:
                                            for g in result.groups for s in g.group.sessions)),
         "interrupted_groups": float(result.interrupted_groups),
         "filtered_groups": float(result.filtered_groups),
+        "stale_groups": float(result.stale_groups),
+        "stale_samples": float(result.stale_samples),
         "rollout_s": result.rollout_s,
         "rollout_slowest_group_wait_s": result.slowest_group_wait_s,
         "rollout_tokens_per_s": (sum(sum(s.loss_mask) for s in samples) / result.rollout_s

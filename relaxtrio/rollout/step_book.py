@@ -31,6 +31,7 @@ from ..nursery.group import Group
 from .accounting import GroupStages
 from .filters import FilterVerdict
 from .hooks import HookError, hook_failure_kind
+from .fully_async import WeightWindow
 from .step import ScoredGroup, StepResult, agentic_event, score_group
 
 __all__ = ["StepBook"]
@@ -55,6 +56,11 @@ class StepBook:
         filtered: every Group filtered during the step, with the verdict.
         accepted_at: ``time.monotonic()`` of each acceptance, in acceptance order.
         hook_failures: Groups dropped because a hook failed, per hook kind.
+        final_backfill: the last step of a fully async run: it starts no over-sampling
+            surplus, so the Groups it already holds fill its target before any new one.
+        stale_groups: Groups dropped for a sample staler than ``--max-staleness`` (also in
+            ``dropped``).
+        stale_samples: the samples those Groups held that were staler than the bound.
     """
 
     rollout_id: int
@@ -68,10 +74,13 @@ class StepBook:
     filtered: list[FilterVerdict] = attrs.field(factory=list)
     accepted_at: list[float] = attrs.field(factory=list)
     hook_failures: Counter[str] = attrs.field(factory=Counter)
+    final_backfill: bool = False
+    stale_groups: int = 0
+    stale_samples: int = 0
 
     @classmethod
     def open(cls, rollout_id: int, config: RolloutConfig, stages: GroupStages, *,
-             warnings_before: int, backfilled: int) -> StepBook:
+             warnings_before: int, backfilled: int, final_backfill: bool = False) -> StepBook:
         """Opens the book of step ``rollout_id`` and logs ``event=accounting_start``.
 
         Args:
@@ -81,29 +90,33 @@ class StepBook:
             warnings_before: barrier warnings logged so far.
             backfilled: leases or starts already made for this step before it opened (fully
                 async backfill); they count against its start budget.
+            final_backfill: see the attribute.
         """
         started = time.monotonic()
         target, demand = config.rollout_batch_size, config.demand
         log.info(agentic_event("rollout", "accounting_start", rollout=rollout_id,
                                sessions=target * config.n_samples_per_prompt, groups=target, debt=target,
-                               resident_groups=stages.resident, interrupted_groups=stages.interrupted))
+                               resident_groups=stages.resident, interrupted_groups=stages.interrupted,
+                               final_backfill=final_backfill or None))
         bar = tqdm(total=target * config.n_samples_per_prompt, desc=f"Rollout {rollout_id} generation",
                    unit="session", disable=not config.show_progress, leave=False)
         starts = demand + (config.max_refills if config.max_refills is not None else demand)
         return cls(rollout_id=rollout_id, target=target, started=started, warnings_before=warnings_before,
-                   starts_left=max(starts - backfilled, 0), bar=bar)
+                   starts_left=max(starts - backfilled, 0), bar=bar, final_backfill=final_backfill)
 
     @property
     def full(self) -> bool:
         """Whether the step accepted its target of Groups."""
         return len(self.accepted) >= self.target
 
-    async def file(self, group: Group, config: RolloutConfig) -> ScoredGroup | None:
+    async def file(self, group: Group, config: RolloutConfig,
+                   weights: WeightWindow | None = None) -> ScoredGroup | None:
         """Scores a finished Group and files it: accepted, filtered, or dropped.
 
-        A Group dropped before it finished is filed as dropped without scoring. A Group the
-        scoring refuses (:class:`ExportError`, a failed hook included) is dropped with the error
-        as its reason.
+        A Group dropped before it finished is filed as dropped without scoring. A Group with a
+        sample staler than ``weights.max_staleness`` is dropped and counted in
+        :attr:`stale_groups` / :attr:`stale_samples`. A Group the scoring refuses
+        (:class:`ExportError`, a failed hook included) is dropped with the error as its reason.
 
         Returns:
             The accepted Group, or None when it was filtered or dropped.
@@ -112,6 +125,8 @@ class StepBook:
             A checkpoint while a hook runs; the Group is then not filed.
         """
         outcome: ScoredGroup | FilterVerdict | None = None
+        if not group.dropped and weights is not None:
+            self._drop_if_stale(group, weights)
         if not group.dropped:
             try:
                 outcome = await score_group(group, config)
@@ -140,6 +155,19 @@ class StepBook:
             self.hook_failures[kind] += 1
         return None
 
+    def _drop_if_stale(self, group: Group, weights: WeightWindow) -> None:
+        stale = weights.stale_samples(group)
+        if not stale:
+            return
+        oldest = min(v for s in stale if (v := weights.oldest_version(s)) is not None)
+        group.dropped_reason = (
+            f"stale: {len(stale)} sample(s) sampled by weight version {oldest}, "
+            f"{weights.loaded - oldest} versions behind the policy (--max-staleness "
+            f"{weights.max_staleness})")
+        log.warning("Dropped group %s: %s", group.group_id, group.dropped_reason)
+        self.stale_groups += 1
+        self.stale_samples += len(stale)
+
     def result(self, *, aborted: int, stages: GroupStages, barrier_warnings: int) -> StepResult:
         """Closes the book: the step's result, logged as ``event=accounting_end``.
 
@@ -165,12 +193,14 @@ class StepBook:
             slowest_group_wait_s=(self.accepted_at[-1] - self.accepted_at[-2]
                                   if len(self.accepted_at) > 1 else 0.0),
             hook_failures=dict(self.hook_failures),
+            stale_groups=self.stale_groups, stale_samples=self.stale_samples,
         )
         log.info(agentic_event(
             "rollout", "accounting_end", rollout=self.rollout_id, groups=len(result.groups),
             rows=sum(len(g.scored) for g in result.groups), debt=max(self.target - len(result.groups), 0),
             resident_groups=result.resident_groups, interrupted_groups=result.interrupted_groups,
             dropped_groups=len(self.dropped), filtered_groups=result.filtered_groups,
+            stale_groups=self.stale_groups or None,  # only under --max-staleness drops
             aborted_requests=aborted))
         return result
 

@@ -274,6 +274,7 @@ async def _run_loaded(
                 eval_concurrency=cfg.eval.agentic_eval_concurrency,
             ) as pipeline:
                 view.attach(pipeline)
+                pipeline.weights.restart(checkpointer.first_rollout_id)  # version = updates applied
                 for rollout_id in range(checkpointer.first_rollout_id, cfg.num_rollout):
                     # A stop (Ctrl-C, SIGTERM) that came during the shielded checkpoint write
                     # takes effect here, before the next step starts any agent.

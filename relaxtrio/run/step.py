@@ -20,6 +20,7 @@ from ..config import TrainRunConfig
 from ..cpu_threads import ThreadSplit
 from ..rollout.dumps import append_samples, dump_path, step_dump, step_samples, write_dump
 from ..rollout.eval import EvalDataset, run_eval
+from ..rollout.fully_async import backfill_ahead
 from ..rollout.operator_view import RunView
 from ..rollout.pipeline import RolloutPipeline
 from ..rollout.step import StepResult, group_metrics
@@ -122,8 +123,8 @@ async def train_step(
     step_start = time.monotonic()
     last = rollout_id == cfg.num_rollout - 1
     result = await pipeline.run_step(rollout_id, last=last, steps_left=cfg.num_rollout - 1 - rollout_id)
-    if cfg.rollout.fully_async and not last:  # the next step generates while this one trains
-        pipeline.backfill(rollout_id + 1)
+    if cfg.rollout.fully_async and not last:  # the next steps generate while this one trains
+        backfill_ahead(pipeline, rollout_id, steps_left=cfg.num_rollout - 1 - rollout_id)
     row: dict[str, Any] = dict(group_metrics(result, cfg.rollout))
     stats = None
     if result.samples and trainer is not None:
@@ -136,7 +137,10 @@ async def train_step(
             update = trainer.train_step
         stats = await trio.to_thread.run_sync(update, result.scored)
         push_start = time.monotonic()
-        row["weight_sync_s"] = await push_trainer_weights(inference, trainer, weight_version_name(rollout_id))
+        with pipeline.weights.pushing(pipeline.resident_groups):  # requests wait for the weights
+            row["weight_sync_s"] = await push_trainer_weights(
+                inference, trainer, weight_version_name(rollout_id))
+        pipeline.weights.loaded_version(rollout_id + 1, pipeline.resident_groups, next_step=rollout_id + 1)
         push_end = time.monotonic()
         row.update(
             loss=stats.loss, clip_fraction=stats.clip_fraction, ppo_kl=stats.ppo_kl,

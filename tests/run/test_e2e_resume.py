@@ -242,12 +242,13 @@ def test_sigkill_during_step_1_then_load_matches_an_uninterrupted_run(
 
 
 @pytest.mark.slow
-def test_extending_a_finished_fully_async_run_trains_what_its_last_step_dropped(
+def test_a_fully_async_run_ends_with_a_final_backfill_and_extends_from_it(
     tiny_model_dir: Path, tmp_path: Path
 ) -> None:
     """Run 2 steps under ``--fully-async`` with one Group of over-sampling, then extend the same
-    run to 3 steps from its end-of-run checkpoint: the Group the last step dropped is counted
-    there and its prompt is requeued, so every prompt drawn is trained or counted as dropped."""
+    run to 3 steps from its end-of-run checkpoint. The last step is a final backfill: the Group
+    over-sampling kept past step 0 fills it (no surplus is started), so nothing is dropped or
+    requeued at the run's end, and every prompt drawn is trained exactly once."""
     (tmp_path / "prompts.jsonl").write_text("".join(
         json.dumps({"input": f"Question {i}: name a colour.", "metadata": {"id": i}}) + "\n"
         for i in range(8)))
@@ -263,24 +264,20 @@ def test_extending_a_finished_fully_async_run_trains_what_its_last_step_dropped(
             tmp_path / "first.log")
     first_rows = _rows(run_dir)
     state = json.loads((save_dir / "iter_0000002" / "state.json").read_text())["rollout"]
-    [requeued] = state["run_end_prompts"]
-    assert state["run_end_groups"] == 1 and state["stream"]["pending"][0] == requeued
-    assert first_rows[1]["dropped_groups"] == 1  # the last step's resident Group, counted
+    assert state.get("run_end_groups", 0) == 0 and not state.get("run_end_prompts")
+    assert [r["dropped_groups"] for r in first_rows] == [0, 0]  # the kept Group trained at step 1
     trained_first = [i for r in first_rows for i in r["prompt_indices"]]
-    assert requeued not in trained_first and len(trained_first) == 2
+    assert len(trained_first) == 2 and len(set(trained_first)) == 2
 
     extended = _finish(_start(command("extended", "3", "--load", str(save_dir)),
                               tmp_path / "extended.log"), tmp_path / "extended.log")
-    assert "event=resume_requeued rollout=2 groups=1 sessions=2" in extended
+    assert "event=resume_requeued" not in extended
     rows = _rows(run_dir)
     assert [r["step"] for r in rows] == [0, 1, 2]
-    assert rows[:2] == first_rows and rows[2]["resume_requeued_groups"] == 1
-    final = json.loads((save_dir / "iter_0000003" / "state.json").read_text())["rollout"]
-    # The requeued prompt is trained at step 2, or dropped again by this last step and counted.
-    assert requeued in rows[2]["prompt_indices"] or requeued in final["run_end_prompts"]
-    # Groups started: 2, then 1 backfilled, in the first run; the requeued one and 1 more in the
-    # extension. Each is trained (one per step) or counted in dropped_groups, exactly once.
-    trained = sum(len(r["prompt_indices"]) for r in rows)
-    assert (trained, sum(r["dropped_groups"] for r in rows)) == (3, 2)
+    assert rows[:2] == first_rows and not rows[2].get("resume_requeued_groups")
+    # Groups started: 2 in the first run (the last step started none), 1 in the extension's
+    # last step (its target, no surplus); each trained once.
+    trained = [i for r in rows for i in r["prompt_indices"]]
+    assert (len(trained), len(set(trained)), sum(r["dropped_groups"] for r in rows)) == (3, 3, 0)
     assert "this process: 1 of 1 step trained" in extended
     assert "whole run: 3 of 3 steps trained" in extended
