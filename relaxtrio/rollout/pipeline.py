@@ -39,7 +39,7 @@ from __future__ import annotations
 
 import functools
 import logging
-from collections.abc import AsyncIterator, Callable, Sequence
+from collections.abc import AsyncIterator, Callable
 from contextlib import asynccontextmanager
 from typing import Any
 
@@ -51,7 +51,6 @@ from ..config import AgentConfig, RolloutConfig
 from ..nursery.agent import RolloutMode
 from ..nursery.group import Group
 from ..nursery.group import run_group as run_group_sessions
-from ..nursery.partial import PartialRollout
 from ..nursery.session import SessionRegistry
 from ..tracing import current_tracing
 from .accounting import (
@@ -64,6 +63,7 @@ from .accounting import (
 )
 from .dataset import Prompt, PromptStream
 from .fully_async import WeightWindow
+from .inflight import abort_inflight
 from .rewards import score_rewards
 from .step import StepResult, agentic_event
 from .step_book import StepBook
@@ -448,7 +448,7 @@ class RolloutPipeline:
             leased = [g for g in self._resident if g.leased]
             for group in leased:
                 group.pause()
-            return await self._abort_inflight(leased)
+            return await abort_inflight(leased, self.handler.abort, self.config.abort_wait_s)
         tail = [g for g in self._resident if g.leased or last]
         for group in tail:
             group.drop("step closed before the group finished (not needed this step)")
@@ -466,34 +466,6 @@ class RolloutPipeline:
             step.dropped.append(group)
         self._finished.clear()
         return 0
-
-    async def _abort_inflight(self, groups: Sequence[Group]) -> int:
-        """Aborts the in-flight generations of the paused Sessions and waits for them to return.
-
-        Each Session's :meth:`~relaxtrio.nursery.partial.PartialRollout.abort_all` re-sends its
-        aborts until its generations returned; all of them together get ``abort_wait_s``.
-
-        Raises:
-            BackendError: generations still in flight after ``abort_wait_s``, or an abort could
-                not reach the engine.
-        """
-        sessions = [s for g in groups for s in g.sessions if s.partial.paused]
-        counts: list[int] = []
-
-        async def abort_session(partial: PartialRollout) -> None:
-            counts.append(await partial.abort_all(self.handler.abort))
-
-        with trio.move_on_after(self.config.abort_wait_s):
-            async with trio.open_nursery() as nursery:
-                for session in sessions:
-                    nursery.start_soon(abort_session, session.partial)
-        left = sorted(rid for s in sessions for rid in s.partial.statistics().inflight_rids)
-        if left:
-            raise BackendError(
-                f"engine did not return {len(left)} aborted generations within "
-                f"{self.config.abort_wait_s:g} s: {left[:4]}"
-            )
-        return sum(counts)
 
 
 @asynccontextmanager
