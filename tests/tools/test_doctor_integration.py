@@ -7,6 +7,7 @@ where the check needs a given reply), plus the pure rules on hand-made observati
 
 from __future__ import annotations
 
+import argparse
 import sys
 from pathlib import Path
 
@@ -14,6 +15,8 @@ import attrs
 import pytest
 import trio
 
+from relaxtrio._errors import ConfigError
+from relaxtrio.cli.tool_flags import add_doctor_parser, doctor_config
 from relaxtrio.config import AgentConfig, GenerationConfig
 from relaxtrio.engine.server import EngineConfig, serve_engine
 from relaxtrio.models import load_tokenizer
@@ -201,3 +204,26 @@ def test_all_leaves_without_custom_advantage_fails_before_any_export(tmp_path: P
     status, detail = _check(obs, "multi_context_credit", export_policy="all-leaves")
     assert status == "fail" and detail.startswith("--agentic-export-policy all-leaves exports every leaf")
     assert _check(obs, "multi_context_credit", export_policy="all-leaves", custom_advantage=True)[0] == "pass"
+
+
+def _doctor_args(tmp_path: Path, *flags: str) -> DoctorConfig:
+    parser = argparse.ArgumentParser()
+    add_doctor_parser(parser.add_subparsers(dest="command"))
+    return doctor_config(parser.parse_args(["doctor", "--agent-cwd", str(tmp_path), "--agent-command", "true",
+                                            *flags]))
+
+
+def test_the_doctor_flags_become_the_integration_settings(tmp_path: Path) -> None:
+    plain = _doctor_args(tmp_path).integration
+    assert plain == IntegrationConfig()
+    cfg = _doctor_args(tmp_path, "--agentic-export-policy", "final", "--agent-external-slots", "8",
+                       "--agentic-concurrency", "2", "--n-samples-per-prompt", "4",
+                       "--n-samples-per-eval-prompt", "8", "16", "--agentic-eval-concurrency", "1",
+                       "--partial-rollout", "--train-first-request-timeout", "0", "--update-time", "60").integration
+    assert cfg == IntegrationConfig(export_policy="final", external_slots=8, agentic_concurrency=2,
+                                    n_samples_per_prompt=4, eval_group_sizes=(8, 16), agentic_eval_concurrency=1,
+                                    partial_rollout=True, first_request_timeout_s=0, update_s=60)
+    with pytest.raises(ConfigError, match="--agent-external-slots must be >= 1"):
+        _doctor_args(tmp_path, "--agent-external-slots", "0")
+    with pytest.raises(ConfigError, match="--update-time"):
+        _doctor_args(tmp_path, "--update-time", "-1")
