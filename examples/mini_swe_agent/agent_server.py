@@ -15,7 +15,10 @@ task's test runs in the same sandbox: exit status 0 is reward 1.0.
     python examples/mini_swe_agent/agent_server.py --slots 4 --port 8765 --work-dir /tmp/mswea
 
 HTTP API (JSON): ``POST /v1/tasks`` {task, repo, test, base_url, api_key} → {reward, metadata};
-``GET /v1/stats`` → {slots, busy, queued, peak_busy, completed}. Bad input → 400 naming the field.
+``GET /v1/stats`` → {slots, busy, queued, peak_busy, completed}. Bad input → 400 naming the field;
+a task that fails on the server (its repository cannot be copied, bwrap is gone) → 500 with the
+error. A Session that relaxtrio ends early (its agent timed out) leaves its task running until
+``mini``'s next model request is refused or ``--task-timeout-s`` passes; the slot is then free.
 """
 
 from __future__ import annotations
@@ -195,7 +198,12 @@ class Handler(BaseHTTPRequestHandler):
         except BadTask as exc:
             self._reply(400, {"error": str(exc)})
             return
-        self._reply(200, self.server.run_task(req))
+        try:
+            result = self.server.run_task(req)
+        except Exception as exc:  # the task's own failure: answer it, keep serving others
+            self._reply(500, {"error": f"{type(exc).__name__}: {exc}"})
+            return
+        self._reply(200, result)
 
     def log_message(self, format: str, *args: Any) -> None:  # noqa: A002
         sys.stderr.write(f"agent_server: {format % args}\n")

@@ -314,7 +314,7 @@ def _add_integration_flags(p: argparse.ArgumentParser) -> None:
     g.add_argument("--agentic-export-policy", default="strict", choices=("strict", "final", "all-leaves"),
                    help="implicit-export policy: the doctor exports with it (export_policy check)")
     g.add_argument("--agent-external-slots", type=int, default=None,
-                   help="the external agent executor's slot limit (capacity check; unset: skipped)")
+                   help="the external agent executor's slot limit (capacity check; unset: no executor)")
     g.add_argument("--agentic-concurrency", type=int, default=1, help="resident train Groups")
     g.add_argument("--n-samples-per-prompt", type=int, default=1, help="Sessions per train Group")
     g.add_argument("--n-samples-per-eval-prompt", type=int, nargs="*", default=[], metavar="G",

@@ -42,7 +42,8 @@ class IntegrationConfig:
     Attributes:
         export_policy: ``--agentic-export-policy`` (``strict``, ``final``, ``all-leaves``).
         custom_advantage: ``--agentic-custom-advantage-path`` is configured.
-        external_slots: ``--agent-external-slots`` (None: no external executor, check skipped).
+        external_slots: ``--agent-external-slots`` (None: no external executor; the check passes
+            with a note).
         agentic_concurrency: resident train Groups (``--agentic-concurrency``).
         n_samples_per_prompt: Sessions per train Group.
         eval_group_sizes: ``n_samples_per_eval_prompt`` of each eval dataset (empty: no eval).
@@ -109,7 +110,7 @@ def _multi_context_credit(obs: Observation, cfg: IntegrationConfig) -> Check:
                else "--agentic-export-policy all-leaves exports every leaf")
         return Check("multi_context_credit", "fail",
                      f"{why} and no custom advantage is configured: one reward cannot say how much "
-                     "credit each context earns (training refuses the first multi-context Group)",
+                     "credit each context earns (training drops every such Group)",
                      "configure --agentic-custom-advantage-path (one credit per exported name, "
                      "normalized inside the function) with --use-dynamic-batch-size and "
                      "--max-tokens-per-gpu; or export only the context to train")
@@ -153,7 +154,8 @@ def _parsers(obs: Observation, tool_call_parser: str | None, reasoning_parser: s
                          f"a reply's text holds reasoning markup {marker!r} that the reasoning parser "
                          f"({now}) left in content: the agent sees the thinking as its answer",
                          "set --agentic-reasoning-parser to the model's format (qwen3, qwen3-thinking, "
-                         "deepseek-r1, deepseek-v3)")
+                         "deepseek-r1, deepseek-v3, glm45, kimi_k2, gpt-oss, mistral: "
+                         "docs/model-families.md#the-table)")
     calls = sum(len(m.get("tool_calls") or ()) for m in replies)
     reasoning = sum(1 for m in replies if m.get("reasoning_content"))
     return Check("parsers", "pass", f"{len(replies)} replies: {calls} tool call(s) and {reasoning} reasoning "
