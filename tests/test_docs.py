@@ -1,6 +1,6 @@
 """The repository stands alone: everything the code cites is in ``docs/``.
 
-Two checks over the code, tests, benchmarks, examples, scripts, the README and the docs
+Two checks over the code, tests, benchmarks, examples, scripts, skills, the README and the docs
 themselves:
 
 * nothing cites a document outside this repository: no item codes in the style of an outside
@@ -22,7 +22,7 @@ import pytest
 
 ROOT = Path(__file__).resolve().parent.parent
 DOCS = ROOT / "docs"
-SCANNED = ("relaxtrio", "tests", "benchmarks", "examples", "scripts", "docs", "README.md")
+SCANNED = ("relaxtrio", "tests", "benchmarks", "examples", "scripts", "docs", "skills", "README.md")
 TEXT_SUFFIXES = frozenset({".py", ".md", ".sh", ".jinja", ".toml", ".json", ".jsonl", ".txt", ".cfg"})
 
 # The same patterns as the acceptance grep, spelled so that this file does not match it itself.

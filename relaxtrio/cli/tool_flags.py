@@ -300,11 +300,61 @@ def add_doctor_parser(sub: argparse._SubParsersAction) -> argparse.ArgumentParse
                    help="how tool calls are read from generated text")
     p.add_argument("--agentic-reasoning-parser", default=None, choices=REASONING_PARSERS,
                    help="how reasoning is split from generated text")
+    _add_integration_flags(p)
     p.add_argument("--output-dir", type=Path, default=None,
                    help="agent.log and engines/ (engine log) (unset: runs/doctor-<timestamp>)")
     p.add_argument("--log-level", default="WARNING", type=str.upper,
                    choices=["DEBUG", "INFO", "WARNING", "ERROR"], help="console log level")
     return p
+
+
+def _add_integration_flags(p: argparse.ArgumentParser) -> None:
+    """The training settings the doctor's integration checks hold the run against (train's names)."""
+    g = p.add_argument_group("intended training settings (integration checks)")
+    g.add_argument("--agentic-export-policy", default="strict", choices=("strict", "final", "all-leaves"),
+                   help="implicit-export policy: the doctor exports with it (export_policy check)")
+    g.add_argument("--agent-external-slots", type=int, default=None,
+                   help="the external agent executor's slot limit (capacity check; unset: no executor)")
+    g.add_argument("--agentic-concurrency", type=int, default=1, help="resident train Groups")
+    g.add_argument("--n-samples-per-prompt", type=int, default=1, help="Sessions per train Group")
+    g.add_argument("--n-samples-per-eval-prompt", type=int, nargs="*", default=[], metavar="G",
+                   help="Group size of each eval dataset (none: no eval)")
+    g.add_argument("--agentic-eval-concurrency", type=int, default=None, help="resident eval Groups")
+    for flag in ("--agentic-prelaunch", "--partial-rollout", "--fully-async"):
+        g.add_argument(flag, action="store_true", help="as in train (capacity and longest_hold checks)")
+    g.add_argument("--train-first-request-timeout", type=float, default=600.0,
+                   help="train's --agent-first-request-timeout, seconds (longest_hold check; 0: no limit)")
+    g.add_argument("--update-time", type=float, default=300.0,
+                   help="seconds one update plus weight push takes, an estimate (longest_hold check)")
+
+
+def _integration_config(args: argparse.Namespace) -> Any:
+    """The :class:`~relaxtrio.tools.doctor_integration.IntegrationConfig` of the doctor flags.
+
+    Raises:
+        ConfigError: a count below 1, or a negative duration.
+    """
+    from ..tools.doctor_integration import IntegrationConfig
+
+    _need(args.agent_external_slots is None or args.agent_external_slots >= 1,
+          "--agent-external-slots must be >= 1")
+    _need(args.agentic_concurrency >= 1 and args.n_samples_per_prompt >= 1,
+          "--agentic-concurrency and --n-samples-per-prompt must be >= 1")
+    _need(all(g >= 1 for g in args.n_samples_per_eval_prompt), "--n-samples-per-eval-prompt must be >= 1")
+    _need(args.agentic_eval_concurrency is None or args.agentic_eval_concurrency >= 1,
+          "--agentic-eval-concurrency must be >= 1")
+    _need(math.isfinite(args.train_first_request_timeout) and args.train_first_request_timeout >= 0
+          and math.isfinite(args.update_time) and args.update_time >= 0,
+          "--train-first-request-timeout and --update-time must be numbers of seconds >= 0")
+    return IntegrationConfig(
+        export_policy=args.agentic_export_policy,
+        custom_advantage=bool(args.agentic_custom_advantage_path),
+        external_slots=args.agent_external_slots, agentic_concurrency=args.agentic_concurrency,
+        n_samples_per_prompt=args.n_samples_per_prompt,
+        eval_group_sizes=tuple(args.n_samples_per_eval_prompt),
+        agentic_eval_concurrency=args.agentic_eval_concurrency, prelaunch=args.agentic_prelaunch,
+        partial_rollout=args.partial_rollout, fully_async=args.fully_async,
+        first_request_timeout_s=args.train_first_request_timeout, update_s=args.update_time)
 
 
 def doctor_config(args: argparse.Namespace) -> Any:
@@ -350,4 +400,5 @@ def doctor_config(args: argparse.Namespace) -> Any:
         min_client_timeout_s=args.min_client_timeout,
         reward_hook=hook,
         reward_key=args.reward_key,
+        integration=_integration_config(args),
     )

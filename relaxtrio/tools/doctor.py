@@ -20,6 +20,10 @@ watches every HTTP request it makes, and then checks, in this order (docs/doctor
 8. ``export``: the export matches a committed state;
 9. ``reward``: every exported context has a usable reward, or a reward hook is configured.
 
+Then the integration checks (:mod:`relaxtrio.tools.doctor_integration`), which hold the run
+against the intended training settings: ``export_policy``, ``multi_context_credit``, ``parsers``,
+``capacity`` (an external executor's slots) and ``longest_hold`` (client timeout).
+
 A check whose input an earlier failure took away is ``skip``. The command exits 0 only when
 every check passes (1 otherwise, 2 on bad flags). The agent's whole log is kept in the output
 directory and its tail printed under a failed report. The checks themselves are in
@@ -41,6 +45,7 @@ import trio
 from werkzeug.exceptions import HTTPException
 
 from .doctor_checks import Check, Observation, RequestRecord, evaluate
+from .doctor_integration import IntegrationConfig, evaluate_integration
 from .._errors import AgentExecutionError, ExportError
 from ..api.app import create_app, serve_api
 from ..api.asgi import scope_headers
@@ -84,6 +89,8 @@ class DoctorConfig:
         reward_hook: the flag of a configured reward hook (``--custom-rm-path`` or
             ``--agentic-custom-advantage-path``), or None.
         reward_key: primary key of object rewards.
+        integration: the training settings the integration checks compare the run with (its
+            ``export_policy`` is also the policy the doctor exports with).
     """
 
     agent: AgentConfig
@@ -99,6 +106,7 @@ class DoctorConfig:
     min_client_timeout_s: float = 600.0
     reward_hook: str | None = None
     reward_key: str | None = None
+    integration: IntegrationConfig = IntegrationConfig()
 
 
 @attrs.frozen(kw_only=True)
@@ -281,9 +289,11 @@ def _export(cfg: DoctorConfig, group: Group, obs: Observation) -> None:
     except ExportError as exc:
         obs.output_error = exc.message
         return
+    obs.explicit_records = len(output.records)
     try:
         obs.samples = export_samples(group.sessions[0].forest, output,
-                                     server_template_kwargs=dict(cfg.generation.template_kwargs))
+                                     server_template_kwargs=dict(cfg.generation.template_kwargs),
+                                     policy=cfg.integration.export_policy)  # type: ignore[arg-type]
     except ExportError as exc:
         obs.export_error = exc.message
 
@@ -324,6 +334,9 @@ async def run_doctor(cfg: DoctorConfig) -> DoctorReport:
     checks = evaluate(obs, first_request_s=cfg.first_request_s, min_client_timeout_s=cfg.min_client_timeout_s,
                       agent_timeout_s=cfg.agent.timeout_s, reward_hook=cfg.reward_hook,
                       reward_key=cfg.reward_key)
+    checks += evaluate_integration(obs, cfg.integration, agent_timeout_s=cfg.agent.timeout_s,
+                                   tool_call_parser=cfg.generation.tool_call_parser,
+                                   reasoning_parser=cfg.generation.reasoning_parser)
     return DoctorReport(checks=tuple(checks), log_path=obs.log_path, log_tail=_tail(obs.log_path))
 
 

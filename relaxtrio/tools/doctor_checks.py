@@ -78,6 +78,7 @@ class Observation:
         output_text: RELAX_OUTPUT_JSON's text, or None when not written.
         output_error: why the output is unusable, or None.
         export_error: why the export failed, or None.
+        explicit_records: how many explicit export records the output held (0: implicit).
         samples: the exported contexts.
         forest: the Session's forest.
     """
@@ -93,6 +94,7 @@ class Observation:
     output_text: str | None = None
     output_error: str | None = None
     export_error: str | None = None
+    explicit_records: int = 0
     samples: list[TrainingSample] = attrs.field(factory=list)
     forest: SessionForest | None = None
 

@@ -15,6 +15,7 @@ import trio
 
 from relaxtrio.config import AgentConfig, GenerationConfig
 from relaxtrio.tools.doctor import DoctorConfig, DoctorReport, run_doctor
+from relaxtrio.tools.doctor_integration import INTEGRATION_CHECKS
 from relaxtrio.engine.server import EngineConfig, serve_engine
 
 # One openai-SDK agent; its argv[1] picks how it breaks the contract.
@@ -62,7 +63,7 @@ else:
 '''
 
 CHECKS = ["starts", "first_request", "endpoint", "client_timeout", "assistant_replay", "exit_code",
-          "output", "export", "reward"]
+          "output", "export", "reward", *INTEGRATION_CHECKS]
 
 
 async def _doctor(model_dir: Path, tmp_path: Path, mode: str, **overrides) -> DoctorReport:
@@ -91,7 +92,7 @@ async def test_a_contract_following_agent_passes_every_check(tiny_model_dir: Pat
     assert report.ok, "\n".join(report.lines())
     assert report.check("client_timeout").detail == "read timeout 1800 s"
     assert report.check("endpoint").detail == "2 requests to /agentic_api/chat/completions"
-    assert report.lines()[-1] == "doctor: all 9 checks passed"
+    assert report.lines()[-1] == "doctor: all 14 checks passed"
 
 
 async def test_no_first_request_within_the_limit(tiny_model_dir: Path, tmp_path: Path) -> None:
@@ -144,7 +145,7 @@ async def test_unsupported_endpoint(tiny_model_dir: Path, tmp_path: Path) -> Non
 
 async def test_short_client_timeout_from_the_sdk_header(tiny_model_dir: Path, tmp_path: Path) -> None:
     report = await _doctor(tiny_model_dir, tmp_path, "short_timeout")
-    assert _failed(report) == ["client_timeout"]
+    assert _failed(report) == ["client_timeout", "longest_hold"]  # 5 s is also below the 600 s barrier
     assert report.check("client_timeout").detail.startswith("the client's read timeout is 5 s")
     assert "OpenAI(timeout=1800" in report.check("client_timeout").fix
 
@@ -163,7 +164,7 @@ async def test_non_zero_exit(tiny_model_dir: Path, tmp_path: Path) -> None:
     assert report.check("exit_code").detail == "the agent exited with code 3"
     assert report.check("output").status == "skip"
     lines = report.lines()
-    assert "    agent: giving up" in lines and lines[-1].startswith("doctor: 4 of 9 checks did not pass")
+    assert "    agent: giving up" in lines and lines[-1].startswith("doctor: 6 of 14 checks did not pass")
     assert "    \\x1b[31mred\\x00\\x07" in lines
     assert not any(ch in report.log_tail for ch in "\x1b\x00\x07")
 
@@ -196,7 +197,7 @@ async def test_command_not_found(tiny_model_dir: Path, tmp_path: Path) -> None:
     assert _failed(report) == ["starts"]  # what follows from it is skipped, not failed again
     assert report.check("first_request").detail == "the command did not run (see starts)"
     assert report.check("exit_code").status == "skip"
-    assert report.lines()[-1].startswith("doctor: 9 of 9 checks did not pass (1 failed, 8 skipped): ")
+    assert report.lines()[-1].startswith("doctor: 13 of 14 checks did not pass (1 failed, 12 skipped): ")
 
 
 def test_cli_exit_codes(tiny_model_dir: Path, tmp_path: Path) -> None:
@@ -208,7 +209,7 @@ def test_cli_exit_codes(tiny_model_dir: Path, tmp_path: Path) -> None:
     ok = subprocess.run([*base, "--agent-command", f"{sys.executable} agent.py ok"], env=env,
                         capture_output=True, text=True, timeout=300, check=False)
     assert ok.returncode == 0, ok.stdout + ok.stderr
-    assert "doctor: all 9 checks passed" in ok.stdout
+    assert "doctor: all 14 checks passed" in ok.stdout
     bad = subprocess.run([*base, "--agent-command", f"{sys.executable} agent.py crash"], env=env,
                          capture_output=True, text=True, timeout=300, check=False)
     assert bad.returncode == 1 and "[FAIL] exit_code: the agent exited with code 3" in bad.stdout

@@ -1,4 +1,4 @@
-"""The reward: this test passes once calc.add is fixed (run with `python test_calc.py`)."""
+"""The reward: this test passes once calc.add is fixed (run with `python3 test_calc.py`)."""
 
 from calc import add, mul
 
