@@ -36,7 +36,8 @@ API refuses it too; the 400 names ``messages[i].content[j].tool_use_id``); error
 
 Response (https://docs.anthropic.com/en/api/messages-streaming): content
 blocks thinking (with a ``sig_<hex>`` signature) → text → ``tool_use`` (``id`` = committed call id,
-``input`` = the parsed arguments); ``stop_reason`` end_turn / max_tokens / tool_use.
+``input`` = the parsed arguments); ``stop_reason`` end_turn / max_tokens / tool_use, or
+``stop_sequence`` with ``stop_sequence`` naming the request's stop string that ended the turn.
 """
 
 from __future__ import annotations
@@ -350,14 +351,15 @@ def content_blocks(result: TurnResult) -> list[dict[str, Any]]:
 
 def render_message(result: TurnResult, request: ParsedRequest) -> dict[str, Any]:
     """The ``message`` object of a committed turn."""
+    stop_reason = "stop_sequence" if result.stop_sequence is not None else STOP_REASONS[result.finish_reason]
     return {
         "id": new_id("msg"),
         "type": "message",
         "role": "assistant",
         "model": request.model,
         "content": content_blocks(result),
-        "stop_reason": STOP_REASONS[result.finish_reason],
-        "stop_sequence": None,
+        "stop_reason": stop_reason,
+        "stop_sequence": result.stop_sequence,
         "usage": {"input_tokens": result.prompt_tokens, "output_tokens": result.completion_tokens},
     }
 
@@ -391,7 +393,7 @@ def render_messages_sse(result: TurnResult, request: ParsedRequest) -> bytes:
         frames += _block_events(index, block)
     frames.append(sse_event("message_delta", {
         "type": "message_delta",
-        "delta": {"stop_reason": message["stop_reason"], "stop_sequence": None},
+        "delta": {"stop_reason": message["stop_reason"], "stop_sequence": message["stop_sequence"]},
         "usage": {"output_tokens": message["usage"]["output_tokens"]},
     }))
     frames.append(sse_event("message_stop", {"type": "message_stop"}))

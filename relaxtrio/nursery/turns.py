@@ -77,6 +77,8 @@ class TurnResult:
         request_id: relaxtrio's id of the turn (also the engine rid prefix).
         state_hash: state hash of the committed response node.
         logprobs: per generated token, when the request asked for them; else None.
+        stop_sequence: the request's stop string that ended the turn (``finish_reason`` is
+            ``stop``), or None when the turn ended otherwise (EOS, length, tool calls).
     """
 
     message: dict[str, Any]
@@ -86,6 +88,7 @@ class TurnResult:
     request_id: str
     state_hash: str
     logprobs: tuple[TokenLogprob, ...] | None = None
+    stop_sequence: str | None = None
 
 
 class TurnContext(Protocol):

@@ -396,6 +396,8 @@ class EngineTurnHandler:
             request_id=sampled.request_id,
             state_hash=node.state_hash,
             logprobs=token_logprobs,
+            stop_sequence=(sampled.matched_stop if decoded.finish_reason == "stop"
+                           and sampled.matched_stop in request.stop else None),
         )
 
     async def count_tokens(self, forest: SessionForest, request: TurnRequest) -> int:

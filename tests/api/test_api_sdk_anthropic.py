@@ -184,3 +184,33 @@ async def test_stream_failure_is_an_error_event_the_sdk_raises(registry: Session
         assert "10.0.0.7" not in str(info.value.body)
         assert info.value.body["error"] == {"type": "api_error",
                                             "message": "Internal error while handling agentic request."}
+
+
+async def test_a_stop_sequence_hit_is_reported_in_json_and_stream(registry: SessionRegistry,
+                                                                 compiler: ChatCompiler) -> None:
+    """A turn ended by one of ``stop_sequences`` answers ``stop_reason: "stop_sequence"`` naming
+    the string (Anthropic's contract), while an EOS end stays ``end_turn``; the stop text is not
+    in the content, so the echo matches the committed node."""
+    handler, engine = scripted_pipeline(compiler, [
+        Reply(text="Count: 1 2 STOP", stop_string="STOP"),
+        Reply(text="3 4 STOP", stop_string="STOP"),
+        Reply(text="done"),
+    ], reasoning_parser=None)
+    async with served(registry, handler) as (client, session):
+        messages: list[dict[str, Any]] = [{"role": "user", "content": "Count."}]
+        first = await client.messages.create(model="c", max_tokens=50, messages=messages,
+                                             stop_sequences=["END", "STOP"])
+        assert (first.stop_reason, first.stop_sequence) == ("stop_sequence", "STOP")
+        assert [block.text for block in first.content] == ["Count: 1 2 "]
+        assert engine.calls[0][1].stop == ["END", "STOP"]
+        messages += [{"role": "assistant", "content": _echo(first.content)}, {"role": "user", "content": "More."}]
+        async with client.messages.stream(model="c", max_tokens=50, messages=messages,
+                                          stop_sequences=["STOP"]) as stream:
+            deltas = [event.delta for event in [e async for e in stream] if event.type == "message_delta"]
+            second = await stream.get_final_message()
+        assert [(d.stop_reason, d.stop_sequence) for d in deltas] == [("stop_sequence", "STOP")]
+        assert (second.stop_reason, second.stop_sequence) == ("stop_sequence", "STOP")
+        messages += [{"role": "assistant", "content": _echo(second.content)}, {"role": "user", "content": "Again."}]
+        third = await client.messages.create(model="c", max_tokens=50, messages=messages, stop_sequences=["STOP"])
+        assert (third.stop_reason, third.stop_sequence) == ("end_turn", None)
+        assert_one_lineage(session, responses=3)
