@@ -15,9 +15,17 @@ TASK="$(python -c 'import json, os; print(json.load(open(os.environ["RELAX_INPUT
 # no OpenTelemetry export, no web search.
 export CODEX_HOME="${RELAX_SESSION_IO_DIR}/codex"
 mkdir -p "$CODEX_HOME"
+# The policy's window and turn limit (docs/agent-contract.md#environment-variables): Codex compacts
+# the conversation (locally, with a summary request of its own) once it passes the limit below,
+# which leaves room for a whole reply and the summary.
+WINDOW="${RELAX_MAX_CONTEXT_TOKENS:-32768}"
+REPLY="${RELAX_MAX_RESPONSE_TOKENS:-4096}"
+COMPACT_AT=$(( (WINDOW - REPLY) * 8 / 10 ))
 cat > "$CODEX_HOME/config.toml" <<TOML
 model = "policy"
 model_provider = "relaxtrio"
+model_context_window = ${WINDOW}
+model_auto_compact_token_limit = ${COMPACT_AT}
 approval_policy = "never"
 sandbox_mode = "danger-full-access"
 check_for_update_on_startup = false

@@ -25,6 +25,7 @@ import attrs
 import trio
 
 from .._errors import (
+    ContextLengthExceededError,
     InternalError,
     RelaxError,
     SessionAbortedError,
@@ -103,6 +104,9 @@ class Session:
         num_side_leaves: leaves of other subtrees (side conversations) it left out (``final``).
         ignored_request_fields: request options that did not alter generation, by field key
             → requests that sent it (``relaxtrio.api.ignored``).
+        context_overflows: requests refused because the context was full.
+        overflowed_last: the Session's latest turn ended in such a refusal (a Session that
+            ended with it set was ended by the overflow; counted per step).
         partial: in-flight engine requests, aborts, pause and protection (partial rollout;
             docs/scheduling.md#protection).
         retries: generations a retried request may attach to (docs/agent-contract.md#retries).
@@ -128,6 +132,8 @@ class Session:
     num_dropped_branches: int = 0
     num_side_leaves: int = 0
     ignored_request_fields: dict[str, int] = attrs.field(factory=dict)
+    context_overflows: int = 0
+    overflowed_last: bool = False
     partial: PartialRollout = attrs.field(factory=PartialRollout)
     retries: RetryLedger = attrs.field(factory=RetryLedger)
     agent_pgid: int | None = None
@@ -234,9 +240,12 @@ class Session:
     async def _turn_task(self, handler: TurnHandler, request: TurnRequest, cell: TurnCell) -> None:
         try:
             cell.result = await handler.complete(self.turn_context(cell), request)
+            self.overflowed_last = False
         except RelaxError as exc:
             exc.session_id = exc.session_id or self.session_id
             cell.error = exc
+            self.overflowed_last = isinstance(exc, ContextLengthExceededError)
+            self.context_overflows += self.overflowed_last
         except Exception:
             log.exception("turn failed for session %s", self.session_id)
             cell.error = InternalError(

@@ -183,7 +183,8 @@ class RolloutPipeline:
         """
         self.nursery.start_soon(self.watchdog.watch, group)
         await run_group_sessions(group, agent=self.agent, base_url=self.base_url, registry=self.registry,
-                                 server_template_kwargs=self.server_template_kwargs, lease=False)
+                                 server_template_kwargs=self.server_template_kwargs, lease=False,
+                                 max_response_tokens=self.handler.config.max_response_tokens)
         await score_rewards(group, self.config)
 
     async def _group_task(self, group: Group) -> None:

@@ -242,7 +242,8 @@ class EngineTurnHandler:
             room = forest.max_context_tokens - used
             if room <= 0:
                 raise ContextLengthExceededError(
-                    context_length_message(forest.max_context_tokens, used), param="messages"
+                    context_length_message(forest.max_context_tokens, used), param="messages",
+                    prompt_tokens=used, max_context_tokens=forest.max_context_tokens,
                 )
             budget = min(budget, room)
         return budget

@@ -3,6 +3,7 @@
 
 from __future__ import annotations
 
+import re
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 from typing import Any
@@ -214,3 +215,34 @@ async def test_a_stop_sequence_hit_is_reported_in_json_and_stream(registry: Sess
         third = await client.messages.create(model="c", max_tokens=50, messages=messages, stop_sequences=["STOP"])
         assert (third.stop_reason, third.stop_sequence) == ("end_turn", None)
         assert_one_lineage(session, responses=3)
+
+
+async def test_a_context_overflow_reads_as_anthropics_prompt_too_long(registry: SessionRegistry,
+                                                                      compiler: ChatCompiler) -> None:
+    """Harnesses start compaction on Anthropic's own overflow text, so a request past the window
+    answers it (JSON and stream alike); the Session counts the overflow until a turn succeeds."""
+    handler, engine = scripted_pipeline(compiler, [Reply(text="Short.")], reasoning_parser=None)
+    app = create_app(registry, handler)
+    long_task = [{"role": "user", "content": "Summarize: " + "the weather in Bern is cold " * 20}]
+    with trio.fail_after(30):
+        async with serve_app(app) as base_url, open_session(registry, max_context_tokens=64) as session:
+            client = anthropic.AsyncAnthropic(base_url=base_url, api_key=session.session_id, max_retries=0)
+            bodies = []
+            with pytest.raises(anthropic.BadRequestError) as plain:
+                await client.messages.create(model="c", max_tokens=50, messages=long_task)
+            bodies.append(plain.value.body)
+            with pytest.raises(anthropic.BadRequestError) as streamed:
+                async with client.messages.stream(model="c", max_tokens=50, messages=long_task) as stream:
+                    await stream.get_final_message()
+            bodies.append(streamed.value.body)
+            for body in bodies:
+                assert body["error"]["type"] == "invalid_request_error"
+                match = re.fullmatch(r"prompt is too long: (\d+) tokens > (\d+) maximum", body["error"]["message"])
+                assert match is not None, body
+                assert int(match.group(1)) >= int(match.group(2)) == 64
+            assert (session.context_overflows, session.overflowed_last) == (2, True)
+            reply = await client.messages.create(model="c", max_tokens=5, messages=[{"role": "user", "content": "Hi"}])
+            assert reply.content[0].text == "Short."
+            assert (session.context_overflows, session.overflowed_last) == (2, False)
+            await client.close()
+        assert len(engine.calls) == 1

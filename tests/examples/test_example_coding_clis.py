@@ -55,10 +55,19 @@ async def _run_cli(example: str, tmp_path: Path, model_dir: Path, tool_call: str
     return run, sample
 
 
+def _turn_limits(run) -> set[int]:
+    """The token limit each generation was given (the request's own, cut to the window's room)."""
+    assert run.engine is not None
+    return {sampling.max_new_tokens for _, sampling, _ in run.engine.calls}
+
+
 @_needs("claude")
 async def test_claude_code_fixes_the_repository(tiny_model_dir: Path, tmp_path: Path) -> None:
-    await _run_cli("claude_code", tmp_path, tiny_model_dir,
-                   _call("Bash", {"command": FIX, "description": "Make add add"}))
+    run, _ = await _run_cli("claude_code", tmp_path, tiny_model_dir,
+                            _call("Bash", {"command": FIX, "description": "Make add add"}))
+    # CLAUDE_CODE_MAX_OUTPUT_TOKENS from RELAX_MAX_RESPONSE_TOKENS (--rollout-max-response-len 512):
+    # unmapped, Claude Code asks an unknown model for 32000 tokens a turn.
+    assert _turn_limits(run) == {512}
 
 
 @_needs("codex")
@@ -70,6 +79,7 @@ async def test_codex_fixes_the_repository(tiny_model_dir: Path, tmp_path: Path) 
 async def test_opencode_fixes_the_repository(tiny_model_dir: Path, tmp_path: Path) -> None:
     run, sample = await _run_cli("opencode", tmp_path, tiny_model_dir,
                                  _call("bash", {"command": FIX, "description": "Make add add"}))
+    assert _turn_limits(run) == {512}  # the model's limit.output from RELAX_MAX_RESPONSE_TOKENS
     [session] = run.sessions()
     assert len(session["forest"]["leaves"]) == 2  # the title conversation and the task
     assert sample["state_hash"] in session["forest"]["leaves"]

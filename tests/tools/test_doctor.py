@@ -37,8 +37,10 @@ messages = list(task["messages"])
 print("agent: task has", len(messages), "messages", flush=True)
 if mode == "legacy_endpoint":
     client.completions.create(model="m", prompt="2 + 3 =", max_tokens=4)
+assert os.environ["RELAX_MAX_RESPONSE_TOKENS"] == "4" and int(os.environ["RELAX_MAX_CONTEXT_TOKENS"]) > 0
 for turn in range(2):
-    reply = client.chat.completions.create(model="m", messages=messages, max_tokens=4)
+    asked = 100_000 if mode == "greedy_output" and turn == 0 else 4  # a harness sized for a large model
+    reply = client.chat.completions.create(model="m", messages=messages, max_tokens=asked)
     content = reply.choices[0].message.content or ""
     if mode == "altered_replay":
         content = content.strip() + " (edited)"
@@ -61,7 +63,7 @@ else:
     json.dump({"reward": 1.0}, open(out, "w"))
 '''
 
-CHECKS = ["starts", "first_request", "endpoint", "client_timeout", "assistant_replay", "exit_code",
+CHECKS = ["starts", "first_request", "endpoint", "client_timeout", "output_room", "assistant_replay", "exit_code",
           "output", "export", "reward"]
 
 
@@ -70,7 +72,7 @@ async def _doctor(model_dir: Path, tmp_path: Path, mode: str, **overrides) -> Do
     command = overrides.pop("command", f"{sys.executable} agent.py {mode}")
     cfg = DoctorConfig(
         agent=AgentConfig(command=command, cwd=tmp_path, timeout_s=60.0, term_grace_s=0.5),
-        generation=GenerationConfig(max_response_tokens=4, tool_call_parser=None),
+        generation=overrides.pop("generation", GenerationConfig(max_response_tokens=4, tool_call_parser=None)),
         hf_checkpoint=model_dir, output_dir=tmp_path / "doctor",
         first_request_s=overrides.pop("first_request_s", 30.0), **overrides)
     with trio.fail_after(120):
@@ -91,7 +93,8 @@ async def test_a_contract_following_agent_passes_every_check(tiny_model_dir: Pat
     assert report.ok, "\n".join(report.lines())
     assert report.check("client_timeout").detail == "read timeout 1800 s"
     assert report.check("endpoint").detail == "2 requests to /agentic_api/chat/completions"
-    assert report.lines()[-1] == "doctor: all 9 checks passed"
+    assert report.lines()[-1] == "doctor: all 10 checks passed"
+    assert report.check("output_room").detail.startswith("asks for 4 output tokens; ")
 
 
 async def test_no_first_request_within_the_limit(tiny_model_dir: Path, tmp_path: Path) -> None:
@@ -130,6 +133,16 @@ async def test_the_quiz_example_passes_with_the_default_task(
             report = await run_doctor(attrs.evolve(cfg, engine_urls=(url,)))
             nursery.cancel_scope.cancel()
     assert report.ok, "\n".join(report.lines())  # its KeyError 'answer' before the default task had one
+
+
+async def test_a_first_request_asking_past_the_window_is_a_warning(tiny_model_dir: Path, tmp_path: Path) -> None:
+    report = await _doctor(tiny_model_dir, tmp_path, "greedy_output",
+                           generation=GenerationConfig(max_response_tokens=4, tool_call_parser=None,
+                                                       max_context_tokens=96))
+    check = report.check("output_room")
+    assert check.status == "warn" and report.ok, "\n".join(report.lines())
+    assert check.detail.startswith("the first request asks for 100000 output tokens but the 96-token window leaves ")
+    assert "CLAUDE_CODE_MAX_OUTPUT_TOKENS" in check.fix and "       fix: " + check.fix in report.lines()
 
 
 async def test_unsupported_endpoint(tiny_model_dir: Path, tmp_path: Path) -> None:
