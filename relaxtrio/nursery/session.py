@@ -107,6 +107,8 @@ class Session:
         context_overflows: requests refused because the context was full.
         overflowed_last: the Session's latest turn ended in such a refusal (a Session that
             ended with it set was ended by the overflow; counted per step).
+        images_as_text: images its requests sent that the text-only policy was shown as a text
+            marker (``--agentic-text-only-images marker``; counted per step).
         partial: in-flight engine requests, aborts, pause and protection (partial rollout;
             docs/scheduling.md#protection).
         retries: generations a retried request may attach to (docs/agent-contract.md#retries).
@@ -134,6 +136,7 @@ class Session:
     ignored_request_fields: dict[str, int] = attrs.field(factory=dict)
     context_overflows: int = 0
     overflowed_last: bool = False
+    images_as_text: int = 0
     partial: PartialRollout = attrs.field(factory=PartialRollout)
     retries: RetryLedger = attrs.field(factory=RetryLedger)
     agent_pgid: int | None = None
@@ -337,6 +340,10 @@ class SessionTurn:
     def note_aborted(self, *, protect: bool) -> None:
         """Records an aborted generation (:meth:`PartialRollout.note_aborted`)."""
         self._session.partial.note_aborted(protect=protect)
+
+    def note_images_as_text(self, count: int) -> None:
+        """Counts images shown to a text-only policy as text (``Session.images_as_text``)."""
+        self._session.images_as_text += count
 
     async def join_undelivered(self, parent_hash: str, sampling_digest: str) -> TurnResult | None:
         """An orphaned generation's answer, or None after registering this turn as the

@@ -147,6 +147,11 @@ class TurnContext(Protocol):
         from pauses at the next resume (the request reached the abort limit)."""
         ...
 
+    def note_images_as_text(self, count: int) -> None:
+        """Records that ``count`` images of the turn's new observation were shown to the
+        text-only policy as a text marker (``--agentic-text-only-images marker``)."""
+        ...
+
     async def join_undelivered(self, parent_hash: str, sampling_digest: str) -> TurnResult | None:
         """The answer of an earlier generation from the same state with the same sampling
         inputs that no client received (an SDK retry), or None: then this turn samples.

@@ -342,6 +342,7 @@ def _base_metrics(result: StepResult) -> Mapping[str, Any]:
         "overflow_ended_sessions": float(sum(s.overflowed_last for group in (*(g.group for g in result.groups),
                                                                               *result.dropped)
                                              for s in group.sessions)),
+        "images_as_text": float(sum(s.images_as_text for g in result.groups for s in g.group.sessions)),
         "interrupted_groups": float(result.interrupted_groups),
         "filtered_groups": float(result.filtered_groups),
         "rollout_s": result.rollout_s,

@@ -56,6 +56,7 @@ from ..nursery.turns import TurnContext, TurnRequest, TurnResult
 from ..sglang.wire import SamplingParams
 from ._mismatch import mismatch_warning
 from .client_logprobs import content_logprobs
+from .text_images import count_markers, text_only_view
 
 if TYPE_CHECKING:
     from ..fleet.fleet import EngineFleet
@@ -152,6 +153,9 @@ class EngineTurnHandler:
         await self.client.abort(rid)
 
     def _merge_kwargs(self, conv: Conversation) -> Conversation:
+        """``conv`` under the server's template kwargs, as the policy is shown it (images of a
+        text-only policy as text under ``--agentic-text-only-images marker``)."""
+        conv = text_only_view(conv, policy=self.config.text_only_images, has_vision=self.compiler.vision is not None)
         if not self.config.template_kwargs:
             return conv
         # Messages and tools are canonical already: only the kwargs change, so skip re-validating
@@ -220,10 +224,11 @@ class EngineTurnHandler:
         if not match.delta:
             return match.parent
         obs = await self._render_observation(conv, match)
-        return forest.add_observation(
-            match, token_ids=obs.token_ids, rollout_token_ids=obs.rollout_token_ids,
-            multimodal=obs.multimodal,
-        )
+        node = forest.add_observation(match, token_ids=obs.token_ids, rollout_token_ids=obs.rollout_token_ids,
+                                      multimodal=obs.multimodal)
+        if self.config.text_only_images == "marker":
+            turn.note_images_as_text(count_markers(match.delta))
+        return node
 
     def _token_budget(self, forest: SessionForest, parent: _Node, request: TurnRequest) -> int:
         """Tokens the turn may generate: the request's own limit (its turn limit,

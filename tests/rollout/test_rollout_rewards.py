@@ -219,3 +219,12 @@ def test_sessions_ended_by_a_context_overflow_are_counted_per_step() -> None:
     result = StepResult(rollout_id=0, groups=(score_group(kept, RolloutConfig()),), dropped=(dropped,),
                         rollout_s=1.0)
     assert group_metrics(result)["overflow_ended_sessions"] == 2.0
+
+
+def test_images_shown_as_text_are_counted_per_step() -> None:
+    from relaxtrio.rollout.step import StepResult, group_metrics
+
+    group = group_of([[1.0], [0.0]])
+    group.sessions[0].images_as_text, group.sessions[1].images_as_text = 2, 1
+    result = StepResult(rollout_id=0, groups=(score_group(group, RolloutConfig()),), dropped=(), rollout_s=1.0)
+    assert group_metrics(result)["images_as_text"] == 3.0
