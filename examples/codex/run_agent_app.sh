@@ -9,7 +9,9 @@ WORK="${RELAX_SESSION_IO_DIR}/repo"
 rm -rf "$WORK" && cp -r "$HERE/repo_template" "$WORK" && cd "$WORK"
 TASK="$(python -c 'import json, os; print(json.load(open(os.environ["RELAX_INPUT_JSON"]))["metadata"]["task"])')"
 
-# A Codex home of the Session's own, with one model provider: the Responses API at relaxtrio's
+# A Codex home of the Session's own, with one model provider of its own (not the built-in openai
+# one, which would compact through POST /responses/compact, refused by relaxtrio: with its own
+# provider Codex compacts locally, the policy writing the summary): the Responses API at relaxtrio's
 # URL, the Session id as bearer key (env_key), no client retries, a long stream idle timeout
 # (buffered SSE: heartbeats, then the whole reply). Offline: no update check, no analytics,
 # no OpenTelemetry export, no web search.

@@ -55,6 +55,18 @@ RESPONSES_STATE_ITEMS: Final = frozenset({"item_reference", "compaction", "compa
 responses and does not compact, so the full history must be sent as items."""
 
 
+CODEX_COMPACTION_HINT: Final = (
+    "remote compaction is not served (a server-side summary is no text the policy wrote, so it "
+    "cannot be trained): Codex uses it only for its built-in openai and azure providers, so point "
+    "Codex at relaxtrio through a provider of its own ([model_providers.relaxtrio] and "
+    "model_provider = \"relaxtrio\", as examples/codex does) and it compacts locally with a summary "
+    "request of its own"
+)
+"""Why ``POST /v1/responses/compact`` and ``compaction`` / ``compaction_trigger`` items are refused,
+and the Codex setting that avoids them (docs/client-quirks.md#codex-compaction)."""
+CODEX_COMPACTION_ITEMS: Final = frozenset({"compaction", "compaction_trigger"})
+
+
 def responses_item_type_error(kind: Any, path: str) -> InvalidRequestError:
     """The 400 for a Responses input item whose ``type`` relaxtrio does not project.
 
@@ -65,7 +77,9 @@ def responses_item_type_error(kind: Any, path: str) -> InvalidRequestError:
     param = f"{path}.type"
     if not isinstance(kind, str):
         return InvalidRequestError(f"{param} must be a string", param=param)
-    if kind in RESPONSES_BUILTIN_ITEMS:
+    if kind in CODEX_COMPACTION_ITEMS:
+        why = CODEX_COMPACTION_HINT
+    elif kind in RESPONSES_BUILTIN_ITEMS:
         why = "built-in tool items cannot be replayed: only function and custom tools are served"
     elif kind in RESPONSES_STATE_ITEMS:
         why = "it refers to server-side state: relaxtrio stores no responses, send the full history as items"

@@ -233,3 +233,21 @@ async def test_hosted_tools_are_left_out_with_a_log_line(registry: SessionRegist
         status, _, handler = await _turn(registry, RESPONSES, body)
     assert status == 200 and [t["function"]["name"] for t in handler.requests[0].conversation.tools] == ["shell"]
     assert "tools[1] (web_search) is a hosted tool: the model cannot call it here; left out" in caplog.text
+
+
+@pytest.mark.parametrize("path", ["/agentic_api/v1/responses/compact", "/agentic_api/responses/compact"])
+async def test_codex_remote_compaction_is_a_400_naming_the_setting(registry: SessionRegistry, path: str) -> None:
+    """docs/client-quirks.md#codex-compaction: a clear answer, not a bare 404."""
+    app = create_app(registry, ScriptedHandler())
+    body = {"model": "m", "input": [{"role": "user", "content": "hi"}], "instructions": "x"}
+    async with open_session(registry) as session:
+        status, payload, _ = await post(app, path, body, token=session.session_id)
+        assert status == 400 and payload["error"]["type"] == "invalid_request_error"
+        assert payload["error"]["message"].startswith(f"POST {path} is not supported: remote compaction")
+        assert "model_provider = \"relaxtrio\"" in payload["error"]["message"]
+        assert "examples/codex" in payload["error"]["message"]
+        for kind in ("compaction_trigger", "compaction"):
+            items = [{"role": "user", "content": "hi"}, {"type": kind, "encrypted_content": "x"}]
+            status, payload, _ = await post(app, RESPONSES, {"model": "m", "input": items}, token=session.session_id)
+            assert status == 400 and payload["error"]["param"] == "input[1].type"
+            assert "[model_providers.relaxtrio]" in payload["error"]["message"]
