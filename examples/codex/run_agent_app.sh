@@ -42,11 +42,6 @@ request_max_retries = 0
 stream_max_retries = 0
 stream_idle_timeout_ms = 3600000
 
-# Codex's sub-agent tools come as a Responses "namespace" tool, which relaxtrio refuses with a
-# 400 naming it (no projection to the model's tool format yet): train without them.
-[features]
-multi_agent = false
-
 [analytics]
 enabled = false
 

@@ -72,7 +72,12 @@ async def test_claude_code_fixes_the_repository(tiny_model_dir: Path, tmp_path: 
 
 @_needs("codex")
 async def test_codex_fixes_the_repository(tiny_model_dir: Path, tmp_path: Path) -> None:
-    await _run_cli("codex", tmp_path, tiny_model_dir, _call("exec_command", {"cmd": FIX}))
+    run, _ = await _run_cli("codex", tmp_path, tiny_model_dir, _call("exec_command", {"cmd": FIX}))
+    # With its default features Codex sends its sub-agent tools as a Responses namespace tool:
+    # served, the model sees them as function tools (it was a 400 on every request).
+    assert run.engine is not None
+    prompt = run.engine.tokenizer.decode(run.engine.calls[0][0])
+    assert '"name": "spawn_agent"' in prompt
 
 
 @_needs("opencode")
