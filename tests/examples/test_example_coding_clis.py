@@ -14,6 +14,7 @@ request finds no rule and fails the test.
 from __future__ import annotations
 
 import json
+import re
 from pathlib import Path
 
 import pytest
@@ -88,3 +89,31 @@ async def test_opencode_fixes_the_repository(tiny_model_dir: Path, tmp_path: Pat
     [session] = run.sessions()
     assert len(session["forest"]["leaves"]) == 2  # the title conversation and the task
     assert sample["state_hash"] in session["forest"]["leaves"]
+
+
+SUBTASK = "SUBTASK-7f3: apply the fix with exec_command"
+_SUB = r'(?<!"message": ")' + SUBTASK  # the sub-agent's own task text, not the parent's call of it
+
+
+@_needs("codex")
+async def test_codex_spawns_a_sub_agent_through_relaxtrio(tiny_model_dir: Path, tmp_path: Path) -> None:
+    """Codex's default namespace tool end to end: the policy calls ``spawn_agent`` (returned as a
+    ``function_call`` with its namespace), Codex starts the sub-agent, and the sub-agent's own
+    requests reach relaxtrio with its task as their user message."""
+    rules = [
+        Rule(match=_SUB + r".*</tool_response>.*" + _END, reply="Sub-agent: fixed calc.add."),
+        Rule(match=_SUB + r".*" + _END, reply=_call("exec_command", {"cmd": FIX})),
+        Rule(match=r"</tool_response>.*</tool_response>.*" + _END, reply="Delegated; done."),
+        Rule(match=r"</tool_response>.*" + _END, reply=_call("wait_agent", {})),
+        Rule(match=r"calc\.add returns the wrong result.*" + _END, reply=_call("spawn_agent", {"message": SUBTASK})),
+        Rule(match=r".*", reply="Done."),
+    ]
+    run = await run_example("codex", tmp_path, tiny_model_dir, rules=rules, command="rollout",
+                            args=["--agentic-export-policy", "final"])
+    assert run.returncode == 0, run.output[-3000:]
+    assert run.engine is not None
+    prompts = [run.engine.tokenizer.decode(ids) for ids, _, _ in run.engine.calls]
+    sub = re.compile(_SUB)
+    as_user = re.compile(r"<\|im_start\|>user\n(?:(?!<\|im_end\|>).)*" + SUBTASK, re.S)
+    assert any(as_user.search(p) for p in prompts), "no request of the spawned sub-agent reached relaxtrio"
+    assert any('"name": "spawn_agent"' in p and not sub.search(p) for p in prompts)  # the parent's turns
