@@ -31,7 +31,8 @@ docs/agent-contract.md#responses describes:
 
 * ``tools``: flat ``{"type": "function", "name", "parameters", "description"?}``; ``custom``
   (freeform) tools become one-string-argument function tools and a ``namespace`` tool its
-  function tools, their calls rendered with the namespace (:mod:`.responses_tools`); hosted tool types are left out and reported; ``max_output_tokens`` is the turn limit; ``reasoning.effort`` ∈ {none,
+  function tools, their calls rendered with the namespace (:mod:`.responses_tools`); hosted tool
+  types are left out and reported; ``max_output_tokens`` is the turn limit; ``reasoning.effort`` ∈ {none,
   minimal, low, medium, high, xhigh, max} → ``chat_template_kwargs = {"enable_thinking": effort
   != "none"}`` (any other value → ``{}``). ``previous_response_id``, ``temperature``, ``top_p``,
   ``store``, ``parallel_tool_calls`` and other fields do not alter generation; options that ask

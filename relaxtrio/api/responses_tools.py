@@ -29,7 +29,7 @@ Projection (docs/agent-contract.md#responses-tools):
 from __future__ import annotations
 
 import json
-from collections.abc import Mapping
+from collections.abc import Collection, Mapping
 from typing import Any, Final
 
 from .._errors import InvalidRequestError
@@ -70,8 +70,8 @@ def _custom_description(tool: Mapping[str, Any], path: str) -> str:
     return "\n\n".join(parts)
 
 
-def _function_tool(tool: Mapping[str, Any], path: str, proj: Projection) -> str:
-    """Adds one Responses function tool; returns its name."""
+def _function_tool(tool: Mapping[str, Any], path: str, proj: Projection, taken: Collection[str]) -> str:
+    """Adds one Responses function tool; returns its name (which must not be in ``taken``)."""
     name = non_empty_str(tool.get("name"), f"{path}.name")
     schema = tool.get("parameters")
     if schema is not None and not isinstance(schema, dict):
@@ -79,9 +79,10 @@ def _function_tool(tool: Mapping[str, Any], path: str, proj: Projection) -> str:
     description = tool.get("description")
     if description is not None and not isinstance(description, str):
         raise InvalidRequestError(f"{path}.description must be a string", param=f"{path}.description")
-    if any(t["function"]["name"] == name for t in proj.tools):
-        raise InvalidRequestError(f"{path}.name {name!r} is the name of an earlier tool: a function tool "
-                                  "of a namespace is shown to the model under its own name", param=f"{path}.name")
+    if name in taken:
+        raise InvalidRequestError(f"{path}.name {name!r} is the name of an earlier tool: the function tools "
+                                  "of a namespace are shown to the model under their own names",
+                                  param=f"{path}.name")
     proj.add_tool(name, schema, description, path)
     return name
 
@@ -96,7 +97,8 @@ def _namespace_tools(tool: Mapping[str, Any], path: str, proj: Projection, names
         if child.get("type") != "function":
             raise InvalidRequestError(f"{child_path}.type {child.get('type')!r} is not supported: a namespace "
                                       "is served with its function tools only", param=f"{child_path}.type")
-        namespaces[_function_tool(child, child_path, proj)] = namespace
+        taken = {t["function"]["name"] for t in proj.tools}
+        namespaces[_function_tool(child, child_path, proj, taken)] = namespace
 
 
 def project_responses_tools(tools: Any, proj: Projection) -> tuple[frozenset[str], dict[str, str]]:
@@ -117,7 +119,7 @@ def project_responses_tools(tools: Any, proj: Projection) -> tuple[frozenset[str
         require_object(tool, path)
         kind = tool.get("type")
         if kind == "function":
-            _function_tool(tool, path, proj)
+            _function_tool(tool, path, proj, namespaces)
         elif kind == "custom":
             name = non_empty_str(tool.get("name"), f"{path}.name")
             proj.add_tool(name, _custom_schema(), _custom_description(tool, path), path)

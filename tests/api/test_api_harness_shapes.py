@@ -243,7 +243,8 @@ async def test_namespace_tools_are_served_and_calls_carry_the_namespace(
     async with open_session(registry) as session:
         status, answer, _ = await post(app, RESPONSES, first, token=session.session_id)
         assert status == 200, answer
-        output = answer["output"] if not stream else json.loads(events(parse_sse(answer))[-1].data)["response"]["output"]
+        response = json.loads(events(parse_sse(answer))[-1].data)["response"] if stream else answer
+        output = response["output"]
         [call] = output
         assert (call["type"], call["name"], call["namespace"]) == ("function_call", "spawn_agent", "multi_agent_v1")
         assert json.loads(call["arguments"]) == {"message": "Check the tests."}
@@ -295,3 +296,9 @@ async def test_codex_remote_compaction_is_a_400_naming_the_setting(registry: Ses
             status, payload, _ = await post(app, RESPONSES, {"model": "m", "input": items}, token=session.session_id)
             assert status == 400 and payload["error"]["param"] == "input[1].type"
             assert "[model_providers.relaxtrio]" in payload["error"]["message"]
+
+
+async def test_plain_function_tools_sharing_a_name_are_still_served(registry: SessionRegistry) -> None:
+    """Only a namespace's tools must be unique (their name alone finds their namespace)."""
+    status, answer, _ = await _turn(registry, RESPONSES, {"model": "m", "input": "hi", "tools": [SHELL, SHELL]})
+    assert status == 200, answer

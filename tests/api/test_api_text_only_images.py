@@ -46,7 +46,8 @@ async def test_refuse_answers_400_naming_the_image(registry: SessionRegistry, co
                                 "messages": [{"role": "user", "content": "Describe a.png"}]}
         status, first, _ = await post(app, MESSAGES, body, token=session.session_id)
         assert status == 200, first
-        body["messages"] += [{"role": "assistant", "content": first["content"]}, _read_result(first["content"][0]["id"])]
+        call_id = first["content"][0]["id"]
+        body["messages"] += [{"role": "assistant", "content": first["content"]}, _read_result(call_id)]
         status, error, _ = await post(app, MESSAGES, body, token=session.session_id)
         assert status == 400 and "text-only" in error["error"]["message"]
         assert len(engine.calls) == 1 and session.images_as_text == 0

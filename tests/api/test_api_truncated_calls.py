@@ -8,7 +8,15 @@ import json
 from typing import Any
 
 import pytest
-from tests.api.api_helpers import ENDPOINTS, assert_one_lineage, events, parse_sse, post, scripted_pipeline, tool_call_text
+from tests.api.api_helpers import (
+    ENDPOINTS,
+    assert_one_lineage,
+    events,
+    parse_sse,
+    post,
+    scripted_pipeline,
+    tool_call_text,
+)
 from tests.support.sessions import open_session
 
 from relaxtrio.api.app import create_app

@@ -45,6 +45,8 @@ for turn in range(2):
     if mode == "altered_replay":
         content = content.strip() + " (edited)"
     messages += [{"role": "assistant", "content": content}, {"role": "user", "content": "Sure?"}]
+    if mode == "greedy_output":
+        break  # the reply filled the small window: a second turn would not fit
 messages.pop()
 out = os.environ["RELAX_OUTPUT_JSON"]
 if mode == "crash":
