@@ -22,7 +22,9 @@ docs/agent-contract.md#anthropic-messages describes:
   "disabled"}``; tools with no ``type`` or ``type: "custom"`` (``name``, ``input_schema``,
   ``description``?) become function tools; server tools (``web_search_*``, ...,
   :func:`.options.anthropic_server_tool`) are left out and reported; any other tool type is a 400
-  naming ``tools[i].type`` (:data:`OTHER_TOOL_TYPES_HINT` says why). ``temperature``, ``top_p``,
+  naming ``tools[i].type`` (:data:`OTHER_TOOL_TYPES_HINT` says why); tool search (a tool with
+  ``defer_loading: true``, a ``tool_search_tool_*`` tool) is a 400 naming ``ENABLE_TOOL_SEARCH``
+  (:func:`.options.check_tool_search`). ``temperature``, ``top_p``,
   ``top_k``, ``thinking.budget_tokens``, ``output_config.effort``, ``metadata`` do not alter
   generation; a ``tool_choice`` other than ``auto`` (or ``none`` without tools), an
   ``output_config.format`` schema and ``mcp_servers`` are ignored and reported on the parsed
@@ -60,7 +62,7 @@ from .fields import (
     stop_strings,
     thinking_switch,
 )
-from .options import IgnoredField, anthropic_server_tool, check_messages_options
+from .options import IgnoredField, anthropic_server_tool, check_messages_options, check_tool_search
 from .projection import ElementMemo, Projection, Source, call_source, check_tool_results, project_flat_tools
 from .session_memo import SessionMemo
 from .wire import ParsedRequest, ProtocolAdapter, dumps, new_id, sse_event
@@ -275,6 +277,7 @@ def _system_entry(content: Any, path: str, proj: Projection) -> None:
 
 
 def _project_tools(tools: Any, proj: Projection) -> None:
+    check_tool_search(tools)
     project_flat_tools(tools, proj, function_types=CUSTOM_TOOL_TYPES, schema_key="input_schema",
                        schema_required=True, other_types_hint=OTHER_TOOL_TYPES_HINT,
                        server_tool=anthropic_server_tool)

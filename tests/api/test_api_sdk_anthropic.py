@@ -246,3 +246,20 @@ async def test_a_context_overflow_reads_as_anthropics_prompt_too_long(registry: 
             assert (session.context_overflows, session.overflowed_last) == (2, False)
             await client.close()
         assert len(engine.calls) == 1
+
+
+@pytest.mark.parametrize(("tool", "param"), [
+    ({**TOOLS[0], "name": "NotebookEdit", "defer_loading": True}, "tools[1].defer_loading"),
+    ({"type": "tool_search_tool_regex_20251119", "name": "tool_search_tool_regex"}, "tools[1].type"),
+])
+async def test_tool_search_is_a_400_naming_enable_tool_search(registry: SessionRegistry, compiler: ChatCompiler,
+                                                              tool: dict[str, Any], param: str) -> None:
+    """Deferred tools are never rendered (nor dropped) silently (docs/client-quirks.md#claude-code-tool-search)."""
+    handler, engine = scripted_pipeline(compiler, [Reply(text="unused")])
+    async with served(registry, handler) as (client, _):
+        with pytest.raises(anthropic.BadRequestError) as bad:
+            await client.messages.create(model="c", max_tokens=5, messages=[{"role": "user", "content": "x"}],
+                                         tools=[*TOOLS, tool])
+        assert "ENABLE_TOOL_SEARCH=false" in bad.value.body["error"]["message"]
+        assert bad.value.body["error"]["message"].startswith(param)
+        assert engine.calls == []

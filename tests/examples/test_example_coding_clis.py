@@ -117,3 +117,4 @@ async def test_codex_spawns_a_sub_agent_through_relaxtrio(tiny_model_dir: Path, 
     as_user = re.compile(r"<\|im_start\|>user\n(?:(?!<\|im_end\|>).)*" + SUBTASK, re.S)
     assert any(as_user.search(p) for p in prompts), "no request of the spawned sub-agent reached relaxtrio"
     assert any('"name": "spawn_agent"' in p and not sub.search(p) for p in prompts)  # the parent's turns
+
