@@ -178,7 +178,7 @@ async def test_non_zero_exit(tiny_model_dir: Path, tmp_path: Path) -> None:
     assert report.check("exit_code").detail == "the agent exited with code 3"
     assert report.check("output").status == "skip"
     lines = report.lines()
-    assert "    agent: giving up" in lines and lines[-1].startswith("doctor: 4 of 9 checks did not pass")
+    assert "    agent: giving up" in lines and lines[-1].startswith("doctor: 4 of 10 checks did not pass")
     assert "    \\x1b[31mred\\x00\\x07" in lines
     assert not any(ch in report.log_tail for ch in "\x1b\x00\x07")
 
@@ -211,7 +211,7 @@ async def test_command_not_found(tiny_model_dir: Path, tmp_path: Path) -> None:
     assert _failed(report) == ["starts"]  # what follows from it is skipped, not failed again
     assert report.check("first_request").detail == "the command did not run (see starts)"
     assert report.check("exit_code").status == "skip"
-    assert report.lines()[-1].startswith("doctor: 9 of 9 checks did not pass (1 failed, 8 skipped): ")
+    assert report.lines()[-1].startswith("doctor: 10 of 10 checks did not pass (1 failed, 9 skipped): ")
 
 
 def test_cli_exit_codes(tiny_model_dir: Path, tmp_path: Path) -> None:
@@ -223,7 +223,7 @@ def test_cli_exit_codes(tiny_model_dir: Path, tmp_path: Path) -> None:
     ok = subprocess.run([*base, "--agent-command", f"{sys.executable} agent.py ok"], env=env,
                         capture_output=True, text=True, timeout=300, check=False)
     assert ok.returncode == 0, ok.stdout + ok.stderr
-    assert "doctor: all 9 checks passed" in ok.stdout
+    assert "doctor: all 10 checks passed" in ok.stdout
     bad = subprocess.run([*base, "--agent-command", f"{sys.executable} agent.py crash"], env=env,
                          capture_output=True, text=True, timeout=300, check=False)
     assert bad.returncode == 1 and "[FAIL] exit_code: the agent exited with code 3" in bad.stdout
