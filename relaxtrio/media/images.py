@@ -330,7 +330,7 @@ def image_parts(messages: Sequence[Mapping[str, Any]], *, offset: int = 0) -> tu
 def images_as_text(messages: Sequence[Mapping[str, Any]]) -> tuple[list[dict[str, Any]], int]:
     """``messages`` with every ``image_url`` part replaced by a text part holding
     :data:`IMAGE_MARKER` (what a text-only model is shown instead of the image), and how many
-    parts were replaced. Messages without images are returned as they are (not copied)."""
+    parts were replaced (every message a shallow copy; the input is not modified)."""
     out: list[dict[str, Any]] = []
     replaced = 0
     for message in messages:
