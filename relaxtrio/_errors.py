@@ -115,9 +115,28 @@ class InvalidRequestError(RelaxError, ValueError):
 
 
 class ContextLengthExceededError(InvalidRequestError):
-    """The lineage plus the new observation (or the requested completion) does not fit the context."""
+    """The lineage plus the new observation (or the requested completion) does not fit the context.
+
+    Args:
+        prompt_tokens: the prompt's size in tokens, when known.
+        max_context_tokens: the context window in tokens, when known (both known: Anthropic
+            clients get Anthropic's own wording, :meth:`anthropic_message`).
+    """
 
     code = "context_length_exceeded"
+
+    def __init__(self, message: str, *, param: str | None = None, session_id: str | None = None,
+                 prompt_tokens: int | None = None, max_context_tokens: int | None = None):
+        super().__init__(message, param=param, session_id=session_id)
+        self.prompt_tokens = prompt_tokens
+        self.max_context_tokens = max_context_tokens
+
+    def anthropic_message(self) -> str:
+        """``prompt is too long: M tokens > N maximum`` (the Messages API's text, which harnesses
+        match to start compaction) when both sizes are known, else the message."""
+        if self.prompt_tokens is None or self.max_context_tokens is None:
+            return self.message
+        return f"prompt is too long: {self.prompt_tokens} tokens > {self.max_context_tokens} maximum"
 
 
 class AuthenticationError(RelaxError):

@@ -21,6 +21,14 @@ export ANTHROPIC_DEFAULT_SONNET_MODEL=policy
 export ANTHROPIC_DEFAULT_OPUS_MODEL=policy
 export API_TIMEOUT_MS=3600000
 export CLAUDE_CODE_MAX_RETRIES=0
+# Tool search off: with it Claude Code defers tools behind a server-side search, which relaxtrio
+# refuses with a 400 naming this variable (the policy would see another tool list than offered).
+export ENABLE_TOOL_SEARCH="${ENABLE_TOOL_SEARCH:-false}"
+# The policy's context window and turn limit (docs/agent-contract.md#environment-variables): an
+# unknown model is otherwise sized as 200k tokens with 32k of output, so Claude Code would compact
+# far too late and run into the window.
+export CLAUDE_CODE_MAX_CONTEXT_TOKENS="${RELAX_MAX_CONTEXT_TOKENS:-32768}"
+export CLAUDE_CODE_MAX_OUTPUT_TOKENS="${RELAX_MAX_RESPONSE_TOKENS:-4096}"
 # Offline: no telemetry, error reports, update checks or other non-essential traffic; a config
 # directory of the Session's own (no user settings, no shared state between Sessions).
 export CLAUDE_CODE_DISABLE_NONESSENTIAL_TRAFFIC=1

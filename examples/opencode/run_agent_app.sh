@@ -22,7 +22,9 @@ export OPENCODE_DISABLE_LSP_DOWNLOAD=1
 export OPENCODE_DISABLE_SHARE=1
 export OPENCODE_DISABLE_CLAUDE_CODE=1
 # One provider: Chat Completions at relaxtrio's URL through @ai-sdk/openai-compatible (bundled),
-# the Session id as key, a long timeout, and the same model for the small (title) model.
+# the Session id as key, a long timeout, and the same model for the small (title) model; its
+# limits are the policy's window and turn limit (docs/agent-contract.md#environment-variables),
+# from which opencode sizes its requests and decides when to compact.
 export OPENCODE_CONFIG_CONTENT="$(cat <<JSON
 {
   "\$schema": "https://opencode.ai/config.json",
@@ -36,7 +38,7 @@ export OPENCODE_CONFIG_CONTENT="$(cat <<JSON
       "npm": "@ai-sdk/openai-compatible",
       "name": "relaxtrio",
       "options": {"baseURL": "${RELAX_BASE_URL%/}", "apiKey": "${RELAX_SESSION_ID}", "timeout": 3600000},
-      "models": {"policy": {"name": "policy", "tool_call": true, "limit": {"context": 32768, "output": 1024}}}
+      "models": {"policy": {"name": "policy", "tool_call": true, "limit": {"context": ${RELAX_MAX_CONTEXT_TOKENS:-32768}, "output": ${RELAX_MAX_RESPONSE_TOKENS:-4096}}}}
     }
   }
 }

@@ -68,6 +68,7 @@ from .errors import (
 )
 from .ignored import report_ignored
 from .messages import MESSAGES, parse_count_tokens_request
+from .options import CODEX_COMPACTION_HINT
 from .responses import RESPONSES
 from .session_memo import SessionMemos
 from .sse import sse_response
@@ -311,6 +312,8 @@ async def _http_error(exc: HTTPException) -> Response:
     if has_websocket_context() and status in (400, 404, 405):
         status = 400  # werkzeug's WebsocketMismatch on a model route, or no route at all
         err = InvalidRequestError(f"WebSocket is not served at {path}: send HTTP requests")
+    elif status == 404 and path.rstrip("/").endswith("/responses/compact"):
+        status, err = 400, InvalidRequestError(f"{method} {path} is not supported: {CODEX_COMPACTION_HINT}")
     elif status == 404:
         err = RouteNotFoundError(f"No route for {method} {path}")
     elif status == 405:

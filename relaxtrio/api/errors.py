@@ -28,6 +28,7 @@ from quart import Response
 
 from .._errors import (
     ClientDisconnectError,
+    ContextLengthExceededError,
     EmptyReplyError,
     InvalidRequestError,
     NotFoundError,
@@ -71,8 +72,9 @@ def openai_error_body(exc: RelaxError) -> dict[str, Any]:
 
 
 def anthropic_error_body(exc: RelaxError) -> dict[str, Any]:
-    """The Anthropic error envelope for ``exc``."""
-    return {"type": "error", "error": {"type": exc.anthropic_type, "message": public_message(exc)}}
+    """The Anthropic error envelope for ``exc`` (a context overflow in Anthropic's wording)."""
+    message = exc.anthropic_message() if isinstance(exc, ContextLengthExceededError) else public_message(exc)
+    return {"type": "error", "error": {"type": exc.anthropic_type, "message": message}}
 
 
 def error_body(exc: RelaxError, protocol: Protocol) -> dict[str, Any]:

@@ -22,7 +22,9 @@ docs/agent-contract.md#anthropic-messages describes:
   "disabled"}``; tools with no ``type`` or ``type: "custom"`` (``name``, ``input_schema``,
   ``description``?) become function tools; server tools (``web_search_*``, ...,
   :func:`.options.anthropic_server_tool`) are left out and reported; any other tool type is a 400
-  naming ``tools[i].type`` (:data:`OTHER_TOOL_TYPES_HINT` says why). ``temperature``, ``top_p``,
+  naming ``tools[i].type`` (:data:`OTHER_TOOL_TYPES_HINT` says why); tool search (a tool with
+  ``defer_loading: true``, a ``tool_search_tool_*`` tool) is a 400 naming ``ENABLE_TOOL_SEARCH``
+  (:func:`.options.check_tool_search`). ``temperature``, ``top_p``,
   ``top_k``, ``thinking.budget_tokens``, ``output_config.effort``, ``metadata`` do not alter
   generation; a ``tool_choice`` other than ``auto`` (or ``none`` without tools), an
   ``output_config.format`` schema and ``mcp_servers`` are ignored and reported on the parsed
@@ -36,7 +38,8 @@ API refuses it too; the 400 names ``messages[i].content[j].tool_use_id``); error
 
 Response (https://docs.anthropic.com/en/api/messages-streaming): content
 blocks thinking (with a ``sig_<hex>`` signature) → text → ``tool_use`` (``id`` = committed call id,
-``input`` = the parsed arguments); ``stop_reason`` end_turn / max_tokens / tool_use.
+``input`` = the parsed arguments); ``stop_reason`` end_turn / max_tokens / tool_use, or
+``stop_sequence`` with ``stop_sequence`` naming the request's stop string that ended the turn.
 """
 
 from __future__ import annotations
@@ -59,7 +62,7 @@ from .fields import (
     stop_strings,
     thinking_switch,
 )
-from .options import IgnoredField, anthropic_server_tool, check_messages_options
+from .options import IgnoredField, anthropic_server_tool, check_messages_options, check_tool_search
 from .projection import ElementMemo, Projection, Source, call_source, check_tool_results, project_flat_tools
 from .session_memo import SessionMemo
 from .wire import ParsedRequest, ProtocolAdapter, dumps, new_id, sse_event
@@ -274,6 +277,7 @@ def _system_entry(content: Any, path: str, proj: Projection) -> None:
 
 
 def _project_tools(tools: Any, proj: Projection) -> None:
+    check_tool_search(tools)
     project_flat_tools(tools, proj, function_types=CUSTOM_TOOL_TYPES, schema_key="input_schema",
                        schema_required=True, other_types_hint=OTHER_TOOL_TYPES_HINT,
                        server_tool=anthropic_server_tool)
@@ -350,14 +354,15 @@ def content_blocks(result: TurnResult) -> list[dict[str, Any]]:
 
 def render_message(result: TurnResult, request: ParsedRequest) -> dict[str, Any]:
     """The ``message`` object of a committed turn."""
+    stop_reason = "stop_sequence" if result.stop_sequence is not None else STOP_REASONS[result.finish_reason]
     return {
         "id": new_id("msg"),
         "type": "message",
         "role": "assistant",
         "model": request.model,
         "content": content_blocks(result),
-        "stop_reason": STOP_REASONS[result.finish_reason],
-        "stop_sequence": None,
+        "stop_reason": stop_reason,
+        "stop_sequence": result.stop_sequence,
         "usage": {"input_tokens": result.prompt_tokens, "output_tokens": result.completion_tokens},
     }
 
@@ -391,7 +396,7 @@ def render_messages_sse(result: TurnResult, request: ParsedRequest) -> bytes:
         frames += _block_events(index, block)
     frames.append(sse_event("message_delta", {
         "type": "message_delta",
-        "delta": {"stop_reason": message["stop_reason"], "stop_sequence": None},
+        "delta": {"stop_reason": message["stop_reason"], "stop_sequence": message["stop_sequence"]},
         "usage": {"output_tokens": message["usage"]["output_tokens"]},
     }))
     frames.append(sse_event("message_stop", {"type": "message_stop"}))

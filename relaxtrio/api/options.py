@@ -47,12 +47,25 @@ ANTHROPIC_SERVER_TOOL_PREFIXES: Final = ("web_search_", "web_fetch_", "code_exec
 by Anthropic's servers, so no one would answer the model's call here; they are left out of the
 prompt (``mcp_toolset``, the tools of ``mcp_servers``, too). Anthropic-defined *client* tools
 (``bash_*``, ``text_editor_*``, ``computer_*``, ``memory_*``) are not among them: the agent runs
-those, so leaving them out would hide a tool it answers; they stay a 400."""
+those, so leaving them out would hide a tool it answers; they stay a 400. The tool-search server tools are refused before this list is consulted
+(:func:`check_tool_search`)."""
 
 RESPONSES_STATE_ITEMS: Final = frozenset({"item_reference", "compaction", "compaction_trigger",
                                           "configuration_update"})
 """Responses input item types that refer to state kept by the server: relaxtrio stores no
 responses and does not compact, so the full history must be sent as items."""
+
+
+CODEX_COMPACTION_HINT: Final = (
+    "remote compaction is not served (a server-side summary is no text the policy wrote, so it "
+    "cannot be trained): Codex uses it only for its built-in openai and azure providers, so point "
+    "Codex at relaxtrio through a provider of its own ([model_providers.relaxtrio] and "
+    "model_provider = \"relaxtrio\", as examples/codex does) and it compacts locally with a summary "
+    "request of its own"
+)
+"""Why ``POST /v1/responses/compact`` and ``compaction`` / ``compaction_trigger`` items are refused,
+and the Codex setting that avoids them (docs/client-quirks.md#codex-compaction)."""
+CODEX_COMPACTION_ITEMS: Final = frozenset({"compaction", "compaction_trigger"})
 
 
 def responses_item_type_error(kind: Any, path: str) -> InvalidRequestError:
@@ -65,7 +78,9 @@ def responses_item_type_error(kind: Any, path: str) -> InvalidRequestError:
     param = f"{path}.type"
     if not isinstance(kind, str):
         return InvalidRequestError(f"{param} must be a string", param=param)
-    if kind in RESPONSES_BUILTIN_ITEMS:
+    if kind in CODEX_COMPACTION_ITEMS:
+        why = CODEX_COMPACTION_HINT
+    elif kind in RESPONSES_BUILTIN_ITEMS:
         why = "built-in tool items cannot be replayed: only function and custom tools are served"
     elif kind in RESPONSES_STATE_ITEMS:
         why = "it refers to server-side state: relaxtrio stores no responses, send the full history as items"
@@ -307,3 +322,33 @@ def anthropic_server_tool(kind: Any, path: str, hint: str) -> IgnoredField | Non
     return IgnoredField(param=f"{path}.type", key=f"tools:{kind}", dropped=True,
                         message=f"{path}.type {kind!r} is not supported: it is a server tool (Anthropic "
                                 f"runs it, so nothing would answer the model's call here); {hint}")
+
+
+TOOL_SEARCH_HINT: Final = (
+    "Claude Code's tool search (deferred tools found by a server-side search) is not served: the "
+    "policy would be trained on a prompt whose tools change behind its back; start Claude Code "
+    "with ENABLE_TOOL_SEARCH=false (examples/claude_code does), which sends every tool up front"
+)
+"""Why deferred tools and the tool-search server tools are refused (docs/client-quirks.md#claude-code-tool-search)."""
+
+
+def check_tool_search(tools: Any) -> None:
+    """Refuses a Messages ``tools`` list that uses tool search: a tool with ``defer_loading: true``
+    or a ``tool_search_tool_*`` server tool (rendering deferred tools, or leaving them out,
+    would show the policy another tool list than the agent offered).
+
+    Raises:
+        InvalidRequestError: naming the tool's field and ``ENABLE_TOOL_SEARCH``.
+    """
+    if not isinstance(tools, list):
+        return
+    for index, tool in enumerate(tools):
+        if not isinstance(tool, Mapping):
+            continue
+        kind = tool.get("type")
+        if isinstance(kind, str) and kind.startswith("tool_search_tool_"):
+            param = f"tools[{index}].type"
+            raise InvalidRequestError(f"{param} {kind!r} is not supported: {TOOL_SEARCH_HINT}", param=param)
+        if tool.get("defer_loading") is True:
+            param = f"tools[{index}].defer_loading"
+            raise InvalidRequestError(f"{param} is not supported: {TOOL_SEARCH_HINT}", param=param)

@@ -30,8 +30,9 @@ docs/agent-contract.md#responses describes:
     ``function_call_output``;
 
 * ``tools``: flat ``{"type": "function", "name", "parameters", "description"?}``; ``custom``
-  (freeform) tools become one-string-argument function tools and ``namespace`` tools are a 400
-  (:mod:`.responses_tools`); hosted tool types are left out and reported; ``max_output_tokens`` is the turn limit; ``reasoning.effort`` ∈ {none,
+  (freeform) tools become one-string-argument function tools and a ``namespace`` tool its
+  function tools, their calls rendered with the namespace (:mod:`.responses_tools`); hosted tool
+  types are left out and reported; ``max_output_tokens`` is the turn limit; ``reasoning.effort`` ∈ {none,
   minimal, low, medium, high, xhigh, max} → ``chat_template_kwargs = {"enable_thinking": effort
   != "none"}`` (any other value → ``{}``). ``previous_response_id``, ``temperature``, ``top_p``,
   ``store``, ``parallel_tool_calls`` and other fields do not alter generation; options that ask
@@ -299,7 +300,7 @@ def parse_responses_request(body: Mapping[str, Any], memo: SessionMemo | None = 
         _project_items(raw_input, proj, None if memo is None else memo.elements)
     else:
         raise InvalidRequestError("input is required and must be a string or list", param="input")
-    custom_tools = project_responses_tools(body.get("tools"), proj)
+    custom_tools, namespaces = project_responses_tools(body.get("tools"), proj)
     reasoning = optional_object(body, "reasoning")
     effort = reasoning.get("effort") if reasoning is not None else None
     kwargs = thinking_switch(effort, "reasoning.effort", EFFORTS, off="none")
@@ -316,12 +317,14 @@ def parse_responses_request(body: Mapping[str, Any], memo: SessionMemo | None = 
         protocol="responses",
     )
     return ParsedRequest(turn=turn, model=optional_str(body, "model"), stream=optional_bool(body, "stream"),
-                         custom_tools=custom_tools, ignored=(*ignored, *proj.ignored))
+                         custom_tools=custom_tools, namespaces=namespaces, ignored=(*ignored, *proj.ignored))
 
 
-def output_items(result: TurnResult, custom_tools: frozenset[str] = frozenset()) -> list[dict[str, Any]]:
+def output_items(result: TurnResult, custom_tools: frozenset[str] = frozenset(),
+                 namespaces: Mapping[str, str] | None = None) -> list[dict[str, Any]]:
     """Output items in order: reasoning, message (only with text), one call item per call
-    (``custom_tool_call`` for a custom tool, else ``function_call``)."""
+    (``custom_tool_call`` for a custom tool, else ``function_call``, with its ``namespace`` when
+    the tool came in a namespace tool)."""
     message = result.message
     items: list[dict[str, Any]] = []
     if message.get("reasoning_content"):
@@ -338,10 +341,11 @@ def output_items(result: TurnResult, custom_tools: frozenset[str] = frozenset())
         if call["function"]["name"] in custom_tools:
             items.append(custom_call_item(call, new_id("ctc")))
             continue
-        items.append({
-            "id": new_id("fc"), "type": "function_call", "status": "completed", "call_id": call["id"],
-            "name": call["function"]["name"], "arguments": call["function"]["arguments"],
-        })
+        item = {"id": new_id("fc"), "type": "function_call", "status": "completed", "call_id": call["id"],
+                "name": call["function"]["name"], "arguments": call["function"]["arguments"]}
+        if namespaces and call["function"]["name"] in namespaces:
+            item["namespace"] = namespaces[call["function"]["name"]]
+        items.append(item)
     return items
 
 
@@ -359,7 +363,7 @@ def render_response(result: TurnResult, request: ParsedRequest) -> dict[str, Any
     """The ``response`` object of a committed turn (``completed`` or ``incomplete``)."""
     incomplete = result.finish_reason == "length"
     response = _response_shell(request, "incomplete" if incomplete else "completed")
-    response["output"] = output_items(result, request.custom_tools)
+    response["output"] = output_items(result, request.custom_tools, request.namespaces)
     if incomplete:
         response["incomplete_details"] = {"reason": "max_output_tokens"}
     response["usage"] = {

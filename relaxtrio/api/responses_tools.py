@@ -12,9 +12,13 @@ Projection (docs/agent-contract.md#responses-tools):
   ``custom_tool_call`` with the raw ``input`` text, and the client's replayed
   ``custom_tool_call`` / ``custom_tool_call_output`` items project onto the same assistant call
   ``{"input": <text>}`` and tool message, so the echo matches the committed turn;
-* ``namespace`` (a group of a harness's sub-agent tools) → a 400 naming the tool: its calls
-  would have to come back in a shape relaxtrio cannot check against a real client, and dropping
-  it would train the agent without those tools (switch the harness feature off instead);
+* ``{"type": "namespace", "name", "description"?, "tools": [function tools]}`` (Codex's
+  sub-agent tools, ``multi_agent_v1`` with ``spawn_agent``, ``send_input``, ``wait_agent``, ...)
+  → each function tool of the namespace, under its own name (the model sees plain function
+  tools); a call the model makes to one goes back as a ``function_call`` with that ``name`` and
+  the ``namespace``, as Codex sends and expects it, and Codex's replayed call (``name`` plus
+  ``namespace``) projects onto the same call. A tool of another type inside a namespace, or a
+  name that two tools share, is a 400 naming it;
 * hosted tools the server itself would run (``web_search``, ``file_search``, ``local_shell``,
   ``computer_use_preview``, ``image_generation``, ``code_interpreter``, ``mcp``, ...) are not
   tools the model can call here: they are left out and reported in ``Projection.ignored``
@@ -25,7 +29,7 @@ Projection (docs/agent-contract.md#responses-tools):
 from __future__ import annotations
 
 import json
-from collections.abc import Mapping
+from collections.abc import Collection, Mapping
 from typing import Any, Final
 
 from .._errors import InvalidRequestError
@@ -66,44 +70,67 @@ def _custom_description(tool: Mapping[str, Any], path: str) -> str:
     return "\n\n".join(parts)
 
 
-def project_responses_tools(tools: Any, proj: Projection) -> frozenset[str]:
-    """Projects a Responses ``tools`` list; returns the names of the custom (freeform) tools.
+def _function_tool(tool: Mapping[str, Any], path: str, proj: Projection, taken: Collection[str]) -> str:
+    """Adds one Responses function tool; returns its name (which must not be in ``taken``)."""
+    name = non_empty_str(tool.get("name"), f"{path}.name")
+    schema = tool.get("parameters")
+    if schema is not None and not isinstance(schema, dict):
+        raise InvalidRequestError(f"{path}.parameters must be a JSON object", param=f"{path}.parameters")
+    description = tool.get("description")
+    if description is not None and not isinstance(description, str):
+        raise InvalidRequestError(f"{path}.description must be a string", param=f"{path}.description")
+    if name in taken:
+        raise InvalidRequestError(f"{path}.name {name!r} is the name of an earlier tool: the function tools "
+                                  "of a namespace are shown to the model under their own names",
+                                  param=f"{path}.name")
+    proj.add_tool(name, schema, description, path)
+    return name
+
+
+def _namespace_tools(tool: Mapping[str, Any], path: str, proj: Projection, namespaces: dict[str, str]) -> None:
+    """Adds the function tools of a ``namespace`` tool, recording each one's namespace."""
+    namespace = non_empty_str(tool.get("name"), f"{path}.name")
+    children = require_list(tool.get("tools"), f"{path}.tools")
+    for index, child in enumerate(children):
+        child_path = f"{path}.tools[{index}]"
+        require_object(child, child_path)
+        if child.get("type") != "function":
+            raise InvalidRequestError(f"{child_path}.type {child.get('type')!r} is not supported: a namespace "
+                                      "is served with its function tools only", param=f"{child_path}.type")
+        taken = {t["function"]["name"] for t in proj.tools}
+        namespaces[_function_tool(child, child_path, proj, taken)] = namespace
+
+
+def project_responses_tools(tools: Any, proj: Projection) -> tuple[frozenset[str], dict[str, str]]:
+    """Projects a Responses ``tools`` list; returns the names of the custom (freeform) tools and
+    the namespace of each function tool that came in a ``namespace`` tool.
 
     Raises:
-        InvalidRequestError: not a list, a bad entry, a ``namespace`` tool (named), or an
-            unsupported custom format.
+        InvalidRequestError: not a list, a bad entry, a name two tools share, a namespace entry
+            that is no function tool, or an unsupported custom format.
     """
     if tools is None:
-        return frozenset()
+        return frozenset(), {}
     require_list(tools, "tools")
     custom: set[str] = set()
+    namespaces: dict[str, str] = {}
     for index, tool in enumerate(tools):
         path = f"tools[{index}]"
         require_object(tool, path)
         kind = tool.get("type")
         if kind == "function":
-            name = non_empty_str(tool.get("name"), f"{path}.name")
-            schema = tool.get("parameters")
-            if schema is not None and not isinstance(schema, dict):
-                raise InvalidRequestError(f"{path}.parameters must be a JSON object", param=f"{path}.parameters")
-            description = tool.get("description")
-            if description is not None and not isinstance(description, str):
-                raise InvalidRequestError(f"{path}.description must be a string", param=f"{path}.description")
-            proj.add_tool(name, schema, description, path)
+            _function_tool(tool, path, proj, namespaces)
         elif kind == "custom":
             name = non_empty_str(tool.get("name"), f"{path}.name")
             proj.add_tool(name, _custom_schema(), _custom_description(tool, path), path)
             custom.add(name)
         elif kind == "namespace":
-            name = tool.get("name")
-            raise InvalidRequestError(
-                f"{path} is a namespace tool ({name!r}); relaxtrio serves function and custom tools only "
-                "(turn the harness feature that sends it off)", param=path)
+            _namespace_tools(tool, path, proj, namespaces)
         else:  # hosted: run by OpenAI's servers, never by the agent; left out in either mode
             proj.ignored.append(IgnoredField(
                 param=path, key=f"tools:{kind}", dropped=True, refused_when_strict=False,
                 message=f"{path} ({kind}) is a hosted tool: the model cannot call it here; left out"))
-    return frozenset(custom)
+    return frozenset(custom), namespaces
 
 
 def custom_call_arguments(item: Mapping[str, Any], path: str) -> str:

@@ -34,6 +34,8 @@ class ParsedRequest:
         stream: whether Buffered SSE was asked for (``stream: true``).
         custom_tools: names of the request's freeform (Responses ``custom``) tools; their calls
             are rendered as ``custom_tool_call`` items.
+        namespaces: the function tools of the request's Responses ``namespace`` tools, by name →
+            their namespace; their calls are rendered with the namespace (Codex's sub-agent tools).
         ignored: options of the request that do not alter generation (:mod:`.options`); the
             app reports them, or refuses the first under ``--agentic-strict-request-fields``.
     """
@@ -42,6 +44,7 @@ class ParsedRequest:
     model: str | None = None
     stream: bool = False
     custom_tools: frozenset[str] = frozenset()
+    namespaces: Mapping[str, str] = attrs.field(factory=dict)
     ignored: tuple[IgnoredField, ...] = ()
 
 

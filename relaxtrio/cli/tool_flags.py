@@ -131,6 +131,9 @@ def add_serve_parser(sub: argparse._SubParsersAction) -> argparse.ArgumentParser
                    help="how tool calls are read from generated text")
     p.add_argument("--agentic-reasoning-parser", default=None, choices=REASONING_PARSERS,
                    help="how reasoning is split from generated text")
+    p.add_argument("--agentic-text-only-images", default="refuse", choices=("refuse", "marker"),
+                   help="what a text-only policy does with an image in a request: refuse (a 400 naming the "
+                        "part) or marker (each image shown as a fixed text on every turn, counted per step)")
     p.add_argument("--reward-key", default=None, help="primary key of object rewards")
     p.add_argument("--agentic-export-policy", default="strict", choices=("strict", "final", "all-leaves"),
                    help="implicit export of a Session whose requests branched (see train --help)")
@@ -203,6 +206,7 @@ def serve_config(args: argparse.Namespace) -> Any:
             max_context_tokens=args.rollout_max_context_len,
             tool_call_parser=args.agentic_tool_call_parser,
             reasoning_parser=args.agentic_reasoning_parser,
+            text_only_images=args.agentic_text_only_images,
         ),
         hf_checkpoint=args.hf_checkpoint,
         engine_urls=tuple(args.engine_urls),
@@ -301,6 +305,9 @@ def add_doctor_parser(sub: argparse._SubParsersAction) -> argparse.ArgumentParse
     p.add_argument("--agentic-reasoning-parser", default=None, choices=REASONING_PARSERS,
                    help="how reasoning is split from generated text")
     _add_integration_flags(p)
+    p.add_argument("--agentic-text-only-images", default="refuse", choices=("refuse", "marker"),
+                   help="what a text-only policy does with an image in a request: refuse (a 400 naming the "
+                        "part) or marker (each image shown as a fixed text on every turn, counted per step)")
     p.add_argument("--output-dir", type=Path, default=None,
                    help="agent.log and engines/ (engine log) (unset: runs/doctor-<timestamp>)")
     p.add_argument("--log-level", default="WARNING", type=str.upper,
@@ -390,7 +397,8 @@ def doctor_config(args: argparse.Namespace) -> Any:
         task=task,
         generation=GenerationConfig(max_response_tokens=args.rollout_max_response_len,
                                     tool_call_parser=args.agentic_tool_call_parser,
-                                    reasoning_parser=args.agentic_reasoning_parser),
+                                    reasoning_parser=args.agentic_reasoning_parser,
+                                    text_only_images=args.agentic_text_only_images),
         hf_checkpoint=args.hf_checkpoint,
         engine_urls=tuple(args.engine_urls),
         backend=args.rollout_backend,

@@ -127,6 +127,7 @@ def _generation_section(args: argparse.Namespace) -> GenerationConfig:
         stop_token_ids=tuple(args.rollout_stop_token_ids),
         tool_call_parser=args.agentic_tool_call_parser,
         reasoning_parser=args.agentic_reasoning_parser,
+        text_only_images=args.agentic_text_only_images,
         template_kwargs=dict(args.apply_chat_template_kwargs),
         partial_rollout_max_aborted_count=(
             args.partial_rollout_max_aborted_count if args.partial_rollout else None),

@@ -121,6 +121,9 @@ def _add_agent_flags(p: argparse.ArgumentParser) -> None:
                    help="how tool calls are read from generated text")
     g.add_argument("--agentic-reasoning-parser", default=None, choices=REASONING_PARSERS,
                    help="how reasoning is split from generated text")
+    g.add_argument("--agentic-text-only-images", default="refuse", choices=("refuse", "marker"),
+                   help="what a text-only policy does with an image in a request: refuse (a 400 naming the "
+                        "part) or marker (each image shown as a fixed text on every turn, counted per step)")
     g.add_argument("--agentic-export-policy", default="strict", choices=("strict", "final", "all-leaves"),
                    help="implicit export of a Session whose requests branched: strict (one leaf, else "
                         "the Group is dropped), final (the lineage of the last response; other leaves "

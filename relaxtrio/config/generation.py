@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from typing import Literal
+
 import attrs
 
 __all__ = [
@@ -36,6 +38,10 @@ class GenerationConfig:
             becomes protected at the next resume (pauses no longer interrupt it); None = never.
         ignore_eos: never stop at EOS / stop ids (SGLang's ``ignore_eos``): turns run to their
             token limit. For benchmarks and tests that need generations of a known length.
+        text_only_images: what a text-only policy does with an image in a request
+            (``--agentic-text-only-images``): ``refuse`` (a 400 naming the part) or ``marker``
+            (each image is shown as a fixed text, :data:`relaxtrio.media.images.IMAGE_MARKER`,
+            on every turn; counted per step). A vision model takes images either way.
     """
 
     temperature: float = 1.0
@@ -52,6 +58,8 @@ class GenerationConfig:
     template_kwargs: dict = attrs.field(factory=dict)
     partial_rollout_max_aborted_count: int | None = None
     ignore_eos: bool = False
+    text_only_images: Literal["refuse", "marker"] = attrs.field(
+        default="refuse", validator=attrs.validators.in_(("refuse", "marker")))
 
     def sampling_seed(self, sample_index: int) -> int | None:
         """The seed of a Session's turns when the request brings none (see ``seed_per_sample``)."""

@@ -188,9 +188,8 @@ class SessionForest:
         total = parent.num_train_tokens + len(token_ids)
         if self.max_context_tokens is not None and total >= self.max_context_tokens:
             raise ContextLengthExceededError(
-                context_length_message(self.max_context_tokens, total),
-                param="messages",
-                session_id=self.session_id,
+                context_length_message(self.max_context_tokens, total), param="messages",
+                session_id=self.session_id, prompt_tokens=total, max_context_tokens=self.max_context_tokens,
             )
         node = ObservationNode(
             state_hash=match.state_hash,

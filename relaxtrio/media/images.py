@@ -40,6 +40,7 @@ from PIL import Image, UnidentifiedImageError
 from .._errors import InvalidRequestError
 
 __all__ = [
+    "IMAGE_MARKER",
     "IMAGE_PART_TYPE",
     "REMOTE_IMAGE_MAX_BYTES",
     "REMOTE_IMAGE_TIMEOUT_S",
@@ -48,6 +49,7 @@ __all__ = [
     "fetch_image_url",
     "image_content_part",
     "image_parts",
+    "images_as_text",
     "is_kept_url",
     "is_remote_url",
     "png_data_url",
@@ -57,6 +59,9 @@ __all__ = [
 
 IMAGE_PART_TYPE: Final = "image_url"
 """The OpenAI content-part type of an image."""
+
+IMAGE_MARKER: Final = "[image omitted: this model cannot see images]"
+"""The text an image becomes for a text-only policy under ``--agentic-text-only-images marker``."""
 
 _KEPT_PREFIXES: Final = ("data:", "http://", "https://")
 _REMOTE_PREFIXES: Final = ("http://", "https://")
@@ -320,3 +325,21 @@ def image_parts(messages: Sequence[Mapping[str, Any]], *, offset: int = 0) -> tu
                 raise InvalidRequestError(f"{param}.url must be a non-empty string", param=f"{param}.url")
             found.append(ImagePart(url, f"{param}.url"))
     return tuple(found)
+
+
+def images_as_text(messages: Sequence[Mapping[str, Any]]) -> tuple[list[dict[str, Any]], int]:
+    """``messages`` with every ``image_url`` part replaced by a text part holding
+    :data:`IMAGE_MARKER` (what a text-only model is shown instead of the image), and how many
+    parts were replaced (every message a shallow copy; the input is not modified)."""
+    out: list[dict[str, Any]] = []
+    replaced = 0
+    for message in messages:
+        content = message.get("content")
+        if isinstance(content, (list, tuple)) and any(
+                isinstance(p, Mapping) and p.get("type") == IMAGE_PART_TYPE for p in content):
+            parts = [{"type": "text", "text": IMAGE_MARKER}
+                     if isinstance(p, Mapping) and p.get("type") == IMAGE_PART_TYPE else p for p in content]
+            replaced += len(content) - sum(p is q for p, q in zip(parts, content, strict=True))
+            message = {**message, "content": parts}
+        out.append(dict(message))
+    return out, replaced

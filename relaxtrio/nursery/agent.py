@@ -6,7 +6,7 @@ For each Session relaxtrio:
    the path ``session_output.json`` (read after the exit) and ``agent.log`` (stdout + stderr);
 2. runs ``bash -lc <agent command>`` (an activated virtual environment's ``bin`` put back in
    front of the login shell's PATH) in ``--agent-cwd`` with stdin from ``/dev/null``, the
-   ``--agent-env`` entries and the seven ``RELAX_*`` variables
+   ``--agent-env`` entries and the ``RELAX_*`` variables
    (docs/agent-contract.md#environment-variables), in a new process group
    (``start_new_session=True``) led by the :mod:`relaxtrio._reaper` shim, which ends the way
    the agent ended and takes the group down if the driver dies without cleaning up (SIGKILL);
@@ -155,12 +155,21 @@ class AgentRun:
 
 @attrs.frozen(kw_only=True)
 class SessionEnv:
-    """The values behind the seven ``RELAX_*`` variables (minus the IO paths, made per run)."""
+    """The values behind the ``RELAX_*`` variables (minus the IO paths, made per run).
+
+    Attributes:
+        max_context_tokens: the Session's context window in tokens (``RELAX_MAX_CONTEXT_TOKENS``),
+            or None when unknown (the variable is then unset).
+        max_response_tokens: the turn limit of a request that sets none, in tokens
+            (``RELAX_MAX_RESPONSE_TOKENS``), or None (unset).
+    """
 
     session_id: str
     group_id: str
     base_url: str
     mode: RolloutMode = "train"
+    max_context_tokens: int | None = None
+    max_response_tokens: int | None = None
 
 
 def _read_tail(path: Path) -> str:
@@ -297,9 +306,17 @@ _OUTPUT_FILE: Final = "session_output.json"
 
 
 def _agent_env(config: AgentConfig, session: SessionEnv, io_dir: Path) -> dict[str, str]:
-    """The agent's environment: ours, then ``--agent-env``, then the seven ``RELAX_*`` variables."""
+    """The agent's environment: ours, then ``--agent-env``, then the ``RELAX_*`` variables (the
+    two limits only when known: an inherited value of ours is removed, never passed on)."""
     env = dict(os.environ)
     env.update(config.env)
+    limits = {"RELAX_MAX_CONTEXT_TOKENS": session.max_context_tokens,
+              "RELAX_MAX_RESPONSE_TOKENS": session.max_response_tokens}
+    for key, value in limits.items():
+        if value is None:
+            env.pop(key, None)
+        else:
+            env[key] = str(value)
     env.update(
         RELAX_INPUT_JSON=str(io_dir / _INPUT_FILE),
         RELAX_OUTPUT_JSON=str(io_dir / _OUTPUT_FILE),

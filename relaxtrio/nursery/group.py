@@ -337,6 +337,7 @@ async def run_group(
     registry: SessionRegistry,
     server_template_kwargs: Mapping[str, Any] | None = None,
     lease: bool = True,
+    max_response_tokens: int | None = None,
 ) -> Group:
     """Runs every Session of ``group`` in one nursery and returns the finished Group.
 
@@ -348,6 +349,8 @@ async def run_group(
         server_template_kwargs: server chat-template kwargs (for explicit export matching).
         lease: lease the Group as soon as its agents started; False leaves the lease to the
             caller (prelaunch: requests are held until :meth:`Group.lease`).
+        max_response_tokens: the turn limit of a request that sets none, told to the agents
+            (``RELAX_MAX_RESPONSE_TOKENS``), or None.
 
     Returns:
         The Group; either every Session completed or ``group.dropped_reason`` says why not.
@@ -361,6 +364,7 @@ async def run_group(
         base_url=base_url,
         registry=registry,
         server_template_kwargs=server_template_kwargs,
+        max_response_tokens=max_response_tokens,
     )
     group.started_at = trio.current_time()
     try:

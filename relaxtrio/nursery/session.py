@@ -25,6 +25,7 @@ import attrs
 import trio
 
 from .._errors import (
+    ContextLengthExceededError,
     InternalError,
     RelaxError,
     SessionAbortedError,
@@ -105,6 +106,11 @@ class Session:
         num_side_leaves: leaves of other subtrees (side conversations) it left out (``final``).
         ignored_request_fields: request options that did not alter generation, by field key
             → requests that sent it (``relaxtrio.api.ignored``).
+        context_overflows: requests refused because the context was full.
+        overflowed_last: the Session's latest turn ended in such a refusal (a Session that
+            ended with it set was ended by the overflow; counted per step).
+        images_as_text: images its requests sent that the text-only policy was shown as a text
+            marker (``--agentic-text-only-images marker``; counted per step).
         partial: in-flight engine requests, aborts, pause and protection (partial rollout;
             docs/scheduling.md#protection).
         retries: generations a retried request may attach to (docs/agent-contract.md#retries).
@@ -131,6 +137,9 @@ class Session:
     num_dropped_branches: int = 0
     num_side_leaves: int = 0
     ignored_request_fields: dict[str, int] = attrs.field(factory=dict)
+    context_overflows: int = 0
+    overflowed_last: bool = False
+    images_as_text: int = 0
     partial: PartialRollout = attrs.field(factory=PartialRollout)
     retries: RetryLedger = attrs.field(factory=RetryLedger)
     agent_pgid: int | None = None
@@ -244,9 +253,12 @@ class Session:
                 set_attributes(span, {"relaxtrio.request.prompt_tokens": result.prompt_tokens,
                                       "relaxtrio.request.completion_tokens": result.completion_tokens,
                                       "relaxtrio.request.finish_reason": result.finish_reason})
+            self.overflowed_last = False
         except RelaxError as exc:
             exc.session_id = exc.session_id or self.session_id
             cell.error = exc
+            self.overflowed_last = isinstance(exc, ContextLengthExceededError)
+            self.context_overflows += self.overflowed_last
         except Exception:
             log.exception("turn failed for session %s", self.session_id)
             cell.error = InternalError(
@@ -342,6 +354,10 @@ class SessionTurn:
     def record(self, kind: str, *fields: Any) -> None:
         """Adds an event to the Session's timeline (:meth:`Timeline.add`)."""
         self._session.timeline.add(kind, *fields)
+
+    def note_images_as_text(self, count: int) -> None:
+        """Counts images shown to a text-only policy as text (``Session.images_as_text``)."""
+        self._session.images_as_text += count
 
     async def join_undelivered(self, parent_hash: str, sampling_digest: str) -> TurnResult | None:
         """An orphaned generation's answer, or None after registering this turn as the

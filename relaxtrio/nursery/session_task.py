@@ -65,6 +65,7 @@ async def run_session(
     base_url: str,
     registry: SessionRegistry,
     server_template_kwargs: Mapping[str, Any] | None = None,
+    max_response_tokens: int | None = None,
     task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED,
 ) -> None:
     """Runs a Session from agent start to exported samples; failures become Session state.
@@ -72,7 +73,8 @@ async def run_session(
     On success ``session.status == "completed"`` and ``session.samples`` holds the exported
     samples. On an agent or export failure ``session.status == "failed"`` with
     ``session.error`` set, and the Group is told (it drops itself). Either way
-    :meth:`Session.wait_ended` returns afterwards.
+    :meth:`Session.wait_ended` returns afterwards. The agent is told the Session's context
+    window and ``max_response_tokens`` (docs/agent-contract.md#environment-variables).
 
     Cancellation:
         Cancelling terminates the agent's process group (shielded), aborts in-flight turns and
@@ -82,7 +84,8 @@ async def run_session(
     tracing.start_session(session.session_id, group_id=session.group.group_id, index=session.index)
     try:
         await _run_session(session, agent=agent, base_url=base_url, registry=registry,
-                           server_template_kwargs=server_template_kwargs, task_status=task_status)
+                           server_template_kwargs=server_template_kwargs,
+                           max_response_tokens=max_response_tokens, task_status=task_status)
     finally:
         _settle_agent_log(agent_log_path(agent, session), session)
         session.mark_ended()
@@ -149,6 +152,7 @@ async def _run_session(
     base_url: str,
     registry: SessionRegistry,
     server_template_kwargs: Mapping[str, Any] | None,
+    max_response_tokens: int | None,
     task_status: trio.TaskStatus[None],
 ) -> None:
     registry.add(session)
@@ -157,6 +161,8 @@ async def _run_session(
         group_id=session.group.group_id,
         base_url=base_url,
         mode=session.mode,
+        max_context_tokens=session.forest.max_context_tokens,
+        max_response_tokens=max_response_tokens,
     )
     session.status = "running"
     run = None

@@ -77,6 +77,8 @@ class TurnResult:
         request_id: relaxtrio's id of the turn (also the engine rid prefix).
         state_hash: state hash of the committed response node.
         logprobs: per generated token, when the request asked for them; else None.
+        stop_sequence: the request's stop string that ended the turn (``finish_reason`` is
+            ``stop``), or None when the turn ended otherwise (EOS, length, tool calls).
     """
 
     message: dict[str, Any]
@@ -86,6 +88,7 @@ class TurnResult:
     request_id: str
     state_hash: str
     logprobs: tuple[TokenLogprob, ...] | None = None
+    stop_sequence: str | None = None
 
 
 class TurnContext(Protocol):
@@ -147,6 +150,11 @@ class TurnContext(Protocol):
     def record(self, kind: str, *fields: Any) -> None:
         """Adds ``(now, kind, *fields)`` to the Session's timeline (``attempt`` and ``turn``
         events, :mod:`relaxtrio.nursery.timeline`); cheap, never formats."""
+        ...
+
+    def note_images_as_text(self, count: int) -> None:
+        """Records that ``count`` images of the turn's new observation were shown to the
+        text-only policy as a text marker (``--agentic-text-only-images marker``)."""
         ...
 
     async def join_undelivered(self, parent_hash: str, sampling_digest: str) -> TurnResult | None:

@@ -204,7 +204,8 @@ class RolloutPipeline:
         self.nursery.start_soon(self.watchdog.watch, group)
         with current_tracing().group_span(group.group_id, mode=group.mode, num_sessions=len(group.sessions)):
             await run_group_sessions(group, agent=self.agent, base_url=self.base_url, registry=self.registry,
-                                     server_template_kwargs=self.server_template_kwargs, lease=False)
+                                     server_template_kwargs=self.server_template_kwargs, lease=False,
+                                     max_response_tokens=self.handler.config.max_response_tokens)
             if sessions_ended is not None:
                 sessions_ended()
             with trio.CancelScope() as scope:

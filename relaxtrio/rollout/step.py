@@ -367,6 +367,12 @@ def _base_metrics(result: StepResult) -> Mapping[str, Any]:
         "unexported_side_leaves": float(sum(s.num_side_leaves for g in result.groups for s in g.group.sessions)),
         "ignored_request_fields": float(sum(sum(s.ignored_request_fields.values())
                                            for g in result.groups for s in g.group.sessions)),
+        # Accepted and dropped Groups alike: an agent that cannot recover from the overflow
+        # usually fails its Session, and so drops its Group.
+        "overflow_ended_sessions": float(sum(s.overflowed_last for group in (*(g.group for g in result.groups),
+                                                                              *result.dropped)
+                                             for s in group.sessions)),
+        "images_as_text": float(sum(s.images_as_text for g in result.groups for s in g.group.sessions)),
         "interrupted_groups": float(result.interrupted_groups),
         "filtered_groups": float(result.filtered_groups),
         "stale_groups": float(result.stale_groups),

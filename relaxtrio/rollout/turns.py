@@ -56,6 +56,7 @@ from ..nursery.turns import TurnContext, TurnRequest, TurnResult
 from ..sglang.wire import SamplingParams
 from ._mismatch import mismatch_warning
 from .client_logprobs import content_logprobs
+from .text_images import count_markers, text_only_view
 
 if TYPE_CHECKING:
     from ..fleet.fleet import EngineFleet
@@ -152,6 +153,9 @@ class EngineTurnHandler:
         await self.client.abort(rid)
 
     def _merge_kwargs(self, conv: Conversation) -> Conversation:
+        """``conv`` under the server's template kwargs, as the policy is shown it (images of a
+        text-only policy as text under ``--agentic-text-only-images marker``)."""
+        conv = text_only_view(conv, policy=self.config.text_only_images, has_vision=self.compiler.vision is not None)
         if not self.config.template_kwargs:
             return conv
         # Messages and tools are canonical already: only the kwargs change, so skip re-validating
@@ -223,10 +227,11 @@ class EngineTurnHandler:
         if not match.delta:
             return match.parent
         obs = await self._render_observation(conv, match)
-        return forest.add_observation(
-            match, token_ids=obs.token_ids, rollout_token_ids=obs.rollout_token_ids,
-            multimodal=obs.multimodal,
-        )
+        node = forest.add_observation(match, token_ids=obs.token_ids, rollout_token_ids=obs.rollout_token_ids,
+                                      multimodal=obs.multimodal)
+        if self.config.text_only_images == "marker":
+            turn.note_images_as_text(count_markers(match.delta))
+        return node
 
     def _token_budget(self, forest: SessionForest, parent: _Node, request: TurnRequest) -> int:
         """Tokens the turn may generate: the request's own limit (its turn limit,
@@ -245,7 +250,8 @@ class EngineTurnHandler:
             room = forest.max_context_tokens - used
             if room <= 0:
                 raise ContextLengthExceededError(
-                    context_length_message(forest.max_context_tokens, used), param="messages"
+                    context_length_message(forest.max_context_tokens, used), param="messages",
+                    prompt_tokens=used, max_context_tokens=forest.max_context_tokens,
                 )
             budget = min(budget, room)
         return budget
@@ -402,6 +408,8 @@ class EngineTurnHandler:
             request_id=sampled.request_id,
             state_hash=node.state_hash,
             logprobs=token_logprobs,
+            stop_sequence=(sampled.matched_stop if decoded.finish_reason == "stop"
+                           and sampled.matched_stop in request.stop else None),
         )
 
     async def count_tokens(self, forest: SessionForest, request: TurnRequest) -> int:

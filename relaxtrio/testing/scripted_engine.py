@@ -28,6 +28,8 @@ class Reply:
         finish: ``stop`` or ``length``.
         gate: when set, the reply waits for it (an abort ends the wait with partial output).
         partial: how many ids an abort returns before the gate opened.
+        stop_string: with ``finish == "stop"``, the stop string the reply ends on (reported as
+            ``finish_matched``; no stop id is appended), as an engine reports a stop-string hit.
     """
 
     text: str | None = None
@@ -35,6 +37,7 @@ class Reply:
     finish: str = "stop"
     gate: trio.Event | None = None
     partial: int = 0
+    stop_string: str | None = None
 
 
 @attrs.define(eq=False, kw_only=True)
@@ -70,12 +73,13 @@ class ScriptedEngine:
     def _ids(self, reply: Reply) -> list[int]:
         ids = list(reply.ids) if reply.ids is not None else list(
             self.tokenizer.encode(reply.text or "", add_special_tokens=False))
-        if reply.finish == "stop" and (not ids or ids[-1] != self.eos_id):
+        if reply.finish == "stop" and reply.stop_string is None and (not ids or ids[-1] != self.eos_id):
             ids.append(self.eos_id)
         return ids
 
-    def _result(self, ids: list[int], finish: str, prompt_len: int) -> GenerateResult:
-        matched: Any = {"stop": self.eos_id, "length": len(ids), "abort": None}[finish]
+    def _result(self, ids: list[int], finish: str, prompt_len: int,
+                stop_string: str | None = None) -> GenerateResult:
+        matched: Any = {"stop": stop_string or self.eos_id, "length": len(ids), "abort": None}[finish]
         return GenerateResult(
             output_ids=ids,
             output_logprobs=[self.logprob] * len(ids),
@@ -111,7 +115,7 @@ class ScriptedEngine:
         limit = sampling.max_new_tokens
         if limit is not None and len(ids) > limit:
             return self._result(ids[:limit], "length", len(ids_in))
-        return self._result(ids, reply.finish, len(ids_in))
+        return self._result(ids, reply.finish, len(ids_in), reply.stop_string)
 
     async def abort(self, rid: str) -> None:
         self.aborted.append(rid)

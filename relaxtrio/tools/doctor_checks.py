@@ -18,7 +18,7 @@ from .._errors import ExportError
 from ..forest import ObservationNode, ResponseNode, SessionForest, TrainingSample
 from ..rollout.advantages import scalar_reward
 
-CheckStatus = Literal["pass", "fail", "skip"]
+CheckStatus = Literal["pass", "warn", "fail", "skip"]
 
 MODEL_ENDPOINTS = "chat/completions, responses or messages (v1/ in front is optional) under RELAX_BASE_URL"
 _NOT_FOUND_EXIT_CODES = (126, 127)  # bash: found but not executable / command not found
@@ -30,9 +30,10 @@ class Check:
 
     Attributes:
         name: the step (``starts``, ``first_request``, ...).
-        status: ``pass``, ``fail``, or ``skip`` (an earlier failure left nothing to check).
-        detail: what was seen (on a failure: what went wrong).
-        fix: what to change, on a failure.
+        status: ``pass``, ``warn`` (works, but a run will suffer: not a failure), ``fail``, or
+            ``skip`` (an earlier failure left nothing to check).
+        detail: what was seen (on a failure or warning: what went wrong).
+        fix: what to change, on a failure or warning.
     """
 
     name: str
@@ -81,6 +82,10 @@ class Observation:
         explicit_records: how many explicit export records the output held (0: implicit).
         samples: the exported contexts.
         forest: the Session's forest.
+        max_context_tokens: the context window the Session had, or None when unknown.
+        first_output_tokens: the output limit the agent's first model request asked for (None:
+            it set none, or there was no request).
+        first_prompt_tokens: that request's prompt in tokens, or None when unknown.
     """
 
     log_path: Path
@@ -97,6 +102,9 @@ class Observation:
     explicit_records: int = 0
     samples: list[TrainingSample] = attrs.field(factory=list)
     forest: SessionForest | None = None
+    max_context_tokens: int | None = None
+    first_output_tokens: int | None = None
+    first_prompt_tokens: int | None = None
 
 
 def _skip(name: str, why: str) -> Check:
@@ -188,6 +196,28 @@ def _client_timeout(obs: Observation, min_s: float) -> Check:
 
 RETRYABLE_STATUSES: Final = frozenset({408, 409, 429})
 """Statuses below 500 that the openai and anthropic SDKs retry (they retry every 5xx too)."""
+
+
+def _output_room(obs: Observation) -> Check:
+    """Warns when the first request asks for more output than the window leaves after its prompt:
+    the harness then sizes the context for a larger model, never compacts in time and runs into
+    the limit (docs/agent-contract.md#environment-variables)."""
+    if obs.first_prompt_tokens is None:
+        return _skip("output_room", "no model request to check")
+    window, asked, prompt = obs.max_context_tokens, obs.first_output_tokens, obs.first_prompt_tokens
+    if window is None or asked is None:
+        return Check("output_room", "pass", "the request set no output limit, or the window is unknown")
+    room = window - prompt
+    if asked <= room:
+        return Check("output_room", "pass", f"asks for {asked} output tokens; {room} left in the window")
+    return Check("output_room", "warn",
+                 f"the first request asks for {asked} output tokens but the {window}-token window leaves "
+                 f"{room} after its {prompt} prompt tokens: the harness takes the model for a larger one "
+                 "(it compacts too late and runs into the limit)",
+                 "size the harness from RELAX_MAX_CONTEXT_TOKENS and RELAX_MAX_RESPONSE_TOKENS (Claude Code: "
+                 "CLAUDE_CODE_MAX_CONTEXT_TOKENS, CLAUDE_CODE_MAX_OUTPUT_TOKENS; Codex: model_context_window, "
+                 "model_auto_compact_token_limit; opencode: the model's limit.context and limit.output; "
+                 "see examples/)")
 
 
 def _unanswered_retries(requests: Sequence[RequestRecord]) -> list[RequestRecord]:
@@ -313,6 +343,7 @@ def evaluate(obs: Observation, *, first_request_s: float, min_client_timeout_s: 
         _first_request(obs, first_request_s),
         _endpoint(obs),
         _client_timeout(obs, min_client_timeout_s),
+        _output_room(obs),
         _assistant_replay(obs),
         _exit_code(obs, agent_timeout_s),
         _output(obs),

@@ -9,6 +9,7 @@ sees are all checked.
 
 from __future__ import annotations
 
+import json
 import logging
 
 import pytest
@@ -17,6 +18,8 @@ from tests.api.api_helpers import (
     RESPONSES,
     ScriptedHandler,
     assert_one_lineage,
+    events,
+    parse_sse,
     post,
     scripted_pipeline,
     tool_call_text,
@@ -218,12 +221,54 @@ def handler_tools(engine, compiler: ChatCompiler) -> str:
     return compiler.tokenizer.decode(engine.calls[0][0])
 
 
-async def test_namespace_tool_is_a_400_naming_it(registry: SessionRegistry) -> None:
-    body = {"model": "gpt-5-codex", "input": "hi", "tools": [SHELL, {
-        "type": "namespace", "name": "agents", "tools": [{"type": "function", "name": "spawn_agent"}]}]}
-    status, answer, _ = await _turn(registry, RESPONSES, body)
-    assert status == 400 and answer["error"]["param"] == "tools[1]"
-    assert "namespace tool ('agents')" in answer["error"]["message"]
+MULTI_AGENT = {"type": "namespace", "name": "multi_agent_v1", "description": "Sub-agents.", "tools": [
+    {"type": "function", "name": "spawn_agent", "description": "Spawn a sub-agent.",
+     "parameters": {"type": "object", "properties": {"message": {"type": "string"}}}, "strict": False},
+    {"type": "function", "name": "wait_agent", "parameters": {"type": "object", "properties": {}}},
+]}
+
+
+@pytest.mark.parametrize("stream", [False, True])
+async def test_namespace_tools_are_served_and_calls_carry_the_namespace(
+        registry: SessionRegistry, compiler: ChatCompiler, stream: bool) -> None:
+    """Codex's default sub-agent tools (docs/agent-contract.md#responses-tools): the model sees
+    the namespace's function tools, its call comes back with ``name`` and ``namespace`` as Codex
+    expects, ``web_search`` is left out, and Codex's replay continues the lineage."""
+    handler, engine = scripted_pipeline(compiler, [
+        Reply(text=tool_call_text("spawn_agent", {"message": "Check the tests."})), Reply(text="Spawned.")])
+    app = create_app(registry, handler)
+    first = {"model": "gpt-5-codex", "instructions": "You are Codex.", "stream": stream,
+             "tools": [SHELL, MULTI_AGENT, {"type": "web_search", "external_web_access": False}],
+             "input": [{"type": "message", "role": "user", "content": [{"type": "input_text", "text": "Go."}]}]}
+    async with open_session(registry) as session:
+        status, answer, _ = await post(app, RESPONSES, first, token=session.session_id)
+        assert status == 200, answer
+        response = json.loads(events(parse_sse(answer))[-1].data)["response"] if stream else answer
+        output = response["output"]
+        [call] = output
+        assert (call["type"], call["name"], call["namespace"]) == ("function_call", "spawn_agent", "multi_agent_v1")
+        assert json.loads(call["arguments"]) == {"message": "Check the tests."}
+        prompt = handler_tools(engine, compiler)
+        assert all(f'"name": "{name}"' in prompt for name in ("shell", "spawn_agent", "wait_agent"))
+        assert "web_search" not in prompt and "multi_agent_v1" not in prompt
+        assert session.ignored_request_fields == {"tools:web_search": 1}
+        output_item = {"type": "function_call_output", "call_id": call["call_id"], "name": "spawn_agent",
+                       "namespace": "multi_agent_v1", "output": "agent_1 started"}
+        second = {**first, "input": [*first["input"], call, output_item]}
+        status, answer, _ = await post(app, RESPONSES, second, token=session.session_id)
+        assert status == 200, answer
+        assert_one_lineage(session, responses=2)
+
+
+@pytest.mark.parametrize(("tools", "param"), [
+    ([SHELL, {**MULTI_AGENT, "tools": [{"type": "function", "name": "shell"}]}], "tools[1].tools[0].name"),
+    ([{**MULTI_AGENT, "tools": [{"type": "custom", "name": "x"}]}], "tools[0].tools[0].type"),
+    ([{**MULTI_AGENT, "tools": "spawn_agent"}], "tools[0].tools"),
+])
+async def test_a_namespace_that_cannot_be_served_is_a_400_naming_it(registry: SessionRegistry, tools: list,
+                                                                    param: str) -> None:
+    status, answer, _ = await _turn(registry, RESPONSES, {"model": "gpt-5-codex", "input": "hi", "tools": tools})
+    assert status == 400 and answer["error"]["param"] == param, answer
 
 
 async def test_hosted_tools_are_left_out_with_a_log_line(registry: SessionRegistry,
@@ -233,3 +278,27 @@ async def test_hosted_tools_are_left_out_with_a_log_line(registry: SessionRegist
         status, _, handler = await _turn(registry, RESPONSES, body)
     assert status == 200 and [t["function"]["name"] for t in handler.requests[0].conversation.tools] == ["shell"]
     assert "tools[1] (web_search) is a hosted tool: the model cannot call it here; left out" in caplog.text
+
+
+@pytest.mark.parametrize("path", ["/agentic_api/v1/responses/compact", "/agentic_api/responses/compact"])
+async def test_codex_remote_compaction_is_a_400_naming_the_setting(registry: SessionRegistry, path: str) -> None:
+    """docs/client-quirks.md#codex-compaction: a clear answer, not a bare 404."""
+    app = create_app(registry, ScriptedHandler())
+    body = {"model": "m", "input": [{"role": "user", "content": "hi"}], "instructions": "x"}
+    async with open_session(registry) as session:
+        status, payload, _ = await post(app, path, body, token=session.session_id)
+        assert status == 400 and payload["error"]["type"] == "invalid_request_error"
+        assert payload["error"]["message"].startswith(f"POST {path} is not supported: remote compaction")
+        assert "model_provider = \"relaxtrio\"" in payload["error"]["message"]
+        assert "examples/codex" in payload["error"]["message"]
+        for kind in ("compaction_trigger", "compaction"):
+            items = [{"role": "user", "content": "hi"}, {"type": kind, "encrypted_content": "x"}]
+            status, payload, _ = await post(app, RESPONSES, {"model": "m", "input": items}, token=session.session_id)
+            assert status == 400 and payload["error"]["param"] == "input[1].type"
+            assert "[model_providers.relaxtrio]" in payload["error"]["message"]
+
+
+async def test_plain_function_tools_sharing_a_name_are_still_served(registry: SessionRegistry) -> None:
+    """Only a namespace's tools must be unique (their name alone finds their namespace)."""
+    status, answer, _ = await _turn(registry, RESPONSES, {"model": "m", "input": "hi", "tools": [SHELL, SHELL]})
+    assert status == 200, answer

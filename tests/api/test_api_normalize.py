@@ -397,7 +397,7 @@ REJECTED = [
        f"input[1].type {item['type']!r} is not supported: {why}")
       for item, why in (
           ({"type": "item_reference", "id": "msg_1"}, "it refers to server-side state"),
-          ({"type": "compaction", "encrypted_content": "x"}, "it refers to server-side state"),
+          ({"type": "compaction", "encrypted_content": "x"}, "remote compaction is not served"),
           ({"type": "web_search_call", "id": "ws", "status": "completed", "action": {"type": "search"}},
            "built-in tool items cannot be replayed"),
           ({"type": "local_shell_call", "id": "ls", "call_id": "c", "status": "completed",

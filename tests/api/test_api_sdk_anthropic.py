@@ -3,6 +3,7 @@
 
 from __future__ import annotations
 
+import re
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 from typing import Any
@@ -184,3 +185,81 @@ async def test_stream_failure_is_an_error_event_the_sdk_raises(registry: Session
         assert "10.0.0.7" not in str(info.value.body)
         assert info.value.body["error"] == {"type": "api_error",
                                             "message": "Internal error while handling agentic request."}
+
+
+async def test_a_stop_sequence_hit_is_reported_in_json_and_stream(registry: SessionRegistry,
+                                                                 compiler: ChatCompiler) -> None:
+    """A turn ended by one of ``stop_sequences`` answers ``stop_reason: "stop_sequence"`` naming
+    the string (Anthropic's contract), while an EOS end stays ``end_turn``; the stop text is not
+    in the content, so the echo matches the committed node."""
+    handler, engine = scripted_pipeline(compiler, [
+        Reply(text="Count: 1 2 STOP", stop_string="STOP"),
+        Reply(text="3 4 STOP", stop_string="STOP"),
+        Reply(text="done"),
+    ], reasoning_parser=None)
+    async with served(registry, handler) as (client, session):
+        messages: list[dict[str, Any]] = [{"role": "user", "content": "Count."}]
+        first = await client.messages.create(model="c", max_tokens=50, messages=messages,
+                                             stop_sequences=["END", "STOP"])
+        assert (first.stop_reason, first.stop_sequence) == ("stop_sequence", "STOP")
+        assert [block.text for block in first.content] == ["Count: 1 2 "]
+        assert engine.calls[0][1].stop == ["END", "STOP"]
+        messages += [{"role": "assistant", "content": _echo(first.content)}, {"role": "user", "content": "More."}]
+        async with client.messages.stream(model="c", max_tokens=50, messages=messages,
+                                          stop_sequences=["STOP"]) as stream:
+            deltas = [event.delta for event in [e async for e in stream] if event.type == "message_delta"]
+            second = await stream.get_final_message()
+        assert [(d.stop_reason, d.stop_sequence) for d in deltas] == [("stop_sequence", "STOP")]
+        assert (second.stop_reason, second.stop_sequence) == ("stop_sequence", "STOP")
+        messages += [{"role": "assistant", "content": _echo(second.content)}, {"role": "user", "content": "Again."}]
+        third = await client.messages.create(model="c", max_tokens=50, messages=messages, stop_sequences=["STOP"])
+        assert (third.stop_reason, third.stop_sequence) == ("end_turn", None)
+        assert_one_lineage(session, responses=3)
+
+
+async def test_a_context_overflow_reads_as_anthropics_prompt_too_long(registry: SessionRegistry,
+                                                                      compiler: ChatCompiler) -> None:
+    """Harnesses start compaction on Anthropic's own overflow text, so a request past the window
+    answers it (JSON and stream alike); the Session counts the overflow until a turn succeeds."""
+    handler, engine = scripted_pipeline(compiler, [Reply(text="Short.")], reasoning_parser=None)
+    app = create_app(registry, handler)
+    long_task = [{"role": "user", "content": "Summarize: " + "the weather in Bern is cold " * 20}]
+    with trio.fail_after(30):
+        async with serve_app(app) as base_url, open_session(registry, max_context_tokens=64) as session:
+            client = anthropic.AsyncAnthropic(base_url=base_url, api_key=session.session_id, max_retries=0)
+            bodies = []
+            with pytest.raises(anthropic.BadRequestError) as plain:
+                await client.messages.create(model="c", max_tokens=50, messages=long_task)
+            bodies.append(plain.value.body)
+            with pytest.raises(anthropic.BadRequestError) as streamed:
+                async with client.messages.stream(model="c", max_tokens=50, messages=long_task) as stream:
+                    await stream.get_final_message()
+            bodies.append(streamed.value.body)
+            for body in bodies:
+                assert body["error"]["type"] == "invalid_request_error"
+                match = re.fullmatch(r"prompt is too long: (\d+) tokens > (\d+) maximum", body["error"]["message"])
+                assert match is not None, body
+                assert int(match.group(1)) >= int(match.group(2)) == 64
+            assert (session.context_overflows, session.overflowed_last) == (2, True)
+            reply = await client.messages.create(model="c", max_tokens=5, messages=[{"role": "user", "content": "Hi"}])
+            assert reply.content[0].text == "Short."
+            assert (session.context_overflows, session.overflowed_last) == (2, False)
+            await client.close()
+        assert len(engine.calls) == 1
+
+
+@pytest.mark.parametrize(("tool", "param"), [
+    ({**TOOLS[0], "name": "NotebookEdit", "defer_loading": True}, "tools[1].defer_loading"),
+    ({"type": "tool_search_tool_regex_20251119", "name": "tool_search_tool_regex"}, "tools[1].type"),
+])
+async def test_tool_search_is_a_400_naming_enable_tool_search(registry: SessionRegistry, compiler: ChatCompiler,
+                                                              tool: dict[str, Any], param: str) -> None:
+    """Deferred tools are never rendered (nor dropped) silently (docs/client-quirks.md#claude-code-tool-search)."""
+    handler, engine = scripted_pipeline(compiler, [Reply(text="unused")])
+    async with served(registry, handler) as (client, _):
+        with pytest.raises(anthropic.BadRequestError) as bad:
+            await client.messages.create(model="c", max_tokens=5, messages=[{"role": "user", "content": "x"}],
+                                         tools=[*TOOLS, tool])
+        assert "ENABLE_TOOL_SEARCH=false" in bad.value.body["error"]["message"]
+        assert bad.value.body["error"]["message"].startswith(param)
+        assert engine.calls == []

@@ -14,6 +14,7 @@ request finds no rule and fails the test.
 from __future__ import annotations
 
 import json
+import re
 from pathlib import Path
 
 import pytest
@@ -55,21 +56,65 @@ async def _run_cli(example: str, tmp_path: Path, model_dir: Path, tool_call: str
     return run, sample
 
 
+def _turn_limits(run) -> set[int]:
+    """The token limit each generation was given (the request's own, cut to the window's room)."""
+    assert run.engine is not None
+    return {sampling.max_new_tokens for _, sampling, _ in run.engine.calls}
+
+
 @_needs("claude")
 async def test_claude_code_fixes_the_repository(tiny_model_dir: Path, tmp_path: Path) -> None:
-    await _run_cli("claude_code", tmp_path, tiny_model_dir,
-                   _call("Bash", {"command": FIX, "description": "Make add add"}))
+    run, _ = await _run_cli("claude_code", tmp_path, tiny_model_dir,
+                            _call("Bash", {"command": FIX, "description": "Make add add"}))
+    # CLAUDE_CODE_MAX_OUTPUT_TOKENS from RELAX_MAX_RESPONSE_TOKENS (--rollout-max-response-len 512):
+    # unmapped, Claude Code asks an unknown model for 32000 tokens a turn.
+    assert _turn_limits(run) == {512}
 
 
 @_needs("codex")
 async def test_codex_fixes_the_repository(tiny_model_dir: Path, tmp_path: Path) -> None:
-    await _run_cli("codex", tmp_path, tiny_model_dir, _call("exec_command", {"cmd": FIX}))
+    run, _ = await _run_cli("codex", tmp_path, tiny_model_dir, _call("exec_command", {"cmd": FIX}))
+    # With its default features Codex sends its sub-agent tools as a Responses namespace tool:
+    # served, the model sees them as function tools (it was a 400 on every request).
+    assert run.engine is not None
+    prompt = run.engine.tokenizer.decode(run.engine.calls[0][0])
+    assert '"name": "spawn_agent"' in prompt
 
 
 @_needs("opencode")
 async def test_opencode_fixes_the_repository(tiny_model_dir: Path, tmp_path: Path) -> None:
     run, sample = await _run_cli("opencode", tmp_path, tiny_model_dir,
                                  _call("bash", {"command": FIX, "description": "Make add add"}))
+    assert _turn_limits(run) == {512}  # the model's limit.output from RELAX_MAX_RESPONSE_TOKENS
     [session] = run.sessions()
     assert len(session["forest"]["leaves"]) == 2  # the title conversation and the task
     assert sample["state_hash"] in session["forest"]["leaves"]
+
+
+SUBTASK = "SUBTASK-7f3: apply the fix with exec_command"
+_SUB = r'(?<!"message": ")' + SUBTASK  # the sub-agent's own task text, not the parent's call of it
+
+
+@_needs("codex")
+async def test_codex_spawns_a_sub_agent_through_relaxtrio(tiny_model_dir: Path, tmp_path: Path) -> None:
+    """Codex's default namespace tool end to end: the policy calls ``spawn_agent`` (returned as a
+    ``function_call`` with its namespace), Codex starts the sub-agent, and the sub-agent's own
+    requests reach relaxtrio with its task as their user message."""
+    rules = [
+        Rule(match=_SUB + r".*</tool_response>.*" + _END, reply="Sub-agent: fixed calc.add."),
+        Rule(match=_SUB + r".*" + _END, reply=_call("exec_command", {"cmd": FIX})),
+        Rule(match=r"</tool_response>.*</tool_response>.*" + _END, reply="Delegated; done."),
+        Rule(match=r"</tool_response>.*" + _END, reply=_call("wait_agent", {})),
+        Rule(match=r"calc\.add returns the wrong result.*" + _END, reply=_call("spawn_agent", {"message": SUBTASK})),
+        Rule(match=r".*", reply="Done."),
+    ]
+    run = await run_example("codex", tmp_path, tiny_model_dir, rules=rules, command="rollout",
+                            args=["--agentic-export-policy", "final"])
+    assert run.returncode == 0, run.output[-3000:]
+    assert run.engine is not None
+    prompts = [run.engine.tokenizer.decode(ids) for ids, _, _ in run.engine.calls]
+    sub = re.compile(_SUB)
+    as_user = re.compile(r"<\|im_start\|>user\n(?:(?!<\|im_end\|>).)*" + SUBTASK, re.S)
+    assert any(as_user.search(p) for p in prompts), "no request of the spawned sub-agent reached relaxtrio"
+    assert any('"name": "spawn_agent"' in p and not sub.search(p) for p in prompts)  # the parent's turns
+

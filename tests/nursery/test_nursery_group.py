@@ -248,3 +248,19 @@ async def test_cancelling_the_run_leaves_no_agent(tokenizer, tmp_path: Path) -> 
                     and alive(int(entry.name))):
                 leftovers.append(int(entry.name))
     assert leftovers == []
+
+
+async def test_agents_are_told_the_context_window_and_the_turn_limit(tokenizer, tmp_path: Path) -> None:
+    """docs/agent-contract.md#environment-variables: a harness sizes its context from them."""
+    group = Group.create("train:group_t", num_sessions=1, timeout_s=60.0, input_payload={}, max_context_tokens=4096)
+    registry = SessionRegistry()
+    handler = EngineTurnHandler(client=_fine_engine(tokenizer), compiler=ChatCompiler(tokenizer),
+                                config=GenerationConfig(max_response_tokens=512))
+    command = "env | grep '^RELAX_MAX_' | sort > limits.txt"
+    with trio.fail_after(60):
+        async with serve_agent_api(registry, handler) as base_url:
+            await run_group(group, agent=AgentConfig(command=command, cwd=tmp_path, timeout_s=60.0,
+                                                     env={"OTHER": "x"}, term_grace_s=0.5),
+                            base_url=base_url, registry=registry, max_response_tokens=512)
+    assert (tmp_path / "limits.txt").read_text().splitlines() == [
+        "RELAX_MAX_CONTEXT_TOKENS=4096", "RELAX_MAX_RESPONSE_TOKENS=512"]

@@ -38,12 +38,16 @@ messages = list(task["messages"])
 print("agent: task has", len(messages), "messages", flush=True)
 if mode == "legacy_endpoint":
     client.completions.create(model="m", prompt="2 + 3 =", max_tokens=4)
+assert os.environ["RELAX_MAX_RESPONSE_TOKENS"] == "4" and int(os.environ["RELAX_MAX_CONTEXT_TOKENS"]) > 0
 for turn in range(2):
-    reply = client.chat.completions.create(model="m", messages=messages, max_tokens=4)
+    asked = 100_000 if mode == "greedy_output" and turn == 0 else 4  # a harness sized for a large model
+    reply = client.chat.completions.create(model="m", messages=messages, max_tokens=asked)
     content = reply.choices[0].message.content or ""
     if mode == "altered_replay":
         content = content.strip() + " (edited)"
     messages += [{"role": "assistant", "content": content}, {"role": "user", "content": "Sure?"}]
+    if mode == "greedy_output":
+        break  # the reply filled the small window: a second turn would not fit
 messages.pop()
 out = os.environ["RELAX_OUTPUT_JSON"]
 if mode == "crash":
@@ -62,8 +66,8 @@ else:
     json.dump({"reward": 1.0}, open(out, "w"))
 '''
 
-CHECKS = ["starts", "first_request", "endpoint", "client_timeout", "assistant_replay", "exit_code",
-          "output", "export", "reward", *INTEGRATION_CHECKS]
+CHECKS = ["starts", "first_request", "endpoint", "client_timeout", "output_room", "assistant_replay",
+          "exit_code", "output", "export", "reward", *INTEGRATION_CHECKS]
 
 
 async def _doctor(model_dir: Path, tmp_path: Path, mode: str, **overrides) -> DoctorReport:
@@ -71,7 +75,7 @@ async def _doctor(model_dir: Path, tmp_path: Path, mode: str, **overrides) -> Do
     command = overrides.pop("command", f"{sys.executable} agent.py {mode}")
     cfg = DoctorConfig(
         agent=AgentConfig(command=command, cwd=tmp_path, timeout_s=60.0, term_grace_s=0.5),
-        generation=GenerationConfig(max_response_tokens=4, tool_call_parser=None),
+        generation=overrides.pop("generation", GenerationConfig(max_response_tokens=4, tool_call_parser=None)),
         hf_checkpoint=model_dir, output_dir=tmp_path / "doctor",
         first_request_s=overrides.pop("first_request_s", 30.0), **overrides)
     with trio.fail_after(120):
@@ -92,7 +96,8 @@ async def test_a_contract_following_agent_passes_every_check(tiny_model_dir: Pat
     assert report.ok, "\n".join(report.lines())
     assert report.check("client_timeout").detail == "read timeout 1800 s"
     assert report.check("endpoint").detail == "2 requests to /agentic_api/chat/completions"
-    assert report.lines()[-1] == "doctor: all 14 checks passed"
+    assert report.lines()[-1] == "doctor: all 15 checks passed"
+    assert report.check("output_room").detail.startswith("asks for 4 output tokens; ")
 
 
 async def test_no_first_request_within_the_limit(tiny_model_dir: Path, tmp_path: Path) -> None:
@@ -133,6 +138,16 @@ async def test_the_quiz_example_passes_with_the_default_task(
     assert report.ok, "\n".join(report.lines())  # its KeyError 'answer' before the default task had one
 
 
+async def test_a_first_request_asking_past_the_window_is_a_warning(tiny_model_dir: Path, tmp_path: Path) -> None:
+    report = await _doctor(tiny_model_dir, tmp_path, "greedy_output",
+                           generation=GenerationConfig(max_response_tokens=4, tool_call_parser=None,
+                                                       max_context_tokens=96))
+    check = report.check("output_room")
+    assert check.status == "warn" and report.ok, "\n".join(report.lines())
+    assert check.detail.startswith("the first request asks for 100000 output tokens but the 96-token window leaves ")
+    assert "CLAUDE_CODE_MAX_OUTPUT_TOKENS" in check.fix and "       fix: " + check.fix in report.lines()
+
+
 async def test_unsupported_endpoint(tiny_model_dir: Path, tmp_path: Path) -> None:
     report = await _doctor(tiny_model_dir, tmp_path, "legacy_endpoint")
     assert "endpoint" in _failed(report)
@@ -164,7 +179,7 @@ async def test_non_zero_exit(tiny_model_dir: Path, tmp_path: Path) -> None:
     assert report.check("exit_code").detail == "the agent exited with code 3"
     assert report.check("output").status == "skip"
     lines = report.lines()
-    assert "    agent: giving up" in lines and lines[-1].startswith("doctor: 6 of 14 checks did not pass")
+    assert "    agent: giving up" in lines and lines[-1].startswith("doctor: 7 of 15 checks did not pass")
     assert "    \\x1b[31mred\\x00\\x07" in lines
     assert not any(ch in report.log_tail for ch in "\x1b\x00\x07")
 
@@ -197,7 +212,7 @@ async def test_command_not_found(tiny_model_dir: Path, tmp_path: Path) -> None:
     assert _failed(report) == ["starts"]  # what follows from it is skipped, not failed again
     assert report.check("first_request").detail == "the command did not run (see starts)"
     assert report.check("exit_code").status == "skip"
-    assert report.lines()[-1].startswith("doctor: 13 of 14 checks did not pass (1 failed, 12 skipped): ")
+    assert report.lines()[-1].startswith("doctor: 14 of 15 checks did not pass (1 failed, 13 skipped): ")
 
 
 def test_cli_exit_codes(tiny_model_dir: Path, tmp_path: Path) -> None:
@@ -209,7 +224,7 @@ def test_cli_exit_codes(tiny_model_dir: Path, tmp_path: Path) -> None:
     ok = subprocess.run([*base, "--agent-command", f"{sys.executable} agent.py ok"], env=env,
                         capture_output=True, text=True, timeout=300, check=False)
     assert ok.returncode == 0, ok.stdout + ok.stderr
-    assert "doctor: all 14 checks passed" in ok.stdout
+    assert "doctor: all 15 checks passed" in ok.stdout
     bad = subprocess.run([*base, "--agent-command", f"{sys.executable} agent.py crash"], env=env,
                          capture_output=True, text=True, timeout=300, check=False)
     assert bad.returncode == 1 and "[FAIL] exit_code: the agent exited with code 3" in bad.stdout

@@ -43,3 +43,25 @@ def test_a_retry_with_no_answer_before_it_is_a_client_timeout(tmp_path: Path, an
     status, detail = _client_timeout(tmp_path, *answers)
     assert status == "fail"
     assert detail.startswith(f"the client retried POST {CHAT} (retry 1): it gave up waiting")
+
+
+@pytest.mark.parametrize(("window", "asked", "prompt", "status"), [
+    (32768, 32000, 700, "pass"),
+    (32768, 32000, 1000, "warn"),  # Claude Code's default output for an unknown model
+    (None, 32000, 1000, "pass"),  # the window is unknown
+    (32768, None, 1000, "pass"),  # the request set no limit: the turn gets the room
+])
+def test_output_room_warns_when_the_first_request_asks_past_the_window(
+        tmp_path: Path, window: int | None, asked: int | None, prompt: int, status: str) -> None:
+    requests = [RequestRecord(method="POST", path=CHAT, status=200, supported=True, client_timeout_s=1800.0)]
+    obs = Observation(log_path=tmp_path / "agent.log", started=True, requests=requests, first_request_s=0.1,
+                      return_code=0, max_context_tokens=window, first_output_tokens=asked,
+                      first_prompt_tokens=prompt)
+    checks = evaluate(obs, first_request_s=30, min_client_timeout_s=600, agent_timeout_s=60,
+                      reward_hook=None, reward_key=None)
+    check = next(c for c in checks if c.name == "output_room")
+    assert check.status == status, check.detail
+    if status == "warn":
+        assert check.detail.startswith("the first request asks for 32000 output tokens but the 32768-token "
+                                       "window leaves 31768 after its 1000 prompt tokens")
+        assert "RELAX_MAX_CONTEXT_TOKENS" in check.fix

@@ -100,16 +100,24 @@ def split_messages(text: str) -> list[HarmonyMessage | str] | None:
     return pieces
 
 
-def parse_harmony_reasoning(text: str) -> tuple[str | None, str]:
-    """``(reasoning, content)`` of a reply (see the module doc); reasoning is None when empty."""
+def parse_harmony_reasoning(text: str, *, cut: bool = False) -> tuple[str | None, str]:
+    """``(reasoning, content)`` of a reply (see the module doc); reasoning is None when empty.
+
+    ``cut``: the generation was cut (finish ``length``), so a last message addressed to a tool
+    without an end token is unfinished: it stays in the content exactly as generated, never
+    closed with a ``<|call|>`` the model did not write
+    (docs/client-quirks.md#a-tool-call-cut-by-the-token-limit).
+    """
     pieces = split_messages(text)
     if pieces is None:
         return None, text
     reasoning: list[str] = []
     content: list[str] = []
-    for piece in pieces:
+    for index, piece in enumerate(pieces):
         if isinstance(piece, str):
             content.append(piece)
+        elif piece.recipient is not None and cut and index == len(pieces) - 1 and not piece.raw.endswith(_ENDS):
+            content.append(piece.raw)
         elif piece.recipient is not None:
             content.append(f"{START}{_ROLE}{piece.header}{MESSAGE}{piece.body}<|call|>")
         elif piece.channel == "analysis":

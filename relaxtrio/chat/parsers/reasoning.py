@@ -118,7 +118,7 @@ def parse_reasoning(
     if parser is None:
         return None, text
     if parser == _HARMONY:
-        return parse_harmony_reasoning(text)
+        return parse_harmony_reasoning(text, cut=finish_type == "length")
     fmt = reasoning_format(parser)
     if unclosed_think not in ("content", "reasoning"):
         raise ValueError(f"unclosed_think must be 'content' or 'reasoning', got {unclosed_think!r}")
