@@ -56,6 +56,7 @@ from ..nursery.turns import TurnContext, TurnRequest, TurnResult
 from ..sglang.wire import SamplingParams
 from ._mismatch import mismatch_warning
 from .client_logprobs import content_logprobs
+from .lineage_images import lineage_image_urls
 from .text_images import count_markers, text_only_view
 
 if TYPE_CHECKING:
@@ -481,25 +482,3 @@ class EngineTurnHandler:
                         await self.client.abort(rid)
                     except BackendError as exc:
                         log.warning("abort of %s failed: %s", rid, exc)
-
-
-def lineage_image_urls(
-    forest: SessionForest, node: RootNode | ObservationNode | ResponseNode
-) -> tuple[str, ...]:
-    """The images of ``node``'s lineage in placeholder order (what ``image_data`` must carry).
-
-    Args:
-        forest: the Session's forest.
-        node: the state the generation continues (the root gives no images).
-
-    Returns:
-        The ``image_urls`` of every observation payload from the subtree root down to ``node``.
-    """
-    if not forest.num_multimodal_observations:  # O(1) for text Sessions, however long
-        return ()
-    return tuple(
-        url
-        for n in forest.lineage(node)
-        if isinstance(n, ObservationNode) and n.multimodal is not None
-        for url in getattr(n.multimodal, "image_urls", ())
-    )

@@ -23,7 +23,8 @@ from relaxtrio.nursery.group import run_group
 from relaxtrio.nursery.group import Group
 from relaxtrio.nursery.session import SessionRegistry
 from relaxtrio.rollout.dataset import load_prompts
-from relaxtrio.rollout.turns import EngineTurnHandler, lineage_image_urls
+from relaxtrio.rollout.lineage_images import lineage_image_urls
+from relaxtrio.rollout.turns import EngineTurnHandler
 from relaxtrio.sglang.client import SamplingParams
 from relaxtrio.testing.scored import scored_samples
 from tests.support.fleets import open_fleet_of_one
