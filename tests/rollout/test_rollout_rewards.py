@@ -208,7 +208,7 @@ async def test_group_metrics_carry_the_reward_metrics() -> None:
     assert "rollout/raw_reward" not in group_metrics(result)  # without a config: the base metrics
 
 
-def test_sessions_ended_by_a_context_overflow_are_counted_per_step() -> None:
+async def test_sessions_ended_by_a_context_overflow_are_counted_per_step() -> None:
     """Accepted and dropped Groups alike: the agent that could not recover usually fails its Group."""
     from relaxtrio.rollout.step import StepResult, group_metrics
 
@@ -216,15 +216,15 @@ def test_sessions_ended_by_a_context_overflow_are_counted_per_step() -> None:
     kept.sessions[1].overflowed_last = True
     dropped.sessions[0].overflowed_last = True
     dropped.sessions[1].context_overflows = 3  # overflowed earlier, then recovered (compacted)
-    result = StepResult(rollout_id=0, groups=(score_group(kept, RolloutConfig()),), dropped=(dropped,),
+    result = StepResult(rollout_id=0, groups=(await score_group(kept, RolloutConfig()),), dropped=(dropped,),
                         rollout_s=1.0)
     assert group_metrics(result)["overflow_ended_sessions"] == 2.0
 
 
-def test_images_shown_as_text_are_counted_per_step() -> None:
+async def test_images_shown_as_text_are_counted_per_step() -> None:
     from relaxtrio.rollout.step import StepResult, group_metrics
 
     group = group_of([[1.0], [0.0]])
     group.sessions[0].images_as_text, group.sessions[1].images_as_text = 2, 1
-    result = StepResult(rollout_id=0, groups=(score_group(group, RolloutConfig()),), dropped=(), rollout_s=1.0)
+    result = StepResult(rollout_id=0, groups=(await score_group(group, RolloutConfig()),), dropped=(), rollout_s=1.0)
     assert group_metrics(result)["images_as_text"] == 3.0
