@@ -21,6 +21,9 @@ export ANTHROPIC_DEFAULT_SONNET_MODEL=policy
 export ANTHROPIC_DEFAULT_OPUS_MODEL=policy
 export API_TIMEOUT_MS=3600000
 export CLAUDE_CODE_MAX_RETRIES=0
+# Tool search off: relaxtrio refuses deferred tools (`defer_loading`) with a 400 naming this
+# variable, so that the policy never trains on a prompt whose tools change behind its back.
+export ENABLE_TOOL_SEARCH="${ENABLE_TOOL_SEARCH:-false}"
 # Offline: no telemetry, error reports, update checks or other non-essential traffic; a config
 # directory of the Session's own (no user settings, no shared state between Sessions).
 export CLAUDE_CODE_DISABLE_NONESSENTIAL_TRAFFIC=1

@@ -16,7 +16,10 @@ docs/agent-contract.md#anthropic-messages describes:
   a tool message with the same ``tool_use_id`` (a non-empty string, ``""`` when absent and then
   refused by the canonical rules; or ``text`` and
   ``image`` blocks: text only → joined with ``""``, with images → ``text`` / ``image_url`` parts);
-  other block types are ignored; a user message that projects to nothing is a 400;
+  tool search's blocks (``server_tool_use``, ``tool_search_tool_result``, a ``tool_reference``
+  in a tool result) and a tool with ``defer_loading: true`` are 400s naming ENABLE_TOOL_SEARCH
+  (docs/client-quirks.md#claude-codes-tool-search); other block types are ignored; a user message
+  that projects to nothing is a 400;
 * ``max_tokens`` is required; ``stop_sequences`` are the turn's stop strings; ``thinking.type`` ∈
   {disabled, enabled, adaptive} → ``chat_template_kwargs = {"enable_thinking": type !=
   "disabled"}``; tools with no ``type`` or ``type: "custom"`` (``name``, ``input_schema``,
@@ -141,6 +144,7 @@ def _tool_result_content(value: Any, path: str) -> tuple[Any, tuple[str, ...]]:
         elif kind == "image":
             parts.append({"type": "image_url", "image_url": {"url": _image_url(block, block_path)}})
         else:
+            _refuse_tool_search(kind, block_path)
             continue
         paths.append(block_path)
     if not parts:
@@ -175,6 +179,8 @@ def _assistant_blocks(blocks: list[Any], path: str, proj: Projection) -> None:
             arguments = require_object(block.get("input"), f"{block_path}.input")
             calls.append({"id": call_id, "type": "function", "function": {"name": name, "arguments": arguments}})
             call_sources.append(call_source(block_path, id_key="id", name_key="name", arguments_key="input"))
+        else:
+            _refuse_tool_search(kind, block_path)
     message: dict[str, Any] = {"role": "assistant", "content": "".join(texts)}
     if reasoning:
         message["reasoning_content"] = "\n\n".join(reasoning)
@@ -219,6 +225,8 @@ def _user_blocks(blocks: list[Any], path: str, proj: Projection) -> None:
             fields = {".content": f"{block_path}.content", ".tool_call_id": f"{block_path}.tool_use_id"}
             proj.add_message({"role": "tool", "tool_call_id": call_id, "content": output},
                              Source(block_path, fields=fields, parts=output_parts))
+        else:
+            _refuse_tool_search(kind, block_path)
     flush()
     if len(proj.messages) == start:
         raise InvalidRequestError(f"{path}.content projected to no supported content", param=f"{path}.content")
@@ -273,7 +281,28 @@ def _system_entry(content: Any, path: str, proj: Projection) -> None:
     proj.add_message({"role": "system", "content": text}, Source(path, fields={".content": f"{path}.content"}))
 
 
+TOOL_SEARCH_HINT: Final = (
+    "deferred tools (Claude Code's tool search) are not served: the policy would be trained on a "
+    "prompt whose tools change behind its back; set ENABLE_TOOL_SEARCH=false in the agent's environment"
+)
+"""Why a deferred tool, a ``tool_reference`` or a tool-search block is a 400: relaxtrio renders
+every tool it is given, so serving deferral would mean rendering deferred tools silently."""
+TOOL_SEARCH_BLOCKS: Final = frozenset({"server_tool_use", "tool_search_tool_result", "tool_reference"})
+
+
+def _refuse_tool_search(kind: Any, path: str) -> None:
+    """Raises the 400 naming ENABLE_TOOL_SEARCH for a block of tool search's types."""
+    if kind in TOOL_SEARCH_BLOCKS:
+        raise InvalidRequestError(f"{path}.type {kind!r} is not supported: {TOOL_SEARCH_HINT}", param=f"{path}.type")
+
+
 def _project_tools(tools: Any, proj: Projection) -> None:
+    """Projects ``tools``; a tool with ``defer_loading: true`` is a 400 naming ENABLE_TOOL_SEARCH
+    (Claude Code sends its request again without deferred tools on such a 400)."""
+    for index, tool in enumerate(tools if isinstance(tools, list) else ()):
+        if isinstance(tool, dict) and tool.get("defer_loading") is True:
+            raise InvalidRequestError(f"tools[{index}].defer_loading is not supported: {TOOL_SEARCH_HINT}",
+                                      param=f"tools[{index}].defer_loading")
     project_flat_tools(tools, proj, function_types=CUSTOM_TOOL_TYPES, schema_key="input_schema",
                        schema_required=True, other_types_hint=OTHER_TOOL_TYPES_HINT,
                        server_tool=anthropic_server_tool)
