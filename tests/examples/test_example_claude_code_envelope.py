@@ -5,10 +5,14 @@ placeholder tool with ``defer_loading: true``; relaxtrio answers 400 naming the 
 ``defer_loading``, and the CLI sends the request again without deferred tools, so the Session
 stays clean and no deferred tool reaches the prompt. Off (the example's setting), no 400 at all.
 
-Retry envelope: Claude Code's stream watchdog gives up on a response that has sent no event for
+Retry envelope: Claude Code's stream watchdog gives up on a stream that has sent nothing for
 300 s (the floor of ``CLAUDE_STREAM_IDLE_TIMEOUT_MS``: a lower value is raised to it, so the test
-cannot shorten it) and sends the request again; relaxtrio holds requests for minutes (a Group
-waiting to start, a weight update). A generation held 330 s must cost no sample and add no branch.
+cannot shorten it and holds for real) and sends the request again; it exits at once on a
+``Retry-After`` over 60 s, which relaxtrio never sends. relaxtrio holds requests for minutes (a
+Group waiting to start, a weight update). A generation held 330 s must cost no sample and add no
+branch. With Buffered SSE's ping every 15 s the watchdog does not fire (the job's log shows no
+client disconnect), and were it to fire, the resent request would have to find the held
+generation: either way one generation answers the task turn.
 """
 
 from __future__ import annotations
