@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# Codex (`codex exec`, @openai/codex 0.169.0, unmodified) on a copy of a tiny buggy repository; the
+# Codex (`codex exec`, @openai/codex 0.171.0, unmodified) on a copy of a tiny buggy repository; the
 # repository's test is the reward. Maps relaxtrio's RELAX_ variables to a Codex model provider,
 # fully offline.
 set -euo pipefail

@@ -16,15 +16,18 @@ docs/agent-contract.md#anthropic-messages describes:
   a tool message with the same ``tool_use_id`` (a non-empty string, ``""`` when absent and then
   refused by the canonical rules; or ``text`` and
   ``image`` blocks: text only → joined with ``""``, with images → ``text`` / ``image_url`` parts);
-  other block types are ignored; a user message that projects to nothing is a 400;
+  tool search's blocks (``server_tool_use``, ``tool_search_tool_result``, a ``tool_reference``
+  in a tool result) and a tool with ``defer_loading: true`` are 400s naming ENABLE_TOOL_SEARCH
+  (docs/client-quirks.md#claude-codes-tool-search); other block types are ignored; a user message
+  that projects to nothing is a 400;
 * ``max_tokens`` is required; ``stop_sequences`` are the turn's stop strings; ``thinking.type`` ∈
   {disabled, enabled, adaptive} → ``chat_template_kwargs = {"enable_thinking": type !=
   "disabled"}``; tools with no ``type`` or ``type: "custom"`` (``name``, ``input_schema``,
   ``description``?) become function tools; server tools (``web_search_*``, ...,
   :func:`.options.anthropic_server_tool`) are left out and reported; any other tool type is a 400
-  naming ``tools[i].type`` (:data:`OTHER_TOOL_TYPES_HINT` says why); tool search (a tool with
-  ``defer_loading: true``, a ``tool_search_tool_*`` tool) is a 400 naming ``ENABLE_TOOL_SEARCH``
-  (:func:`.options.check_tool_search`). ``temperature``, ``top_p``,
+  naming ``tools[i].type`` (:data:`OTHER_TOOL_TYPES_HINT` says why); a ``tool_search_tool_*``
+  tool is a 400 naming ``ENABLE_TOOL_SEARCH`` (:func:`.options.check_tool_search`).
+  ``temperature``, ``top_p``,
   ``top_k``, ``thinking.budget_tokens``, ``output_config.effort``, ``metadata`` do not alter
   generation; a ``tool_choice`` other than ``auto`` (or ``none`` without tools), an
   ``output_config.format`` schema and ``mcp_servers`` are ignored and reported on the parsed
@@ -62,7 +65,13 @@ from .fields import (
     stop_strings,
     thinking_switch,
 )
-from .options import IgnoredField, anthropic_server_tool, check_messages_options, check_tool_search
+from .options import (
+    TOOL_SEARCH_HINT,
+    IgnoredField,
+    anthropic_server_tool,
+    check_messages_options,
+    check_tool_search,
+)
 from .projection import ElementMemo, Projection, Source, call_source, check_tool_results, project_flat_tools
 from .session_memo import SessionMemo
 from .wire import ParsedRequest, ProtocolAdapter, dumps, new_id, sse_event
@@ -144,6 +153,7 @@ def _tool_result_content(value: Any, path: str) -> tuple[Any, tuple[str, ...]]:
         elif kind == "image":
             parts.append({"type": "image_url", "image_url": {"url": _image_url(block, block_path)}})
         else:
+            _refuse_tool_search(kind, block_path)
             continue
         paths.append(block_path)
     if not parts:
@@ -178,6 +188,8 @@ def _assistant_blocks(blocks: list[Any], path: str, proj: Projection) -> None:
             arguments = require_object(block.get("input"), f"{block_path}.input")
             calls.append({"id": call_id, "type": "function", "function": {"name": name, "arguments": arguments}})
             call_sources.append(call_source(block_path, id_key="id", name_key="name", arguments_key="input"))
+        else:
+            _refuse_tool_search(kind, block_path)
     message: dict[str, Any] = {"role": "assistant", "content": "".join(texts)}
     if reasoning:
         message["reasoning_content"] = "\n\n".join(reasoning)
@@ -222,6 +234,8 @@ def _user_blocks(blocks: list[Any], path: str, proj: Projection) -> None:
             fields = {".content": f"{block_path}.content", ".tool_call_id": f"{block_path}.tool_use_id"}
             proj.add_message({"role": "tool", "tool_call_id": call_id, "content": output},
                              Source(block_path, fields=fields, parts=output_parts))
+        else:
+            _refuse_tool_search(kind, block_path)
     flush()
     if len(proj.messages) == start:
         raise InvalidRequestError(f"{path}.content projected to no supported content", param=f"{path}.content")
@@ -274,6 +288,16 @@ def _system_entry(content: Any, path: str, proj: Projection) -> None:
     if text is None:
         raise InvalidRequestError(f"{path}.content projected to no supported content", param=f"{path}.content")
     proj.add_message({"role": "system", "content": text}, Source(path, fields={".content": f"{path}.content"}))
+
+
+TOOL_SEARCH_BLOCKS: Final = frozenset({"server_tool_use", "tool_search_tool_result", "tool_reference"})
+"""Content blocks of tool search (docs/client-quirks.md#claude-codes-tool-search): a 400 naming ENABLE_TOOL_SEARCH."""
+
+
+def _refuse_tool_search(kind: Any, path: str) -> None:
+    """Raises the 400 naming ENABLE_TOOL_SEARCH for a block of tool search's types."""
+    if isinstance(kind, str) and kind in TOOL_SEARCH_BLOCKS:  # a type of any JSON kind is possible
+        raise InvalidRequestError(f"{path}.type {kind!r} is not supported: {TOOL_SEARCH_HINT}", param=f"{path}.type")
 
 
 def _project_tools(tools: Any, proj: Projection) -> None:

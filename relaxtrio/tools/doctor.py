@@ -61,6 +61,9 @@ from .serve import open_engine
 
 log = logging.getLogger(__name__)
 
+ERROR_PREFIX_BYTES: Final = 2000
+"""How much of an error answer's body a request record keeps (the message comes first)."""
+
 DEFAULT_TASK: Final = {"messages": [{"role": "user", "content": "What is 2 + 3? Answer with one number."}],
                        "metadata": {"answer": "5", "kind": "number"}}
 """The RELAX_INPUT_JSON of a doctor run without ``--input``: a dataset row's shape (``messages``
@@ -165,7 +168,7 @@ class _RequestRecorder:
 
     def install(self, app: Any) -> None:
         """Wraps ``app.asgi_app``: the arrival time of the first request, and a record of each
-        request once its answer starts (status known)."""
+        request once its answer starts (status known), with the start of an error answer's body."""
         inner, routes = app.asgi_app, app.url_map.bind("localhost")
 
         async def recorded(scope: dict[str, Any], receive: Any, send: Any) -> None:
@@ -176,9 +179,18 @@ class _RequestRecorder:
                 self.first_request_s = trio.current_time() - self.started_at
                 self.first.set()
 
+            index: int | None = None
+
             async def send_noting_status(message: dict[str, Any]) -> None:
+                nonlocal index
                 if message["type"] == "http.response.start":
+                    index = len(self.records)
                     self.records.append(_record(scope, message["status"], routes))
+                elif message["type"] == "http.response.body" and index is not None:
+                    record = self.records[index]
+                    if record.status >= 400 and not record.error:  # the error's message, for the checks
+                        error = bytes(message.get("body", b""))[:ERROR_PREFIX_BYTES].decode(errors="replace")
+                        self.records[index] = attrs.evolve(record, error=error)
                 await send(message)
 
             await inner(scope, receive, send_noting_status)

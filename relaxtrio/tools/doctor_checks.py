@@ -53,6 +53,7 @@ class RequestRecord:
         supported: whether a route of the API served the path (False: 404/405 for the path).
         client_timeout_s: the read timeout the client announced in its SDK header, or None.
         retry_count: the SDK's retry counter header (0 for a first attempt or no header).
+        error: the start of a 4xx/5xx answer's body (its error message), ``""`` otherwise.
     """
 
     method: str
@@ -61,6 +62,7 @@ class RequestRecord:
     supported: bool
     client_timeout_s: float | None = None
     retry_count: int = 0
+    error: str = ""
 
 
 @attrs.define(kw_only=True)
@@ -167,6 +169,12 @@ def _endpoint(obs: Observation) -> Check:
     if denied:
         return Check("endpoint", "fail", f"{denied[0].method} {denied[0].path} was refused (HTTP 401)",
                      "send RELAX_SESSION_ID as the API key (Authorization: Bearer or x-api-key)")
+    tool_search = [r for r in obs.requests if r.status == 400 and "ENABLE_TOOL_SEARCH" in r.error]
+    if tool_search:
+        return Check("endpoint", "fail",
+                     f"{len(tool_search)} request(s) sent deferred tools (Claude Code's tool search) and "
+                     "got a 400: relaxtrio does not serve tool search",
+                     "set ENABLE_TOOL_SEARCH=false in the agent's environment (examples/claude_code does)")
     paths = sorted({r.path for r in obs.requests})
     return Check("endpoint", "pass", f"{len(obs.requests)} requests to {', '.join(paths)}")
 

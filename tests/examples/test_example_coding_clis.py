@@ -1,4 +1,4 @@
-"""examples/claude_code, codex and opencode: the real CLIs (installed by scripts/install_clis.sh)
+"""examples/claude_code, codex, opencode and qwen_code: the real CLIs (installed by scripts/install_clis.sh)
 fix a tiny repository through ``python -m relaxtrio rollout``.
 
 The CLIs' own prompts are 6.5k-19k tokens, beyond what a tiny model can follow, so a scripted
@@ -118,3 +118,11 @@ async def test_codex_spawns_a_sub_agent_through_relaxtrio(tiny_model_dir: Path, 
     assert any(as_user.search(p) for p in prompts), "no request of the spawned sub-agent reached relaxtrio"
     assert any('"name": "spawn_agent"' in p and not sub.search(p) for p in prompts)  # the parent's turns
 
+
+@_needs("qwen")
+async def test_qwen_code_fixes_the_repository(tiny_model_dir: Path, tmp_path: Path) -> None:
+    # qwen-code refuses ``sed -i`` on a file it has not read (read_file takes absolute paths
+    # only, unknown to a scripted reply): the fix edits through python instead.
+    fix = "python -c \"import pathlib; p = pathlib.Path('calc.py'); p.write_text(p.read_text().replace('a - b', 'a + b'))\""
+    await _run_cli("qwen_code", tmp_path, tiny_model_dir,
+                   _call("run_shell_command", {"command": fix, "description": "Make add add", "is_background": False}))

@@ -86,6 +86,7 @@ async def run_example(
     model_dir: Path,
     *,
     rules: Sequence[Rule] | None = None,
+    engine: ScriptedEngine | None = None,
     command: str = "train",
     args: Sequence[str] = (),
     agent_env: Sequence[str] = (),
@@ -98,6 +99,8 @@ async def run_example(
         model_dir: the model (tokenizer) the job loads.
         rules: when given, generation goes to a scripted engine answering by these rules;
             otherwise the job starts the embedded engine on ``model_dir``.
+        engine: a scripted engine of the test's own (instead of ``rules``; e.g. one that holds a
+            reply on a gate).
         command: ``rollout`` (no training; samples are read from its samples file) or ``train``
             (one step; samples are read from its rollout dump).
         args: more flags (they override the defaults set here).
@@ -117,12 +120,12 @@ async def run_example(
     venv_bin = str(Path(sys.executable).parent)
     env = dict(os.environ, PYTHONPATH=str(REPO), TOKENIZERS_PARALLELISM="false", VIRTUAL_ENV=sys.prefix,
                PATH=f"{venv_bin}:{os.environ.get('PATH', '')}")
-    engine = None
     with trio.fail_after(timeout_s):
         async with trio.open_nursery() as nursery:
             if rules is not None:
                 tokenizer = load_tokenizer(model_dir)
                 engine = rules_engine(tokenizer, tokenizer.eos_token_id, rules)
+            if engine is not None:
                 url = await nursery.start(serve_scripted_engine, engine)
                 argv[argv.index("--output-dir"):argv.index("--output-dir")] = ["--engine-url", url]
             done = await trio.run_process(argv, env=env, cwd=tmp_path, check=False,

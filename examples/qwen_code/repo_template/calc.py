@@ -1,0 +1,11 @@
+"""A tiny module with one bug for the agent to fix."""
+
+
+def add(a, b):
+    """Return the sum of a and b."""
+    return a - b
+
+
+def mul(a, b):
+    """Return the product of a and b."""
+    return a * b
