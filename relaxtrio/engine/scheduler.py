@@ -74,6 +74,8 @@ class SchedulerStatistics:
     num_prefill_tokens: int
     num_prefix_hit_tokens: int
     num_prefix_cache_tokens: int
+    num_admitted_reqs: int  # requests admitted into the batch (first admission only)
+    queue_time_s: float  # their seconds from arrival to admission, summed
     paused: bool
     weight_update_pending: bool
     weight_version: str
@@ -127,9 +129,7 @@ class Scheduler:
         self.weight_version = weight_version
         self.vocab_size = int(model.config.get_text_config().vocab_size)
         self._batch: DecodeBatch[Req] = DecodeBatch(model)
-        self._prefix = PrefixCache(
-            max_tokens=prefix_cache_tokens if _plain_kv_layers(model) else 0
-        )
+        self._prefix = PrefixCache(max_tokens=prefix_cache_tokens if _plain_kv_layers(model) else 0)
         self._waiting: deque[Req] = deque()
         self._by_rid: dict[str, Req] = {}
         self._paused = False
@@ -145,6 +145,7 @@ class Scheduler:
         self._max_batch_size_seen = 0
         self._num_decode_steps = 0
         self._num_generated_tokens = 0
+        self._num_admitted_reqs, self._queue_time_s = 0, 0.0
 
     # ---------------------------------------------------------------- state notifications
     def _kick(self) -> None:
@@ -172,9 +173,7 @@ class Scheduler:
         target = self._kick_seq
         await self._wait_until(lambda: self._parked and self._parked_seq >= target)
 
-    async def wait_statistics(
-        self, predicate: Callable[[SchedulerStatistics], bool]
-    ) -> SchedulerStatistics:
+    async def wait_statistics(self, predicate: Callable[[SchedulerStatistics], bool]) -> SchedulerStatistics:
         """Wait until ``predicate(self.statistics())`` holds and return that snapshot.
 
         Every change of a counter or flag in :class:`SchedulerStatistics` wakes the waiters
@@ -202,6 +201,8 @@ class Scheduler:
             num_prefill_tokens=self._prefix.num_prefill_tokens,
             num_prefix_hit_tokens=self._prefix.num_hit_tokens,
             num_prefix_cache_tokens=self._prefix.num_tokens,
+            num_admitted_reqs=self._num_admitted_reqs,
+            queue_time_s=self._queue_time_s,
             paused=self._paused,
             weight_update_pending=self._barrier is not None,
             weight_version=self.weight_version,
@@ -390,6 +391,9 @@ class Scheduler:
                     self._waiting.remove(req)
                     req.state = "running"
                     admit.append(req)
+                    if not req.num_retractions:  # its first admission: it waited since arrival
+                        self._num_admitted_reqs += 1
+                        self._queue_time_s += time.perf_counter() - req.arrival_s
         decode = not self._paused and not clear
         if not (drop or admit or clear or (decode and len(self._batch) > len(drop))):
             return None

@@ -53,6 +53,7 @@ from .engine_api import (
 )
 from .gateway import ROUTING_KEY_HEADER, Gateway
 from .control import ControlFanout
+from .engine_metrics import EngineMetrics
 from .health import HealthMonitor
 from .members import Membership, WeightPaths, Worker, path_for
 from .generations import Generations
@@ -92,6 +93,7 @@ class EngineFleet:
         control: the control calls to every worker.
         routes: where each Session's generations go (direct mode).
         generations: the generations in flight.
+        engine_counters: each worker's own counters, read per step (``engine/...`` figures).
         on_remove: called with ``(url, reason)`` after a worker was removed (a launcher kills
             a removed engine that still runs), or None.
 
@@ -126,6 +128,7 @@ class EngineFleet:
         self.generations = Generations(members=self.members, routes=self.routes,
                                        monitor=self.monitor, abort=self.abort, nursery=nursery,
                                        gateway_client=gateway_client)
+        self.engine_counters = EngineMetrics()
         self.on_remove: Callable[[str, str], None] | None = None
         self._nursery = nursery
         for url in worker_urls:

@@ -22,7 +22,10 @@ Each event is ``(t, kind, *fields)`` with ``t`` the trio clock (seconds) when it
 * ``attempt`` (request_id, gate_t, start_t, output_tokens, weight_spans, finish): one engine
   call of a request ends: waited at the generation gate from ``gate_t``, ran on the engine from
   ``start_t`` to ``t``; ``weight_spans`` are the engine's weight-version spans, ``finish`` the
-  engine's finish type (``abort`` when a pause cut it);
+  engine's finish type (``abort`` when a pause cut it). A call that raised instead of answering
+  ends with an ``attempt`` too: no tokens, no weight spans, and finish ``error`` (the engine
+  call failed: every worker refused or died) or ``cancelled`` (the request was cancelled, e.g.
+  its agent disconnected or its Group was dropped) (:func:`call_end`);
 * ``turn`` (request_id, arrival_t, parent_hash, state_hash, prompt_tokens, completion_tokens,
   finish_reason): a request's answer was committed;
 * ``export`` (num_contexts): the Session exported its training contexts;
@@ -36,12 +39,23 @@ from typing import Any, Final
 
 import trio
 
-__all__ = ["DEFAULT_CAPACITY", "Timeline", "default_capacity", "set_default_capacity"]
+__all__ = ["CALL_ENDS", "DEFAULT_CAPACITY", "Timeline", "call_end", "default_capacity", "set_default_capacity"]
 
 DEFAULT_CAPACITY: Final = 512
 """Events a Session keeps by default (a few per request: about 150 requests' worth)."""
 
 _capacity = DEFAULT_CAPACITY
+
+CALL_ENDS: Final = ("error", "cancelled")
+"""The ``finish`` of an ``attempt`` whose engine call raised instead of answering."""
+
+
+def call_end(exc: BaseException) -> str:
+    """The ``finish`` recorded for an engine call that raised ``exc``: ``cancelled`` for a trio
+    cancellation (also one that left a nursery as a group of cancellations only), else ``error``."""
+    if isinstance(exc, BaseExceptionGroup):
+        return "cancelled" if exc.split(trio.Cancelled)[1] is None else "error"
+    return "cancelled" if isinstance(exc, trio.Cancelled) else "error"
 
 
 def set_default_capacity(events: int) -> None:

@@ -9,7 +9,9 @@ Each request (one ``turn`` event, or ``attempt`` events of one still generating)
 made of spans: ``queued`` (waiting at the generation gate: the Runtime lease, the first-request
 barrier, or a partial-rollout pause) and ``engine`` (one engine call, with the weight versions
 that sampled its tokens and its finish type; an aborted call and the call that resumed it are
-two engine spans). A request's *gap* is the time from its answer to the agent's next request
+two engine spans). A request whose engine call raised instead of answering (it failed, or it was
+cancelled) *ended* there: its last engine span has finish ``error`` or ``cancelled`` and no
+answer follows, so it is not drawn as still generating. A request's *gap* is the time from its answer to the agent's next request
 (the agent thinking or running tools). A request's row is the first forest leaf whose lineage
 holds its answer; a request whose answer lies on the lineage of more than one leaf is
 *shared-prefix* (later branches continued from it).
@@ -24,6 +26,7 @@ import trio
 
 from ..forest import SessionForest
 from ..nursery.session import Session
+from ..nursery.timeline import CALL_ENDS
 
 __all__ = ["POINT_EVENTS", "session_timeline"]
 
@@ -54,7 +57,7 @@ def _request(requests: dict[str, dict[str, Any]], request_id: str) -> dict[str, 
             "request_id": request_id, "arrival_s": None, "committed_s": None, "parent_hash": None,
             "state_hash": None, "prompt_tokens": None, "completion_tokens": None,
             "finish_reason": None, "num_aborted": 0, "weight_versions": [], "spans": [],
-            "gap_s": None, "row": None, "shared_prefix": False,
+            "gap_s": None, "row": None, "shared_prefix": False, "ended": None,
         }
     return record
 
@@ -72,6 +75,7 @@ def _add_attempt(record: dict[str, Any], event: tuple[Any, ...], rel: Any) -> No
         record["arrival_s"] = rel(gate_t)
     if finish == "abort":
         record["num_aborted"] += 1
+    record["ended"] = finish if finish in CALL_ENDS else None  # a later call (a retry) reopens it
 
 
 def _add_turn(record: dict[str, Any], event: tuple[Any, ...], rel: Any) -> None:
@@ -122,7 +126,9 @@ def session_timeline(session: Session) -> dict[str, Any]:
         None for a request still generating off every leaf) and ``requests`` in arrival order:
         ``request_id``, ``row``, ``shared_prefix``, ``arrival_s``, ``committed_s`` (None while
         generating), ``gap_s``, ``parent_hash``, ``state_hash``, ``prompt_tokens``,
-        ``completion_tokens``, ``finish_reason``, ``num_aborted``, ``weight_versions`` and
+        ``completion_tokens``, ``finish_reason``, ``num_aborted``, ``ended`` (``error`` or
+        ``cancelled`` when its last engine call raised and no answer came, else None),
+        ``weight_versions`` and
         ``spans`` (``kind`` ``queued`` or ``engine``, ``start_s``, ``end_s``; engine spans add
         ``output_tokens``, ``weight_versions`` and ``finish``).
     """

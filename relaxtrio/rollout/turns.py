@@ -52,6 +52,7 @@ from ..forest import (
     canonical_template_kwargs,
     context_length_message,
 )
+from ..nursery.timeline import call_end
 from ..nursery.turns import TurnContext, TurnRequest, TurnResult
 from ..sglang.wire import SamplingParams
 from ._mismatch import mismatch_warning
@@ -322,18 +323,19 @@ class EngineTurnHandler:
             attempt_start = trio.current_time()
             # Tracked with no checkpoint after the gate check, so a pause either sees this rid
             # (and aborts it) or closed the gate before we passed it.
-            with turn.track(rid):
-                result = await self._generate(prompt_ids + tuple(token_ids), sampling, rid, images,
-                                              routing_key=turn.session_id,
-                                              prefix_key=turn.session_id)
+            try:
+                with turn.track(rid):
+                    result = await self._generate(prompt_ids + tuple(token_ids), sampling, rid, images,
+                                                  routing_key=turn.session_id, prefix_key=turn.session_id)
+            except BaseException as exc:  # the call's end on the timeline: it failed or was cancelled
+                turn.record("attempt", request_id, gate_t, attempt_start, 0, (), call_end(exc))
+                raise
             generation_s += trio.current_time() - attempt_start
             offset = len(token_ids)
             token_ids.extend(result.output_ids)
             logprobs.extend(result.output_logprobs)
-            spans.extend(
-                WeightSpan(version=s.version, start=s.start + offset, end=s.end + offset)
-                for s in result.weight_versions
-            )
+            spans.extend(WeightSpan(version=s.version, start=s.start + offset, end=s.end + offset)
+                         for s in result.weight_versions)
             finish = effective_finish_type(token_ids, result.finish_type, stop_ids)
             turn.record("attempt", request_id, gate_t, attempt_start, len(result.output_ids),
                         result.weight_versions, finish)

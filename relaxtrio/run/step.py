@@ -159,6 +159,7 @@ async def train_step(
         row.update(await run_eval(pipeline, eval_sets, dump_path=outputs.eval_dump_path(rollout_id)))
         row["eval_s"] = time.monotonic() - eval_start
     row.update(await inference.fleet.gateway_metrics())  # the gateway's counts per worker
+    row.update(await inference.fleet.engine_counters.read(inference.fleet.workers))  # each engine's own
     row["step_s"] = time.monotonic() - step_start
     view.note_step(result, step_s=row["step_s"])
     return row

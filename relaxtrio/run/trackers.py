@@ -5,7 +5,7 @@ Every numeric value of a step's metrics row is sent under a family name
 (:func:`family_scalars`): ``rollout/`` (rewards, lengths, Group accounting), ``train/`` (loss,
 clip fraction, KL, gradient norm, entropy, logprob difference, tokens), ``perf/`` (seconds and
 tokens/s), and the families the row already carries (``stop_reason/``, ``num_turn/``,
-``eval/``). The x axis is the rollout step. The JSONL keeps its flat keys (what resume, the reward
+``eval/``, and per engine ``engine/<figure>/<host:port>`` and ``gateway/<figure>/<host:port>``). The x axis is the rollout step. The JSONL keeps its flat keys (what resume, the reward
 plot and existing readers use).
 
 Both trackers are optional installs (the ``trackers`` extra pins them) and are imported only when

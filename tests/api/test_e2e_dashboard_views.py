@@ -7,7 +7,8 @@ Each step's metrics row is built and written as the driver writes it (``group_me
 :class:`MetricsLog`), and handed to the view (:meth:`RunView.note_metrics`). The page then
 shows, for a resumed Session, both engine spans of its request with their weight versions
 (``default``, then ``v2``) and the pause and resume marks; for its Group, the siblings' first
-divergence highlighted; and the step view's numbers equal to the ``metrics.jsonl`` row. A PNG of
+divergence highlighted; and the step view's numbers equal to the ``metrics.jsonl`` row, with
+step 1 (both siblings rewarded alike, so zero advantage) marked as a step that cannot teach. A PNG of
 each view is saved under the test's temporary directory (and copied to
 ``$RELAXTRIO_SCREENSHOT_DIR`` when set).
 """
@@ -36,6 +37,7 @@ from relaxtrio.models import load_model, load_tokenizer
 from relaxtrio.rollout.metrics import MetricsLog
 from relaxtrio.rollout.operator_view import RunView
 from relaxtrio.rollout.step import group_metrics
+from relaxtrio.run.learning_signal import cannot_teach, teach_metrics
 
 pytestmark = [pytest.mark.slow, needs_browser]
 
@@ -56,6 +58,8 @@ return {
   group_sessions: table ? table.querySelectorAll("tr")[0].querySelectorAll("th").length - 1 : 0,
   step_title: document.getElementById("step-title").textContent,
   step_values: q("#step-view [data-key][data-value]").map((e) => [e.dataset.key, e.dataset.value]),
+  cannot_teach: q("#step-view div.cannot-teach").map((e) => e.textContent),
+  cannot_teach_steps: q("#step-view table.history tr.cannot-teach").map((e) => e.dataset.step),
 };
 """
 
@@ -130,6 +134,9 @@ async def _run_steps(tiny_model_dir: Path, tmp_path: Path, view: RunView, metric
                 if rollout_id == 0:
                     assert result.aborted_requests == 2, "both long generations were in flight at close"
                     row["weight_sync_s"] = await _push_weights(client, new_weights, "v2")
+                else:  # the sample-side check the driver runs after an update (no trainer here)
+                    row.update(teach_metrics(cannot_teach(result.groups, None)))
+                row.update(await client.engine_counters.read(client.workers))  # as the driver does
                 row["step_s"] = time.monotonic() - start
                 view.note_step(result, step_s=row["step_s"])
                 view.note_metrics(metrics.append(rollout_id, row))
@@ -176,6 +183,15 @@ async def test_dashboard_views_show_abort_spans_group_divergence_and_the_metrics
                         "num_groups", "aborted_requests"):
                 assert json.loads(shown[key]) == row[key], key
             assert all(json.loads(v) == row[k] for k, v in shown.items())
+            engine_keys = {k for k in row if k.startswith("engine/")}
+            assert {k.split("/")[1] for k in engine_keys} >= {"tokens_per_s", "prefix_cache_hit_rate", "queue_s"}
+            assert engine_keys <= set(shown)  # the per-engine table shows each engine's figures
+            # The siblings' rewards were equal, so the step cannot teach: marked with its cause.
+            assert row["step_cannot_teach"] == 1.0 and row["step_cannot_teach_cause"] == "zero_advantage"
+            [notice] = page["cannot_teach"]
+            assert "cannot teach" in notice and "zero_advantage" in notice and "identical rewards" in notice
+            assert shown["step_cannot_teach_cause"] == '"zero_advantage"'
+            assert page["cannot_teach_steps"] == [str(row["step"])]  # step 0's row has no verdict
             await trio.to_thread.run_sync(_save_shots, browser, tmp_path)
             checked.append(True)
         finally:

@@ -10,12 +10,15 @@ from __future__ import annotations
 
 from typing import Any
 
+import trio
 from tests.api.api_helpers import CHAT, post, scripted_pipeline
 from tests.support.sessions import open_session
 
+from relaxtrio._errors import EngineUnavailableError
 from relaxtrio.api.app import create_app
 from relaxtrio.chat.compiler import ChatCompiler
 from relaxtrio.nursery.session import SessionRegistry
+from relaxtrio.nursery.timeline import call_end
 from relaxtrio.rollout.group_view import first_divergence
 from relaxtrio.rollout.timeline_view import session_timeline
 from relaxtrio.testing.scripted_engine import Reply
@@ -61,3 +64,46 @@ def test_first_divergence_is_the_first_index_where_rows_differ() -> None:
     assert first_divergence([[1, 2], [1, 2]]) is None
     assert first_divergence([[1, 2]]) is None  # nothing to compare with
     assert first_divergence([[5], [1], [1]]) == 0
+
+
+async def test_a_failed_or_cancelled_engine_call_ends_its_request(tokenizer) -> None:
+    started, never = trio.Event(), trio.Event()
+    failures = [EngineUnavailableError("every worker refused the request")]
+
+    def reply(ids: tuple[int, ...]) -> Reply:
+        assert not started.is_set(), "two engine calls only"
+        if failures:
+            raise failures.pop()
+        started.set()
+        return Reply(text="never answered", gate=never)  # waits until its Session ends
+
+    handler, _ = scripted_pipeline(ChatCompiler(tokenizer), reply, reasoning_parser=None)
+    registry = SessionRegistry()
+    app = create_app(registry, handler, model_name="tiny")
+    statuses: list[int] = []
+
+    async def chat(session_id: str, text: str) -> None:
+        status, _, _ = await post(app, CHAT, {"model": "m", "messages": [{"role": "user", "content": text}]},
+                                  token=session_id)
+        statuses.append(status)
+
+    async with trio.open_nursery() as nursery:
+        async with open_session(registry) as session:
+            await chat(session.session_id, "a")  # the engine call fails
+            nursery.start_soon(chat, session.session_id, "b")
+            await started.wait()
+        # the Session ended: its turn still generating was cancelled
+    assert statuses[0] >= 500 and statuses[1] == 404
+    timeline = session_timeline(session)
+    failed, cancelled = timeline["requests"]
+    for request, end in ((failed, "error"), (cancelled, "cancelled")):
+        [engine] = [s for s in request["spans"] if s["kind"] == "engine"]
+        assert request["ended"] == end and engine["finish"] == end, request
+        assert engine["output_tokens"] == 0 and engine["weight_versions"] == []
+        assert request["committed_s"] is None and request["arrival_s"] <= engine["start_s"] <= engine["end_s"]
+
+
+def test_a_call_that_raised_ends_as_error_or_cancelled() -> None:
+    assert call_end(EngineUnavailableError("down")) == "error"
+    assert call_end(KeyboardInterrupt()) == "error"
+    assert call_end(BaseExceptionGroup("both", [KeyboardInterrupt(), EngineUnavailableError("down")])) == "error"

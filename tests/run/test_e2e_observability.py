@@ -71,5 +71,11 @@ async def test_run_directory_holds_logs_failed_agent_logs_and_tracker_files(
                  "num_turn/mean"):
         assert [step for step, _ in scalars[name]] == [0], name
     assert scalars["rollout/dropped_groups"] == [(0, 1.0)]
+    # the embedded engine's own figures over the step, in the row and in the trackers
+    [rate_key] = [k for k in row if k.startswith("engine/tokens_per_s/")]
+    engine = rate_key.removeprefix("engine/tokens_per_s/")
+    assert row[rate_key] > 0 and row[f"engine/generated_tokens/{engine}"] > 0
+    assert 0 <= row[f"engine/prefix_cache_hit_rate/{engine}"] <= 1 and row[f"engine/queue_s/{engine}"] >= 0
+    assert scalars[rate_key] == [(0, pytest.approx(row[rate_key]))]
     [history] = wandb_history(run)
     assert history["_step"] == 0 and history["train/loss"] == pytest.approx(row["loss"])

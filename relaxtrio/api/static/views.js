@@ -22,7 +22,8 @@ function timelineScale(timeline) {
 function requestTitle(r) {
   const lines = [`${r.request_id}`, `prompt ${fmt(r.prompt_tokens)} tok · completion ${fmt(r.completion_tokens)} tok`,
     `weights ${r.weight_versions.join(", ") || "?"} · aborted ${r.num_aborted}×`,
-    `arrived ${fmt(r.arrival_s)} s · answered ${fmt(r.committed_s)} s · gap ${fmt(r.gap_s)} s`];
+    r.ended ? `arrived ${fmt(r.arrival_s)} s · ended without an answer: engine call ${r.ended === "error" ? "failed" : "cancelled"}`
+      : `arrived ${fmt(r.arrival_s)} s · answered ${fmt(r.committed_s)} s · gap ${fmt(r.gap_s)} s`];
   if (r.shared_prefix) lines.push("shared prefix: later branches continue from this answer");
   for (const s of r.spans) {
     lines.push(s.kind === "engine"
@@ -33,13 +34,15 @@ function requestTitle(r) {
 }
 
 function drawRequest(root, r, x, y) {
-  const g = svg("g", { class: "request" + (r.shared_prefix ? " shared" : ""), "data-request-id": r.request_id,
-    "data-shared-prefix": String(r.shared_prefix), "data-row": r.row });
+  const g = svg("g", { class: "request" + (r.shared_prefix ? " shared" : "") + (r.ended ? " ended " + r.ended : ""),
+    "data-request-id": r.request_id, "data-shared-prefix": String(r.shared_prefix), "data-row": r.row,
+    "data-ended": r.ended || "" });
   g.append(svg("title", {}, requestTitle(r)));
   for (const s of r.spans) {
     const x0 = x(s.start_s), w = Math.max(2, x(s.end_s) - x0);
     const cls = ["span", s.kind];
     if (s.finish === "abort") cls.push("aborted");
+    if (s.finish === "error" || s.finish === "cancelled") cls.push(s.finish);  // the call raised: no answer
     const attrs = { class: cls.join(" "), x: x0, y: y + 3, width: w, height: TL.ROW_H - 8 };
     if (s.kind === "engine") Object.assign(attrs, { "data-weight-versions": s.weight_versions.join(","), "data-finish": s.finish });
     g.append(svg("rect", attrs));
@@ -50,6 +53,12 @@ function drawRequest(root, r, x, y) {
   if (r.committed_s !== null && r.gap_s !== null) {
     g.append(svg("line", { class: "gap", x1: x(r.committed_s), x2: x(r.committed_s + r.gap_s),
       y1: y + TL.ROW_H / 2, y2: y + TL.ROW_H / 2 }));
+  }
+  const last = r.spans[r.spans.length - 1];
+  if (r.ended && last) {  // a bar end and a cross: this request stopped here, it is not still generating
+    const xe = x(last.end_s);
+    g.append(svg("line", { class: "end-mark " + r.ended, x1: xe, x2: xe, y1: y + 1, y2: y + TL.ROW_H - 3 }));
+    g.append(svg("text", { class: "end-mark " + r.ended, x: xe + 3, y: y + TL.ROW_H - 9 }, r.ended === "error" ? "✕ failed" : "✕ cancelled"));
   }
   if (r.shared_prefix) g.append(svg("text", { class: "shared-mark", x: x(r.arrival_s || 0), y: y + 2 }, "◆ shared"));
   root.append(g);
@@ -130,6 +139,23 @@ const STEP_PARTS = [  // [metrics.jsonl key, label]; wall seconds of the step
 const STEP_FIGURES = ["rollout_tokens_per_s", "reward_mean", "num_groups", "num_samples", "aborted_requests",
   "dropped_groups", "interrupted_groups"];
 
+const TEACH_CAUSES = {  // step_cannot_teach_cause → what it means (run.log's WARNING names the remedy)
+  no_response_tokens: "no sample has a sampled (loss_mask 1) token",
+  zero_advantage: "every Group had identical rewards (or the custom advantage was 0): advantage 0 everywhere",
+  all_masked: "the trainer masked every sampled token",
+  all_clipped: "the PPO clip was active on every trained token",
+  zero_gradient: "the gradient norm was 0"};
+
+function cannotTeach(row) {  // the highlighted notice of a step whose update had no learning signal
+  const cause = row.step_cannot_teach_cause || "unknown";
+  const box = el("div", { class: "cannot-teach", role: "alert" });
+  box.append(el("strong", {}, "this step cannot teach: "),
+    el("span", { "data-key": "step_cannot_teach_cause", "data-value": JSON.stringify(cause) }, cause),
+    ` (${TEACH_CAUSES[cause] || "see run.log"}); run.log's WARNING names the remedy.`,
+    el("span", { hidden: "", "data-key": "step_cannot_teach", "data-value": JSON.stringify(row.step_cannot_teach) }));
+  return box;
+}
+
 function engineTable(row) {  // keys "<family>/<figure>/<engine>" (e.g. gateway/requests/host:port)
   const engines = new Map(), figures = new Set();
   for (const [key, value] of Object.entries(row)) {
@@ -183,7 +209,8 @@ function renderStepView(metrics) {
     if (row[key] === undefined) continue;
     figures.append(el("dt", {}, key), el("dd", { "data-key": key, "data-value": JSON.stringify(row[key]) }, fmt(row[key])));
   }
-  box.replaceChildren(bars, figures, el("h3", {}, "per engine"), engineTable(row),
+  const notice = row.step_cannot_teach === 1 ? [cannotTeach(row)] : [];
+  box.replaceChildren(...notice, bars, figures, el("h3", {}, "per engine"), engineTable(row),
     el("h3", {}, "wall seconds per step"), stepHistory(metrics));
 }
 
@@ -193,8 +220,10 @@ function stepHistory(metrics) {  // the kept rows, newest first, as written in m
   head.append(el("th", {}, "step"), ...STEP_PARTS.map(([, label]) => el("th", {}, label)));
   table.append(head);
   for (const row of metrics.slice(-20).reverse()) {
-    const tr = el("tr", { "data-step": row.step });
-    tr.append(el("td", {}, row.step), ...STEP_PARTS.map(([key]) => el("td", { class: "num" }, fmt(row[key]))));
+    const marked = row.step_cannot_teach === 1;
+    const tr = el("tr", marked ? { "data-step": row.step, class: "cannot-teach",
+      title: `cannot teach: ${row.step_cannot_teach_cause}` } : { "data-step": row.step });
+    tr.append(el("td", {}, marked ? `${row.step} ⚠` : row.step), ...STEP_PARTS.map(([key]) => el("td", { class: "num" }, fmt(row[key]))));
     table.append(tr);
   }
   return table;
