@@ -36,6 +36,7 @@ from ..sglang.client import open_connections as open_sglang_connections
 from ..vllm.connections import open_connections as open_vllm_connections
 from ..vllm.info import logprobs_mode_problem
 from .engine_api import OpenConnections
+from .engine_metrics import EngineMetrics
 from .fleet import EngineFleet, open_engine_fleet
 from .launch_fleet import EngineKind, LaunchedFleet, open_launched_fleet
 from .starter import EngineStarter
@@ -50,10 +51,13 @@ class OpenedFleet:
     Attributes:
         fleet: the workers (what the turn code generates with).
         launched: the launched processes, or None when connected to given URLs.
+        engine_metrics: the reader of the engines' own counters (vLLM workers; their baseline is
+            read before the fleet is yielded), or None.
     """
 
     fleet: EngineFleet
     launched: LaunchedFleet | None
+    engine_metrics: EngineMetrics | None = None
 
 
 @asynccontextmanager
@@ -83,7 +87,7 @@ async def open_fleet(
             docstring).
 
     Yields:
-        The fleet, and what was launched.
+        The fleet, what was launched, and (vLLM) the reader of the engines' counters.
 
     Raises:
         BackendError: an engine or the gateway failed to start, no worker is reachable, or
@@ -120,7 +124,12 @@ async def open_fleet(
             await refuse_other_served_models(fleet.model_info, fleet.urls, model_dir)
             if backend == "vllm":
                 await _refuse_raw_logprobs(fleet)
-        yield OpenedFleet(fleet=fleet, launched=launched)
+        engine_metrics = None
+        if backend == "vllm":
+            http = await stack.enter_async_context(httpx.AsyncClient())
+            engine_metrics = EngineMetrics(http=http)
+            await engine_metrics.read(fleet.urls)  # the baseline of the first step
+        yield OpenedFleet(fleet=fleet, launched=launched, engine_metrics=engine_metrics)
 
 
 async def detect_backend(url: str) -> Backend:

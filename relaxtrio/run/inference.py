@@ -35,6 +35,7 @@ import trio
 from .._errors import BackendError, ConfigError
 from ..config import FleetConfig
 from ..fleet.connect import open_fleet
+from ..fleet.engine_metrics import EngineMetrics
 from ..fleet.fleet import EngineFleet
 from ..fleet.launch_fleet import LaunchedFleet
 from ..fleet.starter import EngineStarter
@@ -79,11 +80,14 @@ class Inference:
         store: where each version is written for the engines.
         launched: the launched processes, or None when connecting.
         sync_seconds: weight-sync seconds of every push so far (write + update of all workers).
+        engine_metrics: reads the engines' own prefix-cache and generation counters per step
+            (vLLM workers; :mod:`relaxtrio.fleet.engine_metrics`), or None.
     """
 
     fleet: EngineFleet
     store: WeightStore | SplitWeightStore
     launched: LaunchedFleet | None = None
+    engine_metrics: EngineMetrics | None = None
     sync_seconds: list[float] = attrs.field(factory=list)
 
     async def push(self, model: torch.nn.Module, version: str, *,
@@ -262,4 +266,5 @@ async def open_inference(
             log.info("weights reach the engines via %s%s", kind,
                      f" ({root})" if kind == "disk" else f" ({getattr(store, 'directory', '')})")
         stack.callback(store.close)
-        yield Inference(fleet=fleet, store=store, launched=opened.launched)
+        yield Inference(fleet=fleet, store=store, launched=opened.launched,
+                        engine_metrics=opened.engine_metrics)

@@ -147,6 +147,8 @@ async def train_step(
         row.update(await run_eval(pipeline, eval_sets))
         row["eval_s"] = time.monotonic() - eval_start
     row.update(await inference.fleet.gateway_metrics())  # the gateway's counts per worker
+    if inference.engine_metrics is not None:  # the engines' own: prefix-cache hits, tokens/s
+        row.update(await inference.engine_metrics.read(inference.fleet.urls))
     row["step_s"] = time.monotonic() - step_start
     view.note_step(result, step_s=row["step_s"])
     return row

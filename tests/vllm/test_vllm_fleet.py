@@ -96,6 +96,9 @@ async def test_one_training_step_on_two_vllm_servers(
     assert row["num_groups"] == 2 and row["dropped_groups"] == 0, row
     assert all(g > 0 for g in generated), "Sessions are spread over both servers"
     assert row["rollout_logprob_abs_diff"] < 1e-3, row  # processed logprobs, fp32
+    # The row's engine figures are the servers' own counters over the step.
+    assert row["engine/prefix_cache_hits"] == sum(hits), row
+    assert row["engine/gen_tokens_per_s"] > 0, row
     for server in vllm_pair:  # the push reached both
         async with open_vllm_client(server.url) as client:
             assert await client.weight_version() not in (None, "default")
