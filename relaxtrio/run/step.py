@@ -108,7 +108,8 @@ async def train_step(
 
     Timings in the row (wall seconds): ``rollout_s``; ``train_s`` from the update's start to the
     engines running the new weights, split into ``update_s`` (``Trainer.train_step``) and
-    ``weight_sync_s`` (writing the weights, then pause, reload and continue on every worker);
+    ``weight_sync_s`` (writing the weights, then pause, reload and continue on every worker; of
+    it ``weight_pause_s``, from the pause to the continue);
     ``eval_s``; ``step_s`` for all of it. A CPU trainer in this process trains with its share of
     the cores while train Groups use the CPU, and with ``split.trainer_solo_threads`` once none
     does (none resident, or only prelaunched ones whose agents all wait for their lease:
@@ -130,6 +131,7 @@ async def train_step(
         stats = await trio.to_thread.run_sync(update, result.scored)
         push_start = time.monotonic()
         row["weight_sync_s"] = await push_trainer_weights(inference, trainer, weight_version_name(rollout_id))
+        row["weight_pause_s"] = inference.pause_seconds[-1]  # pause -> resume, without the write
         push_end = time.monotonic()
         row.update(
             loss=stats.loss, clip_fraction=stats.clip_fraction, ppo_kl=stats.ppo_kl,
