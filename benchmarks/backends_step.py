@@ -7,10 +7,13 @@ once per backend, one after the other in the same run: ``embedded`` (the default
 job's ``metrics.jsonl`` it prints, per step, ``step_s``, ``rollout_s``, ``update_s``,
 ``weight_sync_s`` (write + pause + reload + continue) and ``weight_pause_s`` (pause to continue:
 the engines stand still), and per job its wall time and ``start_s`` (wall time less the steps:
-start-up, engine launch included, and shutdown). The summary line gives the means over the steady
+start-up, engine launch included, and shutdown); vLLM step lines also carry the engines' own
+counters (``engine/prefix_cache_hit_rate``, ``engine/gen_tokens_per_s``, ...). The summary line gives the means over the steady
 steps (all but the first; every step with fewer than 2) and the ratios vLLM / embedded.
 
-One run per backend: on a shared machine read the load averages printed with each job. Usage:
+One run per backend: on a shared machine read the load averages printed with each job, and
+compare ``update_s`` (the same trainer work on both) to see how much of a ratio is the load;
+``--backends vllm embedded`` runs them in the other order. Usage:
 ``python benchmarks/backends_step.py [--num-rollout 3] [--backends embedded vllm] [-- extra train
 flags]``.
 """
@@ -60,7 +63,8 @@ def _job(backend: str, args: argparse.Namespace, out_dir: Path) -> dict[str, Any
     for i, row in enumerate(rows):
         emit({"bench": "backends_step", "backend": backend, "step": i,
               **{k: round(row[k], 3) for k in FIGURES if k in row},
-              "dropped_groups": row.get("dropped_groups")})
+              "dropped_groups": row.get("dropped_groups"),
+              **{k: round(v, 3) for k, v in row.items() if k.startswith("engine/") and "/" not in k[7:]}})
     return {"rows": rows, "wall_s": wall_s, "load_before": load_before, "load_after": load_average(),
             "start_s": wall_s - sum(row["step_s"] for row in rows)}
 
