@@ -120,6 +120,9 @@ async def open_fleet(
             await refuse_other_served_models(fleet.model_info, fleet.urls, model_dir)
             if backend == "vllm":
                 await _refuse_raw_logprobs(fleet)
+        # The engines' counters now: the first step reports its own work, not what an engine
+        # served before (a connected server may have run for days).
+        await fleet.engine_counters.read(fleet.workers)
         yield OpenedFleet(fleet=fleet, launched=launched)
 
 

@@ -13,7 +13,8 @@ Once per step :class:`EngineMetrics` reads every healthy worker's cumulative cou
 Each backend reads its counters its own way: :data:`READERS` holds one function per backend,
 tried in order on a worker until one recognises it (the first that does is kept for that URL).
 The embedded engine's reader takes ``internal_states[0]`` of its ``/server_info``
-(:class:`relaxtrio.engine.scheduler.SchedulerStatistics`). A worker no reader recognises adds no
+(:class:`relaxtrio.engine.scheduler.SchedulerStatistics`); vLLM's reads its Prometheus text at
+``GET /metrics``, summing each counter of :data:`VLLM_COUNTERS` over its label series. A worker no reader recognises adds no
 figures; a failed read costs the step nothing but a warning. A counter that went down means the
 engine restarted: its new value is the change.
 """
@@ -23,15 +24,18 @@ from __future__ import annotations
 import logging
 import time
 from collections.abc import Awaitable, Callable, Iterable, Mapping
-from typing import Any
+from typing import Any, Final
 
 import attrs
+import httpx
 
 from .._errors import BackendError
+from ..vllm.client import VllmEngineClient
+from .gateway_metrics import Sample, parse_prometheus_text
 from .members import Worker
 
-__all__ = ["READERS", "CounterReader", "EngineCounters", "EngineMetrics", "embedded_counters",
-           "step_figures"]
+__all__ = ["READERS", "VLLM_COUNTERS", "CounterReader", "EngineCounters", "EngineMetrics",
+           "embedded_counters", "step_figures", "vllm_counters", "vllm_counters_from"]
 
 log = logging.getLogger("relaxtrio.fleet.fleet")
 
@@ -81,7 +85,45 @@ async def embedded_counters(worker: Worker) -> EngineCounters | None:
     )
 
 
-READERS: list[CounterReader] = [embedded_counters]
+VLLM_COUNTERS: Final[Mapping[str, str]] = {
+    "generated_tokens": "vllm:generation_tokens_total",
+    "prefill_tokens": "vllm:prefix_cache_queries_total",
+    "prefix_hit_tokens": "vllm:prefix_cache_hits_total",
+}
+""":class:`EngineCounters` field → the vLLM counter it sums (prompt tokens looked up in the prefix
+cache count as prefilled)."""
+
+
+def vllm_counters_from(samples: list[Sample]) -> EngineCounters:
+    """The counters of one vLLM server's ``/metrics`` samples (0 for a counter it lacks)."""
+    by_name = {name: field for field, name in VLLM_COUNTERS.items()}
+    sums = dict.fromkeys(VLLM_COUNTERS, 0.0)
+    for sample in samples:
+        field = by_name.get(sample.name)
+        if field is not None:
+            sums[field] += sample.value
+    return EngineCounters(**sums)
+
+
+async def vllm_counters(worker: Worker) -> EngineCounters | None:
+    """A vLLM server's counters from ``GET /metrics`` (None for any other engine).
+
+    Raises:
+        BackendError: the call failed.
+        ValueError: the text is not Prometheus text.
+    """
+    if not isinstance(worker.client, VllmEngineClient):
+        return None
+    try:  # once per step per worker: a short-lived client costs nothing that matters
+        async with httpx.AsyncClient(timeout=10.0) as http:
+            response = await http.get(worker.url + "/metrics")
+            response.raise_for_status()
+    except httpx.HTTPError as exc:
+        raise BackendError(f"GET {worker.url}/metrics failed: {exc}") from exc
+    return vllm_counters_from(parse_prometheus_text(response.text))
+
+
+READERS: list[CounterReader] = [vllm_counters, embedded_counters]  # the type check first
 """The per-backend readers, tried in order on a worker not yet recognised."""
 
 

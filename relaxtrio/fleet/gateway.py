@@ -76,6 +76,7 @@ class Gateway:
         self.down_since: float | None = None
         self._unlisted: dict[str, float] = {}  # live URL -> since when the listing lacks it
         self._forgetting: set[str] = set()
+        self._registered: dict[str, str] = {}  # readmitted URL -> the id our POST was given
         self.metrics: GatewayMetrics | None = None
 
     def watch_metrics(self, metrics_url: str) -> None:
@@ -129,16 +130,30 @@ class Gateway:
             log.warning("fleet: gateway %s is back", self.url)
             self.down_since = None
         self.listed_at = trio.current_time()
+        entries = self._entries(listing)
         listed: dict[str, str | None] = {}
         unhealthy: set[str] = set()
+        for url, ids in entries.items():
+            # A readmitted worker is joined once the entry of its own registration is healthy
+            # (an older entry of its URL may still be listed while the gateway deletes it).
+            wanted = self._registered.get(url)
+            worker_id = wanted if wanted in ids else next(iter(ids))
+            listed[url] = worker_id
+            if not ids[worker_id] or (wanted is not None and wanted not in ids):
+                unhealthy.add(url)
+        self._apply(listed, unhealthy)
+
+    @staticmethod
+    def _entries(listing: list[Any]) -> dict[str, dict[str | None, bool]]:
+        """URL -> {worker id: healthy} of every entry of a ``GET /workers`` listing."""
+        entries: dict[str, dict[str | None, bool]] = {}
         for entry in listing:
             if isinstance(entry, dict):
                 url = entry.get("dp_base_url") or entry.get("url")
                 if isinstance(url, str):
-                    listed.setdefault(url.rstrip("/"), entry.get("id"))
-                    if entry.get("is_healthy") is False:
-                        unhealthy.add(url.rstrip("/"))
-        self._apply(listed, unhealthy)
+                    ids = entries.setdefault(url.rstrip("/"), {})
+                    ids[entry.get("id")] = entry.get("is_healthy") is not False
+        return entries
 
     def _apply(self, listed: dict[str, str | None], unhealthy: set[str]) -> None:
         members = self._members
@@ -180,6 +195,7 @@ class Gateway:
     def worker_left(self, url: str, worker_id: str | None) -> None:
         """``url`` left the fleet: forget its listing state and delete it from the gateway."""
         self._unlisted.pop(url, None)
+        self._registered.pop(url, None)
         self._nursery.start_soon(self.forget, url, worker_id)
 
     async def forget(self, url: str, worker_id: str | None) -> None:
@@ -206,13 +222,43 @@ class Gateway:
 
     async def register(self, url: str) -> None:
         """Register a readmitted worker (``POST /workers``); then re-read the listing in the
-        background until it lists ``url`` as healthy, for at most :data:`JOIN_GRACE_S`.
+        background until it lists the new registration as healthy, for at most
+        :data:`JOIN_GRACE_S`.
+
+        The gateway deletes a worker in the background (``DELETE`` answers 202), and a deletion
+        still queued when the same URL registers again takes the new registration with it: the
+        worker (a fast restart that kept its URL) would get no keys and then leave the fleet as
+        unlisted. So every entry of ``url`` still listed is deleted and waited out first (at
+        most :data:`JOIN_GRACE_S`).
 
         Raises:
             BackendError: the gateway could not be reached.
         """
-        await self._call("POST", "/workers", {"url": url})
+        self._registered[url] = ""  # no entry listed now is ours: it joins on our POST's
+        await self._await_unlisted(url)
+        response = await self._call("POST", "/workers", {"url": url})
+        try:
+            worker_id = response.json().get("worker_id")
+        except (ValueError, AttributeError):
+            worker_id = None
+        if isinstance(worker_id, str):
+            self._registered[url] = worker_id
+        else:  # a gateway that does not say: any healthy entry of the URL
+            self._registered.pop(url, None)
         self._nursery.start_soon(self._await_listed, url)
+
+    async def _await_unlisted(self, url: str) -> None:
+        deleted: set[str] = set()
+        with trio.move_on_after(JOIN_GRACE_S):
+            while ids := self._entries(await self._read_listing()).get(url):
+                for worker_id in ids.keys() - deleted:
+                    if worker_id is not None:
+                        deleted.add(worker_id)
+                        await self.forget(url, worker_id)
+                await trio.sleep(GATEWAY_POLL_S)
+            return
+        log.warning("fleet: the gateway still lists %s %g s after deleting it; registering it "
+                    "again anyway", url, JOIN_GRACE_S)
 
     async def _await_listed(self, url: str) -> None:
         with trio.move_on_after(JOIN_GRACE_S):

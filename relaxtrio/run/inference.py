@@ -79,12 +79,15 @@ class Inference:
         store: where each version is written for the engines.
         launched: the launched processes, or None when connecting.
         sync_seconds: weight-sync seconds of every push so far (write + update of all workers).
+        pause_seconds: of each push, the seconds from pausing the workers to continuing them
+            (the update alone, without writing the weights).
     """
 
     fleet: EngineFleet
     store: WeightStore | SplitWeightStore
     launched: LaunchedFleet | None = None
     sync_seconds: list[float] = attrs.field(factory=list)
+    pause_seconds: list[float] = attrs.field(factory=list)
 
     async def push(self, model: torch.nn.Module, version: str, *,
                    state_dict: Callable[[], Mapping[str, torch.Tensor]] | None = None) -> float:
@@ -138,8 +141,10 @@ class Inference:
         async with self.fleet.weights_lock:  # no (re)starting worker loads a half-written version
             path = await trio.to_thread.run_sync(write)
         store = self.store
+        paused_at = time.perf_counter()
         await self.fleet.update_weights(
             store.route(path) if isinstance(store, SplitWeightStore) else path, version)
+        self.pause_seconds.append(time.perf_counter() - paused_at)
         await trio.to_thread.run_sync(store.retire, path)
         seconds = time.perf_counter() - start
         self.sync_seconds.append(seconds)

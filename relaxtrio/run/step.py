@@ -114,9 +114,10 @@ async def train_step(
 
     Timings in the row (wall seconds): ``rollout_s``; ``train_s`` from the update's start to the
     engines running the new weights, split into ``update_s`` (``Trainer.train_step``) and
-    ``weight_sync_s`` (writing the weights, then pause, reload and continue on every worker);
-    ``eval_s``; ``step_s`` for all of it. A trained step also gets ``step_cannot_teach`` (and one
-    WARNING when its update had no learning signal: :mod:`relaxtrio.run.learning_signal`). A CPU trainer in this process trains with its share of
+    ``weight_sync_s`` (writing the weights, then pause, reload and continue on every worker; of
+    it ``weight_pause_s``, from the pause to the continue); ``eval_s``; ``step_s`` for all of
+    it. A trained step also gets ``step_cannot_teach`` (and one WARNING when its update had no
+    learning signal: :mod:`relaxtrio.run.learning_signal`). A CPU trainer in this process trains with its share of
     the cores while train Groups use the CPU, and with ``split.trainer_solo_threads`` once none
     does (none resident, or only prelaunched ones whose agents all wait for their lease:
     ``RolloutPipeline.groups_use_cpu``; :mod:`relaxtrio.cpu_threads`)."""
@@ -141,6 +142,7 @@ async def train_step(
             row["weight_sync_s"] = await push_trainer_weights(
                 inference, trainer, weight_version_name(rollout_id))
         pipeline.weights.loaded_version(rollout_id + 1, pipeline.resident_groups, next_step=rollout_id + 1)
+        row["weight_pause_s"] = inference.pause_seconds[-1]  # pause -> resume, without the write
         push_end = time.monotonic()
         row.update(
             loss=stats.loss, clip_fraction=stats.clip_fraction, ppo_kl=stats.ppo_kl,

@@ -78,18 +78,13 @@ async def _label_and_generate(fleet: EngineFleet, urls: tuple[str, ...], tag: st
 
 
 async def _wait_back(fleet: EngineFleet, old_url: str, count: int) -> None:
-    """Waits until ``old_url`` was removed and ``count`` workers are live again."""
+    """Waits until ``old_url`` was removed and ``count`` workers are live again, each listed
+    healthy by the gateway (a readmitted one takes keys only then)."""
     await wait_until(lambda: old_url not in fleet.urls, timeout_s=120, what=f"{old_url} to leave")
-    await wait_until(lambda: len(fleet.urls) >= count, timeout_s=300, what=f"{count} live workers",
-                     interval_s=0.2)
+    await wait_until(lambda: len(fleet.urls) >= count and not fleet.members.joining, timeout_s=300,
+                     what=f"{count} live workers", interval_s=0.2)
 
 
-# Open defect since smg replaced sglang-router: after an engine restarts under its Ray actor and
-# keeps its URL, smg routes no new key to it ("No worker available" / every key to the other
-# worker) and the second round sees one label; retrying for longer saw both restarted engines
-# SIGKILLed and the fleet empty. Not understood yet (docs/inference-fleet.md#the-gateway).
-@pytest.mark.xfail(reason="smg does not route to an engine readmitted after a restart under Ray "
-                          "(open defect)", strict=False)
 async def test_ray_engines_serve_restart_and_leave_nothing(
     ray_cluster, tiny_model_dir: Path, tmp_path: Path, caplog: pytest.LogCaptureFixture
 ) -> None:

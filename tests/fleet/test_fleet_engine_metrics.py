@@ -9,7 +9,8 @@ import pytest
 import trio
 
 from relaxtrio.config import FleetConfig
-from relaxtrio.fleet.engine_metrics import EngineCounters, EngineMetrics, step_figures
+from relaxtrio.fleet.engine_metrics import EngineCounters, EngineMetrics, step_figures, vllm_counters_from
+from relaxtrio.fleet.gateway_metrics import parse_prometheus_text
 from relaxtrio.fleet.fleet import open_engine_fleet
 from relaxtrio.sglang.client import SamplingParams, open_engine_client
 
@@ -73,3 +74,20 @@ async def test_a_worker_no_reader_recognises_adds_no_figures(start_engines: Call
             return None
 
         assert await EngineMetrics(readers=[other_backend]).read(fleet.workers) == {}
+
+
+def test_vllm_counters_sum_each_counter_over_its_series() -> None:
+    text = "\n".join([
+        "# HELP vllm:prefix_cache_queries_total Prefix cache queries, in terms of number of queried tokens.",
+        "# TYPE vllm:prefix_cache_queries_total counter",
+        'vllm:prefix_cache_queries_total{engine="0",model_name="m"} 1202.0',
+        'vllm:prefix_cache_hits_total{engine="0",model_name="m"} 512.0',
+        'vllm:generation_tokens_total{engine="0",model_name="m"} 6.0',
+        'vllm:generation_tokens_total{engine="1",model_name="m"} 2.0',
+        'vllm:num_requests_running{engine="0",model_name="m"} 1.0',
+    ])
+    counters = vllm_counters_from(parse_prometheus_text(text))
+    assert counters == EngineCounters(generated_tokens=8.0, prefill_tokens=1202.0, prefix_hit_tokens=512.0)
+    figures = step_figures("h:1", counters, None, 2.0)
+    assert figures == {"engine/generated_tokens/h:1": 8.0, "engine/tokens_per_s/h:1": 4.0,
+                       "engine/prefix_cache_hit_rate/h:1": 512 / 1202}

@@ -19,6 +19,7 @@ from relaxtrio._errors import BackendError
 from relaxtrio.config import FleetConfig
 from relaxtrio.models import load_model
 from relaxtrio.fleet.fleet import EngineFleet, open_engine_fleet
+from relaxtrio.fleet.gateway import GATEWAY_POLL_S
 from relaxtrio.fleet.gateway_metrics import parse_prometheus_text, worker_counters
 from relaxtrio.fleet.launch_fleet import open_gateway
 from relaxtrio.sglang.wire import SamplingParams
@@ -315,3 +316,26 @@ async def test_a_gateway_restart_is_survived(start_engines, tmp_path: Path) -> N
     assert sorted(stats.workers) == sorted(engines.urls)
     assert all(r.finish_type == "length" for r in results[-2:])
     assert (tmp_path / "gateway.log").exists()
+
+
+async def test_a_worker_readmitted_at_once_gets_new_keys(start_engines, tmp_path: Path) -> None:
+    """A worker removed and readmitted under the same URL before the gateway finished deleting
+    it (smg deletes in the background; a fast restart, e.g. under Ray) is registered after the
+    deletion, so it stays listed and takes fresh keys again."""
+    engines = await start_engines(2)
+    with trio.fail_after(180):
+        async with (
+            open_gateway(CONFIG, engines.urls, log_dir=tmp_path) as launched,
+            open_engine_fleet(CONFIG, gateway_url=launched.gateway_url) as fleet,
+        ):
+            await keys_per_worker(fleet, engines.labels, prefix="a")
+            url = engines.urls[0]
+            fleet.remove(url, "restarting (test)", restarting=True)
+            await fleet.readmit(url)
+            await wait_until(lambda: url not in fleet.members.joining, timeout_s=60,
+                             what="the gateway to list the readmitted worker healthy")
+            await trio.sleep(3 * GATEWAY_POLL_S)  # a deletion still queued would land by now
+            seen = await keys_per_worker(fleet, engines.labels, prefix="b")
+            stats = fleet.statistics()
+    assert sorted(seen) == sorted(engines.labels)
+    assert sorted(stats.workers) == sorted(engines.urls)

@@ -91,11 +91,17 @@ async def test_one_training_step_on_two_vllm_servers(
     generated = [await counter(s.url, "vllm:generation_tokens_total") - b
                  for s, b in zip(vllm_pair, generated_before, strict=True)]
     print(f"\nvLLM x2 step: step_s {row['step_s']:.1f} rollout_s {row.get('rollout_s', float('nan')):.1f} "
-          f"weight_sync_s {row['weight_sync_s']:.2f} rollout_logprob_abs_diff "
+          f"weight_sync_s {row['weight_sync_s']:.2f} (paused {row['weight_pause_s']:.2f}) rollout_logprob_abs_diff "
           f"{row['rollout_logprob_abs_diff']:.2e} prefix-cache hit tokens {hits} generated {generated}")
     assert row["num_groups"] == 2 and row["dropped_groups"] == 0, row
     assert all(g > 0 for g in generated), "Sessions are spread over both servers"
     assert row["rollout_logprob_abs_diff"] < 1e-3, row  # processed logprobs, fp32
+    # The row's engine figures are the servers' own counters over the step.
+    for server, made in zip(vllm_pair, generated, strict=True):
+        name = server.url.split("://", 1)[1]
+        assert row[f"engine/generated_tokens/{name}"] == made, row
+        assert row[f"engine/tokens_per_s/{name}"] > 0, row
+    assert 0 < row["weight_pause_s"] <= row["weight_sync_s"], row
     for server in vllm_pair:  # the push reached both
         async with open_vllm_client(server.url) as client:
             assert await client.weight_version() not in (None, "default")
