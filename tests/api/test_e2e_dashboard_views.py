@@ -85,6 +85,16 @@ def _perturbed_weights(model_dir: Path, out: Path) -> Path:
     return out
 
 
+def _aborted_after(view: RunView, session_id: str) -> int:
+    """The output tokens of the Session's first engine call, the one the abort cut short."""
+    detail = view.session_detail(session_id)
+    assert detail is not None
+    [request] = detail["timeline"]["requests"]
+    first = next(span for span in request["spans"] if span["kind"] == "engine")
+    assert first["finish"] == "abort"
+    return first["output_tokens"]
+
+
 def _save_shots(browser: Browser, tmp_path: Path) -> list[Path]:
     shots = [browser.screenshot_of(element, tmp_path / f"dashboard-{name}.png")
              for element, name in (("timeline", "timeline"), ("group-view", "group"), ("step-view", "step"))]
@@ -104,7 +114,9 @@ async def _run_steps(tiny_model_dir: Path, tmp_path: Path, view: RunView, metric
     flag = tmp_path / "short-may-finish"
     config = RolloutConfig(n_samples_per_prompt=2, rollout_batch_size=1, over_sampling_batch_size=2,
                            partial_rollout=True, show_progress=False)
-    generation = GenerationConfig(max_response_tokens=LONG, ignore_eos=True, seed=11)
+    # Session i samples with seed 11 + i: with one seed for both, the siblings' tokens agree up to
+    # the abort, and again after the resume when both were aborted at the same token count.
+    generation = GenerationConfig(max_response_tokens=LONG, ignore_eos=True, seed=11, seed_per_sample=True)
     stream = prompts([{"mode": "wait_file", "max_tokens": 6}, {"max_tokens": LONG},
                       {"mode": "wait_file", "wait_file": str(tmp_path / "never")}])
     new_weights = await trio.to_thread.run_sync(_perturbed_weights, tiny_model_dir, tmp_path / "v2")
@@ -158,6 +170,10 @@ async def test_dashboard_views_show_abort_spans_group_divergence_and_the_metrics
         assert expected is not None
         divergence = expected["first_divergence"]["message"]
         assert divergence is not None  # the siblings sampled with different seeds
+        # ... so their tokens part before either was aborted, not by where the abort fell.
+        sample = session.samples[0]
+        diverged_at = expected["first_divergence"]["token"] - (len(sample.token_ids) - sum(sample.loss_mask))
+        assert 0 <= diverged_at < min(_aborted_after(view, s.session_id) for s in long_group.sessions)
         row = json.loads(metrics.path.read_text().splitlines()[-1])
         browser = await trio.to_thread.run_sync(Browser)
         try:
