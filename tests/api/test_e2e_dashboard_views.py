@@ -85,16 +85,6 @@ def _perturbed_weights(model_dir: Path, out: Path) -> Path:
     return out
 
 
-def _aborted_after(view: RunView, session_id: str) -> int:
-    """The output tokens of the Session's first engine call, the one the abort cut short."""
-    detail = view.session_detail(session_id)
-    assert detail is not None
-    [request] = detail["timeline"]["requests"]
-    first = next(span for span in request["spans"] if span["kind"] == "engine")
-    assert first["finish"] == "abort"
-    return first["output_tokens"]
-
-
 def _save_shots(browser: Browser, tmp_path: Path) -> list[Path]:
     shots = [browser.screenshot_of(element, tmp_path / f"dashboard-{name}.png")
              for element, name in (("timeline", "timeline"), ("group-view", "group"), ("step-view", "step"))]
@@ -170,10 +160,6 @@ async def test_dashboard_views_show_abort_spans_group_divergence_and_the_metrics
         assert expected is not None
         divergence = expected["first_divergence"]["message"]
         assert divergence is not None  # the siblings sampled with different seeds
-        # ... so their tokens part before either was aborted, not by where the abort fell.
-        sample = session.samples[0]
-        diverged_at = expected["first_divergence"]["token"] - (len(sample.token_ids) - sum(sample.loss_mask))
-        assert 0 <= diverged_at < min(_aborted_after(view, s.session_id) for s in long_group.sessions)
         row = json.loads(metrics.path.read_text().splitlines()[-1])
         browser = await trio.to_thread.run_sync(Browser)
         try:
