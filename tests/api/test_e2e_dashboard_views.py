@@ -104,7 +104,9 @@ async def _run_steps(tiny_model_dir: Path, tmp_path: Path, view: RunView, metric
     flag = tmp_path / "short-may-finish"
     config = RolloutConfig(n_samples_per_prompt=2, rollout_batch_size=1, over_sampling_batch_size=2,
                            partial_rollout=True, show_progress=False)
-    generation = GenerationConfig(max_response_tokens=LONG, ignore_eos=True, seed=11)
+    # Session i samples with seed 11 + i: with one seed for both, the siblings' tokens agree up to
+    # the abort, and again after the resume when both were aborted at the same token count.
+    generation = GenerationConfig(max_response_tokens=LONG, ignore_eos=True, seed=11, seed_per_sample=True)
     stream = prompts([{"mode": "wait_file", "max_tokens": 6}, {"max_tokens": LONG},
                       {"mode": "wait_file", "wait_file": str(tmp_path / "never")}])
     new_weights = await trio.to_thread.run_sync(_perturbed_weights, tiny_model_dir, tmp_path / "v2")
