@@ -179,7 +179,7 @@ async def test_non_zero_exit(tiny_model_dir: Path, tmp_path: Path) -> None:
     assert report.check("exit_code").detail == "the agent exited with code 3"
     assert report.check("output").status == "skip"
     lines = report.lines()
-    assert "    agent: giving up" in lines and lines[-1].startswith("doctor: 7 of 15 checks did not pass")
+    assert "    agent: giving up" in lines and lines[-1].startswith("doctor: 6 of 15 checks did not pass")
     assert "    \\x1b[31mred\\x00\\x07" in lines
     assert not any(ch in report.log_tail for ch in "\x1b\x00\x07")
 
