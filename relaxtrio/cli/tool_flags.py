@@ -83,9 +83,18 @@ def tracing_config(args: argparse.Namespace) -> TracingConfig:
 
     Raises:
         ConfigError: a flag asks for spans and the OpenTelemetry SDK is not installed (checked
-            without importing it).
+            without importing it); ``--otel-file`` is a directory or under a file;
+            ``--otel-endpoint`` is not an http(s) URL.
     """
     config = TracingConfig(endpoint=args.otel_endpoint, file=args.otel_file)
+    if args.otel_file is not None:
+        _need(str(args.otel_file) not in ("", ".") and not args.otel_file.is_dir(),
+              f"--otel-file {str(args.otel_file)!r}: a file to append spans to, not a directory")
+        parent = next((p for p in args.otel_file.parents if p.exists()), None)
+        _need(parent is None or parent.is_dir(), f"--otel-file {args.otel_file}: {parent} is not a directory")
+    if args.otel_endpoint is not None:
+        _need(str(args.otel_endpoint).startswith(("http://", "https://")),
+              f"--otel-endpoint {args.otel_endpoint!r}: an http(s) URL of an OTLP/HTTP traces endpoint")
     if config.enabled:
         import importlib.util
 

@@ -214,8 +214,10 @@ def run_compare(runs: Sequence[Path], out_path: Path) -> list[str]:
     """Loads the runs, writes the plot and returns the lines to print (table, then the PNG path).
 
     Raises:
-        ConfigError: as :func:`load_runs`.
+        ConfigError: as :func:`load_runs`, or ``out_path`` is not a ``.png`` file path.
     """
+    if out_path.suffix.lower() != ".png" or out_path.is_dir():
+        raise ConfigError(f"--out {out_path}: the plot is written as a PNG file (a path ending in .png)")
     curves = load_runs(runs)
     plot_runs(curves, out_path)
     return [*compare_table(curves), f"plot: {out_path}"]

@@ -83,3 +83,10 @@ def test_a_line_that_is_not_json_is_named_by_line(tmp_path: Path, caplog) -> Non
     good = _run(tmp_path / "good", [{"step": 0}])
     assert main(["compare", str(bad), str(good), "--out", str(tmp_path / "c.png")]) == 2
     assert f"{bad / 'metrics.jsonl'}:2: not JSON" in caplog.text
+
+
+@pytest.mark.parametrize("out", ["{tmp}", "{tmp}/noext", "{tmp}/c.weird"])
+def test_an_out_path_that_is_not_a_png_file_exits_2(two_runs, tmp_path: Path, out: str, caplog) -> None:
+    assert main(["compare", str(two_runs[0]), str(two_runs[1]), "--out", out.format(tmp=tmp_path)]) == 2
+    assert "a path ending in .png" in caplog.text
+    assert not list(tmp_path.glob("*.png")) and not list(tmp_path.glob("*.weird"))

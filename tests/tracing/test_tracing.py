@@ -5,6 +5,7 @@ nothing imported without a flag."""
 from __future__ import annotations
 
 import json
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -194,3 +195,24 @@ def test_otel_flags_of_train_rollout_and_serve(tmp_path: Path) -> None:
     serve = serve_config(parser.parse_args(["serve", "--otel-file", str(path), "--otel-endpoint", url]))
     assert serve.tracing == TracingConfig(endpoint=url, file=path)
     assert not train_config(parser.parse_args(["train"])).tracing.enabled
+
+
+@pytest.mark.parametrize(("flag", "value", "message"), [
+    ("--otel-file", "{tmp}", "not a directory"),
+    ("--otel-file", "", "not a directory"),
+    ("--otel-file", "{tmp}/a_file/spans.jsonl", "is not a directory"),
+    ("--otel-endpoint", "notaurl", "an http(s) URL"),
+])
+def test_bad_otel_flags_are_config_errors_naming_the_flag(tmp_path: Path, flag: str, value: str,
+                                                           message: str) -> None:
+    import argparse
+
+    from relaxtrio import ConfigError
+    from relaxtrio.cli.tool_flags import tracing_config
+
+    (tmp_path / "a_file").write_text("x")
+    args = argparse.Namespace(otel_endpoint=None, otel_file=None)
+    setattr(args, flag[2:].replace("-", "_"),
+            Path(value.format(tmp=tmp_path)) if flag == "--otel-file" else value)
+    with pytest.raises(ConfigError, match=rf"^{flag} .*{re.escape(message)}"):
+        tracing_config(args)
