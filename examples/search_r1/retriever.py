@@ -20,8 +20,10 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import sys
 import threading
+import time
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 from typing import Any
@@ -120,12 +122,26 @@ def make_handler(index: Index) -> type[BaseHTTPRequestHandler]:
     return Handler
 
 
+def exit_with_launcher(poll_s: float = 1.0) -> None:
+    """Exits the process once its parent (the launcher) is gone: a launcher killed with SIGKILL
+    runs no cleanup, and the retriever must not outlive the run it serves."""
+    parent = os.getppid()
+
+    def watch() -> None:
+        while os.getppid() == parent:
+            time.sleep(poll_s)
+        os._exit(0)
+
+    threading.Thread(target=watch, name="launcher-watch", daemon=True).start()
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--host", default="127.0.0.1")
     parser.add_argument("--port", type=int, default=8000)
     parser.add_argument("--corpus", type=Path, default=HERE / "data" / "corpus.jsonl")
     args = parser.parse_args()
+    exit_with_launcher()
     index = Index(load_corpus(args.corpus))
     server = ThreadingHTTPServer((args.host, args.port), make_handler(index))
     host, port = server.server_address[:2]

@@ -231,3 +231,28 @@ def test_per_role_credit_standardizes_each_role_over_the_group() -> None:
     # All equal within a role: zeros (nothing to learn from).
     same = credit([{"main": dict(main, outcome=1.0)}, {"main": dict(main, outcome=1.0)}])
     assert same == [{"main": 0.0}, {"main": 0.0}]
+
+
+@pytest.mark.slow  # the retriever is a process
+def test_the_retriever_exits_when_its_launcher_is_killed() -> None:
+    """A launcher killed with SIGKILL runs no cleanup: the retriever notices its parent is gone."""
+    import select
+
+    launcher = subprocess.Popen(
+        ["bash", "-c", f"{sys.executable} {HERE / 'retriever.py'} --port 0 & echo $!; wait"],
+        stdout=subprocess.PIPE, text=True)
+    assert launcher.stdout is not None
+    retriever_pid = int(launcher.stdout.readline())
+    assert launcher.stdout.readline().startswith("retriever listening on ")
+    launcher.kill()
+    launcher.wait()
+    # The pipe reaches end-of-file when its last writer, the retriever, has exited.
+    ready, _, _ = select.select([launcher.stdout], [], [], 30)
+    try:
+        assert ready and launcher.stdout.read() == "", "the retriever outlived its launcher"
+    finally:
+        launcher.stdout.close()
+        try:
+            os.kill(retriever_pid, 9)
+        except ProcessLookupError:
+            pass
