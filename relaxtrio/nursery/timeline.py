@@ -39,6 +39,8 @@ from typing import Any, Final
 
 import trio
 
+from .turns import call_end
+
 __all__ = ["CALL_ENDS", "DEFAULT_CAPACITY", "Timeline", "call_end", "default_capacity", "set_default_capacity"]
 
 DEFAULT_CAPACITY: Final = 512
@@ -48,14 +50,6 @@ _capacity = DEFAULT_CAPACITY
 
 CALL_ENDS: Final = ("error", "cancelled")
 """The ``finish`` of an ``attempt`` whose engine call raised instead of answering."""
-
-
-def call_end(exc: BaseException) -> str:
-    """The ``finish`` recorded for an engine call that raised ``exc``: ``cancelled`` for a trio
-    cancellation (also one that left a nursery as a group of cancellations only), else ``error``."""
-    if isinstance(exc, BaseExceptionGroup):
-        return "cancelled" if exc.split(trio.Cancelled)[1] is None else "error"
-    return "cancelled" if isinstance(exc, trio.Cancelled) else "error"
 
 
 def set_default_capacity(events: int) -> None:

@@ -19,6 +19,7 @@ from contextlib import AbstractContextManager
 from typing import Any, Literal, Protocol
 
 import attrs
+import trio
 
 from ..forest import Conversation, SessionForest
 
@@ -202,3 +203,11 @@ class TurnHandler(Protocol):
             Safe to cancel at any point: nothing is committed.
         """
         ...
+
+
+def call_end(exc: BaseException) -> str:
+    """The ``finish`` recorded for an engine call that raised ``exc``: ``cancelled`` for a trio
+    cancellation (also one that left a nursery as a group of cancellations only), else ``error``."""
+    if isinstance(exc, BaseExceptionGroup):
+        return "cancelled" if exc.split(trio.Cancelled)[1] is None else "error"
+    return "cancelled" if isinstance(exc, trio.Cancelled) else "error"

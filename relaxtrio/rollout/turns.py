@@ -52,8 +52,7 @@ from ..forest import (
     canonical_template_kwargs,
     context_length_message,
 )
-from ..nursery.timeline import call_end
-from ..nursery.turns import TurnContext, TurnRequest, TurnResult
+from ..nursery.turns import TurnContext, TurnRequest, TurnResult, call_end
 from ..sglang.wire import SamplingParams
 from ._mismatch import mismatch_warning
 from .client_logprobs import content_logprobs
