@@ -38,7 +38,8 @@ hook's scalar already is the base credit of one context.
 from __future__ import annotations
 
 import math
-from collections.abc import Mapping, Sequence
+from collections.abc import Iterable, Mapping, Sequence
+from typing import Any
 
 from .._errors import ExportError
 from .._validate import is_real, require_real
@@ -49,6 +50,7 @@ __all__ = [
     "group_advantages",
     "grpo_advantages",
     "reinforce_plus_plus_baseline_advantages",
+    "primary_rewards",
     "rloo_advantages",
     "scalar_reward",
 ]
@@ -207,3 +209,15 @@ def scalar_reward(reward: float | Mapping[str, object] | None, reward_key: str |
             )
         return require_real(reward[reward_key], f"reward.{reward_key}", error=ExportError)
     return require_real(reward, "reward", error=ExportError)
+
+
+def primary_rewards(samples: Iterable[Any], reward_key: str | None) -> list[float | None]:
+    """:func:`scalar_reward` of each sample's ``reward``; None where it is unset or has no
+    primary value (a pass rate counts those as not passed)."""
+    out: list[float | None] = []
+    for sample in samples:
+        try:
+            out.append(None if sample.reward is None else scalar_reward(sample.reward, reward_key))
+        except ExportError:
+            out.append(None)
+    return out

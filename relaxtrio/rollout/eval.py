@@ -27,7 +27,7 @@ import trio
 from .._errors import ExportError
 from ..config import RolloutConfig
 from ..nursery.group import Group
-from .advantages import scalar_reward
+from .advantages import primary_rewards
 from .dataset import Prompt
 from .dumps import step_dump, write_dump
 from .pipeline import RolloutPipeline
@@ -181,16 +181,5 @@ def dataset_metrics(name: str, groups: Sequence[Group], accepted: Sequence[Score
 
 def _session_outcomes(group: Group, key: str | None) -> list[list[float | None]]:
     """Per Session, the primary reward of each exported context; a failed Session is one 0."""
-    rows: list[list[float | None]] = []
-    for session in group.sessions:
-        if session.status in ("failed", "cancelled"):
-            rows.append([0.0])
-            continue
-        row: list[float | None] = []
-        for sample in session.samples:
-            try:
-                row.append(None if sample.reward is None else scalar_reward(sample.reward, key))
-            except ExportError:
-                row.append(None)
-        rows.append(row)
-    return rows
+    return [[0.0] if session.status in ("failed", "cancelled") else primary_rewards(session.samples, key)
+            for session in group.sessions]

@@ -14,7 +14,7 @@ from .._errors import ExportError
 from ..config import RolloutConfig
 from ..forest import TRACE_KEY, TrainingSample
 from ..nursery.group import Group
-from .advantages import group_advantages, scalar_reward
+from .advantages import group_advantages, primary_rewards, scalar_reward
 from .filters import FilterVerdict, run_dynamic_filter
 from .hooks import custom_advantages, hook_arguments
 from .rewards import metadata_metrics, passrate_metrics, reward_metrics, summary_metrics
@@ -334,16 +334,7 @@ def group_metrics(result: StepResult, config: RolloutConfig | None = None) -> Ma
 
 def _session_rewards(scored: ScoredGroup, reward_key: str | None) -> list[list[float | None]]:
     """Per Session, the primary reward of each exported context (None when unset)."""
-    out = []
-    for session in scored.group.sessions:
-        row: list[float | None] = []
-        for sample in session.samples:
-            try:
-                row.append(None if sample.reward is None else scalar_reward(sample.reward, reward_key))
-            except ExportError:
-                row.append(None)
-        out.append(row)
-    return out
+    return [primary_rewards(session.samples, reward_key) for session in scored.group.sessions]
 
 
 def _base_metrics(result: StepResult) -> Mapping[str, Any]:
