@@ -240,6 +240,8 @@ class ChatCompiler:
         template_kwargs: Mapping[str, Any] | None = None,
         *,
         message_offset: int = 0,
+        previous: Mapping[str, Any] | None = None,
+        sampled_stop_id: int | None = None,
     ) -> EncodedPrompt:
         """Renders an observation delta with the dummy-prefix method.
 
@@ -250,6 +252,14 @@ class ChatCompiler:
             tools: the subtree root's tools.
             template_kwargs: the subtree root's template kwargs.
             message_offset: index of ``delta_messages[0]`` in the request, for error paths.
+            previous: the canonical assistant message the delta follows, or None. A delta that
+                starts with tool results and that the template refuses after the dummy prefix
+                alone (gpt-oss names a result after the call it answers) is rendered after the
+                dummy prefix plus ``previous``, and that longer prefix is trimmed.
+            sampled_stop_id: the stop id the lineage ends with (sampled by the model and left out
+                of its message), or None. A delta that starts with this id leaves it out: the model
+                stopped by sampling the next message's header, which the lineage already holds
+                (GLM's ``<|observation|>``).
 
         Returns:
             The ids after the dummy prefix, ending with the generation prompt.
@@ -263,22 +273,19 @@ class ChatCompiler:
             raise InternalError("an observation delta needs at least one message")
         start = time.perf_counter()
         kwargs = self._checked_kwargs(template_kwargs)
-        trim = self._dummy_trim(tools, kwargs)
         prepared = _inputs.template_messages(delta_messages, self.arguments_form, message_offset, self._reasoning_key)
-        text, render_s = self._render_text([*DUMMY_PREFIX, *prepared], tools, kwargs, True)
-        if trim.suffix_ok and text.startswith(trim.text):
-            # The dummy text ends with an added token: the tokenizer splits there, so the ids
-            # after it are the ids of the text after it (no need to tokenize the prefix again).
-            delta, encode_s = self._encode(text[len(trim.text):])
-        else:
-            ids, encode_s = self._encode(text)
-            if ids[: len(trim.ids)] != trim.ids:
-                raise InternalError(
-                    "the chat template is not prefix-stable after the dummy prefix: rendering more messages "
-                    "changed the first tokens, so observation deltas cannot be rendered incrementally with "
-                    "this template and these tools/template kwargs"
-                )
-            delta = ids[len(trim.ids) :]
+        try:
+            delta, text, render_s, encode_s = self._delta_after(
+                DUMMY_PREFIX, self._dummy_trim(tools, kwargs), prepared, tools, kwargs
+            )
+        except InvalidRequestError as refused:
+            if previous is None or delta_messages[0].get("role") != "tool":
+                raise
+            delta, text, render_s, encode_s = self._delta_after_call(
+                previous, prepared, tools, kwargs, message_offset, refused
+            )
+        if sampled_stop_id is not None and len(delta) > 1 and delta[0] == sampled_stop_id:
+            delta = delta[1:]
         return EncodedPrompt(delta, text, render_s, encode_s, time.perf_counter() - start)
 
     def observation_ids(
@@ -289,8 +296,13 @@ class ChatCompiler:
         *,
         delta: bool,
         message_offset: int = 0,
+        previous: Mapping[str, Any] | None = None,
+        sampled_stop_id: int | None = None,
     ) -> tuple[tuple[int, ...], tuple[ImagePart, ...]]:
         """The rollout ids of an observation and the images their placeholders stand for.
+
+        ``delta`` picks :meth:`render_delta` (which takes ``previous`` and ``sampled_stop_id``)
+        over :meth:`render` (which ignores them).
 
         Returns:
             ``(ids, images)``; ``images`` in rendering order, empty for text.
@@ -301,8 +313,11 @@ class ChatCompiler:
             InternalError: as :meth:`render_delta`.
         """
         images = image_parts(messages, offset=message_offset)
-        render = self.render_delta if delta else self.render
-        ids = render(messages, tools, template_kwargs, message_offset=message_offset).token_ids
+        if delta:
+            ids = self.render_delta(messages, tools, template_kwargs, message_offset=message_offset,
+                                    previous=previous, sampled_stop_id=sampled_stop_id).token_ids
+        else:
+            ids = self.render(messages, tools, template_kwargs, message_offset=message_offset).token_ids
         if images and self.vision is None:
             raise InvalidRequestError(
                 "the served model is text-only and cannot take image input", param=images[0].param
@@ -376,6 +391,55 @@ class ChatCompiler:
         ids = self._encoder.encode(text)
         return ids, time.perf_counter() - start
 
+    def _delta_after(
+        self,
+        prefix: Sequence[Mapping[str, Any]],
+        trim: _Trim,
+        prepared: Sequence[Mapping[str, Any]],
+        tools: Sequence[Mapping[str, Any]],
+        kwargs: Mapping[str, Any],
+    ) -> tuple[tuple[int, ...], str, float, float]:
+        """``(ids, text, render_s, encode_s)``: the ids of ``prefix + prepared`` after ``trim``."""
+        text, render_s = self._render_text([*prefix, *prepared], tools, kwargs, True)
+        if trim.suffix_ok and text.startswith(trim.text):
+            # The prefix text ends with an added token: the tokenizer splits there, so the ids
+            # after it are the ids of the text after it (no need to tokenize the prefix again).
+            delta, encode_s = self._encode(text[len(trim.text):])
+            return delta, text, render_s, encode_s
+        ids, encode_s = self._encode(text)
+        trim_ids = trim.ids if trim.ids is not None else self._encode(trim.text)[0]
+        if ids[: len(trim_ids)] != trim_ids:
+            raise InternalError(
+                "the chat template is not prefix-stable after the dummy prefix: rendering more messages "
+                "changed the first tokens, so observation deltas cannot be rendered incrementally with "
+                "this template and these tools/template kwargs"
+            )
+        return ids[len(trim_ids):], text, render_s, encode_s
+
+    def _delta_after_call(
+        self,
+        previous: Mapping[str, Any],
+        prepared: Sequence[Mapping[str, Any]],
+        tools: Sequence[Mapping[str, Any]],
+        kwargs: Mapping[str, Any],
+        message_offset: int,
+        refused: InvalidRequestError,
+    ) -> tuple[tuple[int, ...], str, float, float]:
+        """:meth:`_delta_after` the dummy prefix plus the assistant message the tool results answer.
+
+        Raises:
+            InvalidRequestError: ``refused`` when the template refuses this prefix too, or is not
+                prefix-stable after it.
+        """
+        context = [*DUMMY_PREFIX, *_inputs.template_messages(
+            [previous], self.arguments_form, max(message_offset - 1, 0), self._reasoning_key)]
+        try:
+            text, _ = self._render_text(context, tools, kwargs, False)
+            trim = self._trim_of(text, tokenize=False)
+            return self._delta_after(context, trim, prepared, tools, kwargs)
+        except (InvalidRequestError, InternalError):
+            raise refused from None
+
     def _dummy_trim(self, tools: Sequence[Mapping[str, Any]], kwargs: Mapping[str, Any]) -> _Trim:
         """The dummy prefix's render (cached per tools and kwargs)."""
         key = (json.dumps([list(tools), kwargs], sort_keys=True, separators=(",", ":"), default=str)
@@ -385,15 +449,21 @@ class ChatCompiler:
         if cached is not None:
             return cached
         text, _ = self._render_text(list(DUMMY_PREFIX), tools, kwargs, False)
-        if text.endswith("\n"):
-            text = text[:-1]
-        ids, _ = self._encode(text)
-        trim = _Trim(ids, text, suffix_ok=self._ends_with_split_token(text))
+        trim = self._trim_of(text, tokenize=True)
         with self._trim_lock:
             if len(self._trim_cache) >= _TRIM_CACHE_SIZE:
                 self._trim_cache.pop(next(iter(self._trim_cache)))
             self._trim_cache[key] = trim
         return trim
+
+    def _trim_of(self, text: str, *, tokenize: bool) -> _Trim:
+        """The trim of a prefix rendered without a generation prompt: one trailing ``"\\n"`` dropped
+        (it belongs to the separator a delta starts with); tokenized now, or only when a delta
+        needs its ids (``tokenize=False``)."""
+        if text.endswith("\n"):
+            text = text[:-1]
+        ids = self._encode(text)[0] if tokenize else None
+        return _Trim(ids, text, suffix_ok=self._ends_with_split_token(text))
 
     def _ends_with_split_token(self, text: str) -> bool:
         """Whether ``text`` ends with an added token that the tokenizer always splits off as is
@@ -410,8 +480,9 @@ class ChatCompiler:
 
 @attrs.frozen
 class _Trim:
-    """The dummy prefix's ids and text; ``suffix_ok``: a delta may tokenize only what follows."""
+    """A prefix's ids (None: not tokenized yet) and text; ``suffix_ok``: a delta may tokenize only
+    what follows."""
 
-    ids: tuple[int, ...]
+    ids: tuple[int, ...] | None
     text: str
     suffix_ok: bool

@@ -449,15 +449,28 @@ class EngineTurnHandler:
             A checkpoint only with images; a cancel waits for the worker thread, and nothing
             is committed either way.
         """
-        delta = not isinstance(match.parent, RootNode)
+        parent = match.parent
+        delta = not isinstance(parent, RootNode)
         messages = match.delta if delta else conv.messages
+        previous = (parent.message if isinstance(parent, ResponseNode)
+                    else parent.messages[-1] if isinstance(parent, ObservationNode) else None)
         ids, images = self.compiler.observation_ids(
             messages, conv.tools, conv.template_kwargs,
             delta=delta, message_offset=len(conv.messages) - len(messages),
+            previous=previous if previous is not None and previous.get("role") == "assistant" else None,
+            sampled_stop_id=self._sampled_stop_id(parent),
         )
         if not images:
             return RenderedObservation(ids, ids, None)
         return await trio.to_thread.run_sync(self.compiler.attach_images, ids, images)
+
+    def _sampled_stop_id(self, parent: _Node) -> int | None:
+        """The stop id a response ends with (left out of its message), or None: a next delta that
+        starts with it (the model sampled the next message's header to stop) does not repeat it."""
+        if not isinstance(parent, ResponseNode) or not parent.token_ids:
+            return None
+        last = parent.token_ids[-1]
+        return last if last in self._stop_ids() else None
 
     async def _generate(self, input_ids: Sequence[int], sampling: SamplingParams, rid: str,
                         images: Sequence[str] = (), *, routing_key: str | None = None,

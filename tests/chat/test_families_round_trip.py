@@ -18,6 +18,7 @@ import pytest
 import trio
 from tests.chat.families_testkit import FAMILIES, TOOLS, conversation, rendered_turn
 
+from relaxtrio import InvalidRequestError
 from relaxtrio.chat.parsers import decode_assistant
 from relaxtrio.config import GenerationConfig
 from relaxtrio.forest import Conversation
@@ -85,24 +86,7 @@ def test_sampled_turn_decodes_to_a_message_that_renders_the_same_ids(family: str
     assert checked == EXPECTED_TURNS[family]
 
 
-GLM_DUPLICATE_OBSERVATION = pytest.mark.xfail(
-    reason="GLM-4.x ends a tool-call turn by sampling <|observation|>, and the observation delta "
-    "starts with <|observation|> again (docs/model-families.md#glm; the fix needs rollout/turns.py "
-    "to pass the sampled stop id to the compiler)",
-)
-
-
-GPT_OSS_TOOL_DELTA = pytest.mark.xfail(
-    reason="gpt-oss's template names a tool result's sender after the preceding assistant call, which a "
-    "delta rendered after the dummy prefix does not contain, so it refuses to render "
-    "(docs/model-families.md#gpt-oss)",
-)
-KNOWN = {"glm4_6": GLM_DUPLICATE_OBSERVATION, "gpt_oss": GPT_OSS_TOOL_DELTA}
-
-
-@pytest.mark.parametrize(
-    "family", [pytest.param(f, marks=KNOWN[f]) if f in KNOWN else f for f in sorted(FAMILIES)]
-)
+@pytest.mark.parametrize("family", sorted(FAMILIES))
 async def test_agent_echo_continues_the_same_lineage(family: str, caplog: pytest.LogCaptureFixture) -> None:
     caplog.set_level(logging.WARNING)
     fam = FAMILIES[family]
@@ -138,3 +122,33 @@ async def test_agent_echo_continues_the_same_lineage(family: str, caplog: pytest
     # Within the tool loop these templates are prefix-stable: the lineage is the full render.
     assert second_input == compiler.render([*echo[:2], dict(first.message), *results], TOOLS).token_ids
 
+
+
+def test_a_stop_id_that_opens_the_next_message_is_not_repeated_by_the_delta() -> None:
+    """GLM ends a final answer by sampling ``<|user|>``: the lineage holds it once, as a full render
+    of the next user message does, and a delta that did not come after it keeps its header.
+    (Without reasoning: the template drops it once a user message follows, which is no delta matter.)"""
+    compiler = FAMILIES["glm4_6"].compiler()
+    messages = conversation(("call_1", "call_2", "call_3", ""), reasoning=False)
+    prompt_ids, sampled = rendered_turn(compiler, messages, 7) or pytest.fail("the final answer must render")
+    user_id = compiler.tokenizer.convert_tokens_to_ids("<|user|>")
+    assert sampled[-1] != user_id and user_id in compiler.stop_token_ids
+    sampled = (*sampled, user_id)
+    kwargs = {"previous": messages[7], "sampled_stop_id": user_id}
+    delta = compiler.render_delta(messages[8:], TOOLS, **kwargs).token_ids
+    assert (*prompt_ids, *sampled, *delta) == compiler.render(messages, TOOLS).token_ids
+    assert compiler.render_delta(messages[8:], TOOLS).token_ids == (user_id, *delta)
+
+
+def test_a_tool_result_delta_is_rendered_after_the_call_it_answers() -> None:
+    """gpt-oss names a tool result after the preceding call, so the dummy prefix alone is refused;
+    with the call as context the delta is the full render's tail."""
+    compiler = FAMILIES["gpt_oss"].compiler()
+    messages = family_conversation("gpt_oss")
+    with pytest.raises(InvalidRequestError, match="no previous assistant message"):
+        compiler.render_delta(messages[3:4], TOOLS)
+    with pytest.raises(InvalidRequestError, match="no previous assistant message"):
+        compiler.render_delta(messages[3:4], TOOLS, previous={"role": "assistant", "content": "No call."})
+    delta = compiler.render_delta(messages[3:4], TOOLS, previous=messages[2]).token_ids
+    prompt_ids, sampled = rendered_turn(compiler, messages, 2) or pytest.fail("the first turn must render")
+    assert (*prompt_ids, *sampled, *delta) == compiler.render(messages[:4], TOOLS).token_ids
