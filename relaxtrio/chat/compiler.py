@@ -16,7 +16,10 @@ observations are rendered (docs/canonical-contract.md#rendering-observations). T
   delta therefore starts with whatever the template writes after the previous turn's end-of-turn
   token (``"\\n<|im_start|>user..."`` for ChatML: docs/client-quirks.md#turn-separator-in-a-delta),
   and consecutive tool results are rendered the way the template groups them
-  (docs/client-quirks.md#grouped-tool-results).
+  (docs/client-quirks.md#grouped-tool-results). A delta leaves out a leading id equal to the stop
+  id the lineage ends with (docs/client-quirks.md#a-stop-token-that-opens-the-next-message), and
+  tool results the template refuses after the dummy prefix alone are rendered after it plus the
+  assistant message they answer (docs/client-quirks.md#tool-results-named-after-their-call).
 
 Both renders call the compiled template and the Rust tokenizer through :mod:`._fast_render`
 (what ``apply_chat_template`` and ``encode`` compute, without their per-call input handling), a
