@@ -86,6 +86,25 @@ def test_stop_string_is_cut_from_content_but_ids_stay(qwen: ChatCompiler) -> Non
     assert qwen.decode(ids).endswith("Observation:")  # the ids were not touched
 
 
+@pytest.mark.parametrize(("text", "stop", "content"), [
+    ("Paris is the capital.", " ", "Paris"),  # the stop string starts a token and ends inside it
+    ("Paris is the capital.", "s th", "Paris i"),  # it starts inside one token and ends in another
+])
+def test_a_stop_string_inside_a_token_is_cut_at_its_first_character(
+        qwen: ChatCompiler, text: str, stop: str, content: str) -> None:
+    """An engine stops after the token that completes a stop string, which may go on past it: the
+    content ends where the string starts, and the ids keep the whole sampled token."""
+    ids = ids_of(qwen, text, eos=False)
+    pieces = [qwen.decode([i]) for i in ids]
+    end = next(k for k in range(len(ids)) if stop in "".join(pieces[: k + 1]))
+    assert not "".join(pieces[: end + 1]).endswith(stop)  # the last token goes on past the stop
+    sampled = ids[: end + 1]  # what the engine returns: through the token that completed the stop
+    decoded = decode_assistant(sampled, "stop", compiler=qwen, parent_state_hash=PARENT,
+                               stop_token_ids=qwen.stop_token_ids, matched_stop=stop)
+    assert decoded.message["content"] == decoded.text == content
+    assert qwen.decode(sampled).startswith(content + stop)
+
+
 def test_matched_stop_token_id_is_left_out_of_the_text(qwen: ChatCompiler) -> None:
     stop_id = qwen.tokenizer.convert_tokens_to_ids("<|endoftext|>")
     ids = (*ids_of(qwen, "Done.", eos=False), stop_id)

@@ -6,8 +6,9 @@ Order (docs/canonical-contract.md#decoding-a-reply):
 2. finish type: an EOS sampled in the same step as an abort counts as ``stop``
    (docs/client-quirks.md#a-token-after-the-abort, :func:`effective_finish_type`); a remaining
    ``abort`` cannot be committed;
-3. text: one trailing stop id is left out of the decoded text, and a matched stop string is cut
-   from its end, so neither appears in ``content``; the ids themselves are never changed, so special
+3. text: one trailing stop id is left out of the decoded text, and the text is cut where a
+   matched stop string first starts (inside a token when the string starts there), so neither
+   appears in ``content``; the ids themselves are never changed, so special
    tokens inside the output cannot shift ids or logprobs
    (docs/client-quirks.md#special-tokens-inside-the-output);
 4. reasoning parser on the text, then the tool-call parser on the rest when the subtree has tools;
@@ -63,7 +64,7 @@ class DecodedAssistant:
             and ``tool_calls``).
         finish_reason: ``"stop"``, ``"length"`` or ``"tool_calls"``.
         finish_type: the engine finish type after :func:`effective_finish_type`.
-        text: the decoded text the parsers received (stop id and stop string removed).
+        text: the decoded text the parsers received (stop id left out, cut at the stop string).
         rejected_tool_calls: call-shaped text left in the content (parse status for the node).
     """
 
@@ -113,14 +114,20 @@ def _resolved_parser(tool_call_parser: str | None, compiler: TokenDecoder) -> st
 
 def _reply_text(ids: tuple[int, ...], compiler: TokenDecoder, stop_token_ids: Sequence[int],
                 matched_stop: int | str | None) -> str:
-    """The generated text without its closing stop token or matched stop string (the agent never
-    sees them; the token ids keep the stop token)."""
+    """The generated text without its closing stop token, cut where the matched stop string first
+    starts (the agent never sees them; the token ids keep everything sampled).
+
+    An engine stops after the token that completes a stop string, and that token may go on past
+    it or the string may start inside it (``" "`` in a sampled ``" ~"``), so the cut is at a
+    character, not at a token boundary."""
     stops = set(stop_token_ids)
     if is_int(matched_stop):
         stops.add(matched_stop)
     text = compiler.decode(ids[:-1] if ids[-1] in stops else ids)
-    if isinstance(matched_stop, str) and matched_stop and text.endswith(matched_stop):
-        text = text[: -len(matched_stop)]
+    if isinstance(matched_stop, str) and matched_stop:
+        cut = text.find(matched_stop)
+        if cut >= 0:
+            text = text[:cut]
     return text
 
 
