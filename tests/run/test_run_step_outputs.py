@@ -1,5 +1,5 @@
 """What one step of a run writes, through the driver from the command line: the eval's debug dump
-that ``--save-debug-rollout-data`` names.
+that ``--save-debug-rollout-data`` names, and the step's metrics row.
 
 The whole ``rollout`` job runs in this process (:func:`relaxtrio.run.driver.run_training`): a
 scripted engine served over SGLang's native API, the real agent API, and in-process agents (the
@@ -26,12 +26,13 @@ from relaxtrio.run.driver import run_training
 from relaxtrio.testing.scripted_server import Rule, rules_engine, serve_scripted_engine
 
 
-def one_turn_agent(modes: list[str]):
-    """A launcher: one chat turn, then reward 1. Records each agent's rollout mode."""
+def one_turn_agent(modes: list[str], extra: dict[str, Any] | None = None):
+    """A launcher: one chat turn (with ``extra`` fields in the request), then reward 1.
+    Records each agent's rollout mode."""
 
     async def launch(agent, env, payload, budget, **_: object) -> AgentRun:
         modes.append(env.mode)
-        body = {"model": "m", "messages": [{"role": "user", "content": "hi"}], "max_tokens": 4}
+        body = {"model": "m", "messages": [{"role": "user", "content": "hi"}], "max_tokens": 4, **(extra or {})}
         async with httpx.AsyncClient(timeout=30) as client:
             reply = await client.post(env.base_url.rstrip("/") + "/v1/chat/completions",
                                       headers={"Authorization": f"Bearer {env.session_id}"}, json=body)
@@ -44,6 +45,7 @@ def one_turn_agent(modes: list[str]):
 async def run_rollout(model_dir: Path, tmp_path: Path, launcher: Any, *flags: str) -> list[dict[str, Any]]:
     """Runs ``python -m relaxtrio rollout`` for one step (one Group of one Session) on a scripted
     engine with ``launcher`` as the agent; returns the rows of metrics.jsonl."""
+    tmp_path.mkdir(parents=True, exist_ok=True)
     data = tmp_path / "prompts.jsonl"
     data.write_text("".join(json.dumps({"input": f"task {i}"}) + "\n" for i in range(2)))
     out = tmp_path / "run"
@@ -81,3 +83,12 @@ async def test_save_debug_rollout_data_dumps_the_eval_as_eval_step(tiny_model_di
     assert dump.rollout_id == "eval_0" and len(dump.samples) == 2
     assert [g["mode"] for g in dump.groups] == ["eval"]
     assert dump.data["eval"]["e"]["metrics"]["eval/e/num_samples"] == 2
+
+
+async def test_an_ignored_request_field_is_counted_in_the_steps_metrics_row(
+        tiny_model_dir: Path, tmp_path: Path) -> None:
+    modes: list[str] = []
+    [row] = await run_rollout(tiny_model_dir, tmp_path / "ignored", one_turn_agent(modes, {"n": 2}))
+    [plain] = await run_rollout(tiny_model_dir, tmp_path / "plain", one_turn_agent(modes))
+    assert modes == ["train", "train"] and row["num_samples"] == plain["num_samples"] == 1
+    assert row["ignored_request_fields"] == 1 and plain["ignored_request_fields"] == 0
