@@ -15,7 +15,7 @@ from typing import Any, Final
 
 from .._errors import ConfigError
 from ..chat.parsers import REASONING_PARSERS, TOOL_CALL_PARSERS
-from ..config import BACKENDS, GenerationConfig, TracingConfig
+from ..config import AGENT_TIMEOUT_S, BACKENDS, GenerationConfig, TracingConfig
 from ..rollout.dumps import check_dump_template
 
 _INPUT_HELP: Final = ('a JSON object file written as-is as the agent\'s RELAX_INPUT_JSON: the Session input '
@@ -294,7 +294,8 @@ def add_doctor_parser(sub: argparse._SubParsersAction) -> argparse.ArgumentParse
     p.add_argument("--agent-command", required=True, help="shell command (run as bash -lc CMD)")
     p.add_argument("--agent-env", nargs="*", default=[], metavar="KEY=VALUE",
                    help="extra environment entries for the agent")
-    p.add_argument("--agent-timeout", type=float, default=300.0, help="active-time budget, seconds")
+    p.add_argument("--agent-timeout", type=float, default=AGENT_TIMEOUT_S,
+                   help="active-time budget, seconds (train's default)")
     p.add_argument("--input", type=Path, default=None,
                    help=f"{_INPUT_HELP} (unset: a one-question task with its answer in metadata)")
     p.add_argument("--first-request-timeout", "--agent-first-request-timeout",

@@ -17,7 +17,7 @@ from pathlib import Path
 from typing import Any, Final
 
 from ..chat.parsers import REASONING_PARSERS, TOOL_CALL_PARSERS
-from ..config import BACKENDS
+from ..config import AGENT_TIMEOUT_S, BACKENDS
 from .algorithm_flags import add_algorithm_flags, add_training_flags
 from .cluster_flags import add_cluster_flags
 from .tool_flags import DefaultsHelpFormatter, add_otel_flags
@@ -106,7 +106,7 @@ def _add_agent_flags(p: argparse.ArgumentParser) -> None:
                    help="shell command run as `bash -lc` per Session")
     g.add_argument("--agent-env", nargs="+", default=[], metavar="KEY=VALUE",
                    help="extra environment for agents (RELAX_ keys are reserved)")
-    g.add_argument("--agent-timeout", type=float, default=1800.0,
+    g.add_argument("--agent-timeout", type=float, default=AGENT_TIMEOUT_S,
                    help="active-time budget per Session, seconds")
     g.add_argument("--agent-first-request-timeout", type=float, default=600.0, metavar="S",
                    help="seconds an agent may run before its first model request; then it is "

@@ -21,6 +21,7 @@ May import: attrs, :mod:`relaxtrio._errors` and :mod:`relaxtrio._validate`. Neve
 httpx, nor any package above this one.
 """
 
+from .agent import AGENT_TIMEOUT_S as AGENT_TIMEOUT_S
 from .agent import EXPORT_POLICY_NAMES as EXPORT_POLICY_NAMES
 from .agent import RESERVED_ENV_PREFIX as RESERVED_ENV_PREFIX
 from .agent import TERM_GRACE_S as TERM_GRACE_S
@@ -54,6 +55,7 @@ from .trainer import TrainConfig as TrainConfig
 
 __all__ = [
     "ADVANTAGE_ESTIMATORS",
+    "AGENT_TIMEOUT_S",
     "DEFAULT_HEARTBEAT_S",
     "DEFAULT_MAX_BODY_BYTES",
     "ESTIMATORS_REJECTING_CUSTOM_ADVANTAGE",

@@ -12,6 +12,7 @@ from .._errors import ConfigError
 from .._validate import is_real
 
 __all__ = [
+    "AGENT_TIMEOUT_S",
     "EXPORT_POLICY_NAMES",
     "RESERVED_ENV_PREFIX",
     "TERM_GRACE_S",
@@ -27,6 +28,11 @@ config does not import the forest)."""
 
 
 TERM_GRACE_S: Final = 5.0
+
+AGENT_TIMEOUT_S: Final = 1800.0
+"""Default active-time budget of a Session, seconds (the contract's reference value); training's
+and the doctor's ``--agent-timeout`` both default to it, so the doctor's hold estimate matches
+the run it stands for."""
 
 RESERVED_ENV_PREFIX: Final = "RELAX_"
 
@@ -65,7 +71,7 @@ class AgentConfig:
     command: str
     cwd: Path = attrs.field(converter=Path)
     env: Mapping[str, str] = attrs.field(factory=dict)
-    timeout_s: float = 1800.0
+    timeout_s: float = AGENT_TIMEOUT_S
     first_request_timeout_s: float | None = 600.0
     term_grace_s: float = TERM_GRACE_S
     export_policy: ExportPolicyName = "strict"

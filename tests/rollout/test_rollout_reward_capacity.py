@@ -1,5 +1,5 @@
 """Reward work runs outside the resident capacity (docs/scheduling.md): a slow reward model never
-holds a Group permit, so it cannot throttle agent concurrency.
+holds a Group permit (train) or an eval slot (C_d), so it cannot throttle agent concurrency.
 
 The agents run in-process (the ``launcher`` of :class:`~relaxtrio.config.AgentConfig`): each makes
 one chat request over the real agent API and writes no reward, so the reward model scores it.
@@ -11,10 +11,12 @@ from pathlib import Path
 
 import httpx
 import trio
+from tests.support.clock import RealTimeLimit
 from tests.support.pipeline import open_test_pipeline, prompts
 
 from relaxtrio.config import RolloutConfig
 from relaxtrio.nursery.agent import AgentRun
+from relaxtrio.rollout.eval import EvalDataset, run_eval
 from relaxtrio.testing.scripted_engine import Reply, ScriptedEngine
 
 # Bounds the first reward's wait on the old behaviour (permit held: the second Group never
@@ -67,3 +69,36 @@ async def test_second_group_starts_while_the_first_groups_reward_runs(tokenizer,
     assert "first_reward_returns" in events, events  # the second Group started during the reward
     assert len(starts) == 2 and len(result.groups) == 2
     assert [s.reward for g in result.groups for s in g.scored] == [1.0, 1.0]
+
+
+async def test_second_eval_group_starts_while_the_first_groups_reward_runs(
+        tokenizer, tmp_path: Path, mock_clock) -> None:
+    """The eval case: with one eval slot (``--agentic-eval-concurrency 1``) the first eval
+    Group's reward waits until the second eval Group has started, which it can only do if the
+    first Group gave its slot back when its Sessions ended. The trio clock never moves (the
+    agents do real I/O), so nothing times out in trio time; holding the slot through the reward
+    would deadlock, and the wall-clock limit ends the test."""
+    second_started = trio.Event()
+    starts: list[str] = []
+    events: list[str] = []
+
+    async def slow_reward(sample) -> float:
+        if not events:
+            events.append("first_reward_called")
+            await second_started.wait()
+            events.append("first_reward_returns")
+        return 1.0
+
+    engine = ScriptedEngine(tokenizer=tokenizer, eos_id=tokenizer.eos_token_id,
+                            replies=lambda ids: Reply(text="fine"))
+    config = RolloutConfig(n_samples_per_prompt=1, rollout_batch_size=1, custom_rm=slow_reward,
+                           show_progress=False)
+    dataset = EvalDataset(name="e", prompts=prompts([{}] * 2).prompts, n_samples_per_prompt=1)
+    async with RealTimeLimit(30):
+        async with open_test_pipeline(tmp_path, tokenizer, engine, prompts([{}]), config=config,
+                                      eval_concurrency=1,
+                                      launcher=in_process_agent(starts, second_started)) as (pipeline, _):
+            metrics = await run_eval(pipeline, [dataset])
+    assert events == ["first_reward_called", "first_reward_returns"]
+    assert len(starts) == 2 and all(group_id.startswith("eval:") for group_id in starts), starts
+    assert metrics["eval/e/num_samples"] == 2 and metrics["eval/e/reward_mean"] == 1.0

@@ -17,6 +17,7 @@ import trio
 
 from relaxtrio._errors import ConfigError
 from relaxtrio.cli.tool_flags import add_doctor_parser, doctor_config
+from relaxtrio.cli.train_flags import add_train_parser
 from relaxtrio.config import AgentConfig, GenerationConfig
 from relaxtrio.engine.server import EngineConfig, serve_engine
 from relaxtrio.models import load_tokenizer
@@ -227,3 +228,16 @@ def test_the_doctor_flags_become_the_integration_settings(tmp_path: Path) -> Non
         _doctor_args(tmp_path, "--agent-external-slots", "0")
     with pytest.raises(ConfigError, match="--update-time"):
         _doctor_args(tmp_path, "--update-time", "-1")
+
+
+def test_the_doctor_holds_with_trainings_agent_timeout_by_default(tmp_path: Path) -> None:
+    parser = argparse.ArgumentParser()
+    add_train_parser(parser.add_subparsers(dest="command"))
+    train = parser.parse_args(["train"]).agent_timeout
+    doctor = _doctor_args(tmp_path, "--partial-rollout")
+    assert doctor.agent.timeout_s == train == AgentConfig(command="true", cwd=tmp_path).timeout_s
+    # The default estimate is the run's: 600 s barrier + 1800 s of agent time + 300 s update.
+    checks = evaluate_integration(_obs(tmp_path, [2000]), doctor.integration, agent_timeout_s=doctor.agent.timeout_s,
+                                  tool_call_parser=None, reasoning_parser=None)
+    hold = next(c for c in checks if c.name == "longest_hold")
+    assert hold.status == "fail" and "can be held 2700 s" in hold.detail
