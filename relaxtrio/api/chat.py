@@ -16,7 +16,9 @@ the harness must map it to ``system`` (docs/client-quirks.md#developer-messages)
 message must name its ``tool_call_id`` (required by the API; a 400 naming
 ``messages[i].tool_call_id`` otherwise), as Responses' ``call_id`` and Messages' ``tool_use_id``,
 and the id must be that of a tool call of an earlier assistant message in the request (a 400
-naming ``messages[i].tool_call_id`` otherwise, as OpenAI refuses it).
+naming ``messages[i].tool_call_id`` otherwise, as OpenAI refuses it). A content part's ``type`` must be
+one of the API's (:data:`CHAT_PART_TYPES`; a 400 naming ``messages[i].content[j].type``
+otherwise, as OpenAI answers): the chat template would show the model nothing for an unknown part.
 
 Response: ``chat.completion`` JSON or, with ``stream: true``, one complete ``chat.completion.chunk``
 with usage followed by ``data: [DONE]`` (docs/agent-contract.md#buffered-sse;
@@ -31,7 +33,7 @@ from collections.abc import Mapping
 from typing import Any, Final
 
 from .._errors import InvalidRequestError, RelaxError
-from ..forest import Conversation
+from ..forest import Conversation, MessageRules
 from ..nursery.turns import TurnRequest, TurnResult
 from .errors import openai_error_body
 from .fields import optional_bool, optional_positive_int, optional_seed, optional_str, stop_strings
@@ -41,6 +43,11 @@ from .session_memo import SessionMemo
 from .wire import ParsedRequest, ProtocolAdapter, new_id, sse_comment, sse_data
 
 DONE_FRAME: Final = b"data: [DONE]\n\n"
+
+CHAT_PART_TYPES: Final = frozenset({"text", "image_url", "input_audio", "file", "refusal"})
+"""The content-part types of the Chat Completions API (the openai SDK's content-part params)."""
+
+_CHAT_RULES: Final = MessageRules(require_tool_call_id=True, part_types=CHAT_PART_TYPES)
 
 
 def parse_chat_request(body: Mapping[str, Any], memo: SessionMemo | None = None) -> ParsedRequest:
@@ -60,7 +67,7 @@ def parse_chat_request(body: Mapping[str, Any], memo: SessionMemo | None = None)
         raise InvalidRequestError("messages is required and must be a list", param="messages")
     build = Conversation.from_wire if memo is None else memo.conversation
     conversation = build(body.get("messages"), body.get("tools"), body.get("chat_template_kwargs"),
-                         require_tool_call_id=True)
+                         rules=_CHAT_RULES)
     if not conversation.messages:
         raise InvalidRequestError("messages projected to zero supported messages", param="messages")
     check = check_tool_results if memo is None else memo.check_tool_results

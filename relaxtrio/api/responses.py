@@ -48,7 +48,8 @@ Response (https://platform.openai.com/docs/api-reference/responses/object):
 output items reasoning → message → one ``function_call`` per call (``call_id`` = committed id;
 a call to a custom tool is a ``custom_tool_call`` with the raw ``input``);
 ``status`` ``incomplete`` with ``incomplete_details.reason = "max_output_tokens"`` for a
-length-limited turn, else ``completed``.
+length-limited turn, else ``completed``; ``tools`` echoes the request's entries as sent (hosted
+ones included, as OpenAI does).
 """
 
 from __future__ import annotations
@@ -317,7 +318,8 @@ def parse_responses_request(body: Mapping[str, Any], memo: SessionMemo | None = 
         protocol="responses",
     )
     return ParsedRequest(turn=turn, model=optional_str(body, "model"), stream=optional_bool(body, "stream"),
-                         custom_tools=custom_tools, namespaces=namespaces, ignored=(*ignored, *proj.ignored))
+                         custom_tools=custom_tools, namespaces=namespaces, ignored=(*ignored, *proj.ignored),
+                         echo_tools=tuple(body.get("tools") or ()))
 
 
 def output_items(result: TurnResult, custom_tools: frozenset[str] = frozenset(),
@@ -355,7 +357,7 @@ def _response_shell(request: ParsedRequest | None, status: str) -> dict[str, Any
         "model": request.model if request is not None else None, "output": [],
         "error": None, "incomplete_details": None, "instructions": None, "metadata": {},
         "parallel_tool_calls": True, "temperature": None, "top_p": None, "tool_choice": "auto",
-        "tools": [],
+        "tools": list(request.echo_tools) if request is not None else [],
     }
 
 

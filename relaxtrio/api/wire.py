@@ -38,6 +38,8 @@ class ParsedRequest:
             their namespace; their calls are rendered with the namespace (Codex's sub-agent tools).
         ignored: options of the request that do not alter generation (:mod:`.options`); the
             app reports them, or refuses the first under ``--agentic-strict-request-fields``.
+        echo_tools: the request's ``tools`` entries as sent, hosted ones included (Responses
+            echoes them in its response object); the body's own objects, only read.
     """
 
     turn: TurnRequest
@@ -46,6 +48,7 @@ class ParsedRequest:
     custom_tools: frozenset[str] = frozenset()
     namespaces: Mapping[str, str] = attrs.field(factory=dict)
     ignored: tuple[IgnoredField, ...] = ()
+    echo_tools: tuple[Any, ...] = ()
 
 
 @attrs.frozen(kw_only=True)

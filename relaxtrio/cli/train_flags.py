@@ -228,7 +228,8 @@ def _add_checkpoint_flags(p: argparse.ArgumentParser) -> None:
     g = p.add_argument_group("checkpoints", "run checkpoints and resuming from them")
     g.add_argument("--save", type=Path, default=None, metavar="DIR",
                    help="write run checkpoints (weights, optimizer, RNG, dataset cursor, metrics) "
-                        "to DIR/iter_<steps>; without --save-interval only after the last step")
+                        "to DIR/iter_<steps>; without --save-interval only after the last step "
+                        "(metrics.jsonl, the logs and the final model stay in --output-dir)")
     g.add_argument("--save-interval", type=int, default=None, metavar="N",
                    help="also save after every N rollout steps (needs --save)")
     g.add_argument("--load", type=Path, default=None, metavar="DIR",

@@ -39,6 +39,7 @@ from ._output import SessionOutput as SessionOutput
 from ._output import parse_session_output as parse_session_output
 from ._policy import LeafSelection as LeafSelection
 from ._policy import select_leaves as select_leaves
+from ._rules import MessageRules as MessageRules
 
 __all__ = [
     "TRACE_KEY",
@@ -48,6 +49,7 @@ __all__ = [
     "LeafSelection",
     "LineageIds",
     "Match",
+    "MessageRules",
     "ObservationNode",
     "ResponseNode",
     "RootNode",

@@ -13,8 +13,8 @@ state is identified by the SHA-256 of its compact, key-sorted JSON. The rules
   are kept verbatim (copied), only an empty ``text`` item is rejected;
 * kept keys: ``role``, ``content``, ``reasoning_content`` (only when a non-empty string),
   ``tool_calls`` (assistant only, when non-empty), ``tool_call_id`` (tool only, when present,
-  non-empty string; ``require_tool_call_id`` makes it required, as Chat Completions does); all
-  other keys are dropped;
+  non-empty string; a protocol's :class:`~._rules.MessageRules` may make it required, as Chat
+  Completions does, and limit the content-part types); all other keys are dropped;
 * the ``system`` messages before the first other message are merged (texts joined with
   ``"\\n\\n"``) into one leading system message; a ``system`` message that comes later (Codex's
   ``developer`` message on a resumed thread, Claude Code's ``role: "system"`` entries) stays
@@ -59,6 +59,7 @@ import attrs
 from .._errors import InvalidRequestError
 from .._validate import require_list, require_object, type_name
 from ._json import canonical_arguments, copy_json, dumps
+from ._rules import NO_RULES, MessageRules
 from ._shared import grown
 
 ROLES: Final = frozenset({"assistant", "system", "tool", "user"})
@@ -72,14 +73,14 @@ HASH_PREFIX: Final = b'{"messages":['
 
 
 def canonical_messages(messages: Any, *, param: str = "messages",
-                       require_tool_call_id: bool = False) -> tuple[dict[str, Any], ...]:
+                       rules: MessageRules = NO_RULES) -> tuple[dict[str, Any], ...]:
     """Validates and canonicalizes a message list (see the module docstring for the rules).
 
     Args:
         messages: a list (or tuple) of message dicts; None means no messages.
         param: field path prefix of the list (``messages``; the Responses layer passes ``input``).
-        require_tool_call_id: a ``tool`` message without ``tool_call_id`` is rejected (Chat
-            Completions requires it); else it is optional, as in export records.
+        rules: the checks the request's protocol adds (Chat Completions: ``tool_call_id``
+            required, its content-part types only); the default adds none.
 
     Returns:
         Fresh canonical messages; the merged leading system message, if any, comes first, and
@@ -94,8 +95,7 @@ def canonical_messages(messages: Any, *, param: str = "messages",
     entries = []
     for index, message in enumerate(messages):
         chunks: list[str] = []
-        entries.append((_canonical_message(message, f"{param}[{index}]", chunks,
-                                           require_tool_call_id=require_tool_call_id), chunks))
+        entries.append((_canonical_message(message, f"{param}[{index}]", chunks, rules=rules), chunks))
     return tuple(place_system_messages(entries))
 
 
@@ -150,9 +150,9 @@ def canonical_message(message: Any, *, param: str = "message") -> dict[str, Any]
 
 
 def _canonical_message(message: Any, where: str, system_chunks: list[str], *,
-                       require_tool_call_id: bool = False) -> dict[str, Any] | None:
+                       rules: MessageRules = NO_RULES) -> dict[str, Any] | None:
     """One message; a system message adds its text to ``system_chunks`` and returns None
-    (``require_tool_call_id``: as :func:`canonical_messages`)."""
+    (``rules``: as :func:`canonical_messages`)."""
     require_object(message, where)
     if "role" not in message:
         raise InvalidRequestError(f"{where} must include role", param=f"{where}.role")
@@ -173,7 +173,7 @@ def _canonical_message(message: Any, where: str, system_chunks: list[str], *,
         tool_call_id = message["tool_call_id"]
         if not isinstance(tool_call_id, str) or not tool_call_id:
             raise InvalidRequestError.at(f"{where}.tool_call_id", "must be a non-empty string")
-    elif role == "tool" and require_tool_call_id:
+    elif role == "tool" and rules.require_tool_call_id:
         raise InvalidRequestError.at(f"{where}.tool_call_id",
                                      "is required (the id of the assistant tool call it answers)")
     if role == "tool" and message.get("content") in (None, ""):
@@ -186,7 +186,7 @@ def _canonical_message(message: Any, where: str, system_chunks: list[str], *,
             raise InvalidRequestError.at(f"{where}.content", "must not be empty")
         content = ""
     elif isinstance(content, (list, tuple)):
-        content = _canonical_parts(content, f"{where}.content")
+        content = _canonical_parts(content, f"{where}.content", rules)
     elif not isinstance(content, str):
         raise InvalidRequestError.at(
             f"{where}.content", f"must be a list, string, or None, got {type_name(content)}"
@@ -207,15 +207,14 @@ def _canonical_message(message: Any, where: str, system_chunks: list[str], *,
     return out
 
 
-def _canonical_parts(parts: list[Any] | tuple[Any, ...], where: str) -> list[dict[str, Any]]:
+def _canonical_parts(parts: list[Any] | tuple[Any, ...], where: str, rules: MessageRules) -> list[dict[str, Any]]:
     if not parts:
         raise InvalidRequestError.at(where, "must not be empty")
     out = []
     for index, part in enumerate(parts):
         path = f"{where}[{index}]"
         require_object(part, path)
-        if part.get("type") == "text" and part.get("text") == "":
-            raise InvalidRequestError.at(f"{path}.text", "must not be empty")
+        rules.check_part(part, path)
         out.append(copy_json(part, path))
     return out
 
@@ -387,7 +386,7 @@ class Conversation:
         messages_param: str = "messages",
         tools_param: str = "tools",
         template_kwargs_param: str = "chat_template_kwargs",
-        require_tool_call_id: bool = False,
+        rules: MessageRules = NO_RULES,
     ) -> Conversation:
         """Canonicalizes a request's history, tools and template kwargs. Never mutates its input.
 
@@ -399,8 +398,8 @@ class Conversation:
             messages_param: field path prefix for message errors (``input`` for Responses).
             tools_param: field path prefix for tool errors.
             template_kwargs_param: field path for template-kwargs errors.
-            require_tool_call_id: a ``tool`` message must name ``tool_call_id`` (Chat
-                Completions); else the id is optional.
+            rules: the checks the request's protocol adds to the canonical rules (Chat
+                Completions: :class:`~._rules.MessageRules`); the default adds none.
 
         Returns:
             The canonical conversation.
@@ -409,8 +408,7 @@ class Conversation:
             InvalidRequestError: an invalid field; ``param`` is its path.
         """
         return cls(
-            canonical_messages(messages, param=messages_param,
-                               require_tool_call_id=require_tool_call_id),
+            canonical_messages(messages, param=messages_param, rules=rules),
             canonical_tools(tools, param=tools_param),
             canonical_template_kwargs(
                 template_kwargs, base=base_template_kwargs, param=template_kwargs_param

@@ -47,6 +47,7 @@ from ._canonical import (
     extend_prefix_states,
     place_system_messages,
 )
+from ._rules import NO_RULES, MessageRules
 from ._shared import grown
 
 __all__ = ["ConversationMemo"]
@@ -81,10 +82,9 @@ def _same_json(a: Any, b: Any) -> bool:
     return bool(a == b)
 
 
-def _canonical_items(messages: list[Any], start: int, param: str, *,
-                     require_tool_call_id: bool = False) -> list[_Item]:
+def _canonical_items(messages: list[Any], start: int, param: str, rules: MessageRules) -> list[_Item]:
     """Canonicalizes and serializes ``messages[start:]`` (errors name the request index;
-    ``require_tool_call_id`` as :func:`~relaxtrio.forest._canonical.canonical_messages`).
+    ``rules`` as :func:`~relaxtrio.forest._canonical.canonical_messages`).
 
     Raises:
         InvalidRequestError: an invalid message (the encoding errors' ``param`` is only
@@ -94,8 +94,7 @@ def _canonical_items(messages: list[Any], start: int, param: str, *,
     for index in range(start, len(messages)):
         message = messages[index]
         chunks: list[str] = []
-        canonical = _canonical_message(message, f"{param}[{index}]", chunks,
-                                       require_tool_call_id=require_tool_call_id)
+        canonical = _canonical_message(message, f"{param}[{index}]", chunks, rules=rules)
         encoded = None if canonical is None else _encode(canonical, "messages")
         items.append((_strings_only(message), chunks, canonical, encoded))
     return items
@@ -139,13 +138,14 @@ class ConversationMemo:
         messages_param: str = "messages",
         tools_param: str = "tools",
         template_kwargs_param: str = "chat_template_kwargs",
-        require_tool_call_id: bool = False,
+        rules: MessageRules = NO_RULES,
     ) -> Conversation:
         """``Conversation.from_wire(...)`` with the same arguments, reusing leading messages.
 
         Reused messages were validated by an earlier request, possibly of another protocol and
-        without ``require_tool_call_id``: those protocols' projections always name the call id of
-        a tool message, so a repeated message is valid under either setting.
+        under other ``rules``: those protocols' projections always name the call id of a tool
+        message and make only ``text`` and ``image_url`` parts, so a repeated message is valid
+        under the Chat Completions rules too.
 
         Raises:
             InvalidRequestError: as :meth:`Conversation.from_wire`.
@@ -156,7 +156,7 @@ class ConversationMemo:
                 messages, tools, template_kwargs, base_template_kwargs=base_template_kwargs,
                 messages_param=messages_param, tools_param=tools_param,
                 template_kwargs_param=template_kwargs_param,
-                require_tool_call_id=require_tool_call_id,
+                rules=rules,
             )
 
         self.extended_from = None
@@ -166,9 +166,9 @@ class ConversationMemo:
             tools_c = canonical_tools(tools, param=tools_param)
             kwargs_c = canonical_template_kwargs(template_kwargs, base=base_template_kwargs,
                                                  param=template_kwargs_param)
-            conv = self._extended(messages, tools_c, kwargs_c, messages_param, require_tool_call_id)
+            conv = self._extended(messages, tools_c, kwargs_c, messages_param, rules)
             if conv is None:
-                conv = self._reused(messages, tools_c, kwargs_c, messages_param, require_tool_call_id)
+                conv = self._reused(messages, tools_c, kwargs_c, messages_param, rules)
         except InvalidRequestError:
             # The plain path raises the very same error (its encoding errors name the index
             # after the system merge, which only it knows); the memo stays as it was.
@@ -176,8 +176,7 @@ class ConversationMemo:
         return conv
 
     def _extended(self, messages: list[Any], tools: tuple[dict[str, Any], ...],
-                  template_kwargs: dict[str, Any], param: str,
-                  require_tool_call_id: bool) -> Conversation | None:
+                  template_kwargs: dict[str, Any], param: str, rules: MessageRules) -> Conversation | None:
         """The extension path (module docstring), or None when it does not apply."""
         raw, prev = self._raw, self._conv
         k = len(raw)
@@ -185,7 +184,7 @@ class ConversationMemo:
             return None
         if not all(_same_json(messages[i], raw[i]) for i in self._number_messages):
             return None
-        items = _canonical_items(messages, k, param, require_tool_call_id=require_tool_call_id)
+        items = _canonical_items(messages, k, param, rules)
         out = place_system_messages([(canonical, chunks) for _, chunks, canonical, _ in items],
                                     continued=True)
         tail_json = _placed_json(out, items, len(prev.messages))
@@ -205,15 +204,14 @@ class ConversationMemo:
         return conv
 
     def _reused(self, messages: list[Any], tools: tuple[dict[str, Any], ...],
-                template_kwargs: dict[str, Any], param: str, require_tool_call_id: bool) -> Conversation:
+                template_kwargs: dict[str, Any], param: str, rules: MessageRules) -> Conversation:
         """The reuse path (module docstring)."""
         raw, items = self._raw, self._items
         same = 0
         limit = min(len(raw), len(messages))
         while same < limit and items[same][0] and messages[same] == raw[same]:
             same += 1
-        new_items = items[:same] + _canonical_items(messages, same, param,
-                                                    require_tool_call_id=require_tool_call_id)
+        new_items = items[:same] + _canonical_items(messages, same, param, rules)
         out = place_system_messages([(canonical, chunks) for _, chunks, canonical, _ in new_items])
         conv = Conversation._from_canonical(tuple(out), _placed_json(out, new_items, 0), tools,
                                             template_kwargs)

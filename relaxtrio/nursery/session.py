@@ -101,6 +101,8 @@ class Session:
         samples: exported training samples once completed (export order).
         error: why the Session failed, when it did.
         num_requests: model requests received so far.
+        num_cancelled_turns: model turns the Session's close cut off (their engine requests
+            aborted, nothing committed; e.g. a request in flight at ``serve``'s Ctrl-C).
         num_dropped_branches: leaves of the trained subtree that implicit export left out
             (``--agentic-export-policy final``).
         num_side_leaves: leaves of other subtrees (side conversations) it left out (``final``).
@@ -134,6 +136,7 @@ class Session:
     samples: list[TrainingSample] = attrs.field(factory=list)
     error: str | None = None
     num_requests: int = 0
+    num_cancelled_turns: int = 0
     num_dropped_branches: int = 0
     num_side_leaves: int = 0
     ignored_request_fields: dict[str, int] = attrs.field(factory=dict)
@@ -265,6 +268,8 @@ class Session:
                 "Internal error while handling agentic request.", session_id=self.session_id
             )
         finally:
+            if cell.result is None and cell.error is None:  # cancelled: only the close cancels turns
+                self.num_cancelled_turns += 1
             if cell.owner and cell.generation is not None:
                 self.retries.finish(cell.generation, result=cell.result, error=cell.error)
             cell.failed_unprepared = cell.error is not None and not cell.prepared.is_set()

@@ -5,12 +5,15 @@ the mean train reward (``reward_mean``), each eval dataset's mean reward
 (``eval/<name>/reward_mean``, on the steps that ran the eval) and the step's wall time
 (``step_s``). The plot is one PNG with three panels sharing the step axis; the table gives, per
 run, the steps, the first, last and best mean reward, the last eval rewards and the mean step time.
-A run directory may be given as the directory or as its ``metrics.jsonl``.
+A run directory may be given as the directory or as its ``metrics.jsonl``. A run still running
+may be appending a row: a last line without its newline that is not JSON yet is left out, with a
+warning on stderr (a bad line anywhere else is an error).
 """
 
 from __future__ import annotations
 
 import json
+import logging
 import math
 from collections.abc import Mapping, Sequence
 from pathlib import Path
@@ -21,6 +24,8 @@ import attrs
 from .._errors import ConfigError
 
 __all__ = ["RunCurves", "compare_table", "load_run", "load_runs", "plot_runs", "run_compare"]
+
+log = logging.getLogger(__name__)
 
 
 def _number(value: Any) -> float:
@@ -81,18 +86,24 @@ def _metrics_path(run: Path) -> Path:
 
 
 def _read_rows(path: Path) -> list[dict[str, Any]]:
-    """The rows of a ``metrics.jsonl``.
+    """The rows of a ``metrics.jsonl``; a last line without its newline that is not JSON (a row
+    a live run is appending) is left out with a warning.
 
     Raises:
         ConfigError: a line is not a JSON object with an integer ``step``, or there is no row.
     """
     rows = []
-    for number, line in enumerate(path.read_text(encoding="utf-8").splitlines(), start=1):
+    lines = path.read_text(encoding="utf-8").split("\n")  # the last one is "" after a final newline
+    for number, line in enumerate(lines, start=1):
         if not line.strip():
             continue
         try:
             row = json.loads(line)
         except json.JSONDecodeError as exc:
+            if number == len(lines):
+                log.warning("%s:%d: left out a last line without its newline that is not JSON yet (%s; "
+                            "a row the run is still writing?)", path, number, exc.msg)
+                continue
             raise ConfigError(f"{path}:{number}: not JSON ({exc.msg})", param="RUN_DIR") from exc
         if not isinstance(row, dict) or isinstance(row.get("step"), bool) \
                 or not isinstance(row.get("step"), int):

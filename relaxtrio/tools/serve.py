@@ -20,6 +20,9 @@ with the reason ``no requests`` (a user often opens more Sessions than they driv
 Session whose export fails, or whose reward has no primary scalar (an object reward without
 ``--reward-key``, or one that lacks that key), is recorded as ``failed`` with the reason, its
 forest (and exported contexts) still in the dump; the other Sessions are exported all the same.
+One whose export fails only because the stop cut off a model request in flight (its agent was
+waiting for the reply, so it wrote nothing) is recorded as ``cancelled`` with the reason
+(:data:`CUT_OFF`), not as failed.
 When a turn sees the engine fail, the serve stops the same way, and the command exits 1. With
 ``--operator-port`` the operator listener (``/debug_state``, ``/dashboard``, docs/dashboard.md)
 shows the served Sessions and their forests while they run.
@@ -76,6 +79,9 @@ SERVE_ROLLOUT_ID = "serve"
 
 NO_REQUESTS: Final = "no requests"
 """The reason recorded for a served Session that never received a model request."""
+
+CUT_OFF: Final = "stopped with a model request in flight"
+"""The reason's start for a served Session whose export failed because the stop cut off a turn."""
 
 
 @attrs.frozen(kw_only=True)
@@ -149,6 +155,8 @@ class ServeSummary:
         num_samples: contexts exported over all Sessions.
         failed: Sessions whose export failed, or whose reward has no primary scalar.
         no_requests: Sessions that never received a model request (not exported, not failed).
+        cut_off: Sessions whose export failed with a model request cut off by the stop
+            (``cancelled``, not failed).
         stopped_by: ``SIGINT``, ``SIGTERM``, or ``engine failed: ...``.
     """
 
@@ -157,6 +165,7 @@ class ServeSummary:
     num_samples: int
     failed: int
     no_requests: int = 0
+    cut_off: int = 0
     stopped_by: str = "SIGINT"
 
     @property
@@ -166,10 +175,11 @@ class ServeSummary:
 
     def describe(self) -> str:
         """``"<n> sessions, <k> exported contexts, <f> failed, <r> with no requests"``, each noun
-        singular for a count of 1."""
+        singular for a count of 1, and ``", <c> cut off mid-request"`` when there are any."""
+        cut_off = f", {self.cut_off} cut off mid-request" if self.cut_off else ""
         return (f"{count(self.num_sessions, 'session')}, "
                 f"{count(self.num_samples, 'exported context')}, {self.failed} failed, "
-                f"{self.no_requests} with no requests")
+                f"{self.no_requests} with no requests{cut_off}")
 
 
 def _announce(line: str) -> None:
@@ -192,7 +202,8 @@ def _export(session: Session, io_dir: Path, template_kwargs: dict[str, Any], pol
     """Exports one served Session from its output file; a failure becomes Session state.
 
     A Session without a model request has nothing to export: it becomes ``cancelled`` with the
-    reason :data:`NO_REQUESTS` (an output file its agent wrote anyway is reported, not read).
+    reason :data:`NO_REQUESTS` (an output file its agent wrote anyway is reported, not read). So does
+    one whose export fails after the stop cut off a turn (:data:`CUT_OFF`): its agent had no reply.
     """
     out_file = io_dir / "session_output.json"
     if session.num_requests == 0:
@@ -206,7 +217,10 @@ def _export(session: Session, io_dir: Path, template_kwargs: dict[str, Any], pol
         session.samples = export_samples(session.forest, parse_session_output(text),
                                          server_template_kwargs=template_kwargs, policy=policy)
     except ExportError as exc:
-        session.fail(f"export failed: {exc}")
+        if session.num_cancelled_turns:  # the agent was waiting for the reply the stop cut off
+            session.status, session.error = "cancelled", f"{CUT_OFF}; not exported: {exc}"
+        else:
+            session.fail(f"export failed: {exc}")
         return
     session.status = "completed"
 
@@ -458,6 +472,8 @@ def finish_serve(cfg: ServeConfig, groups: list[Group], *, model_dir: Path, base
             log.warning("session %d (%s) failed: %s", i, session.session_id, session.error)
         elif session.error == NO_REQUESTS:
             log.info("session %d (%s): no requests (not exported)", i, session.session_id)
+        elif session.status == "cancelled":
+            log.warning("session %d (%s): %s", i, session.session_id, session.error)
     path = write_dump(cfg.dump_file, serve_dump(groups, cfg=cfg, model_dir=model_dir, base_url=base_url,
                                                 scalars=scalars))
     served = [g.sessions[0] for g in groups]
@@ -465,6 +481,7 @@ def finish_serve(cfg: ServeConfig, groups: list[Group], *, model_dir: Path, base
                            num_samples=sum(len(s.samples) for s in served),
                            failed=sum(1 for s in served if s.status == "failed"),
                            no_requests=sum(1 for s in served if s.error == NO_REQUESTS),
+                           cut_off=sum(1 for s in served if s.status == "cancelled" and s.error != NO_REQUESTS),
                            stopped_by=stopped_by)
     log.info("serve dump: %s (%s)", path, summary.describe())
     return summary

@@ -79,6 +79,10 @@ async def test_validation_errors_name_the_field(registry: SessionRegistry, handl
         status, body, _ = await _post(
             app, CHAT, {"messages": [USER], "chat_template_kwargs": {"tokenize": True}}, token=token)
         assert status == 400 and body["error"]["param"] == "chat_template_kwargs"
+        for part in ({"type": 5}, {"type": "bogus"}):  # the model would be shown an empty message
+            status, body, _ = await _post(
+                app, CHAT, {"messages": [{"role": "user", "content": [part]}]}, token=token)
+            assert status == 400 and body["error"]["param"] == "messages[0].content[0].type"
     assert handler.requests == [], "no invalid request reached generation"
 
 

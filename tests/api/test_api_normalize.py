@@ -373,6 +373,14 @@ REJECTED = [
         {"type": "tool_result", "tool_use_id": "t", "content": "a"}, {"type": "text", "text": "and"},
         {"type": "tool_result", "tool_use_id": "u", "content": "b"}]}]),
      "messages[2].content[2].tool_use_id", "'u' answers no tool call"),
+    # A part type the API does not have reaches the template, which shows the model nothing for it.
+    *[("chat", {"messages": [{"role": "user", "content": "x"}, {"role": "user", "content": [
+        {"type": "text", "text": "see"}, part]}]}, "messages[1].content[1].type", text)
+      for part, text in (({"type": 5}, "must be one of: file, image_url, input_audio, refusal, text, got integer"),
+                         ({"type": "bogus"}, "got 'bogus'"), ({"type": None}, "got null"),
+                         ({"text": "x"}, "messages[1].content[1].type is required"))],
+    ("chat", {"messages": [{"role": "system", "content": [{"type": "input_text", "text": "s"}]}]},
+     "messages[0].content[0].type", "got 'input_text'"),
     ("chat", {"messages": []}, "messages", "messages projected to zero supported messages"),
     ("chat", {}, "messages", "messages is required and must be a list"),
     ("chat", {"messages": None}, "messages", "messages is required and must be a list"),
@@ -589,6 +597,22 @@ def test_a_chat_tool_message_needs_its_tool_call_id_through_the_session_memo_too
     named = {"messages": [*_TOOL_TURN, {"role": "tool", "content": "18C", "tool_call_id": "call_1"}]}
     assert parse_chat_request(named, memo).turn.conversation.messages[2]["tool_call_id"] == "call_1"
     assert Conversation.from_wire(unnamed["messages"]).messages[2] == {"role": "tool", "content": "18C"}
+
+
+def test_a_chat_content_part_of_unknown_type_is_refused_through_the_session_memo_too() -> None:
+    """Also when only the request's new messages are canonicalized; other sources of messages
+    (export records, dataset rows with internal ``image`` parts) keep any part type."""
+    memo = _session_memo()
+    history = [{"role": "user", "content": [{"type": "text", "text": "Hi"}]}, {"role": "assistant", "content": "Hello"}]
+    parse_chat_request({"messages": history}, memo)
+    bogus = {"messages": [*history, {"role": "user", "content": [{"type": "bogus"}]}]}
+    for _ in range(2):
+        with pytest.raises(InvalidRequestError) as info:
+            parse_chat_request(bogus, memo)
+        assert info.value.param == "messages[2].content[0].type"
+    assert memo.canonical.num_extended == 0, "the refused request left the memo as it was"
+    image = {"type": "image", "image": "a.png"}
+    assert Conversation.from_wire([{"role": "user", "content": [image]}]).messages[0]["content"] == [image]
 
 
 def test_a_tool_result_answering_no_call_is_refused_through_the_session_memo_too() -> None:

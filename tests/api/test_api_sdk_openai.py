@@ -135,6 +135,7 @@ async def test_responses_json_function_call_loop(registry: SessionRegistry, comp
         assert call.call_id == session.forest.leaves()[0].message["tool_calls"][0]["id"]
         assert call.arguments == '{"city":"Rome"}'
         assert first.output[0].content[0].text == "Use the tool."
+        assert [tool.model_dump(exclude_none=True) for tool in first.tools] == RESPONSES_TOOLS
         items += [item.model_dump() for item in first.output]
         items.append({"type": "function_call_output", "call_id": call.call_id, "output": "25 C"})
         second = await client.responses.create(model="policy", instructions="You help.", input=items,
@@ -171,12 +172,27 @@ async def test_responses_stream_function_call_loop(registry: SessionRegistry, co
             assert [e.sequence_number for e in events] == list(range(len(events)))
             final = events[-1].response
             assert [item.type for item in final.output] == expected
+            for response in (events[0].response, final):
+                assert [tool.model_dump(exclude_none=True) for tool in response.tools] == RESPONSES_TOOLS
             assert [e.item.id for e in events[1:-1]] == [item.id for item in final.output]
             items += [item.model_dump() for item in final.output]
             items += [{"type": "function_call_output", "call_id": item.call_id, "output": "mild"}
                       for item in final.output if item.type == "function_call"]
         assert final.output_text == "Both mild."
         assert_one_lineage(session, responses=2)
+
+
+async def test_responses_echo_the_tools_as_sent(registry: SessionRegistry, compiler: ChatCompiler) -> None:
+    """Hosted tools (left out of the prompt) are echoed too, as OpenAI echoes every entry."""
+    handler, _ = scripted_pipeline(compiler, [Reply(text="Hi"), Reply(text="Hi again")])
+    sent = [*RESPONSES_TOOLS, {"type": "web_search"},
+            {"type": "custom", "name": "apply_patch", "description": "Patch files"}]
+    async with served(registry, handler) as (client, _session):
+        response = await client.responses.create(model="policy", input="Hi", tools=sent)
+        assert [tool.type for tool in response.tools] == ["function", "web_search", "custom"]
+        assert [tool.model_dump(exclude_none=True) for tool in response.tools] == sent
+        bare = await client.responses.create(model="policy", input="Hi")
+        assert bare.tools == []
 
 
 async def test_the_sdk_retries_an_empty_reply_into_one_lineage(registry: SessionRegistry,

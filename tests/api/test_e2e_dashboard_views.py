@@ -42,6 +42,12 @@ from relaxtrio.run.learning_signal import cannot_teach, teach_metrics
 pytestmark = [pytest.mark.slow, needs_browser]
 
 LONG = 400
+AGENT_BUDGET_S = 600.0
+"""The agents' active-time budget. The long Sessions spend theirs generating LONG tokens, which
+took over 60 s (the pipeline's default) on a loaded machine: their Group was dropped, another
+Group was accepted at step 1, and the page showed that Group's Session, whose only engine span
+ended ``length``, instead of the aborted and resumed one. The test's own bound is longer still,
+so a budget overrun fails on that check, naming it."""
 
 PAGE = """
 const q = (s) => [...document.querySelectorAll(s)];
@@ -118,7 +124,8 @@ async def _run_steps(tiny_model_dir: Path, tmp_path: Path, view: RunView, metric
         async with (
             open_fleet_of_one(url) as client,
             open_test_pipeline(tmp_path, load_tokenizer(tiny_model_dir), client, stream, config=config,
-                               generation=generation, env={"AGENT_WAIT_FILE": str(flag)}) as (pipeline, _),
+                               generation=generation, env={"AGENT_WAIT_FILE": str(flag)},
+                               timeout_s=AGENT_BUDGET_S) as (pipeline, _),
         ):
             view.attach(pipeline)
             operator_url = await start_operator(nursery, view, port=0, announce=lines.append)
@@ -155,6 +162,8 @@ async def test_dashboard_views_show_abort_spans_group_divergence_and_the_metrics
 
     async def check(operator_url: str, token: str, results: list[Any]) -> None:
         [long_group] = [g.group for g in results[1].groups]
+        assert [s.partial.statistics().num_aborted for s in long_group.sessions] == [1, 1], \
+            "step 1 accepted the Group whose generations step 0's close aborted"
         session = long_group.sessions[0]
         expected = view.group_detail(long_group.group_id)
         assert expected is not None
@@ -199,6 +208,6 @@ async def test_dashboard_views_show_abort_spans_group_divergence_and_the_metrics
         finally:
             await trio.to_thread.run_sync(browser.quit)
 
-    with trio.fail_after(300):
+    with trio.fail_after(AGENT_BUDGET_S + 300):
         await _run_steps(tiny_model_dir, tmp_path, view, metrics, check)
     assert checked == [True]

@@ -133,24 +133,37 @@ async def test_waiting_for_lease_only_when_unleased_and_every_agent_is_held_or_e
     assert not group.waiting_for_lease, "a leased Group generates and its agents run"
 
 async def test_an_agent_silent_before_its_first_request_is_stopped_and_drops_its_group(
-    tokenizer, tmp_path: Path
+    tokenizer, tmp_path: Path, mock_clock: trio.testing.MockClock
 ) -> None:
-    """--agent-timeout only runs in Runtime; the first-request timeout bounds the time before."""
+    """--agent-timeout only runs in Runtime; the first-request timeout bounds the time before.
+
+    The window runs on the trio clock, which only this test moves (as in the budget test
+    below): however slowly session 0's agent starts on a loaded machine, it has sent its first
+    request before any time passes, and only session 1 is stopped, exactly at 1.5 s."""
     cmd = write_httpx_agent(tmp_path)
-    pid_file = tmp_path / "pids"
+    pipe = PidPipe(tmp_path / "pids")
     engine = _fine_engine(tokenizer)
     group = _group(2)
-    with trio.fail_after(60):
-        start = trio.current_time()
-        await _run(group, [f"{cmd} ok", "bash -c 'echo $$ >> \"$AGENT_PID_FILE\"; exec sleep 1000'"],
-                   engine, tokenizer, tmp_path, env={"AGENT_PID_FILE": str(pid_file)},
-                   first_request_timeout_s=1.5)
-    assert trio.current_time() - start >= 1.5
+    asking, silent = group.sessions
+    async with RealTimeLimit(120):
+        async with trio.open_nursery() as nursery:
+            nursery.start_soon(functools.partial(
+                _run, group, [f"{cmd} ok", "bash -c 'echo $$ >> \"$AGENT_PID_FILE\"; exec sleep 1000'"],
+                engine, tokenizer, tmp_path, env={"AGENT_PID_FILE": str(pipe.path)},
+                first_request_timeout_s=1.5))
+            [pid] = await pipe.read_pids(1)
+            await asking.wait_first_request()  # held at the first-request barrier
+            mock_clock.jump(1.4)
+            await trio.testing.wait_all_tasks_blocked()
+            assert silent.status == "running" and not group.dropped and alive(pid), "stopped early"
+            mock_clock.jump(0.1)
+        await pipe.aclose()
+    assert trio.current_time() == 1.5
     assert group.dropped
     assert "Agent sent no model request within 1.5 s of starting" in group.dropped_reason
-    assert group.sessions[1].status == "failed"
+    assert f"session 1 ({silent.session_id})" in group.dropped_reason and silent.status == "failed"
     assert group.samples() == [] and engine.calls == []  # session 0 was held at the barrier
-    assert not any(alive(int(pid)) for pid in pid_file.read_text().split())
+    assert not alive(pid)
 
 
 @pytest.mark.parametrize(

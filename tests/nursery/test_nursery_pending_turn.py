@@ -90,3 +90,12 @@ async def test_the_sessions_end_answers_the_waiting_request() -> None:
             await trio.testing.wait_all_tasks_blocked()
         # leaving open_session ended the Session: its turn was cancelled, the request answered
     assert len(errors) == 1 and not handler.completed
+    assert session.num_cancelled_turns == 1  # what serve reports as cut off at its stop
+
+
+async def test_turns_that_ended_before_the_close_are_not_counted_as_cancelled() -> None:
+    handler = _GatedHandler()
+    handler.gate.set()
+    async with open_session(SessionRegistry()) as session:
+        await session.start_turn(handler, REQUEST).result()
+    assert handler.completed == 1 and session.num_cancelled_turns == 0

@@ -54,9 +54,10 @@ def _command(tmp_path: Path, model_dir: Path, name: str, *extra: str) -> list[st
 
 
 def _start(cmd: list[str], log_path: Path) -> subprocess.Popen:
-    """Starts a run in its own process group, output to ``log_path``."""
+    """Starts a run in its own process group, output to ``log_path``, in the empty directory
+    ``_cwd`` (every path of the command is absolute: the run must create nothing there)."""
     with log_path.open("wb") as log_file:
-        return subprocess.Popen(cmd, cwd=REPO, env=_env(log_path.parent), stdin=subprocess.DEVNULL,
+        return subprocess.Popen(cmd, cwd=_cwd(log_path.parent), env=_env(log_path.parent), stdin=subprocess.DEVNULL,
                                 stdout=log_file, stderr=subprocess.STDOUT, start_new_session=True)
 
 
@@ -70,6 +71,13 @@ def _finish(proc: subprocess.Popen, log_path: Path) -> str:
     text = log_path.read_text(errors="replace")
     assert proc.returncode == 0, text[-3000:]
     return text
+
+
+def _cwd(tmp_path: Path) -> Path:
+    """The runs' working directory (``tmp_path/cwd``)."""
+    cwd = tmp_path / "cwd"
+    cwd.mkdir(exist_ok=True)
+    return cwd
 
 
 def _env(tmp_path: Path) -> dict[str, str]:
@@ -238,6 +246,9 @@ def test_sigkill_during_step_1_then_load_matches_an_uninterrupted_run(
     assert (save_dir / "latest").read_text().strip() == "iter_0000003"
     assert sorted(p.name for p in save_dir.iterdir()) == [".relaxtrio.lock", "iter_0000002", "iter_0000003",
                                                           "latest"]
+    # Only the directories the runs name: no runs/<time>/ in the working directory (the resume,
+    # without --output-dir, continued in the killed run's directory).
+    assert list(_cwd(tmp_path).iterdir()) == []
     print(f"resume e2e: {time.monotonic() - started:.1f} s")
 
 

@@ -85,6 +85,28 @@ def test_a_line_that_is_not_json_is_named_by_line(tmp_path: Path, caplog) -> Non
     assert f"{bad / 'metrics.jsonl'}:2: not JSON" in caplog.text
 
 
+def test_a_live_runs_unfinished_last_line_is_left_out_with_a_note(tmp_path: Path, capsys, caplog) -> None:
+    live = _run(tmp_path / "live", [{"step": 0, "reward_mean": 0.5}])
+    with (live / "metrics.jsonl").open("a", encoding="utf-8") as f:
+        f.write('{"reward_mean": 0.7, "st')  # the run is appending step 1
+    done = _run(tmp_path / "done", [{"step": 0, "reward_mean": 0.25}])
+    assert main(["compare", str(live), str(done), "--out", str(tmp_path / "c.png")]) == 0
+    assert capsys.readouterr().out.splitlines()[1].split()[:2] == ["live", "1"]
+    assert f"{live / 'metrics.jsonl'}:2: left out a last line without its newline" in caplog.text
+    assert load_run(live).steps == (0,)
+
+
+def test_a_bad_line_before_the_last_is_still_an_error(tmp_path: Path, caplog) -> None:
+    bad = _run(tmp_path / "bad", [{"step": 0}])
+    with (bad / "metrics.jsonl").open("a", encoding="utf-8") as f:
+        f.write('{"st\n{"step": 2}')  # a corrupt row, then a complete last row without its newline
+    good = _run(tmp_path / "good", [{"step": 0}])
+    assert main(["compare", str(bad), str(good), "--out", str(tmp_path / "c.png")]) == 2
+    assert f"{bad / 'metrics.jsonl'}:2: not JSON" in caplog.text
+    (bad / "metrics.jsonl").write_text('{"step": 0}\n{"step": 1}')  # complete, newline not written yet
+    assert load_run(bad).steps == (0, 1)
+
+
 @pytest.mark.parametrize("out", ["{tmp}", "{tmp}/noext", "{tmp}/c.weird"])
 def test_an_out_path_that_is_not_a_png_file_exits_2(two_runs, tmp_path: Path, out: str, caplog) -> None:
     assert main(["compare", str(two_runs[0]), str(two_runs[1]), "--out", out.format(tmp=tmp_path)]) == 2

@@ -15,7 +15,7 @@ import pytest
 from relaxtrio.forest import Conversation
 from relaxtrio.nursery.group import Group
 from relaxtrio.rollout.dumps import load_dump
-from relaxtrio.tools.serve import NO_REQUESTS, ServeConfig, ServeSummary, finish_serve
+from relaxtrio.tools.serve import CUT_OFF, NO_REQUESTS, ServeConfig, ServeSummary, finish_serve
 
 
 def _served(cfg: ServeConfig, outputs: list[Any]) -> list[Group]:
@@ -112,6 +112,27 @@ def test_a_strict_export_of_separate_requests_says_what_happened_and_what_to_do(
                              "the Session's requests branched into 3 separate conversations")
     assert "Export explicitly (one named JSONL record per context to train" in reason
     assert "--agentic-export-policy final" in reason and "all-leaves" in reason
+
+
+def test_a_request_in_flight_at_the_stop_is_reported_as_cut_off_not_as_a_failed_export(
+        tmp_path: Path, caplog: pytest.LogCaptureFixture) -> None:
+    """Its agent was waiting for the reply when Ctrl-C closed the Session, so it wrote nothing
+    and nothing was committed; a Session that failed to export on its own stays failed."""
+    cfg = ServeConfig(num_sessions=3, output_dir=tmp_path)
+    groups = _served(cfg, [{"reward": 1.0}, None, None])
+    cut, broken = groups[1].sessions[0], groups[2].sessions[0]
+    cut.num_requests = cut.num_cancelled_turns = 1  # the close cancelled its only turn
+    broken.num_requests = 1  # answered, but nothing committed and no output: a real failure
+    with caplog.at_level(logging.INFO, logger="relaxtrio.tools.serve"):
+        summary = _finish(cfg, groups)
+    assert (summary.num_samples, summary.failed, summary.no_requests, summary.cut_off) == (1, 1, 0, 1)
+    dump = load_dump(summary.dump_path)
+    cut_record, broken_record = dump.session(cut.session_id), dump.session(broken.session_id)
+    assert cut_record["status"] == "cancelled"
+    assert cut_record["reason"].startswith(f"{CUT_OFF}; not exported: implicit export requires one committed leaf")
+    assert broken_record["status"] == "failed" and broken_record["reason"].startswith("export failed:")
+    assert f"session 1 ({cut.session_id}): {CUT_OFF}" in caplog.text
+    assert "1 failed, 0 with no requests, 1 cut off mid-request" in caplog.text
 
 
 def test_the_dump_line_is_singular_for_one() -> None:
