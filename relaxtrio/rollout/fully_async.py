@@ -23,6 +23,14 @@ sampled by older weights than the policy that trains it. This module owns what b
   step ahead of the trainer while Groups kept from earlier steps go on.
 * **The weight push.** While the engines load new weights every request waits for them, so
   :meth:`WeightWindow.pushing` pauses the budgets of every leased Group for the push.
+* **Closing short, carried debt.** A step need not wait for its stragglers: when a Group
+  finishes, or at an idle heartbeat, and the Groups it still owes (with those an earlier
+  partition owes) are no more than its straggling Groups (:func:`straggling`: leased, and
+  every unfinished Session off the engine, e.g. running a tool), it closes short
+  (:func:`may_close_short`). The rollout moves on to the next partition, and the next Groups
+  that finish pay the short one first (:class:`~relaxtrio.rollout.step_book.Partitions`); the
+  trainer waits only for them (:meth:`~relaxtrio.rollout.pipeline.RolloutPipeline.settle`),
+  not for the stragglers.
 """
 
 from __future__ import annotations
@@ -37,7 +45,7 @@ import attrs
 from ..forest import TrainingSample
 from ..nursery.group import Group
 
-__all__ = ["WeightWindow", "backfill_ahead", "version_index"]
+__all__ = ["WeightWindow", "backfill_ahead", "may_close_short", "straggling", "version_index"]
 
 _STEP_VERSION = re.compile(r"step-(\d+)")
 
@@ -176,3 +184,31 @@ def backfill_ahead(pipeline: Backfills, closed_id: int, *, steps_left: int | Non
     ahead = pipeline.weights.steps_ahead(steps_left)
     return sum(pipeline.backfill(closed_id + k, ahead=k, final=k == steps_left)
                for k in range(1, ahead + 1))
+
+
+def straggling(group: Group) -> bool:
+    """Whether a Group counts towards closing a step short: leased, in Runtime and generating
+    for it (not paused, so it needs no newer weights to go on), not dropped or finished, and
+    every Session still running is off the engine (no generation in flight, not protected):
+    its agent, or a tool, is working, and the engine would only idle waiting for it."""
+    if not group.in_runtime or group.paused or group.dropped or group.finished:
+        return False
+    running = [s for s in group.sessions if not s.ended]
+    return bool(running) and not any(s.partial.protected or s.partial.statistics().inflight_rids
+                                     for s in running)
+
+
+def may_close_short(debt: int, groups: Iterable[Group], weights: WeightWindow, *, next_step: int) -> int:
+    """Whether a fully async step may close before its target: the Groups still owed
+    (``debt``: the step's and an earlier short partition's) are no more than the straggling
+    ones among ``groups``, and the Groups that will pay them may sample with the weights loaded
+    now (they will be trained at ``next_step`` at the latest; with ``--max-staleness 0`` they
+    wait for the update, which waits for them, so no step closes short).
+
+    Returns:
+        The straggling Groups when the step may close short, else 0.
+    """
+    if debt <= 0 or not weights.may_generate(next_step):
+        return 0
+    stragglers = sum(1 for g in groups if straggling(g))
+    return stragglers if debt <= stragglers else 0
