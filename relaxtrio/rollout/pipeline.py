@@ -384,9 +384,9 @@ class RolloutPipeline:
 
     def _short_credit(self, step: StepBook, *, last: bool) -> int:
         """The straggling Groups that let a running fully async step close short now, else 0."""
-        if not self.config.fully_async or last or step.closed_at is not None:
-            return 0
-        return may_close_short(self._partitions.debt, self._resident, self.weights, next_step=step.rollout_id + 1)
+        cfg = self.config
+        return 0 if not cfg.fully_async or last or step.closed_at is not None else may_close_short(
+            self._partitions.debt, self._resident, self.weights, next_step=step.rollout_id + 1, straggler_s=cfg.straggler_s)
 
     def _update_bar(self, step: StepBook) -> None:
         n = self.config.n_samples_per_prompt
