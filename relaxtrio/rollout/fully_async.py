@@ -27,11 +27,10 @@ sampled by older weights than the policy that trains it. This module owns what b
   finishes, or at an idle heartbeat, and the Groups it still owes (with those an earlier
   partition owes) are no more than its straggling Groups (:func:`straggling`: leased, and
   every unfinished Session off the engine for ``straggler_s``, e.g. running a tool), it
-  closes short
-  (:func:`may_close_short`). The rollout moves on to the next partition, and the next Groups
-  that finish pay the short one first (:class:`~relaxtrio.rollout.step_book.Partitions`); the
-  trainer waits only for them (:meth:`~relaxtrio.rollout.pipeline.RolloutPipeline.settle`),
-  not for the stragglers.
+  closes short (:func:`may_close_short`). The rollout moves on to the next partition, and the
+  next Groups that finish pay the short one first
+  (:class:`~relaxtrio.rollout.step_book.Partitions`); the trainer waits only for them
+  (:meth:`~relaxtrio.rollout.pipeline.RolloutPipeline.settle`), not for the stragglers.
 """
 
 from __future__ import annotations

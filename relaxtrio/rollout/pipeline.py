@@ -266,7 +266,7 @@ class RolloutPipeline:
         """
         leased = sum(1 for g in self._resident if g.leased)
         last_share = self.config.rollout_batch_size if final else self.config.demand
-        gap = ((ahead - 1) * self.config.demand + last_share + self._partitions.debt - leased
+        gap = ((ahead - 1) * self.config.demand + last_share + self._partitions.carried - leased
                - len(self._rewarding) - len(self._finished))
         prelaunched = [g for g in self._resident if not g.leased][:max(gap, 0)]
         for group in prelaunched:
@@ -346,7 +346,7 @@ class RolloutPipeline:
                     self._prelaunch_fill(steps_left)
                     self._update_bar(step)
                 if stragglers := self._short_credit(step, last=last):
-                    step.close_short(stragglers)
+                    self._partitions.close_short(step, stragglers)
                     return
             if self._finished:
                 continue  # Groups dropped at creation: account for them at once
@@ -369,8 +369,8 @@ class RolloutPipeline:
             BackendError: the engine failed.
             HookError: the batch has no Group, and every Group the step dropped failed in a hook.
         """
-        book = self._partitions.find(result.rollout_id)
-        if book is None or book.closed_at is None:
+        book = self._partitions.unsettled(result.rollout_id)
+        if book is None:
             return result
         await self._fill_step(book, last=True, steps_left=0)
         return book.paid(result)

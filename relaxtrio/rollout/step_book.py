@@ -274,18 +274,21 @@ class Partitions:
     """The open partitions (steps' batches) of the rollout: the current step's and, while it
     still owes Groups after closing short, the one before it. Finished Groups pay the previous
     partition first (:meth:`payee`); opening a third partition while the previous one owes is
-    refused (docs/scheduling.md#fully-async).
+    refused (docs/scheduling.md#closing-short).
 
     Attributes:
-        previous: the partition before :attr:`current` while it owes Groups, else None.
+        previous: the partition before :attr:`current` while it owes Groups after closing
+            short, else None.
         current: the latest partition opened, or None before the first step.
     """
 
     previous: StepBook | None = None
     current: StepBook | None = None
+    _unsettled: dict[int, StepBook] = attrs.field(factory=dict)
 
     def open(self, book: StepBook) -> None:
-        """Opens ``book``'s partition; the current one becomes the previous when it owes.
+        """Opens ``book``'s partition; the current one becomes the previous when it closed
+        short and still owes (a step that ended otherwise owes nothing more).
 
         Raises:
             RuntimeError: the previous partition still owes Groups (a third would open), or
@@ -298,18 +301,19 @@ class Partitions:
                 "previous and the current partition are open)")
         if self.current is not None and self.current.rollout_id == book.rollout_id:
             raise RuntimeError(f"rollout {book.rollout_id}'s partition is already open")
-        self.previous = self.current if self.current is not None and self.current.debt else None
+        current = self.current
+        self.previous = current if current is not None and current.closed_at is not None and current.debt else None
         self.current = book
 
     @property
     def debt(self) -> int:
-        """Groups the open partitions still owe together."""
+        """Groups the open partitions still owe together (the running step's included)."""
         return sum(b.debt for b in (self.previous, self.current) if b is not None)
 
     @property
     def carried(self) -> int:
-        """Groups the previous partition still owes (paid before the current one's)."""
-        return 0 if self.previous is None else self.previous.debt
+        """Groups the partitions that closed short still owe (paid before any new demand)."""
+        return sum(b.debt for b in (self.previous, self.current) if b is not None and b.closed_at is not None)
 
     def payee(self) -> StepBook | None:
         """The partition the next finished Group is filed into: the previous while it owes,
@@ -319,6 +323,16 @@ class Partitions:
                 return book
         return None
 
+    def close_short(self, book: StepBook, stragglers: int) -> None:
+        """``book``'s step closes short (:meth:`StepBook.close_short`); :meth:`unsettled` gives
+        it back once."""
+        book.close_short(stragglers)
+        self._unsettled[book.rollout_id] = book
+
+    def unsettled(self, rollout_id: int) -> StepBook | None:
+        """The book of step ``rollout_id`` when it closed short and was not asked for yet."""
+        return self._unsettled.pop(rollout_id, None)
+
     def write_off(self, step: StepBook) -> None:
         """Nothing is left that could pay ``step`` (open) or the previous partition: both are
         trained short."""
@@ -326,10 +340,6 @@ class Partitions:
             book.write_off("nothing left that could pay its carried debt" if book.carried_debt
                            else "refill budget exhausted")
 
-    def find(self, rollout_id: int) -> StepBook | None:
-        """The open partition of step ``rollout_id``, or None."""
-        return next((b for b in (self.previous, self.current) if b is not None and b.rollout_id == rollout_id),
-                    None)
 
 def _record_scores(scored: ScoredGroup) -> None:
     """Adds a ``scored`` event (reward, advantage) per context to its Session's timeline."""

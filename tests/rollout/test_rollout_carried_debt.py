@@ -181,17 +181,21 @@ async def test_partitions_pay_the_previous_first_and_refuse_a_third() -> None:
     ledger = Partitions()
     first, second, third = _book(0, config), _book(1, config), _book(2, config)
     ledger.open(first)
-    first.close_short(stragglers=2)
+    ledger.close_short(first, stragglers=2)
     ledger.open(second)
-    assert ledger.previous is first and ledger.payee() is first and ledger.debt == 4
+    assert ledger.previous is first and ledger.payee() is first
+    assert ledger.debt == 4 and ledger.carried == 2  # the running step's debt is not carried
     with pytest.raises(RuntimeError, match="rollout 0's partition still owes 2 group"):
         ledger.open(third)
     with pytest.raises(RuntimeError, match="already open"):
         Partitions(current=second).open(_book(1, config))
-    first.write_off("test")
-    assert ledger.payee() is second and ledger.carried == 0
+    ledger.write_off(second)  # nothing is left that could pay either of them
+    assert ledger.payee() is None and ledger.debt == 0
     ledger.open(third)
-    assert ledger.previous is second and ledger.find(2) is third and ledger.find(0) is None
+    assert ledger.previous is None and ledger.current is third
+    ledger.open(_book(3, config))  # step 2 ended without closing short: it carries nothing
+    assert ledger.previous is None and ledger.carried == 0
+    assert ledger.unsettled(0) is first and ledger.unsettled(0) is None
 
 
 @pytest.mark.slow  # starts agent processes
