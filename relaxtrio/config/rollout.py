@@ -67,6 +67,9 @@ class RolloutConfig:
         idle_heartbeat_s: while a step waits this long (seconds, trio clock) without a Group
             finishing, log an ``event=idle_heartbeat`` line with the pipeline snapshot; again
             every ``idle_heartbeat_s`` after that.
+        straggler_s: with ``fully_async``, a leased Group whose running Sessions have all been
+            off the engine (no generation in flight) for this many seconds is a straggler: a
+            step may close short on it (docs/scheduling.md#closing-short).
         reward_key: primary key of object rewards.
         eval_reward_key: primary key of object rewards in evaluation (``--eval-reward-key``);
             None uses ``reward_key``.
@@ -109,6 +112,7 @@ class RolloutConfig:
     barrier_warn_s: float = 120.0
     abort_wait_s: float = 30.0
     idle_heartbeat_s: float = 30.0
+    straggler_s: float = 30.0
     reward_key: str | None = None
     eval_reward_key: str | None = None
     custom_rm: Callable[..., Any] | None = None

@@ -63,6 +63,7 @@ class PartialRollout:
     _protection_pending: bool = False
     _num_aborted: int = 0
     _num_abort_requests: int = 0
+    _idle_since: float | None = None
 
     @property
     def paused(self) -> bool:
@@ -73,6 +74,12 @@ class PartialRollout:
     def protected(self) -> bool:
         """Whether pauses no longer interrupt the Session."""
         return self._protected
+
+    @property
+    def idle_since(self) -> float | None:
+        """Trio clock time the Session's last generation returned, while none is in flight (it
+        is off the engine: its agent, or a tool, works); None while one is, or before the first."""
+        return None if self._inflight else self._idle_since
 
     @contextmanager
     def track(self, rid: str) -> Iterator[None]:
@@ -85,6 +92,7 @@ class PartialRollout:
             yield
         finally:
             self._inflight.discard(rid)
+            self._idle_since = trio.current_time()
             self._changed.set()
             self._changed = trio.Event()
 

@@ -38,6 +38,8 @@ import attrs
 from .._errors import ConfigError, InvalidRequestError
 from ..forest import Conversation
 from ..media.images import image_content_part, is_kept_url, resolve_image_path, to_image_url
+from ..nursery.agent import RolloutMode
+from ..nursery.group import Group
 
 IMAGE_PLACEHOLDER: Final = "<image>"
 """The dataset prompt's image placeholder (the standard Relax format)."""
@@ -74,6 +76,24 @@ class Prompt:
         if self.metadata:
             payload["metadata"] = self.metadata
         return payload
+
+    def make_group(self, group_id: str, *, num_sessions: int, timeout_s: float, mode: RolloutMode = "train",
+                   max_context_tokens: int | None = None) -> Group:
+        """The Group of ``num_sessions`` Sessions for this row (not started); each agent's
+        active-time budget is ``timeout_s`` seconds and each lineage's limit
+        ``max_context_tokens`` training tokens (None: none).
+
+        A row whose input cannot be built (e.g. an image file that disappeared) gives a Group
+        that is already dropped, with the reason; the caller does not run it.
+        """
+        try:
+            payload = self.session_input()
+        except InvalidRequestError as exc:
+            return Group.unusable(group_id, f"prompt {self.index} cannot be used: {exc}",
+                                  mode=mode, prompt_index=self.index)
+        return Group.create(group_id, num_sessions=num_sessions, input_payload=payload, timeout_s=timeout_s,
+                            mode=mode, prompt_index=self.index, dataset_metadata=self.metadata,
+                            max_context_tokens=max_context_tokens)
 
 
 def _messages_of(value: Any, where: str) -> tuple[dict, ...]:

@@ -23,6 +23,14 @@ sampled by older weights than the policy that trains it. This module owns what b
   step ahead of the trainer while Groups kept from earlier steps go on.
 * **The weight push.** While the engines load new weights every request waits for them, so
   :meth:`WeightWindow.pushing` pauses the budgets of every leased Group for the push.
+* **Closing short, carried debt.** A step need not wait for its stragglers: when a Group
+  finishes, or at an idle heartbeat, and the Groups it still owes (with those an earlier
+  partition owes) are no more than its straggling Groups (:func:`straggling`: leased, and
+  every unfinished Session off the engine for ``straggler_s``, e.g. running a tool), it
+  closes short (:func:`may_close_short`). The rollout moves on to the next partition, and the
+  next Groups that finish pay the short one first
+  (:class:`~relaxtrio.rollout.step_book.Partitions`); the trainer waits only for them
+  (:meth:`~relaxtrio.rollout.pipeline.RolloutPipeline.settle`), not for the stragglers.
 """
 
 from __future__ import annotations
@@ -33,11 +41,12 @@ from contextlib import contextmanager
 from typing import Protocol
 
 import attrs
+import trio
 
 from ..forest import TrainingSample
 from ..nursery.group import Group
 
-__all__ = ["WeightWindow", "backfill_ahead", "version_index"]
+__all__ = ["WeightWindow", "backfill_ahead", "may_close_short", "straggling", "version_index"]
 
 _STEP_VERSION = re.compile(r"step-(\d+)")
 
@@ -176,3 +185,35 @@ def backfill_ahead(pipeline: Backfills, closed_id: int, *, steps_left: int | Non
     ahead = pipeline.weights.steps_ahead(steps_left)
     return sum(pipeline.backfill(closed_id + k, ahead=k, final=k == steps_left)
                for k in range(1, ahead + 1))
+
+
+def straggling(group: Group, *, after_s: float) -> bool:
+    """Whether a Group counts towards closing a step short: leased, in Runtime and generating
+    for it (not paused, so it needs no newer weights to go on), not dropped or finished, and
+    every Session still running has been off the engine for at least ``after_s`` seconds (trio
+    clock; no generation in flight and not protected): its agent, or a tool, is working, and
+    not merely between two requests or exiting."""
+    if not group.in_runtime or group.paused or group.dropped or group.finished:
+        return False
+    since = [None if s.partial.protected else s.partial.idle_since for s in group.sessions if not s.ended]
+    if not since or None in since:
+        return False
+    return trio.current_time() - max(t for t in since if t is not None) >= after_s
+
+
+def may_close_short(debt: int, groups: Iterable[Group], weights: WeightWindow, *, next_step: int,
+                    straggler_s: float) -> int:
+    """Whether a fully async step may close before its target: the Groups still owed
+    (``debt``: the step's and an earlier short partition's) are no more than the straggling
+    ones among ``groups`` (:func:`straggling` after ``straggler_s`` seconds), and the Groups
+    that will pay them may sample with the weights loaded now (they will be trained at
+    ``next_step`` at the latest; with ``--max-staleness 0`` they wait for the update, which
+    waits for them, so no step closes short).
+
+    Returns:
+        The straggling Groups when the step may close short, else 0.
+    """
+    if debt <= 0 or not weights.may_generate(next_step):
+        return 0
+    stragglers = sum(1 for g in groups if straggling(g, after_s=straggler_s))
+    return stragglers if debt <= stragglers else 0

@@ -6,29 +6,26 @@
 * **Steps.** :meth:`RolloutPipeline.run_step` starts (or leases) Groups until
   ``rollout_batch_size`` of them completed and were scored; a dropped Group is logged, counted and
   replaced while the refill budget lasts. A Group the dynamic sampling filter drops is
-  *filtered*: logged, counted, and replaced within its own budget (``filter_budget``). Accepted Groups keep their finishing order; Sessions keep
-  sample order.
+  *filtered*: logged, counted, and replaced within its own budget (``filter_budget``). Accepted
+  Groups keep their finishing order; Sessions keep sample order.
 * **Step close.** Without partial rollout or fully async, the tail (leased Groups not needed) is
   dropped, and so are finished Groups the step did not need; both are counted in the step's
   ``dropped``. With ``partial_rollout`` resident Groups are paused: in-flight generations are aborted,
   their partial ids and logprobs parked, and they resume in the next step (protected Sessions
-  first run to completion). With ``fully_async`` Groups keep generating while the trainer trains
-  (:mod:`relaxtrio.rollout.fully_async`), and the last step starts no over-sampling surplus.
-  The last step drops every resident Group (counted in ``dropped``); those a later step would
-  have continued are :attr:`RolloutPipeline.run_end_groups`, whose prompts an end-of-run
-  checkpoint requeues (:mod:`relaxtrio.rollout.resume`).
+  first run to completion). The last step drops every resident Group (counted in ``dropped``);
+  those a later step would have continued are :attr:`RolloutPipeline.run_end_groups`, whose
+  prompts an end-of-run checkpoint requeues (:mod:`relaxtrio.rollout.resume`).
+* **Fully async** (:mod:`relaxtrio.rollout.fully_async`). Groups keep generating while the
+  trainer trains; :meth:`RolloutPipeline.backfill` leases or starts the coming steps' demand as
+  soon as a step closed (the driver calls it before the update); a step may close short, leaving
+  its stragglers to later steps, and :meth:`RolloutPipeline.settle` completes its batch with the
+  next Groups to finish; the last step starts no over-sampling surplus.
 * **Prelaunch.** Groups are started while permits are free; their first requests wait for the
   lease and their budgets do not run until then.
-* **Fully async backfill.** :meth:`RolloutPipeline.backfill` leases (prelaunched first) or starts
-  a coming step's demand as soon as a step closed, so those Groups generate while the trainer
-  trains on the closed step (the driver calls it between the step and the update).
-* **Barrier watchdog.** Every Group the pipeline runs is watched by
-  :class:`~relaxtrio.rollout.watchdog.BarrierWatchdog` (stuck first-request barriers are a log
-  line, never a silent hang).
-* **Accounting.** Each step logs ``event=accounting_start`` and ``event=accounting_end``,
-  ``Dropped group``/``Filtered group`` lines with their reasons, and ``event=idle_heartbeat``
-  with a :class:`~relaxtrio.rollout.accounting.PipelineSnapshot` every ``idle_heartbeat_s``
-  seconds without progress (:mod:`relaxtrio.rollout.accounting`).
+* **Watchdog, accounting.** :class:`~relaxtrio.rollout.watchdog.BarrierWatchdog` logs stuck
+  first-request barriers. Each step logs ``event=accounting_start`` / ``accounting_end``,
+  ``Dropped group``/``Filtered group`` lines, and ``event=idle_heartbeat`` every
+  ``idle_heartbeat_s`` seconds without progress (:mod:`relaxtrio.rollout.accounting`).
 * **Engine failure.** A turn that sees the engine itself fail wakes the step at once
   (:meth:`~relaxtrio.rollout.turns.EngineTurnHandler.wait_engine_failed`), which stops the run.
 
@@ -46,7 +43,7 @@ from typing import Any
 import attrs
 import trio
 
-from .._errors import BackendError, InvalidRequestError
+from .._errors import BackendError
 from ..config import AgentConfig, RolloutConfig
 from ..nursery.agent import RolloutMode
 from ..nursery.group import Group
@@ -62,11 +59,11 @@ from .accounting import (
     wait_with_heartbeat,
 )
 from .dataset import Prompt, PromptStream
-from .fully_async import WeightWindow
+from .fully_async import WeightWindow, may_close_short
 from .inflight import abort_inflight
 from .rewards import score_rewards
 from .step import StepResult, agentic_event
-from .step_book import StepBook
+from .step_book import Partitions, StepBook
 from .turns import EngineTurnHandler
 from .watchdog import BarrierWatchdog
 
@@ -104,6 +101,7 @@ class RolloutPipeline:
     _changes: ChangeSignal = attrs.field(factory=ChangeSignal)
     _group_seq: int = 0
     _backfilled: dict[int, int] = attrs.field(factory=dict)
+    _partitions: Partitions = attrs.field(factory=Partitions)
     _run_end: tuple[Group, ...] = ()
 
     def __attrs_post_init__(self) -> None:
@@ -121,12 +119,9 @@ class RolloutPipeline:
     def groups_use_cpu(self) -> bool:
         """Whether a resident train Group may be using the CPU now: leased (its agents run and
         the engine generates for them), or prelaunched with an agent still starting (before its
-        first request). False when every resident Group waits for its lease with its agents
-        idle (:attr:`Group.waiting_for_lease`), or none is resident.
-
-        Safe to read from a worker thread (the update asks it before each micro-batch): it reads
-        a snapshot of the resident list.
-        """
+        first request); False when every resident Group waits for its lease with its agents
+        idle (:attr:`Group.waiting_for_lease`), or none is resident. Safe to read from a worker
+        thread (the update asks before each micro-batch): it reads a snapshot of the list."""
         return not all(g.waiting_for_lease for g in tuple(self._resident))
 
     @property
@@ -140,11 +135,9 @@ class RolloutPipeline:
     def run_end_groups(self) -> tuple[Group, ...]:
         """Train Groups the last step's close dropped that a non-last close would have carried
         into the next step (finished or resident with partial rollout or fully async, prelaunched
-        in any mode), in :attr:`held_groups` order; empty before the last step closed.
-
-        Their prompts were drawn but never trained: an end-of-run checkpoint requeues them, so
-        a run extended from it (a larger ``--num-rollout``) trains them as a longer run would.
-        """
+        in any mode), in :attr:`held_groups` order; empty before the last step closed. Their
+        prompts were drawn but never trained: an end-of-run checkpoint requeues them, so a run
+        extended from it (a larger ``--num-rollout``) trains them as a longer run would."""
         return self._run_end
 
     def _carried_at_close(self) -> tuple[Group, ...]:
@@ -168,25 +161,13 @@ class RolloutPipeline:
 
     def make_group(self, prompt: Prompt, mode: RolloutMode = "train", n: int | None = None, *,
                    max_context_tokens: int | None = None) -> Group:
-        """Builds the Group (n Sessions) for one prompt; ``max_context_tokens`` replaces the
-        pipeline's limit when given (eval's ``--eval-max-context-len``).
-
-        A prompt whose input cannot be built (e.g. an image file that disappeared) gives a Group
-        that is already dropped, with the reason; the caller does not run it.
-        """
+        """Builds the Group (n Sessions) for one prompt (:meth:`Prompt.make_group`: already
+        dropped when its input cannot be built); ``max_context_tokens`` replaces the pipeline's
+        limit when given (eval's ``--eval-max-context-len``)."""
         self._group_seq += 1
-        group_id = f"{mode}:group_{self._group_seq:06d}"
-        try:
-            payload = prompt.session_input()
-        except InvalidRequestError as exc:
-            return Group.unusable(group_id, f"prompt {prompt.index} cannot be used: {exc}",
-                                  mode=mode, prompt_index=prompt.index)
-        return Group.create(
-            group_id, num_sessions=n or self.config.n_samples_per_prompt, input_payload=payload,
-            timeout_s=self.agent.timeout_s, mode=mode, prompt_index=prompt.index,
-            dataset_metadata=prompt.metadata,
-            max_context_tokens=max_context_tokens or self.max_context_tokens,
-        )
+        return prompt.make_group(f"{mode}:group_{self._group_seq:06d}", mode=mode,
+                                 num_sessions=n or self.config.n_samples_per_prompt, timeout_s=self.agent.timeout_s,
+                                 max_context_tokens=max_context_tokens or self.max_context_tokens)
 
     async def run_group(self, group: Group, *, sessions_ended: Callable[[], None] | None = None) -> None:
         """Runs a Group's Sessions to their end under the barrier watchdog (the caller leases),
@@ -267,11 +248,10 @@ class RolloutPipeline:
         """Fully async: leases or starts step ``rollout_id``'s demand now, before that step runs.
 
         Called between a step and its update, so the next step's Groups generate while the
-        trainer trains and the new weights are loaded (docs/scheduling.md#fully-async). Without
-        it a step whose demand equals its target (the default) closes with nothing resident and
-        the engine idles through the update. Prelaunched Groups are leased first (oldest first),
-        then new Groups are started while permits are free, up to ``ahead`` steps' demand minus
-        the Groups already leased or finished (the steps before ``rollout_id`` come first); the
+        trainer trains and the weights load (docs/scheduling.md#fully-async); else the engine
+        idles through the update. Prelaunched Groups are leased first (oldest first),
+        then new Groups are started while permits are free, up to ``ahead`` steps' demand plus
+        the debt of a step that closed short, minus the Groups already leased or finished; the
         leases count against step ``rollout_id``'s start budget.
 
         Args:
@@ -286,12 +266,12 @@ class RolloutPipeline:
         """
         leased = sum(1 for g in self._resident if g.leased)
         last_share = self.config.rollout_batch_size if final else self.config.demand
-        gap = ((ahead - 1) * self.config.demand + last_share - leased - len(self._rewarding)
-               - len(self._finished))
-        done = 0
-        for group in [g for g in self._resident if not g.leased][:max(gap, 0)]:
+        gap = ((ahead - 1) * self.config.demand + last_share + self._partitions.carried - leased
+               - len(self._rewarding) - len(self._finished))
+        prelaunched = [g for g in self._resident if not g.leased][:max(gap, 0)]
+        for group in prelaunched:
             group.lease(rollout_id)
-            done += 1
+        done = len(prelaunched)
         while done < gap:
             try:
                 self._permits.acquire_nowait()
@@ -306,7 +286,9 @@ class RolloutPipeline:
     # ------------------------------------------------------------------ steps
     async def run_step(self, rollout_id: int, *, last: bool = False,
                        steps_left: int | None = None) -> StepResult:
-        """Runs one step until ``rollout_batch_size`` Groups were accepted (or refills ran out).
+        """Runs one step until ``rollout_batch_size`` Groups were accepted (or refills ran out),
+        paying a previous step's carried debt first; a fully async step may close short
+        (docs/scheduling.md#fully-async; :meth:`settle` completes its batch).
 
         Args:
             rollout_id: the step number (recorded on response nodes and leases).
@@ -317,6 +299,7 @@ class RolloutPipeline:
         Raises:
             BackendError: the engine failed (unreachable, 5xx), or did not honour aborts at step
                 close.
+            RuntimeError: the step before the previous one still owes Groups (a third partition).
 
         Cancellation:
             Cancelling the step leaves resident Groups to the pipeline; closing the pipeline
@@ -327,6 +310,7 @@ class RolloutPipeline:
                              warnings_before=self.barrier_warnings,
                              backfilled=self._backfilled.pop(rollout_id, 0),
                              final_backfill=last and self.config.fully_async)
+        self._partitions.open(step)  # a previous partition that closed short is paid first
         for group in self._resident:  # carried into this step; those leased ahead keep their step
             if group.leased and group.rollout_id <= rollout_id:
                 group.enter_step(rollout_id)
@@ -341,7 +325,9 @@ class RolloutPipeline:
         return step.result(aborted=aborted, stages=self.group_stages(), barrier_warnings=self.barrier_warnings)
 
     async def _fill_step(self, step: StepBook, *, last: bool, steps_left: int | None) -> None:
-        """Scores finished Groups and leases or starts new ones until the step has its target.
+        """Scores finished Groups (into a previous partition that owes first) and leases or
+        starts new ones until the step has its target, or closes it short (fully async); once
+        it closed short, only finished Groups pay it.
 
         Raises:
             BackendError: the engine failed.
@@ -352,31 +338,55 @@ class RolloutPipeline:
         while True:
             seen = self._changes.version  # a change from here on ends the wait below at once
             await self._score_finished(step)
-            if step.full:
+            if not step.debt:
                 return
-            self._lease_or_start(step)
-            if self.config.prelaunch and not last:
-                self._prelaunch_fill(steps_left)
-                self._update_bar(step)
+            if step.closed_at is None:
+                self._lease_or_start(step)
+                if self.config.prelaunch and not last:
+                    self._prelaunch_fill(steps_left)
+                    self._update_bar(step)
+                if stragglers := self._short_credit(step, last=last):
+                    self._partitions.close_short(step, stragglers)
+                    return
             if self._finished:
                 continue  # Groups dropped at creation: account for them at once
-            if not self._rewarding and not any(g.leased for g in self._resident):
-                log.warning("rollout %d ends with %d of %d groups: refill budget exhausted",
-                            step.rollout_id, len(step.accepted), step.target)
+            if not self._rewarding and not any(g.leased and not g.paused for g in self._resident):
+                self._partitions.write_off(step)
                 return
             if self.handler.fatal_error is None:  # wait until a Group finished, or the engine failed
                 await wait_with_heartbeat(functools.partial(self._changes.wait_past, seen),
                                           interval_s=self.config.idle_heartbeat_s,
-                                          on_idle=functools.partial(self._heartbeat, step))
+                                          on_idle=functools.partial(self._heartbeat, step, last))
             self.raise_if_engine_failed()
 
-    def snapshot(self, step: StepBook, idle_s: float = 0.0) -> PipelineSnapshot:
-        """Where the step's Groups are now (logged by ``event=idle_heartbeat``)."""
-        return PipelineSnapshot.from_stages(self.group_stages(), active_rollout_id=step.rollout_id,
-                                            target=step.target, scored=len(step.accepted), idle_s=idle_s)
+    async def settle(self, result: StepResult) -> StepResult:
+        """The whole batch of ``result``'s step (:meth:`StepBook.paid`): when it closed short,
+        waits until the next Groups to finish paid its debt (a previous partition's first) while
+        Groups leased for later steps go on; else ``result`` itself. The driver calls it after
+        :func:`~relaxtrio.rollout.fully_async.backfill_ahead`, before the update.
 
-    def _heartbeat(self, step: StepBook, idle_s: float) -> None:
-        log.info(agentic_event("rollout", "idle_heartbeat", **self.snapshot(step, idle_s).fields()))
+        Raises:
+            BackendError: the engine failed.
+            HookError: the batch has no Group, and every Group the step dropped failed in a hook.
+        """
+        book = self._partitions.unsettled(result.rollout_id)
+        if book is None:
+            return result
+        await self._fill_step(book, last=True, steps_left=0)
+        return book.paid(result)
+
+    def _heartbeat(self, step: StepBook, last: bool, idle_s: float) -> None:
+        snapshot = PipelineSnapshot.from_stages(self.group_stages(), active_rollout_id=step.rollout_id,
+                                                target=step.target, scored=len(step.accepted), idle_s=idle_s)
+        log.info(agentic_event("rollout", "idle_heartbeat", **snapshot.fields()))
+        if self._short_credit(step, last=last):  # a lone straggler: nothing else would wake the step
+            self._notify()
+
+    def _short_credit(self, step: StepBook, *, last: bool) -> int:
+        """The straggling Groups that let a running fully async step close short now, else 0."""
+        cfg = self.config
+        return 0 if not cfg.fully_async or last or step.closed_at is not None else may_close_short(
+            self._partitions.debt, self._resident, self.weights, next_step=step.rollout_id + 1, straggler_s=cfg.straggler_s)
 
     def _update_bar(self, step: StepBook) -> None:
         n = self.config.n_samples_per_prompt
@@ -385,19 +395,20 @@ class RolloutPipeline:
             prepared_sessions=sum(len(g.sessions) for g in self._resident if not g.leased)))
 
     async def _score_finished(self, step: StepBook) -> None:
-        """Scores and files finished Groups in finishing order until the target is reached."""
-        while self._finished and not step.full:
-            if await step.file(self._finished.pop(0), self.config, self.weights) is not None:
-                self._update_bar(step)
+        """Files finished Groups in finishing order, each into the partition that owes first
+        (:meth:`Partitions.payee`), until ``step`` owes none."""
+        while self._finished and step.debt:
+            payee = self._partitions.payee() or step
+            if await payee.file(self._finished.pop(0), self.config, self.weights) is not None:
+                self._update_bar(payee)
 
     def _lease_or_start(self, step: StepBook) -> None:
         """Leases prelaunched Groups, then starts new ones, up to the step's open demand."""
         leased = [g for g in self._resident if g.leased]
         demand = step.target if step.final_backfill else self.config.demand  # no surplus at the end
-        gap = demand - len(step.accepted) - len(leased) - len(self._rewarding) - len(self._finished)
-        for group in [g for g in self._resident if not g.leased]:
-            if gap <= 0 or step.starts_left <= 0:
-                break
+        gap = (demand + self._partitions.carried - len(step.accepted) - len(leased) - len(self._rewarding)
+               - len(self._finished))
+        for group in [g for g in self._resident if not g.leased][:max(min(gap, step.starts_left), 0)]:
             group.lease(step.rollout_id)
             gap -= 1
             step.starts_left -= 1

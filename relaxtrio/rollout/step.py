@@ -216,6 +216,11 @@ class StepResult:
         hook_failures: Groups dropped because a user hook failed, per hook kind (``reward``,
             ``group_reward``, ``dynamic_filter``, ``custom_advantage``); they are in
             ``dropped`` too.
+        carried_debt_groups: Groups the step still owed when it closed short (fully async:
+            its stragglers were left to later steps, and the next Groups to finish paid its
+            batch); 0 when it closed with its target.
+        debt_wait_s: seconds from the short close until that debt was paid (what the update
+            waited for); 0.0 when the step did not close short.
     """
 
     rollout_id: int
@@ -231,6 +236,8 @@ class StepResult:
     hook_failures: Mapping[str, int] = attrs.field(factory=dict)
     stale_groups: int = 0
     stale_samples: int = 0
+    carried_debt_groups: int = 0
+    debt_wait_s: float = 0.0
 
     @property
     def filtered_groups(self) -> int:
@@ -368,6 +375,8 @@ def _base_metrics(result: StepResult) -> Mapping[str, Any]:
         "filtered_groups": float(result.filtered_groups),
         "stale_groups": float(result.stale_groups),
         "stale_samples": float(result.stale_samples),
+        "carried_debt_groups": float(result.carried_debt_groups),
+        "debt_wait_s": result.debt_wait_s,
         "rollout_s": result.rollout_s,
         "rollout_slowest_group_wait_s": result.slowest_group_wait_s,
         "rollout_tokens_per_s": (sum(sum(s.loss_mask) for s in samples) / result.rollout_s

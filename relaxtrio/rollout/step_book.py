@@ -14,6 +14,10 @@ Budgets: a Group the dynamic sampling filter drops is new demand, replaced withi
 ``filter_budget`` (each one gives the step one more start); a Group the custom advantage
 function filters, or one whose scoring fails, is dropped and replaced within the refill budget
 the step opened with.
+
+Partitions (fully async): a step that closes short keeps its book open, owing Groups;
+:class:`Partitions` files the next finished Groups into it before the current step's, and
+:meth:`StepBook.paid` gives its whole batch once paid (docs/scheduling.md#fully-async).
 """
 
 from __future__ import annotations
@@ -21,8 +25,10 @@ from __future__ import annotations
 import logging
 import time
 from collections import Counter
+from typing import Any
 
 import attrs
+import trio
 from tqdm import tqdm
 
 from .._errors import ExportError
@@ -34,7 +40,7 @@ from .hooks import HookError, hook_failure_kind
 from .fully_async import WeightWindow
 from .step import ScoredGroup, StepResult, agentic_event, score_group
 
-__all__ = ["StepBook"]
+__all__ = ["Partitions", "StepBook"]
 
 log = logging.getLogger(__name__)
 
@@ -61,6 +67,11 @@ class StepBook:
         stale_groups: Groups dropped for a sample staler than ``--max-staleness`` (also in
             ``dropped``).
         stale_samples: the samples those Groups held that were staler than the bound.
+        carried_debt: Groups the step still owed when it closed short (fully async); 0 when
+            it closed with its target.
+        closed_at: trio clock time of the short close, or None.
+        paid_at: trio clock time the carried debt was paid, or None.
+        written_off: nothing left could pay the step's debt; it is trained short.
     """
 
     rollout_id: int
@@ -77,6 +88,10 @@ class StepBook:
     final_backfill: bool = False
     stale_groups: int = 0
     stale_samples: int = 0
+    carried_debt: int = 0
+    closed_at: float | None = None
+    paid_at: float | None = None
+    written_off: bool = False
 
     @classmethod
     def open(cls, rollout_id: int, config: RolloutConfig, stages: GroupStages, *,
@@ -109,6 +124,12 @@ class StepBook:
         """Whether the step accepted its target of Groups."""
         return len(self.accepted) >= self.target
 
+    @property
+    def debt(self) -> int:
+        """Groups the step's batch still needs; 0 once it has its target, or once nothing left
+        could pay (:meth:`write_off`)."""
+        return 0 if self.written_off else max(self.target - len(self.accepted), 0)
+
     async def file(self, group: Group, config: RolloutConfig,
                    weights: WeightWindow | None = None) -> ScoredGroup | None:
         """Scores a finished Group and files it: accepted, filtered, or dropped.
@@ -137,6 +158,8 @@ class StepBook:
         if isinstance(outcome, ScoredGroup):
             self.accepted.append(outcome)
             self.accepted_at.append(time.monotonic())
+            if self.closed_at is not None and self.paid_at is None and not self.debt:
+                self.paid_at = trio.current_time()
             _record_scores(outcome)
             self.bar.update(len(group.sessions))
             return outcome
@@ -168,8 +191,25 @@ class StepBook:
         self.stale_groups += 1
         self.stale_samples += len(stale)
 
+    def _check_hooks(self) -> None:
+        failed = sum(self.hook_failures.values())
+        if not self.accepted and failed and failed == len(self.dropped):
+            kind = next(iter(self.hook_failures))
+            raise HookError(kind, f"every Group of rollout {self.rollout_id} failed in a hook "  # type: ignore[arg-type]
+                            f"({failed}); the first: {self.dropped[0].dropped_reason}")
+
+    def _filed(self) -> dict[str, Any]:
+        """The :class:`StepResult` fields the book's filings make (they grow while a step that
+        closed short is paid)."""
+        return dict(groups=tuple(self.accepted), dropped=tuple(self.dropped), filtered=tuple(self.filtered),
+                    slowest_group_wait_s=(self.accepted_at[-1] - self.accepted_at[-2]
+                                          if len(self.accepted_at) > 1 else 0.0),
+                    hook_failures=dict(self.hook_failures), stale_groups=self.stale_groups,
+                    stale_samples=self.stale_samples, carried_debt_groups=self.carried_debt)
+
     def result(self, *, aborted: int, stages: GroupStages, barrier_warnings: int) -> StepResult:
-        """Closes the book: the step's result, logged as ``event=accounting_end``.
+        """Closes the step: its result, logged as ``event=accounting_end``. A step that closed
+        short is still paid afterwards (:meth:`paid` gives its whole batch).
 
         Args:
             aborted: generations aborted (and parked) at step close.
@@ -178,31 +218,127 @@ class StepBook:
                 :attr:`warnings_before`).
 
         Raises:
-            HookError: the step accepted no Group, and every Group it dropped failed in a hook.
+            HookError: the step accepted no Group, and every Group it dropped failed in a hook
+                (checked when the step's batch is complete).
         """
-        failed = sum(self.hook_failures.values())
-        if not self.accepted and failed and failed == len(self.dropped):
-            kind = next(iter(self.hook_failures))
-            raise HookError(kind, f"every Group of rollout {self.rollout_id} failed in a hook "  # type: ignore[arg-type]
-                            f"({failed}); the first: {self.dropped[0].dropped_reason}")
+        if not self.carried_debt:
+            self._check_hooks()
         result = StepResult(
-            rollout_id=self.rollout_id, groups=tuple(self.accepted), dropped=tuple(self.dropped),
-            rollout_s=time.monotonic() - self.started, aborted_requests=aborted,
+            rollout_id=self.rollout_id, rollout_s=time.monotonic() - self.started, aborted_requests=aborted,
             resident_groups=stages.resident, barrier_warnings=barrier_warnings - self.warnings_before,
-            filtered=tuple(self.filtered), interrupted_groups=stages.interrupted,
-            slowest_group_wait_s=(self.accepted_at[-1] - self.accepted_at[-2]
-                                  if len(self.accepted_at) > 1 else 0.0),
-            hook_failures=dict(self.hook_failures),
-            stale_groups=self.stale_groups, stale_samples=self.stale_samples,
-        )
+            interrupted_groups=stages.interrupted, **self._filed())
         log.info(agentic_event(
             "rollout", "accounting_end", rollout=self.rollout_id, groups=len(result.groups),
             rows=sum(len(g.scored) for g in result.groups), debt=max(self.target - len(result.groups), 0),
             resident_groups=result.resident_groups, interrupted_groups=result.interrupted_groups,
             dropped_groups=len(self.dropped), filtered_groups=result.filtered_groups,
             stale_groups=self.stale_groups or None,  # only under --max-staleness drops
+            carried_debt=self.carried_debt or None,  # only when the step closed short
             aborted_requests=aborted))
         return result
+
+    def close_short(self, stragglers: int) -> None:
+        """The step closes before its target (fully async): what it still owes is carried, and
+        the next Groups that finish pay it (:class:`Partitions`)."""
+        self.carried_debt, self.closed_at = self.debt, trio.current_time()
+        log.info(agentic_event("rollout", "close_short", rollout=self.rollout_id, groups=len(self.accepted),
+                               carried_debt=self.carried_debt, stragglers=stragglers))
+
+    def write_off(self, why: str) -> None:
+        """Nothing is left that could pay the step's debt (``why``, logged): it is trained short."""
+        if self.debt:
+            log.warning("rollout %d ends with %d of %d groups: %s", self.rollout_id, len(self.accepted),
+                        self.target, why)
+        self.written_off = True
+
+    def paid(self, result: StepResult) -> StepResult:
+        """The result of a step that closed short, once its debt is paid (or written off): its
+        whole batch, with :attr:`StepResult.debt_wait_s` (trio clock seconds from the short
+        close to the payment, or to now when written off); logged as ``event=debt_paid``.
+
+        Raises:
+            HookError: the batch has no Group, and every Group the step dropped failed in a hook.
+        """
+        if self.closed_at is None:
+            return result
+        self._check_hooks()
+        wait_s = (trio.current_time() if self.paid_at is None else self.paid_at) - self.closed_at
+        log.info(agentic_event("rollout", "debt_paid", rollout=self.rollout_id, groups=len(self.accepted),
+                               carried_debt=self.carried_debt, unpaid=self.target - len(self.accepted),
+                               wait_s=f"{wait_s:.1f}"))
+        return attrs.evolve(result, debt_wait_s=wait_s, **self._filed())
+
+
+@attrs.define(eq=False)
+class Partitions:
+    """The open partitions (steps' batches) of the rollout: the current step's and, while it
+    still owes Groups after closing short, the one before it. Finished Groups pay the previous
+    partition first (:meth:`payee`); opening a third partition while the previous one owes is
+    refused (docs/scheduling.md#closing-short).
+
+    Attributes:
+        previous: the partition before :attr:`current` while it owes Groups after closing
+            short, else None.
+        current: the latest partition opened, or None before the first step.
+    """
+
+    previous: StepBook | None = None
+    current: StepBook | None = None
+    _unsettled: dict[int, StepBook] = attrs.field(factory=dict)
+
+    def open(self, book: StepBook) -> None:
+        """Opens ``book``'s partition; the current one becomes the previous when it closed
+        short and still owes (a step that ended otherwise owes nothing more).
+
+        Raises:
+            RuntimeError: the previous partition still owes Groups (a third would open), or
+                ``book``'s step is already open.
+        """
+        if self.previous is not None and self.previous.debt:
+            raise RuntimeError(
+                f"rollout {self.previous.rollout_id}'s partition still owes {self.previous.debt} "
+                f"group(s): it must be paid before rollout {book.rollout_id}'s opens (at most the "
+                "previous and the current partition are open)")
+        if self.current is not None and self.current.rollout_id == book.rollout_id:
+            raise RuntimeError(f"rollout {book.rollout_id}'s partition is already open")
+        current = self.current
+        self.previous = current if current is not None and current.closed_at is not None and current.debt else None
+        self.current = book
+
+    @property
+    def debt(self) -> int:
+        """Groups the open partitions still owe together (the running step's included)."""
+        return sum(b.debt for b in (self.previous, self.current) if b is not None)
+
+    @property
+    def carried(self) -> int:
+        """Groups the partitions that closed short still owe (paid before any new demand)."""
+        return sum(b.debt for b in (self.previous, self.current) if b is not None and b.closed_at is not None)
+
+    def payee(self) -> StepBook | None:
+        """The partition the next finished Group is filed into: the previous while it owes,
+        else the current while it owes; None when neither owes."""
+        for book in (self.previous, self.current):
+            if book is not None and book.debt:
+                return book
+        return None
+
+    def close_short(self, book: StepBook, stragglers: int) -> None:
+        """``book``'s step closes short (:meth:`StepBook.close_short`); :meth:`unsettled` gives
+        it back once."""
+        book.close_short(stragglers)
+        self._unsettled[book.rollout_id] = book
+
+    def unsettled(self, rollout_id: int) -> StepBook | None:
+        """The book of step ``rollout_id`` when it closed short and was not asked for yet."""
+        return self._unsettled.pop(rollout_id, None)
+
+    def write_off(self, step: StepBook) -> None:
+        """Nothing is left that could pay ``step`` (open) or the previous partition: both are
+        trained short."""
+        for book in {id(b): b for b in (self.previous, step) if b is not None}.values():
+            book.write_off("nothing left that could pay its carried debt" if book.carried_debt
+                           else "refill budget exhausted")
 
 
 def _record_scores(scored: ScoredGroup) -> None:

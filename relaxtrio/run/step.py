@@ -112,6 +112,8 @@ async def train_step(
     push, the step's samples/dump files and the optional eval; returns metrics (and shows the
     step on the operator dashboard).
 
+    A fully async step that closed short is completed first (``RolloutPipeline.settle``: the
+    next Groups to finish pay its carried debt, ``debt_wait_s``) while the rollout goes on.
     Timings in the row (wall seconds): ``rollout_s``; ``train_s`` from the update's start to the
     engines running the new weights, split into ``update_s`` (``Trainer.train_step``) and
     ``weight_sync_s`` (writing the weights, then pause, reload and continue on every worker; of
@@ -126,6 +128,7 @@ async def train_step(
     result = await pipeline.run_step(rollout_id, last=last, steps_left=cfg.num_rollout - 1 - rollout_id)
     if cfg.rollout.fully_async and not last:  # the next steps generate while this one trains
         backfill_ahead(pipeline, rollout_id, steps_left=cfg.num_rollout - 1 - rollout_id)
+        result = await pipeline.settle(result)  # closed short: the next Groups to finish fill it
     row: dict[str, Any] = dict(group_metrics(result, cfg.rollout))
     stats = None
     if result.samples and trainer is not None:

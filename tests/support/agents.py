@@ -42,6 +42,7 @@ with httpx.Client(timeout=600) as client:
         messages.append(r.json()["choices"][0]["message"])
         if turn + 1 < turns:
             messages.append({"role": "user", "content": f"continue {turn}"})
+            time.sleep(float(meta.get("tool_s", 0)))  # a tool call between two turns
 if mode == "grandchildren":
     # After its first request (so the Session is in Runtime and its budget runs), the agent
     # leaves descendants behind and hangs.
