@@ -160,7 +160,7 @@ class Gateway:
         members = self._members
         for url, worker_id in listed.items():
             if url in members.removed:
-                if url not in self._forgetting:
+                if url not in self._forgetting and worker_id not in self._deleted:
                     self._nursery.start_soon(self.forget, url, worker_id)
             elif url in members.live:
                 members.live[url].worker_id = worker_id
