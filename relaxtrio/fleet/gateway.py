@@ -7,10 +7,10 @@ its ``manual`` policy that key is pinned to one worker until the worker leaves. 
 worker of the gateway's ``GET /workers`` listing, which :class:`Gateway` follows: new URLs join
 the fleet, URLs it stops listing leave it, removed workers are deleted from it
 (``DELETE /workers/<id>``, once per entry, so their keys are pinned elsewhere), readmitted
-workers are registered with it (``POST /workers``) once their old entry is gone. An unreachable gateway is waited for up to
-``gateway_wait_s`` (a restart is survived); longer, and the fleet fails. Its per-worker
-counters are read per step where its metrics port is known (:meth:`Gateway.watch_metrics`,
-:mod:`relaxtrio.fleet.gateway_metrics`).
+workers are registered with it (``POST /workers``) once their old entry is gone. An
+unreachable gateway is waited for up to ``gateway_wait_s`` (a restart is survived); longer,
+and the fleet fails. Its per-worker counters are read per step where its metrics port is known
+(:meth:`Gateway.watch_metrics`, :mod:`relaxtrio.fleet.gateway_metrics`).
 
 Launching the gateway process is :mod:`relaxtrio.fleet.launch_fleet`'s.
 """
@@ -76,7 +76,7 @@ class Gateway:
         self.down_since: float | None = None
         self._unlisted: dict[str, float] = {}  # live URL -> since when the listing lacks it
         self._forgetting: set[str] = set()
-        self._deleted: set[str] = set()  # worker ids whose DELETE the gateway accepted
+        self._deleted: set[str] = set()  # worker ids deleted, or being deleted, once
         self._registered: dict[str, str] = {}  # readmitted URL -> the id our POST was given
         self.metrics: GatewayMetrics | None = None
 
@@ -220,7 +220,9 @@ class Gateway:
         self._forgetting.add(url)
         self._deleted.add(worker_id)
         try:
-            await self._call("DELETE", f"/workers/{worker_id}")
+            response = await self._call("DELETE", f"/workers/{worker_id}")
+            if response.status_code >= 500:
+                raise BackendError(f"HTTP {response.status_code}")
         except BackendError as exc:
             self._deleted.discard(worker_id)
             log.warning("fleet: could not delete worker %s from the gateway: %s", url, exc)
