@@ -6,11 +6,11 @@ its ``manual`` policy that key is pinned to one worker until the worker leaves. 
 (docs/client-quirks.md#no-abort-through-the-router), so the fleet sends control calls to every
 worker of the gateway's ``GET /workers`` listing, which :class:`Gateway` follows: new URLs join
 the fleet, URLs it stops listing leave it, removed workers are deleted from it
-(``DELETE /workers/<id>``, so their keys are pinned elsewhere), readmitted workers are
-registered with it (``POST /workers``). An unreachable gateway is waited for up to
-``gateway_wait_s`` (a restart is survived); longer, and the fleet fails. Its per-worker
-counters are read per step where its metrics port is known (:meth:`Gateway.watch_metrics`,
-:mod:`relaxtrio.fleet.gateway_metrics`).
+(``DELETE /workers/<id>``, once per entry, so their keys are pinned elsewhere), readmitted
+workers are registered with it (``POST /workers``) once their old entry is gone. An
+unreachable gateway is waited for up to ``gateway_wait_s`` (a restart is survived); longer,
+and the fleet fails. Its per-worker counters are read per step where its metrics port is known
+(:meth:`Gateway.watch_metrics`, :mod:`relaxtrio.fleet.gateway_metrics`).
 
 Launching the gateway process is :mod:`relaxtrio.fleet.launch_fleet`'s.
 """
@@ -76,6 +76,7 @@ class Gateway:
         self.down_since: float | None = None
         self._unlisted: dict[str, float] = {}  # live URL -> since when the listing lacks it
         self._forgetting: set[str] = set()
+        self._deleted: set[str] = set()  # worker ids deleted, or being deleted, once
         self._registered: dict[str, str] = {}  # readmitted URL -> the id our POST was given
         self.metrics: GatewayMetrics | None = None
 
@@ -159,7 +160,7 @@ class Gateway:
         members = self._members
         for url, worker_id in listed.items():
             if url in members.removed:
-                if url not in self._forgetting:
+                if url not in self._forgetting and worker_id not in self._deleted:
                     self._nursery.start_soon(self.forget, url, worker_id)
             elif url in members.live:
                 members.live[url].worker_id = worker_id
@@ -202,15 +203,28 @@ class Gateway:
         """Delete a removed worker from the gateway, so its keys are pinned elsewhere (a worker
         without a known id is found by the next listing, which calls this again).
 
+        Each entry (worker id) is deleted once. smg 1.13 removes a worker in a background job
+        that marks the entry draining, waits its drain time (5 s by default), then removes
+        whatever worker is registered under the entry's *URL*; a second ``DELETE`` of the same
+        entry skips the drain and removes it at once. The URL then looks free while the first
+        job will still remove the worker registered there when its drain ends: a restarted
+        worker registered in between lost its registration a few seconds after joining. With
+        one ``DELETE`` per entry, the entry stays listed until the job that removes it is done,
+        and :meth:`register` waits for that.
+
         Cancellation:
-            A checkpoint; a failure is logged, never raised.
+            A checkpoint; a failure is logged, never raised (the id may be deleted again).
         """
-        if worker_id is None or url in self._forgetting:
+        if worker_id is None or url in self._forgetting or worker_id in self._deleted:
             return
         self._forgetting.add(url)
+        self._deleted.add(worker_id)
         try:
-            await self._call("DELETE", f"/workers/{worker_id}")
+            response = await self._call("DELETE", f"/workers/{worker_id}")
+            if response.status_code >= 500:
+                raise BackendError(f"HTTP {response.status_code}")
         except BackendError as exc:
+            self._deleted.discard(worker_id)
             log.warning("fleet: could not delete worker %s from the gateway: %s", url, exc)
         finally:
             self._forgetting.discard(url)
@@ -228,8 +242,8 @@ class Gateway:
         The gateway deletes a worker in the background (``DELETE`` answers 202), and a deletion
         still queued when the same URL registers again takes the new registration with it: the
         worker (a fast restart that kept its URL) would get no keys and then leave the fleet as
-        unlisted. So every entry of ``url`` still listed is deleted and waited out first (at
-        most :data:`JOIN_GRACE_S`).
+        unlisted. So every entry of ``url`` still listed is deleted (once, :meth:`forget`) and
+        waited out first, its drain included (at most :data:`JOIN_GRACE_S`).
 
         Raises:
             BackendError: the gateway could not be reached.
@@ -248,13 +262,10 @@ class Gateway:
         self._nursery.start_soon(self._await_listed, url)
 
     async def _await_unlisted(self, url: str) -> None:
-        deleted: set[str] = set()
         with trio.move_on_after(JOIN_GRACE_S):
             while ids := self._entries(await self._read_listing()).get(url):
-                for worker_id in ids.keys() - deleted:
-                    if worker_id is not None:
-                        deleted.add(worker_id)
-                        await self.forget(url, worker_id)
+                for worker_id in ids:
+                    await self.forget(url, worker_id)  # once per entry: it drains, then goes
                 await trio.sleep(GATEWAY_POLL_S)
             return
         log.warning("fleet: the gateway still lists %s %g s after deleting it; registering it "

@@ -85,12 +85,6 @@ async def _wait_back(fleet: EngineFleet, old_url: str, count: int) -> None:
                      what=f"{count} live workers", interval_s=0.2)
 
 
-# Open defect behind smg, narrowed but not closed: the readmission race (a queued background
-# delete removing the new registration) is fixed and tested in tests/fleet/test_fleet_gateway.py,
-# yet this test still saw "No worker available for model 'unknown'" after a restart under Ray in
-# 1 of 4 runs (docs/inference-fleet.md#the-gateway).
-@pytest.mark.xfail(reason="smg intermittently routes no key to an engine readmitted after a restart "
-                          "under Ray (open defect)", strict=False)
 async def test_ray_engines_serve_restart_and_leave_nothing(
     ray_cluster, tiny_model_dir: Path, tmp_path: Path, caplog: pytest.LogCaptureFixture
 ) -> None:

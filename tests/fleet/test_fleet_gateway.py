@@ -5,6 +5,7 @@ from __future__ import annotations
 import logging
 import os
 import signal
+import time
 from pathlib import Path
 
 import attrs
@@ -33,6 +34,8 @@ pytestmark = [pytest.mark.slow, *IGNORE_DROPPED_BODY]
 PROMPT = [1, 87, 555, 201, 57, 74, 271, 321]
 SHORT = SamplingParams(max_new_tokens=3, temperature=0.0)
 CONFIG = FleetConfig(health_interval_s=0.5)
+SMG_DRAIN_S = 5.0
+"""smg's default drain before a deleted worker's entry is removed (``drain_settle_secs``)."""
 
 
 async def keys_per_worker(fleet: EngineFleet, labels: list[str], prefix: str = "k") -> dict[str, str]:
@@ -339,3 +342,33 @@ async def test_a_worker_readmitted_at_once_gets_new_keys(start_engines, tmp_path
             stats = fleet.statistics()
     assert sorted(seen) == sorted(engines.labels)
     assert sorted(stats.workers) == sorted(engines.urls)
+
+
+async def test_a_worker_readmitted_while_its_old_entry_drains_keeps_its_keys(
+        start_engines, tmp_path: Path) -> None:
+    """smg removes a deleted entry after its drain, by URL, and a repeated ``DELETE`` of the
+    entry removes it at once: a worker that restarts within the drain (under Ray, 4 s) must not
+    register while that first removal is still to come, or it is removed again unseen."""
+    engines = await start_engines(2)
+    with trio.fail_after(180):
+        async with (
+            open_gateway(CONFIG, engines.urls, log_dir=tmp_path) as launched,
+            open_engine_fleet(CONFIG, gateway_url=launched.gateway_url) as fleet,
+        ):
+            await keys_per_worker(fleet, engines.labels, prefix="a")
+            url = engines.urls[0]
+            removed_at = time.monotonic()
+            fleet.remove(url, "restarting (test)", restarting=True)
+            for _ in range(4):  # the fleet reads the listing while the worker restarts
+                await fleet.refresh()
+                await trio.sleep(GATEWAY_POLL_S)
+            await fleet.readmit(url)
+            await wait_until(lambda: url not in fleet.members.joining, timeout_s=60,
+                             what="the gateway to list the readmitted worker healthy")
+            # Past the drain of the first DELETE: a removal still to come has landed by now.
+            await trio.sleep(max(0.0, removed_at + SMG_DRAIN_S + 2.0 - time.monotonic()))
+            seen = await keys_per_worker(fleet, engines.labels, prefix="b")
+            async with httpx.AsyncClient() as client:
+                listing = (await client.get(launched.gateway_url + "/workers")).json()["workers"]
+    assert sorted(seen) == sorted(engines.labels)
+    assert sorted(w["url"] for w in listing) == sorted(engines.urls)
