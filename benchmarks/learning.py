@@ -18,10 +18,12 @@ eval. The run fails (exit 1) when any step dropped a Group or an eval lost one.
 variant that ``learning_trl.py`` trains with TRL. ``--backend vllm`` generates on a vLLM server
 (``scripts/setup_vllm.sh``; ``--engine-python`` or ``RELAXTRIO_VLLM_PYTHON`` names its
 interpreter) and tags the result files ``-vllm``. ``--with-trl`` runs ``learning_trl.py`` with the
-same shared flags afterwards, so one invocation measures both systems. ``--plot-only`` redraws the
-PNG from the JSON lines under ``--out``.
+same shared flags afterwards, so one invocation measures both systems. ``--fully-async`` trains
+relaxtrio with ``--fully-async --max-staleness 1`` (files tagged ``-async``). ``--profile-steps N``
+replaces the curve by a profile of N steps per seed (:func:`profile`). ``--plot-only`` redraws the
+PNG from the JSON lines under ``--out``. Each eval line carries ``load1``, the machine's load.
 
-    python benchmarks/learning.py --variant single --seeds 1 2 --eval-every 4 --with-trl
+    python benchmarks/learning.py --variant single --with-trl
 """
 
 from __future__ import annotations
@@ -29,6 +31,7 @@ from __future__ import annotations
 import argparse
 import json
 import math
+import os
 import subprocess
 import sys
 import time
@@ -51,9 +54,12 @@ def wilson(successes: float, n: float, z: float = 1.96) -> tuple[float, float]:
 
 
 def eval_record(pass1: float, n: int, **fields: Any) -> dict[str, Any]:
-    """One eval's JSON line: ``fields`` plus pass@1, its 95% Wilson interval and n."""
+    """One eval's JSON line: ``fields`` plus pass@1, its 95% Wilson interval, n and ``load1`` (the
+    machine's 1-minute load average when the line is written: wall times only compare at similar
+    loads)."""
     low, high = wilson(pass1 * n, n)
-    return {**fields, "pass1": round(pass1, 4), "ci95": [round(low, 4), round(high, 4)], "n": n}
+    return {**fields, "pass1": round(pass1, 4), "ci95": [round(low, 4), round(high, 4)], "n": n,
+            "load1": round(os.getloadavg()[0], 2)}
 
 
 def emit(record: dict[str, Any], sink: Path) -> None:
@@ -76,7 +82,7 @@ def add_common_flags(parser: argparse.ArgumentParser) -> None:
     """Flags shared with learning_trl.py, so that one set of values drives both systems."""
     parser.add_argument("--seeds", type=int, nargs="+", default=[1, 2])
     parser.add_argument("--steps", type=int, default=16, help="optimizer steps (one per rollout)")
-    parser.add_argument("--eval-every", type=int, default=8)
+    parser.add_argument("--eval-every", type=int, default=4)
     parser.add_argument("--prompts-per-step", type=int, default=4, help="Groups per step")
     parser.add_argument("--group-size", type=int, default=4, help="samples per prompt")
     parser.add_argument("--lr", type=float, default=2e-5)
@@ -84,13 +90,14 @@ def add_common_flags(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--temperature", type=float, default=1.0, help="train and eval sampling")
     parser.add_argument("--out", type=Path, default=RESULTS)
     parser.add_argument("--eval-concurrency", type=int, default=32, help="eval Sessions at once")
-    parser.add_argument("--threads", type=int, default=1,
+    parser.add_argument("--threads", type=int, default=0,
                         help="torch threads per process (relaxtrio: engine and trainer each; TRL: its one process);"
-                             " 1 because torch's default spins badly on a shared, oversubscribed machine")
+                             " 0 (default): each system's own default on the whole machine (relaxtrio: its"
+                             " trainer/engine core split, relaxtrio.cpu_threads; TRL: torch's, one per core)")
     parser.add_argument("--tag", default="", help="suffix of the result file names")
 
 
-def _train_flags(args: argparse.Namespace, seed: int, attempts: int) -> list[str]:
+def _train_flags(args: argparse.Namespace, seed: int, attempts: int, *, training: bool = True) -> list[str]:
     backend = [] if args.backend == "embedded" else ["--rollout-backend", args.backend]
     if args.engine_python is not None:
         backend += ["--engine-python", str(args.engine_python)]
@@ -105,7 +112,9 @@ def _train_flags(args: argparse.Namespace, seed: int, attempts: int) -> list[str
         "--lr", str(args.lr), "--eps-clip", "0.2", "--eps-clip-high", "0.28",
         "--seed", str(seed), "--rollout-seed", str(seed), "--log-level", "WARNING",
         "--agentic-eval-concurrency", str(args.eval_concurrency),
-        "--engine-num-threads", str(args.threads), "--trainer-num-threads", str(args.threads),
+        *(["--engine-num-threads", str(args.threads), "--trainer-num-threads", str(args.threads)]
+          if args.threads else []),
+        *(["--fully-async", "--max-staleness", str(args.max_staleness)] if args.fully_async and training else []),
         "--engine-max-running-requests", str(max(args.eval_concurrency, args.prompts_per_step * args.group_size)),
     ]
 
@@ -166,7 +175,7 @@ def run_seed(args: argparse.Namespace, seed: int, sink: Path) -> None:
     attempts = 2 if args.variant == "multi" else 1
     common = {"system": _system(args), "variant": args.variant, "seed": seed}
     work = args.work / f"{_system(args)}_{args.variant}_seed{seed}"
-    base_rows, _ = _run(_train_flags(args, seed, attempts) + [
+    base_rows, _ = _run(_train_flags(args, seed, attempts, training=False) + [
         "--debug-rollout-only", "--num-rollout", "1", "--rollout-batch-size", "1", "--eval-interval", "1"],
         work / "base", args.timeout_s)
     _check_no_drops(base_rows)
@@ -197,8 +206,48 @@ def run_seed(args: argparse.Namespace, seed: int, sink: Path) -> None:
         args.timeout_s, on_row)
 
 
+def profile(args: argparse.Namespace, seed: int) -> dict[str, Any]:
+    """Where a training step's time goes: ``--profile-steps`` steps (no eval) with OpenTelemetry
+    spans (``--otel-file``, the ``otel`` extra), averaged over the steps after the first.
+
+    Per step: ``rollout_s``, ``update_s``, ``weight_sync_s`` (the driver's metrics). Per Session
+    (seconds, mean): ``agent_start_s`` (Session start to its first request: ``bash -lc``, the
+    interpreter, the agent's imports), ``requests_s`` (its requests, engine queue and generation
+    included), ``agent_end_s`` (last request's end to the Session's end: the agent's reward and
+    exit). ``session_s`` is the whole Session; the rollout ends with its Groups' slowest Session."""
+    work = args.work / f"profile_seed{seed}"
+    spans_path = work / "spans.jsonl"
+    work.mkdir(parents=True, exist_ok=True)
+    spans_path.unlink(missing_ok=True)
+    attempts = 2 if args.variant == "multi" else 1
+    rows, _ = _run(_train_flags(args, seed, attempts) + [
+        "--num-rollout", str(args.profile_steps), "--otel-file", str(spans_path)], work / "train", args.timeout_s)
+    spans = [json.loads(line) for line in spans_path.read_text().splitlines() if line.strip()]
+    steps = {s["span_id"]: s["attributes"]["relaxtrio.rollout_id"] for s in spans if s["name"] == "relaxtrio.step"}
+    groups = {s["span_id"]: steps.get(s["parent_span_id"]) for s in spans if s["name"] == "relaxtrio.group"}
+    requests: dict[str, list[dict[str, Any]]] = {}
+    for s in spans:
+        if s["name"] == "relaxtrio.request":
+            requests.setdefault(s["parent_span_id"], []).append(s)
+    per: dict[str, list[float]] = {"agent_start_s": [], "requests_s": [], "agent_end_s": [], "session_s": []}
+    for s in spans:
+        if s["name"] != "relaxtrio.session" or not groups.get(s["parent_span_id"]) or s["span_id"] not in requests:
+            continue  # the first step's Sessions also wait for the engine and the trainer to warm up
+        reqs = requests[s["span_id"]]
+        per["agent_start_s"].append((min(r["start_time_ns"] for r in reqs) - s["start_time_ns"]) / 1e9)
+        per["requests_s"].append(sum(r["end_time_ns"] - r["start_time_ns"] for r in reqs) / 1e9)
+        per["agent_end_s"].append((s["end_time_ns"] - max(r["end_time_ns"] for r in reqs)) / 1e9)
+        per["session_s"].append((s["end_time_ns"] - s["start_time_ns"]) / 1e9)
+    steady = rows[1:] or rows
+    out = {key: _mean(r[key] for r in steady) for key in ("step_s", "rollout_s", "update_s", "weight_sync_s")}
+    out.update({f"session_{k}" if not k.startswith("session") else k: _mean(v) for k, v in per.items()})
+    return {"profile": {"system": _system(args), "variant": args.variant, "seed": seed, "steps": len(rows),
+                        "sessions": len(per["session_s"]), **out, "load1": round(os.getloadavg()[0], 2)}}
+
+
 def _system(args: argparse.Namespace) -> str:
-    return "relaxtrio" if args.backend == "embedded" else f"relaxtrio-{args.backend}"
+    name = "relaxtrio" if args.backend == "embedded" else f"relaxtrio-{args.backend}"
+    return name + ("-async" if args.fully_async else "")
 
 
 def _mean(values: Any) -> float | None:
@@ -260,7 +309,9 @@ def compare(results: Path) -> list[dict[str, Any]]:
 
 def _trl_flags(argv: list[str]) -> list[str]:
     """``argv`` without the flags only this script takes (``learning_trl.py`` takes the shared ones)."""
-    own = {"--variant": 1, "--backend": 1, "--engine-python": 1, "--timeout-s": 1, "--plot-only": 0}
+    own = {"--variant": 1, "--backend": 1, "--engine-python": 1, "--timeout-s": 1, "--plot-only": 0,
+           "--fully-async": 0, "--max-staleness": 1,
+           "--profile-steps": 1}
     out, skip = [], 0
     for arg in argv:
         if skip:
@@ -285,10 +336,22 @@ def main() -> None:
                         help="relaxtrio's rollout engine (vllm: the CPU build from scripts/setup_vllm.sh)")
     parser.add_argument("--engine-python", type=Path, default=None,
                         help="the engine environment's interpreter (default: relaxtrio's lookup)")
+    parser.add_argument("--fully-async", action="store_true",
+                        help="relaxtrio trains step N while step N+1's Groups generate (--fully-async)")
+    parser.add_argument("--max-staleness", type=int, default=1,
+                        help="with --fully-async: the oldest weight version a trained sample may come from,"
+                             " in versions behind the trainer's")
+    parser.add_argument("--profile-steps", type=int, default=0,
+                        help="instead of the curve: train this many steps per seed (no eval) with"
+                             " OpenTelemetry spans and print where a step's time goes (the otel extra)")
     parser.add_argument("--with-trl", action="store_true",
                         help="then run learning_trl.py with the same shared flags (needs the bench extra)")
     args = parser.parse_args()
     args.out.mkdir(parents=True, exist_ok=True)
+    if args.profile_steps:
+        for seed in args.seeds:
+            print(json.dumps(profile(args, seed), sort_keys=True), flush=True)
+        return
     if not args.plot_only:
         print(json.dumps({"settings": settings(args), "variant": args.variant}), flush=True)
         start = time.monotonic()
