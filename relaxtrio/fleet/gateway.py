@@ -6,8 +6,8 @@ its ``manual`` policy that key is pinned to one worker until the worker leaves. 
 (docs/client-quirks.md#no-abort-through-the-router), so the fleet sends control calls to every
 worker of the gateway's ``GET /workers`` listing, which :class:`Gateway` follows: new URLs join
 the fleet, URLs it stops listing leave it, removed workers are deleted from it
-(``DELETE /workers/<id>``, once per entry, so their keys are pinned elsewhere), readmitted
-workers are registered with it (``POST /workers``) once their old entry is gone. An
+(``DELETE /workers/<id>``, so their keys are pinned elsewhere at once), readmitted
+workers are registered with it (``POST /workers``) once their old entry and its drain are gone. An
 unreachable gateway is waited for up to ``gateway_wait_s`` (a restart is survived); longer,
 and the fleet fails. Its per-worker counters are read per step where its metrics port is known
 (:meth:`Gateway.watch_metrics`, :mod:`relaxtrio.fleet.gateway_metrics`).
@@ -47,6 +47,11 @@ LISTING_MAX_AGE_S: Final = 1.0
 UNLISTED_GRACE_S: Final = 10.0
 """Seconds a live worker may be missing from the listing before it leaves the fleet."""
 GATEWAY_POLL_S: Final = 0.5
+SMG_DRAIN_S: Final = 5.0
+"""smg 1.13's removal drain: a ``DELETE``d entry is removed, by URL, this many seconds later
+(``drain_settle_secs``; smg has no launch flag for it)."""
+DRAIN_MARGIN_S: Final = 1.0
+"""Seconds past :data:`SMG_DRAIN_S` before a deleted URL is registered again."""
 
 
 class Gateway:
@@ -77,6 +82,7 @@ class Gateway:
         self._unlisted: dict[str, float] = {}  # live URL -> since when the listing lacks it
         self._forgetting: set[str] = set()
         self._deleted: set[str] = set()  # worker ids deleted, or being deleted, once
+        self._drain_ends: dict[str, float] = {}  # URL -> when smg's removal job for it fires
         self._registered: dict[str, str] = {}  # readmitted URL -> the id our POST was given
         self.metrics: GatewayMetrics | None = None
 
@@ -200,17 +206,17 @@ class Gateway:
         self._nursery.start_soon(self.forget, url, worker_id)
 
     async def forget(self, url: str, worker_id: str | None) -> None:
-        """Delete a removed worker from the gateway, so its keys are pinned elsewhere (a worker
-        without a known id is found by the next listing, which calls this again).
+        """Delete a removed worker from the gateway at once, so its keys are pinned elsewhere (a
+        worker without a known id is found by the next listing, which calls this again).
 
-        Each entry (worker id) is deleted once. smg 1.13 removes a worker in a background job
-        that marks the entry draining, waits its drain time (5 s by default), then removes
-        whatever worker is registered under the entry's *URL*; a second ``DELETE`` of the same
-        entry skips the drain and removes it at once. The URL then looks free while the first
-        job will still remove the worker registered there when its drain ends: a restarted
-        worker registered in between lost its registration a few seconds after joining. With
-        one ``DELETE`` per entry, the entry stays listed until the job that removes it is done,
-        and :meth:`register` waits for that.
+        smg 1.13 removes a worker in a background job that marks the entry draining, waits
+        :data:`SMG_DRAIN_S`, then removes whatever worker is registered under the entry's
+        *URL*; a second ``DELETE`` of a draining entry removes it at once. relaxtrio owns
+        health and resumes a removed worker's generations itself, so nothing is gained by the
+        drain and a dead worker's keys must move now: each entry gets exactly two ``DELETE``s,
+        back to back, and the time the first job's drain ends is kept, because that job still
+        removes whatever the URL holds then; :meth:`register` waits it out before registering
+        the URL again (a worker restarted within the drain lost its new registration).
 
         Cancellation:
             A checkpoint; a failure is logged, never raised (the id may be deleted again).
@@ -220,11 +226,15 @@ class Gateway:
         self._forgetting.add(url)
         self._deleted.add(worker_id)
         try:
-            response = await self._call("DELETE", f"/workers/{worker_id}")
-            if response.status_code >= 500:
-                raise BackendError(f"HTTP {response.status_code}")
+            for attempt in range(2):
+                response = await self._call("DELETE", f"/workers/{worker_id}")
+                if attempt == 0 and response.status_code < 300:
+                    self._drain_ends[url] = trio.current_time() + SMG_DRAIN_S
+                elif response.status_code >= 500:
+                    raise BackendError(f"HTTP {response.status_code}")
         except BackendError as exc:
-            self._deleted.discard(worker_id)
+            if url not in self._drain_ends:
+                self._deleted.discard(worker_id)
             log.warning("fleet: could not delete worker %s from the gateway: %s", url, exc)
         finally:
             self._forgetting.discard(url)
@@ -242,14 +252,17 @@ class Gateway:
         The gateway deletes a worker in the background (``DELETE`` answers 202), and a deletion
         still queued when the same URL registers again takes the new registration with it: the
         worker (a fast restart that kept its URL) would get no keys and then leave the fleet as
-        unlisted. So every entry of ``url`` still listed is deleted (once, :meth:`forget`) and
-        waited out first, its drain included (at most :data:`JOIN_GRACE_S`).
+        unlisted. So every entry of ``url`` still listed is deleted (:meth:`forget`) and waited
+        out first (at most :data:`JOIN_GRACE_S`), and so is the end of the drain of the first
+        ``DELETE`` of ``url`` (:data:`SMG_DRAIN_S` plus :data:`DRAIN_MARGIN_S`).
 
         Raises:
             BackendError: the gateway could not be reached.
         """
         self._registered[url] = ""  # no entry listed now is ours: it joins on our POST's
         await self._await_unlisted(url)
+        # the first DELETE's job removes whatever the URL holds when its drain ends
+        await trio.sleep_until(self._drain_ends.pop(url, 0.0) + DRAIN_MARGIN_S)
         response = await self._call("POST", "/workers", {"url": url})
         try:
             worker_id = response.json().get("worker_id")
@@ -265,7 +278,7 @@ class Gateway:
         with trio.move_on_after(JOIN_GRACE_S):
             while ids := self._entries(await self._read_listing()).get(url):
                 for worker_id in ids:
-                    await self.forget(url, worker_id)  # once per entry: it drains, then goes
+                    await self.forget(url, worker_id)  # removed now; its drain end is kept
                 await trio.sleep(GATEWAY_POLL_S)
             return
         log.warning("fleet: the gateway still lists %s %g s after deleting it; registering it "

@@ -20,7 +20,7 @@ from relaxtrio._errors import BackendError
 from relaxtrio.config import FleetConfig
 from relaxtrio.models import load_model
 from relaxtrio.fleet.fleet import EngineFleet, open_engine_fleet
-from relaxtrio.fleet.gateway import GATEWAY_POLL_S
+from relaxtrio.fleet.gateway import GATEWAY_POLL_S, SMG_DRAIN_S
 from relaxtrio.fleet.gateway_metrics import parse_prometheus_text, worker_counters
 from relaxtrio.fleet.launch_fleet import open_gateway
 from relaxtrio.sglang.wire import SamplingParams
@@ -34,8 +34,6 @@ pytestmark = [pytest.mark.slow, *IGNORE_DROPPED_BODY]
 PROMPT = [1, 87, 555, 201, 57, 74, 271, 321]
 SHORT = SamplingParams(max_new_tokens=3, temperature=0.0)
 CONFIG = FleetConfig(health_interval_s=0.5)
-SMG_DRAIN_S = 5.0
-"""smg's default drain before a deleted worker's entry is removed (``drain_settle_secs``)."""
 
 
 async def keys_per_worker(fleet: EngineFleet, labels: list[str], prefix: str = "k") -> dict[str, str]:
