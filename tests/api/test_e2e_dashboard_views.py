@@ -41,7 +41,9 @@ from relaxtrio.run.learning_signal import cannot_teach, teach_metrics
 
 pytestmark = [pytest.mark.slow, needs_browser]
 
-LONG = 400
+LONG = 2000
+"""Tokens of each long generation: many more than the tiny model generates while the short
+Sessions' agents start and answer (400 were sometimes all generated first on a quiet machine)."""
 AGENT_BUDGET_S = 600.0
 """The agents' active-time budget. The long Sessions spend theirs generating LONG tokens, which
 took over 60 s (the pipeline's default) on a loaded machine: their Group was dropped, another
@@ -113,7 +115,11 @@ async def _run_steps(tiny_model_dir: Path, tmp_path: Path, view: RunView, metric
     # Session i samples with seed 11 + i: with one seed for both, the siblings' tokens agree up to
     # the abort, and again after the resume when both were aborted at the same token count.
     generation = GenerationConfig(max_response_tokens=LONG, ignore_eos=True, seed=11, seed_per_sample=True)
-    stream = prompts([{"mode": "wait_file", "max_tokens": 6}, {"max_tokens": LONG},
+    # The short Sessions answer, then wait for the flag: once released they only exit, so step 0
+    # closes while the long generations still have most of their LONG tokens to go (released
+    # before answering, they sometimes lost that race to a fast engine and the long Group was
+    # accepted instead).
+    stream = prompts([{"mode": "answer_then_wait_file", "max_tokens": 6}, {"max_tokens": LONG},
                       {"mode": "wait_file", "wait_file": str(tmp_path / "never")}])
     new_weights = await trio.to_thread.run_sync(_perturbed_weights, tiny_model_dir, tmp_path / "v2")
     lines: list[str] = []
@@ -131,7 +137,10 @@ async def _run_steps(tiny_model_dir: Path, tmp_path: Path, view: RunView, metric
             operator_url = await start_operator(nursery, view, port=0, announce=lines.append)
 
             async def release_short_once_long_generates() -> None:
-                await engine.scheduler.wait_statistics(lambda s: s.num_generated_tokens >= 16)
+                # both short Sessions answered (4 requests admitted, 2 running) and the long
+                # generations are under way
+                await engine.scheduler.wait_statistics(
+                    lambda s: s.num_admitted_reqs >= 4 and s.num_running_reqs == 2 and s.num_generated_tokens >= 28)
                 flag.write_text("go")
 
             nursery.start_soon(release_short_once_long_generates)

@@ -43,6 +43,11 @@ with httpx.Client(timeout=600) as client:
         if turn + 1 < turns:
             messages.append({"role": "user", "content": f"continue {turn}"})
             time.sleep(float(meta.get("tool_s", 0)))  # a tool call between two turns
+if mode == "answer_then_wait_file":
+    # Answers first, then keeps its Session open until the file exists: releasing it ends the
+    # Session at once, with no engine work left to race against other Sessions' generations.
+    while not os.path.exists(meta.get("wait_file") or os.environ["AGENT_WAIT_FILE"]):
+        time.sleep(0.02)
 if mode == "grandchildren":
     # After its first request (so the Session is in Runtime and its budget runs), the agent
     # leaves descendants behind and hangs.
