@@ -35,6 +35,7 @@ from __future__ import annotations
 import functools
 import json
 import logging
+import socket
 from collections.abc import Awaitable, Callable
 from typing import Any, Final
 
@@ -45,7 +46,7 @@ from quart import Response, current_app, has_websocket_context, request, websock
 from quart_trio import QuartTrio
 from werkzeug.exceptions import HTTPException
 
-from .._errors import InternalError, InvalidRequestError, RelaxError
+from .._errors import ConfigError, InternalError, InvalidRequestError, RelaxError
 from .._serving import LISTEN_BACKLOG, serve_isolated
 from .._validate import loads_utf8_json
 from ..config import ApiConfig
@@ -439,3 +440,20 @@ async def serve_api(
     """
     config = hypercorn_config(host, port)
     await serve_isolated(app, config, task_status=_BaseUrlStatus(task_status))  # type: ignore[arg-type]
+
+
+async def start_api(nursery: trio.Nursery, app: QuartTrio, *, host: str, port: int, flag: str) -> str:
+    """Starts :func:`serve_api` in ``nursery``; returns the agents' base URL once bound.
+
+    Raises:
+        ConfigError: ``host:port`` cannot be bound (in use, not an address of this machine),
+            naming ``flag``, the command-line option that set the port.
+    """
+    try:
+        if port:  # hypercorn leaks its socket when the bind fails: find out first, cleanly
+            socket.create_server((host, port)).close()
+        url: str = await nursery.start(functools.partial(serve_api, app, host=host, port=port))
+    except OSError as exc:  # raised by the bind, before the API started
+        raise ConfigError(f"{flag} {port}: the agent API cannot listen on {host}:{port} "
+                          f"({exc.strerror or exc})", param=flag) from exc
+    return url

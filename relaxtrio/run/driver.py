@@ -29,7 +29,6 @@ docs/dashboard.md) shows the run's Groups, Sessions, forests and per-step plots 
 
 from __future__ import annotations
 
-import functools
 import json
 import logging
 from collections.abc import Iterator
@@ -40,9 +39,9 @@ from typing import Any, Final
 import attrs
 import trio
 
-from .._errors import BackendError, ConfigError
+from .._errors import BackendError
 from .._serving import freeze_startup_heap
-from ..api.app import create_app, serve_api
+from ..api.app import create_app, start_api
 from ..api.operator import start_operator
 from ..chat.compiler import ChatCompiler
 from ..config import AgentConfig, TrainRunConfig
@@ -305,12 +304,7 @@ async def _start_api(nursery: trio.Nursery, app: Any, cfg: TrainRunConfig) -> st
         ConfigError: the API cannot listen on ``--agentic-api-host`` / ``--agentic-api-port``.
     """
     d = cfg.distributed
-    try:
-        bound_url = await nursery.start(functools.partial(serve_api, app, host=d.api_host, port=d.api_port))
-    except OSError as exc:  # raised by the bind, before the API started
-        raise ConfigError(f"--agentic-api-port {d.api_port}: the agent API cannot listen on "
-                          f"{d.api_host}:{d.api_port} ({exc.strerror or exc})",
-                          param="--agentic-api-port") from exc
+    bound_url = await start_api(nursery, app, host=d.api_host, port=d.api_port, flag="--agentic-api-port")
     base_url = advertised_url(bound_url, d.api_advertise_url)
     log.info("agent API at %s (agents use %s)", bound_url, base_url)
     return base_url

@@ -30,7 +30,6 @@ shows the served Sessions and their forests while they run.
 
 from __future__ import annotations
 
-import functools
 import json
 import logging
 import math
@@ -47,7 +46,7 @@ import trio
 
 from .._errors import BackendError, ConfigError, ExportError
 from .._serving import freeze_startup_heap
-from ..api.app import create_app, serve_api
+from ..api.app import create_app, start_api
 from ..api.operator import start_operator
 from ..chat.compiler import ChatCompiler
 from ..config import ApiConfig, GenerationConfig, TracingConfig
@@ -377,8 +376,7 @@ async def _serve_until_stopped(cfg: ServeConfig, model_dir: Path, compiler: Chat
                                          timeout_s=math.inf, max_context_tokens=max_context)
                             for i in range(cfg.num_sessions)]
         async with trio.open_nursery() as nursery:
-            served.base_url = await nursery.start(functools.partial(serve_api, app, host=cfg.host,
-                                                                    port=cfg.port))
+            served.base_url = await start_api(nursery, app, host=cfg.host, port=cfg.port, flag="--port")
             if cfg.operator_port is not None:
                 view = RunView(kind="serve")
                 view.watch(served.groups)
