@@ -93,18 +93,19 @@ def _read_rows(path: Path) -> list[dict[str, Any]]:
         ConfigError: a line is not a JSON object with an integer ``step``, or there is no row.
     """
     rows = []
-    lines = path.read_text(encoding="utf-8").split("\n")  # the last one is "" after a final newline
-    for number, line in enumerate(lines, start=1):
-        if not line.strip():
+    lines = path.read_bytes().split(b"\n")  # the last one is b"" after a final newline
+    for number, raw in enumerate(lines, start=1):
+        if not raw.strip():
             continue
-        try:
-            row = json.loads(line)
-        except json.JSONDecodeError as exc:
+        try:  # per line: a live run's last line may end inside a UTF-8 character
+            row = json.loads(raw.decode("utf-8"))
+        except (UnicodeDecodeError, json.JSONDecodeError) as exc:
+            why = exc.msg if isinstance(exc, json.JSONDecodeError) else "not UTF-8"
             if number == len(lines):
                 log.warning("%s:%d: left out a last line without its newline that is not JSON yet (%s; "
-                            "a row the run is still writing?)", path, number, exc.msg)
+                            "a row the run is still writing?)", path, number, why)
                 continue
-            raise ConfigError(f"{path}:{number}: not JSON ({exc.msg})", param="RUN_DIR") from exc
+            raise ConfigError(f"{path}:{number}: not JSON ({why})", param="RUN_DIR") from exc
         if not isinstance(row, dict) or isinstance(row.get("step"), bool) \
                 or not isinstance(row.get("step"), int):
             raise ConfigError(f"{path}:{number}: not a metrics row (no integer 'step')", param="RUN_DIR")

@@ -112,3 +112,17 @@ def test_an_out_path_that_is_not_a_png_file_exits_2(two_runs, tmp_path: Path, ou
     assert main(["compare", str(two_runs[0]), str(two_runs[1]), "--out", out.format(tmp=tmp_path)]) == 2
     assert "a path ending in .png" in caplog.text
     assert not list(tmp_path.glob("*.png")) and not list(tmp_path.glob("*.weird"))
+
+
+def test_bytes_that_are_not_utf8_are_a_live_last_line_or_an_error(tmp_path: Path, caplog) -> None:
+    live = _run(tmp_path / "live", [{"step": 0}])
+    with (live / "metrics.jsonl").open("ab") as f:
+        f.write(b'{"step": 1, "note": "caf\xc3')  # cut inside a two-byte character
+    assert load_run(live).steps == (0,)
+    assert "left out a last line without its newline" in caplog.text
+    bad = tmp_path / "bad" / "metrics.jsonl"
+    bad.parent.mkdir()
+    bad.write_bytes(b'\xff\xfe{"step": 0}\n{"step": 1}\n')
+    good = _run(tmp_path / "good", [{"step": 0}])
+    assert main(["compare", str(bad.parent), str(good), "--out", str(tmp_path / "c.png")]) == 2
+    assert f"{bad}:1: not JSON (not UTF-8)" in caplog.text
