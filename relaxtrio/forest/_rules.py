@@ -39,14 +39,19 @@ class MessageRules:
         """Checks one content part (an object) at ``path`` (``messages[1].content[0]``).
 
         Raises:
-            InvalidRequestError: an empty ``text`` part (always; ``param`` is ``<path>.text``),
-                or a missing ``type`` or one outside :attr:`part_types` (``param`` is
-                ``<path>.type``).
+            InvalidRequestError: an empty ``text`` part (always), or, where :attr:`part_types`
+                is set, a ``text`` part whose ``text`` is missing or not a string (``param`` is
+                ``<path>.text``), or a missing ``type`` or one outside :attr:`part_types`
+                (``param`` is ``<path>.type``).
         """
         kind = part.get("type")
         if kind == "text" and part.get("text") == "":
             raise InvalidRequestError.at(f"{path}.text", "must not be empty")
-        if self.part_types is None or (isinstance(kind, str) and kind in self.part_types):
+        if self.part_types is None:
+            return
+        if kind == "text" and not isinstance(part.get("text"), str):
+            raise InvalidRequestError.at(f"{path}.text", f"must be a string, got {type_name(part.get('text'))}")
+        if isinstance(kind, str) and kind in self.part_types:
             return
         if "type" not in part:
             raise InvalidRequestError.at(f"{path}.type", "is required")

@@ -381,6 +381,11 @@ REJECTED = [
                          ({"text": "x"}, "messages[1].content[1].type is required"))],
     ("chat", {"messages": [{"role": "system", "content": [{"type": "input_text", "text": "s"}]}]},
      "messages[0].content[0].type", "got 'input_text'"),
+    # a text part without a string text would reach the template as nothing
+    *[("chat", {"messages": [{"role": "user", "content": [part]}]}, "messages[0].content[0].text", text)
+      for part, text in (({"type": "text"}, "must be a string, got null"),
+                         ({"type": "text", "text": 5}, "must be a string, got integer"),
+                         ({"type": "text", "text": {"a": 1}}, "must be a string, got object"))],
     ("chat", {"messages": []}, "messages", "messages projected to zero supported messages"),
     ("chat", {}, "messages", "messages is required and must be a list"),
     ("chat", {"messages": None}, "messages", "messages is required and must be a list"),
